@@ -1,0 +1,47 @@
+# rl-energy-operator developer entry points.
+# The two set-up commands for a fresh machine are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TRACE ?= verl-ppo-qwen25-7b-gsm8k-16gpu
+GPU ?= h100-sxm
+MODE ?= sync
+
+.PHONY: demo demo-sim test lint unit e2e bins bench-energy crds clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,operator,agent]'
+	@touch $@
+
+venv: $(STAMP)
+
+## The main job on the embedded simulator (no cluster, no GPU).
+demo: $(STAMP)
+	@mkdir -p out
+	$(VENV)/bin/rlenergy simulate --trace $(TRACE) --gpu $(GPU) --mode $(MODE) --plot out/demo.png
+
+## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy.
+bins:
+	bash hack/controlplane-bins.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check rlenergy operator agent tests bench
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+## The full test suite: lint, unit, then end-to-end against the real control plane.
+test: $(STAMP) bins lint
+	$(PY) -m pytest -q
+
+unit: $(STAMP)
+	$(PY) -m pytest -q -m 'not e2e'
+
+bench-energy: $(STAMP)
+	$(PY) bench/energy.py
+
+clean:
+	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache

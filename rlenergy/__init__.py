@@ -1,0 +1,1 @@
+"""rl-energy-operator."""
