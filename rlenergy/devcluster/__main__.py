@@ -1,0 +1,10 @@
+"""``python -m rlenergy.devcluster up|down|kubeconfig|status``."""
+
+from __future__ import annotations
+
+import sys
+
+from rlenergy.devcluster.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

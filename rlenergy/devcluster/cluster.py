@@ -1,0 +1,716 @@
+"""A real, Docker-free Kubernetes control plane with fake GPU nodes, for tests and the demo.
+
+``DevCluster`` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK
+as local processes that listen on 127.0.0.1 only, creates fake GPU nodes that KWOK keeps
+Ready, and stops everything again (SIGTERM, then SIGKILL of every process group) when the
+context manager exits, on :meth:`DevCluster.stop`, at interpreter exit, on SIGTERM/SIGHUP,
+and - through ``PR_SET_PDEATHSIG`` - even when the owning Python process is killed.
+
+Example:
+    >>> with DevCluster() as cluster:  # doctest: +SKIP
+    ...     cluster.start(nodes=3, gpus_per_node=8)
+    ...     cluster.kubectl("get", "nodes")
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from rlenergy.devcluster import process
+from rlenergy.devcluster.binaries import K8S_VERSION, Binaries, resolve_binaries
+from rlenergy.devcluster.certs import PkiPaths, generate_pki, write_pki
+from rlenergy.devcluster.errors import DevClusterError
+from rlenergy.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
+from rlenergy.devcluster.nodes import DEFAULT_GPU_PRODUCT, gpu_node_manifest, node_name
+
+LOOPBACK = "127.0.0.1"
+SERVICE_CIDR = "10.0.0.0/24"  # a config value only: nothing dials a Service IP
+POD_CIDR = "10.244.0.0/16"  # KWOK hands out fake pod IPs from here; nothing dials them
+STATE_FILE = "state.json"
+STATE_VERSION = 1
+
+#: Controllers KCM runs: what Deployments, DaemonSets, Jobs, namespaces and SAs need.
+KCM_CONTROLLERS = (
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "cronjob-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "node-lifecycle-controller",
+    "root-ca-certificate-publisher-controller",
+    "endpointslice-controller",
+    "ttl-after-finished-controller",
+    "pod-garbage-collector-controller",
+)
+
+#: KWOK stages (relative to sigs.k8s.io/kwok/kustomize/stage) as kwokctl's "fast" profile.
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-complete.yaml",
+    "pod/fast/pod-delete.yaml",
+)
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def _component_env() -> dict[str, str]:
+    env = dict(os.environ)
+    no_proxy = [p for p in env.get("NO_PROXY", env.get("no_proxy", "")).split(",") if p]
+    for host in ("127.0.0.1", "localhost"):
+        if host not in no_proxy:
+            no_proxy.append(host)
+    env["NO_PROXY"] = env["no_proxy"] = ",".join(no_proxy)
+    return env
+
+
+@dataclass
+class ClusterState:
+    """What a state file records, so another process (``dev-cluster down``) can find it."""
+
+    workdir: str
+    kubeconfig: str
+    server: str
+    k8s_version: str
+    owner_pid: int
+    ready: bool
+    nodes: list[str]
+    gpus_per_node: int
+    gpu_product: str
+    processes: list[process.ProcessRecord]
+    supervisor: process.ProcessRecord | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict."""
+        return {
+            "version": STATE_VERSION,
+            "workdir": self.workdir,
+            "kubeconfig": self.kubeconfig,
+            "server": self.server,
+            "k8s_version": self.k8s_version,
+            "owner_pid": self.owner_pid,
+            "ready": self.ready,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "gpu_product": self.gpu_product,
+            "processes": [p.to_json() for p in self.processes],
+            "supervisor": self.supervisor.to_json() if self.supervisor else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterState:
+        """Inverse of :meth:`to_json`."""
+        if data.get("version") != STATE_VERSION:
+            raise DevClusterError(f"unsupported dev-cluster state version {data.get('version')}")
+        sup = data.get("supervisor")
+        return cls(
+            workdir=str(data["workdir"]),
+            kubeconfig=str(data["kubeconfig"]),
+            server=str(data["server"]),
+            k8s_version=str(data["k8s_version"]),
+            owner_pid=int(data["owner_pid"]),
+            ready=bool(data["ready"]),
+            nodes=[str(n) for n in data["nodes"]],
+            gpus_per_node=int(data["gpus_per_node"]),
+            gpu_product=str(data["gpu_product"]),
+            processes=[process.ProcessRecord.from_json(p) for p in data["processes"]],
+            supervisor=process.ProcessRecord.from_json(sup) if sup else None,
+        )
+
+    def write(self, path: Path) -> None:
+        """Atomically write the state file."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: Path) -> ClusterState:
+        """Read a state file."""
+        return cls.from_json(json.loads(path.read_text()))
+
+
+# ----------------------------------------------------------------- process-wide cleanup
+_LIVE: list[DevCluster] = []
+_LIVE_LOCK = threading.Lock()
+_HANDLERS_INSTALLED = False
+
+
+def _stop_all() -> None:
+    with _LIVE_LOCK:
+        clusters = list(_LIVE)
+    for cluster in clusters:
+        with contextlib.suppress(Exception):
+            cluster.stop()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _stop_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_cleanup_hooks() -> None:
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED:
+        return
+    _HANDLERS_INSTALLED = True
+    atexit.register(_stop_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _on_signal)
+
+
+class DevCluster:
+    """etcd + kube-apiserver + KCM + scheduler + KWOK fake GPU nodes on 127.0.0.1.
+
+    Args:
+        workdir: Where certificates, data, logs, the kubeconfig and the state file go.
+            Default: a fresh temporary directory, removed again by :meth:`stop`.
+        bin_dir: Override of the binaries dir (default: the ``make bins`` cache).
+        startup_timeout: Seconds to wait for each readiness step (2-core machines need ~60).
+        keep_workdir: Keep ``workdir`` after :meth:`stop` (logs for debugging); also
+            enabled by ``RLENERGY_DEVCLUSTER_KEEP=1``.
+        die_with_parent: Components are SIGKILLed by the kernel when this process dies.
+    """
+
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        *,
+        bin_dir: Path | None = None,
+        startup_timeout: float = 90.0,
+        keep_workdir: bool = False,
+        die_with_parent: bool = True,
+    ) -> None:
+        self._workdir_arg = workdir
+        self._bin_dir = bin_dir
+        self.startup_timeout = startup_timeout
+        self.keep_workdir = keep_workdir or os.environ.get("RLENERGY_DEVCLUSTER_KEEP") == "1"
+        self.die_with_parent = die_with_parent
+        self.workdir: Path | None = None
+        self._owns_workdir = False
+        self._bins: Binaries | None = None
+        self._pki: PkiPaths | None = None
+        self._popens: dict[int, subprocess.Popen[bytes]] = {}
+        self._records: list[process.ProcessRecord] = []
+        self._nodes: list[str] = []
+        self._gpus_per_node = 0
+        self._gpu_product = DEFAULT_GPU_PRODUCT
+        self._server = ""
+        self._kubeconfig: Path | None = None
+        self._stopped = False
+        self.timings: dict[str, float] = {}
+        #: Set by ``dev-cluster up``: the detached process that owns the components.
+        self.supervisor: process.ProcessRecord | None = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def kubeconfig(self) -> Path:
+        """Path of the admin kubeconfig (``CN=admin, O=system:masters``)."""
+        if self._kubeconfig is None:
+            raise DevClusterError("the dev cluster is not started")
+        return self._kubeconfig
+
+    @property
+    def server(self) -> str:
+        """API server URL, ``https://127.0.0.1:<port>``."""
+        return self._server
+
+    @property
+    def nodes(self) -> list[str]:
+        """Names of the fake GPU nodes."""
+        return list(self._nodes)
+
+    @property
+    def binaries(self) -> Binaries:
+        """The resolved binaries."""
+        if self._bins is None:
+            self._bins = resolve_binaries(self._bin_dir)
+        return self._bins
+
+    @property
+    def processes(self) -> list[process.ProcessRecord]:
+        """The running component processes, in start order."""
+        return list(self._records)
+
+    @property
+    def state_file(self) -> Path:
+        """Path of the state file."""
+        if self.workdir is None:
+            raise DevClusterError("the dev cluster is not started")
+        return self.workdir / STATE_FILE
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> DevCluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(
+        self,
+        nodes: int = 3,
+        gpus_per_node: int = 8,
+        gpu_product: str = DEFAULT_GPU_PRODUCT,
+    ) -> DevCluster:
+        """Start the control plane and create ``nodes`` Ready fake GPU nodes.
+
+        Args:
+            nodes: Number of fake GPU nodes.
+            gpus_per_node: ``nvidia.com/gpu`` capacity of each node.
+            gpu_product: ``nvidia.com/gpu.product`` label of each node.
+
+        Returns:
+            ``self``, ready to use.
+
+        Raises:
+            MissingBinaryError: A binary is missing (the message says ``make bins``).
+            DevClusterError: A component failed to start; the message has its log tail.
+        """
+        if self._records:
+            raise DevClusterError("the dev cluster is already started")
+        if nodes < 0:
+            raise ValueError(f"nodes must be >= 0, got {nodes}")
+        bins = self.binaries  # fail fast, before anything is started
+        t_start = time.monotonic()
+        self._stopped = False
+        self._setup_workdir()
+        with _LIVE_LOCK:
+            _LIVE.append(self)
+        _install_cleanup_hooks()
+        try:
+            self._start_control_plane(bins)
+            self._gpus_per_node, self._gpu_product = gpus_per_node, gpu_product
+            self._write_state(ready=False)
+            t0 = time.monotonic()
+            self.add_nodes(nodes)
+            self._wait_default_service_account()
+            self.timings["nodes_ready"] = time.monotonic() - t0
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t_start
+        self._write_state(ready=True)
+        return self
+
+    def stop(self) -> None:
+        """Stop every component (SIGTERM, SIGKILL after 10 s) and remove the temp dir.
+
+        Safe to call more than once and from signal handlers.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        with _LIVE_LOCK:
+            if self in _LIVE:
+                _LIVE.remove(self)
+        if self._records:
+            process.terminate(self._records, self._popens)
+        self._records.clear()
+        self._popens.clear()
+        if self.workdir is not None:
+            if self._owns_workdir and not self.keep_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    (self.workdir / STATE_FILE).unlink()
+
+    def detach(self) -> None:
+        """Leave the cluster running when this object goes away (no atexit stop)."""
+        with _LIVE_LOCK:
+            if self in _LIVE:
+                _LIVE.remove(self)
+        self._stopped = True
+
+    # ------------------------------------------------------------------ nodes
+    def add_nodes(
+        self,
+        count: int,
+        *,
+        gpus_per_node: int | None = None,
+        gpu_product: str | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Create ``count`` more fake GPU nodes and wait until KWOK reports them Ready.
+
+        Args:
+            count: How many nodes to add.
+            gpus_per_node: GPUs per new node (default: as at :meth:`start`).
+            gpu_product: GPU product label (default: as at :meth:`start`).
+            timeout: Seconds to wait for Ready (default ``startup_timeout``).
+
+        Returns:
+            Names of the new nodes.
+        """
+        if count <= 0:
+            return []
+        gpus = self._gpus_per_node if gpus_per_node is None else gpus_per_node
+        product = gpu_product or self._gpu_product
+        first = len(self._nodes)
+        names = [node_name(i) for i in range(first, first + count)]
+        manifests = [gpu_node_manifest(n, gpus=gpus, gpu_product=product) for n in names]
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
+        self.kubectl("create", "-f", "-", input=body)
+        self._nodes += names
+        wait = timeout if timeout is not None else self.startup_timeout
+        self.kubectl(
+            "wait",
+            "--for=condition=Ready",
+            f"--timeout={int(wait)}s",
+            *(f"node/{n}" for n in names),
+            timeout=wait + 30,
+        )
+        if self.workdir is not None and (self.workdir / STATE_FILE).exists():
+            self._write_state(ready=True)
+        return names
+
+    # ------------------------------------------------------------------ clients
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 120.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the pinned kubectl against this cluster.
+
+        Args:
+            *args: kubectl arguments (``--kubeconfig`` is added).
+            input: Text for stdin.
+            check: Raise :class:`DevClusterError` on a non-zero exit.
+            timeout: Seconds before the call is abandoned.
+
+        Returns:
+            The completed process (text stdout/stderr).
+        """
+        return self._run(self.binaries.kubectl, args, input=input, check=check, timeout=timeout)
+
+    def helm(
+        self, *args: str, check: bool = True, timeout: float = 180.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the pinned helm (v3) against this cluster, with its dirs under the workdir.
+
+        Args:
+            *args: helm arguments (``--kubeconfig`` is added).
+            check: Raise :class:`DevClusterError` on a non-zero exit.
+            timeout: Seconds before the call is abandoned.
+
+        Returns:
+            The completed process.
+        """
+        return self._run(self.binaries.helm, args, check=check, timeout=timeout)
+
+    def server_version(self) -> str:
+        """``gitVersion`` the API server reports on ``/version``."""
+        data = json.loads(self._get("/version"))
+        return str(data["gitVersion"])
+
+    def memory(self) -> dict[str, tuple[int, int]]:
+        """``{component: (RSS KiB, peak RSS KiB)}`` of the running components."""
+        return {r.name: process.memory_kib(r.pid) for r in self._records if process.is_alive(r)}
+
+    # ------------------------------------------------------------------ internals
+    def _setup_workdir(self) -> None:
+        if self._workdir_arg is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="rlenergy-devcluster-"))
+            self._owns_workdir = True
+        else:
+            self.workdir = self._workdir_arg
+            self.workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._owns_workdir = True
+        for sub in ("logs", "etcd", "helm"):
+            (self.workdir / sub).mkdir(exist_ok=True)
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> process.ProcessRecord:
+        assert self.workdir is not None
+        proc, rec = process.spawn(
+            name,
+            argv,
+            self.workdir / "logs" / f"{name}.log",
+            env=_component_env(),
+            die_with_parent=self.die_with_parent,
+        )
+        self._popens[proc.pid] = proc
+        self._records.append(rec)
+        return rec
+
+    def _start_control_plane(self, bins: Binaries) -> None:
+        assert self.workdir is not None
+        t0 = time.monotonic()
+        pki = self._pki = write_pki(generate_pki(), self.workdir / "pki")
+        self.timings["pki"] = time.monotonic() - t0
+
+        # etcd --------------------------------------------------------------
+        t0 = time.monotonic()
+        etcd_port, peer_port = free_port(), free_port()
+        peer = f"http://{LOOPBACK}:{peer_port}"
+        client = f"http://{LOOPBACK}:{etcd_port}"
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(bins.etcd),
+                "--name=dev",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=dev={peer}",
+                "--unsafe-no-fsync=true",
+                "--auto-compaction-retention=1",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+        self._wait(etcd, lambda: json.loads(self._http(f"{client}/health"))["health"] == "true")
+        self.timings["etcd"] = time.monotonic() - t0
+
+        # kube-apiserver ------------------------------------------------------
+        t0 = time.monotonic()
+        api_port = free_port()
+        self._server = f"https://{LOOPBACK}:{api_port}"
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                str(bins.kube_apiserver),
+                f"--etcd-servers={client}",
+                f"--bind-address={LOOPBACK}",
+                f"--advertise-address={LOOPBACK}",
+                f"--secure-port={api_port}",
+                f"--cert-dir={self.workdir / 'pki'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.client_ca_cert}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                f"--service-account-issuer={self._server}",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=0",
+                "--max-mutating-requests-inflight=0",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._wait(apiserver, lambda: self._get("/readyz") == "ok")
+        self.timings["kube-apiserver"] = time.monotonic() - t0
+
+        kubeconfig = render_kubeconfig(
+            self._server,
+            pki.serving_ca_cert.read_bytes(),
+            pki.admin_cert.read_bytes(),
+            pki.admin_key.read_bytes(),
+        )
+        self._kubeconfig = write_kubeconfig(self.workdir / "kubeconfig", kubeconfig)
+
+        # KCM, scheduler, KWOK ------------------------------------------------
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(bins.kube_controller_manager),
+                f"--kubeconfig={self._kubeconfig}",
+                "--leader-elect=false",
+                f"--bind-address={LOOPBACK}",
+                "--secure-port=0",
+                f"--service-account-private-key-file={pki.sa_key}",
+                f"--root-ca-file={pki.serving_ca_cert}",
+                "--use-service-account-credentials=false",
+                f"--controllers={','.join(KCM_CONTROLLERS)}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--kube-api-qps=100",
+                "--kube-api-burst=200",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(bins.kube_scheduler),
+                f"--kubeconfig={self._kubeconfig}",
+                "--leader-elect=false",
+                f"--bind-address={LOOPBACK}",
+                "--secure-port=0",
+                "--kube-api-qps=100",
+                "--kube-api-burst=200",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kwok",
+            [
+                str(bins.kwok),
+                f"--kubeconfig={self._kubeconfig}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--node-ip={LOOPBACK}",
+                f"--cidr={POD_CIDR}",
+                "--node-lease-duration-seconds=40",
+                *(f"--config={bins.kwok_stages / s}" for s in KWOK_STAGES),
+            ],
+        )
+
+    def _check_alive(self) -> None:
+        for rec in self._records:
+            proc = self._popens.get(rec.pid)
+            if proc is not None and proc.poll() is not None:
+                raise DevClusterError(
+                    f"{rec.name} exited with code {proc.returncode} while the dev cluster "
+                    f"started; last lines of {rec.log}:\n{process.tail(rec.log)}"
+                )
+
+    def _wait(self, rec: process.ProcessRecord, probe: Any) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        last: str = ""
+        while True:
+            self._check_alive()
+            try:
+                if probe():
+                    return
+            except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise DevClusterError(
+                    f"{rec.name} not ready after {self.startup_timeout:.0f} s (last probe error: "
+                    f"{last or 'not ready'}); last lines of {rec.log}:\n{process.tail(rec.log)}"
+                )
+            time.sleep(0.25)
+
+    def _wait_default_service_account(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            self._check_alive()
+            res = self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
+            if res.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                kcm = next(r for r in self._records if r.name == "kube-controller-manager")
+                raise DevClusterError(
+                    "kube-controller-manager did not create serviceaccount/default in "
+                    f"{self.startup_timeout:.0f} s; last lines of {kcm.log}:\n"
+                    f"{process.tail(kcm.log)}"
+                )
+            time.sleep(0.5)
+
+    def _http(self, url: str) -> str:
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+        if url.startswith("https://"):
+            assert self._pki is not None
+            ctx = ssl.create_default_context(cafile=str(self._pki.serving_ca_cert))
+            ctx.load_cert_chain(str(self._pki.admin_cert), str(self._pki.admin_key))
+            handlers.append(urllib.request.HTTPSHandler(context=ctx))
+        opener = urllib.request.build_opener(*handlers)
+        with opener.open(url, timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def _get(self, path: str) -> str:
+        return self._http(self._server + path)
+
+    def _run(
+        self,
+        exe: Path,
+        args: Sequence[str],
+        *,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 120.0,
+    ) -> subprocess.CompletedProcess[str]:
+        env = _component_env()
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        if self.workdir is not None:
+            helm_home = self.workdir / "helm"
+            env.setdefault("HELM_CACHE_HOME", str(helm_home / "cache"))
+            env.setdefault("HELM_CONFIG_HOME", str(helm_home / "config"))
+            env.setdefault("HELM_DATA_HOME", str(helm_home / "data"))
+        argv = [str(exe), f"--kubeconfig={self.kubeconfig}", *args]
+        try:
+            res = subprocess.run(
+                argv, input=input, capture_output=True, text=True, env=env, timeout=timeout
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DevClusterError(f"{' '.join(argv)} timed out after {timeout} s") from exc
+        if check and res.returncode != 0:
+            raise DevClusterError(
+                f"{exe.name} {' '.join(args)} failed ({res.returncode}):\n{res.stderr}{res.stdout}"
+            )
+        return res
+
+    def _write_state(self, *, ready: bool) -> None:
+        assert self.workdir is not None
+        ClusterState(
+            workdir=str(self.workdir),
+            kubeconfig=str(self._kubeconfig or ""),
+            server=self._server,
+            k8s_version=K8S_VERSION,
+            owner_pid=os.getpid(),
+            ready=ready,
+            nodes=list(self._nodes),
+            gpus_per_node=self._gpus_per_node,
+            gpu_product=self._gpu_product,
+            processes=list(self._records),
+            supervisor=self.supervisor,
+        ).write(self.workdir / STATE_FILE)
+
+
+def stop_from_state(state_file: Path, *, grace: float = 10.0) -> list[str]:
+    """Stop a cluster started by another process, from its state file; remove its workdir.
+
+    The supervisor (if any) is asked first (SIGTERM) so it stops its components itself;
+    whatever is still alive afterwards is SIGTERMed and then SIGKILLed here.
+
+    Args:
+        state_file: The cluster's ``state.json``.
+        grace: Seconds between SIGTERM and SIGKILL.
+
+    Returns:
+        Names of the processes that were still running and got stopped here.
+    """
+    state = ClusterState.read(state_file)
+    stopped: list[str] = []
+    if state.supervisor is not None and process.is_alive(state.supervisor):
+        stopped.append(state.supervisor.name)
+        process.terminate([state.supervisor], grace=grace + 5)
+    alive = [p for p in state.processes if process.is_alive(p)]
+    if alive:
+        stopped += [p.name for p in alive]
+        process.terminate(alive, grace=grace)
+    shutil.rmtree(state.workdir, ignore_errors=True)
+    return stopped
