@@ -1,0 +1,38 @@
+"""Helpers shared by the e2e tests (imported by conftest and the test modules)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from rlenergy.devcluster import DevCluster
+
+MANIFESTS = Path(__file__).resolve().parent / "manifests"
+NODES = 3
+GPUS_PER_NODE = 8
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+T = TypeVar("T")
+
+
+def wait_until(
+    probe: Callable[[], T | None], *, timeout: float = 60, interval: float = 0.5, what: str = ""
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or probe}")
+        time.sleep(interval)
+
+
+def get_json(cluster: DevCluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)

@@ -1,0 +1,144 @@
+"""Starting and stopping: the CLI (up/status/kubeconfig/down), add_nodes, SIGTERM cleanup.
+
+Each test starts its own small cluster next to the session one (different ports).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e_support import wait_until
+
+from rlenergy.devcluster import process
+from rlenergy.devcluster.binaries import find_kubectl
+from rlenergy.devcluster.cluster import ClusterState
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["RLENERGY_DEVCLUSTER_DIR"] = str(tmp_path / "dev-cluster")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _cli(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlenergy.devcluster", *args],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=timeout,
+    )
+
+
+def _ready_nodes(kubeconfig: str) -> list[str]:
+    kubectl = find_kubectl(Path("/nonexistent"))
+    out = subprocess.run(
+        [str(kubectl), f"--kubeconfig={kubeconfig}", "get", "nodes", "-o", "json"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return [
+        n["metadata"]["name"]
+        for n in json.loads(out.stdout)["items"]
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+    ]
+
+
+@pytest.mark.timeout(420)
+def test_cli_up_kubeconfig_status_down(tmp_path: Path):
+    state_file = tmp_path / "dev-cluster" / "state.json"
+    try:
+        up = _cli(tmp_path, "up", "--nodes", "3", "--gpus-per-node", "4")
+        assert up.returncode == 0, up.stderr
+        kubeconfig = up.stdout.strip()
+        assert Path(kubeconfig).is_file()
+
+        again = _cli(tmp_path, "up")  # idempotent: reports the running cluster
+        assert again.returncode == 0 and again.stdout.strip() == kubeconfig
+        assert "already up" in again.stderr
+
+        kc = _cli(tmp_path, "kubeconfig")
+        assert kc.returncode == 0 and kc.stdout.strip() == kubeconfig
+        assert sorted(_ready_nodes(kubeconfig)) == ["kwok-gpu-0", "kwok-gpu-1", "kwok-gpu-2"]
+
+        status = _cli(tmp_path, "status")
+        assert status.returncode == 0, status.stdout
+        for name in ("supervisor", "etcd", "kube-apiserver", "kube-scheduler", "kwok"):
+            assert name in status.stdout
+        assert "DEAD" not in status.stdout
+
+        state = ClusterState.read(state_file)
+        assert state.supervisor is not None
+        records = [state.supervisor, *state.processes]
+        assert all(process.is_alive(r) for r in records)
+    finally:
+        down = _cli(tmp_path, "down")
+    assert down.returncode == 0, down.stderr
+    assert not any(process.is_alive(r) for r in records), "a process survived `down`"
+    assert not (tmp_path / "dev-cluster").exists()
+    assert _cli(tmp_path, "kubeconfig").returncode == 1
+    assert _cli(tmp_path, "down").returncode == 0  # nothing to do is fine
+
+
+_SCRIPT = """
+import json, sys, time
+from rlenergy.devcluster import DevCluster
+cluster = DevCluster(startup_timeout=120)
+cluster.start(nodes=1, gpus_per_node=4, gpu_product="NVIDIA-A100-SXM4-80GB")
+added = cluster.add_nodes(1, gpus_per_node=2)
+print(json.dumps({"workdir": str(cluster.workdir), "kubeconfig": str(cluster.kubeconfig),
+                  "added": added, "pids": [[r.pid, r.start_ticks] for r in cluster.processes]}),
+      flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_add_nodes_and_cleanup_on_sigterm(tmp_path: Path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp_path),
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else "no output"
+        info = json.loads(line)
+        records = [process.ProcessRecord("c", pid, ticks, [], "") for pid, ticks in info["pids"]]
+        assert len(records) == 5 and all(process.is_alive(r) for r in records)
+        assert info["added"] == ["kwok-gpu-1"]
+        assert sorted(_ready_nodes(info["kubeconfig"])) == ["kwok-gpu-0", "kwok-gpu-1"]
+        kubectl = find_kubectl(Path("/nonexistent"))
+        gpus = subprocess.run(
+            [str(kubectl), f"--kubeconfig={info['kubeconfig']}", "get", "nodes", "-o",
+             "jsonpath={.items[*].status.allocatable.nvidia\\.com/gpu}"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert sorted(gpus.stdout.split()) == ["2", "4"]
+
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    assert proc.returncode == -signal.SIGTERM
+    wait_until(
+        lambda: not any(process.is_alive(r) for r in records), timeout=15, what="all stopped"
+    )
+    assert not Path(info["workdir"]).exists(), "temp dir left behind"
