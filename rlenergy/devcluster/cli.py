@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from types import FrameType
 
-import rlenergy
 from rlenergy.devcluster import process
 from rlenergy.devcluster.binaries import K8S_VERSION, cache_root, find_kubectl, resolve_binaries
 from rlenergy.devcluster.cluster import STATE_FILE, ClusterState, DevCluster, stop_from_state
@@ -140,7 +139,7 @@ def _up(args: argparse.Namespace) -> int:
     log = supervisor_log()
     log.unlink(missing_ok=True)
     env = dict(os.environ)
-    src = str(Path(rlenergy.__file__).resolve().parent.parent)
+    src = str(Path(__file__).resolve().parents[2])  # the dir that holds rlenergy/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     argv = [
         sys.executable,
