@@ -1,0 +1,1 @@
+"""RLEnergyPolicy API, group rlenergy.io, version v1alpha1."""

@@ -1,0 +1,153 @@
+"""Contract of a frequency policy: what it decides and what it observes.
+
+A ``FrequencyPolicy`` has the zeus scheduler shape: the caller asks ``decide(step)`` for the
+plan of the next RL step, runs the step, then reports what an agent measured with
+``observe(...)``. Policies are pure and deterministic: no I/O, no clocks; the step index is the
+only time they know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Protocol
+
+from rlenergy.api import workload as api_workload
+
+
+class PhaseState(enum.Enum):
+    """Where a phase's clock selection stands."""
+
+    WARMUP = "warmup"
+    """Default governor; fitting the default-governor model."""
+    TRIAL = "trial"
+    """Probing candidate clocks against the default governor."""
+    LOCKED = "locked"
+    """Running the selected clock; monitoring."""
+    FALLBACK = "fallback"
+    """An error or lost signal: default governor until measurements are clean again."""
+    OBSERVE = "observe"
+    """Observe-only policy: never touches clocks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSlice:
+    """One slice of an interleaved probe inside a phase.
+
+    Attributes:
+        clock_mhz: the locked SM clock of the slice, or ``None`` for the default governor.
+        duration_s: slice length, s.
+        tokens: tokens the phase completed during the slice (SDK progress).
+        energy_j: GPU energy of the slice summed over the phase's GPUs, J (``None``: unknown).
+    """
+
+    clock_mhz: int | None
+    duration_s: float
+    tokens: float
+    energy_j: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseObservation:
+    """What an agent measured for one phase window of one step.
+
+    Attributes:
+        phase: phase name.
+        duration_s: phase wall time, s.
+        energy_j: energy over the phase's GPUs from counter deltas, J (``None``: unknown).
+        requested_clock_mhz: the clock the plan asked for (``None``: default governor).
+        applied_clock_mhz: the SM clock read back during the phase (lowest over GPUs).
+        slowdown: a clock-event reason (power cap, thermal) held the clock below the request.
+        slices: interleaved probe slices, when the plan asked for a probe.
+        error: a GPU or signal error during the phase (the clocks may not be what was asked).
+    """
+
+    phase: str
+    duration_s: float
+    energy_j: float | None
+    requested_clock_mhz: int | None
+    applied_clock_mhz: int | None = None
+    slowdown: bool = False
+    slices: tuple[ProbeSlice, ...] = ()
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepObservation:
+    """One RL step: its token workload and one observation per phase."""
+
+    step: int
+    workload: api_workload.TokenWorkload
+    phases: Mapping[str, PhaseObservation]
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseDecision:
+    """The plan for one phase of the next step.
+
+    Attributes:
+        clock_mhz: SM clock to lock for the phase, or ``None`` for the default governor.
+        state: the selection state that produced it.
+        probe_clocks_mhz: when non-empty, run the phase as interleaved slices cycling through
+            these clocks (``None`` = default governor) instead of ``clock_mhz``.
+        probe_slice_s: slice length for the probe, s.
+        reason: one line for humans (status, logs).
+    """
+
+    clock_mhz: int | None
+    state: PhaseState
+    probe_clocks_mhz: tuple[int | None, ...] = ()
+    probe_slice_s: float = 0.0
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Clock decisions for every phase of one step."""
+
+    step: int
+    phases: Mapping[str, PhaseDecision]
+
+
+class FrequencyPolicy(Protocol):
+    """A per-phase clock policy (EE-RL, a fixed clock, the default governor)."""
+
+    def decide(self, step: int) -> Plan:
+        """Plan for ``step``."""
+        ...
+
+    def observe(self, observation: StepObservation) -> None:
+        """Feed back what step ``observation.step`` measured."""
+        ...
+
+
+class DefaultGovernor:
+    """The baseline: never locks a clock."""
+
+    def __init__(self, phases: tuple[str, ...]) -> None:
+        self._phases = phases
+
+    def decide(self, step: int) -> Plan:
+        """Default governor for every phase."""
+        return Plan(step, {p: PhaseDecision(None, PhaseState.OBSERVE, reason="default") for p in self._phases})
+
+    def observe(self, observation: StepObservation) -> None:
+        """Nothing to learn."""
+
+
+class FixedClocks:
+    """Fixed clocks per phase (sweeps, oracle replays)."""
+
+    def __init__(self, clocks_mhz: Mapping[str, int | None]) -> None:
+        self._clocks = dict(clocks_mhz)
+
+    def decide(self, step: int) -> Plan:
+        """The same clocks every step."""
+        return Plan(
+            step,
+            {p: PhaseDecision(c, PhaseState.LOCKED, reason="fixed") for p, c in self._clocks.items()},
+        )
+
+    def observe(self, observation: StepObservation) -> None:
+        """Nothing to learn."""

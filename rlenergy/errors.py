@@ -1,0 +1,42 @@
+"""Framework-free error vocabulary shared by the library, the operator and the agent.
+
+Handlers translate these into kopf's errors at the edge: ``PermanentError`` means do not
+retry (the input is wrong and must change), ``RetryableError`` carries a delay in seconds.
+"""
+
+from __future__ import annotations
+
+
+class RLEnergyError(Exception):
+    """Base class of every error raised on purpose by this project."""
+
+
+class PermanentError(RLEnergyError):
+    """Retrying cannot help: the input must change. The message says what to change."""
+
+
+class RetryableError(RLEnergyError):
+    """A transient condition; retry after ``delay_s`` seconds.
+
+    Args:
+        message: what happened.
+        delay_s: suggested wait before retrying, seconds.
+    """
+
+    def __init__(self, message: str, delay_s: float = 10.0) -> None:
+        super().__init__(message)
+        self.delay_s = delay_s
+
+
+class InvalidInputError(PermanentError):
+    """User input (a trace, a policy, a CLI argument) is invalid.
+
+    Args:
+        field: the field, flag or file position that is wrong (e.g. ``phases[0].minThroughputRatio``).
+        message: what is wrong and what values are allowed.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
