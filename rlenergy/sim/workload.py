@@ -17,6 +17,10 @@ from rlenergy.api import workload as api_workload
 from rlenergy.sim import models, traces
 
 PHASES: tuple[str, ...] = ("generation", "training")
+
+DECODE_ITERATION_SHAPE = 0.15
+"""How much decode iterations speed up as the batch drains, relative to token throughput
+(which falls with the number of active sequences) [MODEL]."""
 """Phase names of an RL step, in order (sync mode)."""
 
 
@@ -28,9 +32,11 @@ class PhaseWork:
         name: phase name (``generation`` or ``training``).
         kind: phase kind for the GPU model.
         boost_time_s: time at max boost clock with all the job's GPUs, s.
-        progress_shape: shape ``k`` of token progress ``F(x) = 1 - (1 - x)**k`` over the
-            phase's work fraction ``x``; decode starts with every sequence active and ends with
-            the longest (k = max / mean response length), training is uniform (k = 1) [MODEL].
+        progress_shape: shape ``k`` of the progress the SDK reports, ``F(x) = 1 - (1 - x)**k``
+            over the phase's work fraction ``x``. Generation reports decode iterations (engine
+            steps): an iteration gets cheaper as sequences finish and their KV reads stop, so
+            iterations speed up over the phase, ``k = 1 + DECODE_ITERATION_SHAPE * (max / mean
+            response length - 1)``; training reports tokens of finished micro-batches, ``k = 1``.
     """
 
     name: str
@@ -124,7 +130,8 @@ def from_trace(trace: traces.Trace, sku: models.GpuSku, steps: int) -> Replay:
         wl = _workload(rec)
         gen_factor = sku.time_factor("generation", gen_default, wl.mean_context_tokens)
         train_factor = sku.time_factor("training", train_default, wl.mean_context_tokens)
-        shape = max(rec.response_length_max / max(rec.response_length_mean, 1.0), 1.0)
+        tail = max(rec.response_length_max / max(rec.response_length_mean, 1.0), 1.0)
+        shape = 1.0 + DECODE_ITERATION_SHAPE * (tail - 1.0)
         out.append(
             StepWork(
                 index=i,
@@ -194,7 +201,12 @@ def synthetic(
                 source_step=i,
                 cycle=0,
                 phases=(
-                    PhaseWork("generation", "generation", gen_s, max(resp_max / resp_mean, 1.0)),
+                    PhaseWork(
+                        "generation",
+                        "generation",
+                        gen_s,
+                        1.0 + DECODE_ITERATION_SHAPE * max(resp_max / resp_mean - 1.0, 0.0),
+                    ),
                     PhaseWork("training", "training", train_s, 1.0),
                 ),
                 other_time_s=0.02 * (gen_s + train_s),

@@ -38,13 +38,15 @@ class ProbeSlice:
     Attributes:
         clock_mhz: the locked SM clock of the slice, or ``None`` for the default governor.
         duration_s: slice length, s.
-        tokens: tokens the phase completed during the slice (SDK progress).
+        progress: work the phase completed during the slice, in the unit the trainer SDK
+            reports for the phase (decode iterations for generation, tokens for training); only
+            ratios between slices of the same phase are used.
         energy_j: GPU energy of the slice summed over the phase's GPUs, J (``None``: unknown).
     """
 
     clock_mhz: int | None
     duration_s: float
-    tokens: float
+    progress: float
     energy_j: float | None
 
 

@@ -35,6 +35,13 @@ def phase_settings(
         except errors.InvalidInputError as exc:
             raise errors.InvalidInputError(f"spec.phases[{i}].{exc.field}", exc.reason) from None
         cands = tuple(c for c in cands if c < supported[0]) or cands
+        if ph.clock_candidates_mhz is not None:
+            allowed = cands
+        elif ph.clock_range_mhz is not None:
+            rng = ph.clock_range_mhz
+            allowed = tuple(c for c in supported if rng.min_mhz <= c <= rng.max_mhz)
+        else:
+            allowed = tuple(c for c in supported if c >= min(cands))
         out.append(
             eerl.PhaseSettings(
                 name=ph.name,
@@ -42,6 +49,7 @@ def phase_settings(
                 candidates_mhz=cands,
                 supported_mhz=supported,
                 max_clock_mhz=supported[0],
+                allowed_mhz=allowed,
             )
         )
     return out

@@ -40,7 +40,7 @@ from rlenergy.control.freq import base, predictor, probe
 INDIFFERENCE = 0.004
 """Half-width of a confidence interval below which a straddling candidate is decided by its
 mean (a 0.4 % throughput difference is below what a user can see) [heuristic]."""
-MIN_SLICE_S = 0.1
+MIN_SLICE_S = 0.05
 """Shortest in-phase probe slice, s: a few decode iterations, so token counts mean something."""
 ASYNC_SLACK = 0.05
 """Extra throughput margin kept on the non-bottleneck pool in async mode [heuristic]:
@@ -58,6 +58,9 @@ class PhaseSettings:
         candidates_mhz: candidate clocks, descending, each supported.
         supported_mhz: all supported clocks (refinement picks among them).
         max_clock_mhz: the GPU's max clock (the default governor's reference).
+        allowed_mhz: clocks the selection may lock, descending (explicit candidates only, the
+            supported clocks in the policy's range, or every supported clock down to the lowest
+            candidate).
     """
 
     name: str
@@ -65,6 +68,13 @@ class PhaseSettings:
     candidates_mhz: tuple[int, ...]
     supported_mhz: tuple[int, ...]
     max_clock_mhz: int
+    allowed_mhz: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.allowed_mhz:
+            lowest = min(self.candidates_mhz, default=self.max_clock_mhz)
+            allowed = tuple(c for c in self.supported_mhz if c >= lowest)
+            object.__setattr__(self, "allowed_mhz", allowed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,52 +122,60 @@ class PhaseController:
         self.ctl = ctl
         self.state = base.PhaseState.WARMUP if ctl.enforce else base.PhaseState.OBSERVE
         self.default_model = predictor.DefaultModel()
+        self.default_clock_mhz: int | None = None
         self.locked_clock_mhz: int | None = None
         self.threshold = settings.min_throughput_ratio
         self.selections = 0
         self.retrial_reasons: list[str] = []
+        self.fit: probe.PhaseModelFit | None = None
+        self.floor_mhz = 0
         self._warm = 0
         self._last_time_s = 0.0
-        self._new_round()
         self._lock_feature = 0.0
         self._lock_slowdown = False
         self._slowdowns = 0
         self._monitor = probe.RatioStats()
         self._since_lock = 0
         self._clean = 0
+        self._new_round()
 
     # ----- state helpers ---------------------------------------------------------------------
     def _new_round(self) -> None:
+        self.blocks: list[tuple[int, float, float | None]] = []
         self.stats: dict[int, probe.RatioStats] = {}
-        self.accepted: set[int] = set()
-        self.rejected: set[int] = set()
-        self.candidates: list[int] = list(self.settings.candidates_mhz)
+        self.fit = None
         self._round_steps = 0.0
-        self._refinements = 0
         self._step_probe: list[int | None] = []
         self._step_probe_clock: int | None = None
         self._pending: list[base.ProbeSlice] = []
 
-    def _retrial(self, reason: str) -> None:
+    def _retrial(self, reason: str, *, keep_floor: bool = False) -> None:
         self.retrial_reasons.append(reason)
         self.state = base.PhaseState.TRIAL
+        if not keep_floor:
+            self.floor_mhz = 0
         self._new_round()
 
-    def _unresolved(self) -> list[int]:
-        floor = max(self.rejected, default=0)
-        return [c for c in self.candidates if c > floor and c not in self.accepted and c not in self.rejected]
+    @property
+    def f_default_mhz(self) -> int:
+        """Clock the default governor runs this phase at (read back in warm-up), MHz."""
+        return self.default_clock_mhz or self.settings.max_clock_mhz
 
-    def _bounds(self, stats: probe.RatioStats) -> tuple[float, float]:
-        half = self.ctl.confidence_z * stats.stderr
-        return stats.throughput_mean - half, stats.throughput_mean + half
+    def _allowed(self) -> list[int]:
+        """Clocks the selection may lock, descending: below the default clock, above the floor."""
+        return [
+            c
+            for c in self.settings.allowed_mhz
+            if self.floor_mhz < c < self.f_default_mhz
+        ]
 
-    # ----- decide ------------------------------------------------------------------------
     def _slices_in_phase(self) -> int:
         """Probe slices that fit in the phase (a multiple of the block length; 0: too short)."""
         fit = int(self._last_time_s / MIN_SLICE_S)
         n = min(self.ctl.slices_per_phase, fit)
         return n - n % probe.BLOCK
 
+    # ----- decide ------------------------------------------------------------------------
     def decide(self, allow_probe: bool) -> base.PhaseDecision:
         """Decision for the next step; ``allow_probe`` is False when the trial budget is spent."""
         state = self.state
@@ -168,9 +186,10 @@ class PhaseController:
         if state is base.PhaseState.TRIAL:
             if self._step_probe:
                 # Whole-step slices: finish the current block before anything else.
-                clock = self._step_probe[0]
-                return base.PhaseDecision(clock, state, reason=f"step trial {self._step_probe_clock} MHz")
-            active = self._pick_active(max(n_slices // probe.BLOCK, 1))
+                return base.PhaseDecision(
+                    self._step_probe[0], state, reason=f"step trial {self._step_probe_clock} MHz"
+                )
+            active = self._probe_clocks(max(n_slices // probe.BLOCK, 1))
             if not allow_probe or not active:
                 return base.PhaseDecision(None, state, reason="trial budget spent: default governor")
             if n_slices == 0:
@@ -196,16 +215,26 @@ class PhaseController:
             )
         return base.PhaseDecision(clock, state, reason="locked" if clock else "no clock met the threshold")
 
-    def _pick_active(self, most: int) -> list[int]:
-        unresolved = self._unresolved()
-        most = min(most, 3)
-        if len(unresolved) <= most:
-            return unresolved
-        # Parallel bisection: spread the probes over the unresolved interval.
-        if most == 1:
-            return [unresolved[len(unresolved) // 2]]
-        idx = sorted({round(i * (len(unresolved) - 1) / (most - 1)) for i in range(most)})
-        return [unresolved[i] for i in idx]
+    def _probe_clocks(self, most: int) -> list[int]:
+        """Clocks to probe next.
+
+        In-phase: the lowest allowed clock (largest lever arm on the model fit) and the current
+        best guess (checks the model where it matters). Whole-step probes run entire steps at
+        the probed clock, so they try only the best guess, starting from the highest candidate.
+        """
+        allowed = self._allowed()
+        if not allowed:
+            return []
+        cands = [c for c in self.settings.candidates_mhz if c in allowed] or allowed
+        guess = self._choose()[0] if self.fit is not None else None
+        if most <= 1 and self._slices_in_phase() == 0:
+            return [guess if guess is not None else cands[0]]
+        lowest = cands[-1]
+        out = [lowest]
+        guess = guess if guess is not None else cands[len(cands) // 2]
+        if guess != lowest:
+            out.append(guess)
+        return out[: max(most, 1)]
 
     # ----- observe -----------------------------------------------------------------------
     def observe(self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload) -> None:
@@ -220,16 +249,8 @@ class PhaseController:
         tokens = workload.phase_tokens(self.settings.name)
         if obs.requested_clock_mhz is None and not obs.slices:
             self.default_model.add(tokens, obs.duration_s, obs.energy_j)
-        if obs.slices:
-            blocks, _ = probe.blocks_from_slices(obs.slices)
-        elif self.state is base.PhaseState.TRIAL and self._step_probe:
-            # Whole-step probe: this phase is one slice of a block spanning steps.
-            self._step_probe.pop(0)
-            self._pending.append(base.ProbeSlice(obs.requested_clock_mhz, 1.0, tokens / obs.duration_s if obs.duration_s > 0 else 0.0, None if obs.energy_j is None else obs.energy_j / max(obs.duration_s, 1e-9)))
-            blocks, used = probe.blocks_from_slices(self._pending)
-            del self._pending[:used]
-        else:
-            blocks = []
+            if obs.applied_clock_mhz is not None:
+                self.default_clock_mhz = max(self.default_clock_mhz or 0, obs.applied_clock_mhz)
         if self.state is base.PhaseState.FALLBACK:
             self._clean += 1
             if self._clean >= self.ctl.recovery_steps:
@@ -240,77 +261,92 @@ class PhaseController:
             if self._warm >= self.ctl.warmup_steps and self.default_model.ready:
                 self._retrial("warm-up done")
             return
+        blocks = self._blocks(obs, tokens)
         if self.state is base.PhaseState.TRIAL:
-            for clock, thr, power in blocks:
-                self.stats.setdefault(clock, probe.RatioStats()).add(thr, power)
-            if obs.slices:
-                self._round_steps += 1
-            elif obs.requested_clock_mhz is not None or self._pending:
-                self._round_steps += 1 / probe.BLOCK
-            self._resolve()
-            if not self._unresolved() and not self._refine() or self._round_steps >= self.ctl.trial_steps:
-                self._lock(workload, obs)
-            return
-        if self.state is base.PhaseState.LOCKED:
+            self._observe_trial(obs, workload, blocks)
+        elif self.state is base.PhaseState.LOCKED:
             self._since_lock += 1
             for clock, thr, power in blocks:
                 if clock == self.locked_clock_mhz:
                     self._monitor.add(thr, power)
+                    self.blocks.append((clock, thr, power))
+            if blocks:
+                self._refine_locked()
             self._check_locked(obs, workload)
 
-    def _resolve(self) -> None:
-        for clock in self._unresolved():
-            stats = self.stats.get(clock)
-            if stats is None or stats.n < self.ctl.min_blocks:
-                continue
-            lcb, ucb = self._bounds(stats)
-            if lcb >= self.threshold:
-                self.accepted.add(clock)
-            elif ucb < self.threshold:
-                self.rejected.add(clock)
-            elif ucb - lcb <= 2 * INDIFFERENCE:
-                # Precise enough and still straddling: decide by the mean, keeping a margin.
-                if stats.throughput_mean >= self.threshold + INDIFFERENCE / 2:
-                    self.accepted.add(clock)
-                else:
-                    self.rejected.add(clock)
+    def _blocks(self, obs: base.PhaseObservation, tokens: float) -> list[tuple[int, float, float | None]]:
+        if obs.slices:
+            return probe.blocks_from_slices(obs.slices)[0]
+        if self.state is base.PhaseState.TRIAL and self._step_probe:
+            # Whole-step probe: this phase is one slice (rates) of a block spanning steps.
+            self._step_probe.pop(0)
+            duration = max(obs.duration_s, 1e-9)
+            power = None if obs.energy_j is None else obs.energy_j / duration
+            self._pending.append(base.ProbeSlice(obs.requested_clock_mhz, 1.0, tokens / duration, power))
+            blocks, used = probe.blocks_from_slices(self._pending)
+            del self._pending[:used]
+            return blocks
+        return []
 
-    def _refine(self) -> bool:
-        """Add one clock between the lowest accepted and highest rejected; False if none."""
-        if self._refinements >= 2 or not self.rejected:
-            return False
-        hi_rej = max(self.rejected)
-        above = [c for c in self.accepted if c > hi_rej]
-        top = self.settings.max_clock_mhz
-        f_a, r_a = (min(above), self.stats[min(above)].throughput_mean) if above else (top, 1.0)
-        r_b = self.stats[hi_rej].throughput_mean if hi_rej in self.stats else None
-        if r_b is None or r_b >= r_a:
-            return False
-        # 1/r is linear in 1/f under t = t0 ((1 - m) f0 / f + m).
-        x_a, x_b = 1.0 / f_a, 1.0 / hi_rej
-        y_a, y_b = 1.0 / r_a, 1.0 / r_b
-        target = 1.0 / (self.threshold + self.ctl.confidence_z * 0.004)
-        if not y_a < target < y_b:
-            return False
-        x = x_a + (target - y_a) * (x_b - x_a) / (y_b - y_a)
-        f_star = 1.0 / x
-        between = sorted(c for c in self.settings.supported_mhz if hi_rej < c < f_a and c >= f_star)
-        if not between or between[0] in self.candidates:
-            return False
-        self.candidates.append(between[0])
-        self.candidates.sort(reverse=True)
-        self._refinements += 1
-        return True
+    def _observe_trial(
+        self,
+        obs: base.PhaseObservation,
+        workload: api_workload.TokenWorkload,
+        blocks: list[tuple[int, float, float | None]],
+    ) -> None:
+        if obs.slices:
+            self._round_steps += 1
+        elif self._step_probe or self._pending or obs.requested_clock_mhz is not None:
+            self._round_steps += 1 / probe.BLOCK
+        for clock, thr, power in blocks:
+            self.blocks.append((clock, thr, power))
+            self.stats.setdefault(clock, probe.RatioStats()).add(thr, power)
+        # Direct evidence beats the model: a clock clearly below the threshold raises the floor.
+        for clock, stats in self.stats.items():
+            if stats.n >= self.ctl.min_blocks and self._upper(stats) < self.threshold:
+                self.floor_mhz = max(self.floor_mhz, clock)
+        if not self._allowed():
+            self._lock(None, workload, obs)
+            return
+        self.fit = probe.fit_phase_model(self.blocks, self.settings.max_clock_mhz, self.f_default_mhz)
+        if self.fit is None:
+            if self._round_steps >= self.ctl.trial_steps:
+                self._lock(None, workload, obs)
+            return
+        choice, stderr = self._choose()
+        z_eff = probe.student_t_factor(self.fit.blocks - 1, self.ctl.confidence_z)
+        precise = (
+            choice is not None and self.fit.blocks >= self.ctl.min_blocks and z_eff * stderr <= INDIFFERENCE
+        )
+        if precise or self._round_steps >= self.ctl.trial_steps:
+            self._lock(choice, workload, obs)
 
-    def _lock(self, workload: api_workload.TokenWorkload, obs: base.PhaseObservation) -> None:
+    def _upper(self, stats: probe.RatioStats) -> float:
+        return stats.throughput_mean + self.ctl.confidence_z * stats.stderr
+
+    def _choose(self) -> tuple[int | None, float]:
+        """Most efficient allowed clock whose lower bound meets the threshold, and its stderr."""
+        fit = self.fit
+        if fit is None:
+            return None, math.inf
         best: int | None = None
-        best_e = math.inf
-        for clock in sorted(self.accepted):
-            e = self.stats[clock].energy_per_token_ratio
-            score = e if e is not None else clock / 1e6  # unknown energy: prefer lower clocks
+        best_e = 1.0
+        z = self.ctl.confidence_z
+        for clock in self._allowed():
+            if fit.throughput_lower_bound(clock, z) < self.threshold:
+                continue
+            e = fit.energy_ratio(clock)
+            score = e if e is not None else clock / self.settings.max_clock_mhz
             if score < best_e:
                 best, best_e = clock, score
-        self.locked_clock_mhz = best
+        if best is None:
+            return None, fit.throughput_stderr(self._allowed()[0]) if self._allowed() else math.inf
+        return best, fit.throughput_stderr(best)
+
+    def _lock(
+        self, clock: int | None, workload: api_workload.TokenWorkload, obs: base.PhaseObservation
+    ) -> None:
+        self.locked_clock_mhz = clock
         self.state = base.PhaseState.LOCKED
         self.selections += 1
         self._lock_feature = _drift_feature(self.settings.name, workload)
@@ -319,10 +355,24 @@ class PhaseController:
         self._monitor = probe.RatioStats()
         self._since_lock = 0
 
+    def _refine_locked(self) -> None:
+        """Monitor blocks also sharpen the model: move to a lower clock once it is proven."""
+        self.fit = probe.fit_phase_model(self.blocks, self.settings.max_clock_mhz, self.f_default_mhz)
+        choice, _ = self._choose()
+        current = self.locked_clock_mhz
+        if choice is not None and current is not None and choice < current:
+            self.retrial_reasons.append(f"refined {current} -> {choice} MHz")
+            self.locked_clock_mhz = choice
+            self.selections += 1
+            self._monitor = probe.RatioStats()
+
     def _check_locked(self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload) -> None:
         mon = self._monitor
-        if mon.n >= self.ctl.min_blocks and self._bounds(mon)[1] < self.threshold:
-            self._retrial(f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f}")
+        if mon.n >= self.ctl.min_blocks and self._upper(mon) < self.threshold:
+            self.floor_mhz = max(self.floor_mhz, self.locked_clock_mhz or 0)
+            self._retrial(
+                f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f}", keep_floor=True
+            )
             return
         feature = _drift_feature(self.settings.name, workload)
         if self._lock_feature > 0 and abs(feature / self._lock_feature - 1.0) > self.ctl.drift_threshold:
@@ -339,12 +389,15 @@ class PhaseController:
     def estimate(self) -> tuple[float | None, float | None]:
         """(throughput ratio, energy-per-token ratio) of the locked clock vs default, if known."""
         clock = self.locked_clock_mhz
-        if clock is None:
-            return (1.0, 1.0) if self.state is base.PhaseState.LOCKED else (None, None)
-        stats = self._monitor if self._monitor.n >= self.ctl.min_blocks else self.stats.get(clock)
-        if stats is None or stats.n == 0:
+        if self.state is not base.PhaseState.LOCKED:
             return None, None
-        return stats.throughput_mean, stats.energy_per_token_ratio
+        if clock is None:
+            return 1.0, 1.0
+        if self._monitor.n >= self.ctl.min_blocks:
+            return self._monitor.throughput_mean, self._monitor.energy_per_token_ratio
+        if self.fit is not None:
+            return self.fit.throughput_ratio(clock), self.fit.energy_ratio(clock)
+        return None, None
 
 
 class EERLController:
@@ -358,6 +411,7 @@ class EERLController:
         self.trial_steps = 0
         self.steps_seen = 0
         self._last_workload: api_workload.TokenWorkload | None = None
+        self._pool_times: list[dict[str, float]] = []
 
     def _trial_budget_left(self, step: int) -> bool:
         horizon = max(step + 1, 40)
@@ -389,26 +443,61 @@ class EERLController:
             else:
                 pc.observe(obs, observation.workload)
         self._last_workload = observation.workload
+        if self.settings.async_mode:
+            self._record_pool_times(observation)
 
     def report_error(self, phase: str, message: str) -> None:
         """An agent-side error outside a step's observation: that phase falls back to default."""
         pc = self.phases[phase]
         pc.observe(base.PhaseObservation(phase, 0.0, None, None, error=message), self._last_workload or _EMPTY)
 
-    def _update_async_thresholds(self) -> None:
-        wl = self._last_workload
-        if wl is None or not all(pc.default_model.ready for pc in self.phases.values()):
-            return
-        times = {
-            name: pc.default_model.time_fit()(wl.phase_tokens(name)) for name, pc in self.phases.items()
-        }
-        step_time = max(times.values())
-        if step_time <= 0:
-            return
+    def _record_pool_times(self, observation: base.StepObservation) -> None:
+        """Keep default-equivalent pool times of plain (non-probe) steps for the async slack."""
+        times: dict[str, float] = {}
         for name, pc in self.phases.items():
-            if pc.state is base.PhaseState.TRIAL and pc._round_steps == 0:
-                base_t = pc.settings.min_throughput_ratio
-                pc.threshold = min(base_t, base_t * times[name] / step_time + ASYNC_SLACK)
+            obs = observation.phases.get(name)
+            if obs is None or obs.slices or obs.error is not None:
+                return
+            if obs.requested_clock_mhz is None:
+                times[name] = obs.duration_s
+            elif pc.fit is not None:
+                times[name] = obs.duration_s * pc.fit.throughput_ratio(obs.requested_clock_mhz)
+            else:
+                return
+        self._pool_times.append(times)
+        del self._pool_times[: max(len(self._pool_times) - 64, 0)]
+
+    def _update_async_thresholds(self) -> None:
+        """Relax the non-bottleneck pools' thresholds to the slack the bottleneck leaves.
+
+        Uses the joint history of default-equivalent pool times (a step lasts as long as the
+        slower pool). The bottleneck pool (largest total time) keeps its threshold; for each
+        other pool p the smallest ratio r with sum(max_i) / sum(max(t_p / r, t_o / theta_o))
+        >= theta * (1.0 - ASYNC_SLACK / 25), where the other pools run at their thresholds.
+        """
+        hist = self._pool_times
+        if len(hist) < 2:
+            return
+        theta = min(pc.settings.min_throughput_ratio for pc in self.phases.values())
+        totals = {name: sum(h[name] for h in hist) for name in self.phases}
+        bottleneck = max(totals, key=lambda n: totals[n])
+        base_total = sum(max(h.values()) for h in hist)
+        for name, pc in self.phases.items():
+            if name == bottleneck or pc.state is not base.PhaseState.TRIAL or pc.blocks:
+                continue
+            need = pc.settings.min_throughput_ratio
+            for step in range(30, 101):
+                r = step / 100.0
+                total = 0.0
+                for h in hist:
+                    total += max(
+                        t / (r if other == name else self.phases[other].settings.min_throughput_ratio)
+                        for other, t in h.items()
+                    )
+                if base_total / total >= theta * (1.0 - ASYNC_SLACK / 25):
+                    need = min(need, r)
+                    break
+            pc.threshold = need
 
     def summary(self) -> Mapping[str, Mapping[str, object]]:
         """Per phase: state, clock, threshold, estimated ratios, selections, re-trial reasons."""

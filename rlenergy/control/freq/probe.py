@@ -109,10 +109,10 @@ def blocks_from_slices(
         a = [s for s, cand in zip(group, THUE_MORSE, strict=True) if cand]
         b = [s for s, cand in zip(group, THUE_MORSE, strict=True) if not cand]
         ta, tb = sum(s.duration_s for s in a), sum(s.duration_s for s in b)
-        rate_b = sum(s.tokens for s in b) / tb
+        rate_b = sum(s.progress for s in b) / tb
         if rate_b <= 0:
             continue
-        thr = (sum(s.tokens for s in a) / ta) / rate_b
+        thr = (sum(s.progress for s in a) / ta) / rate_b
         power: float | None = None
         ea = [s.energy_j for s in a]
         eb = [s.energy_j for s in b]
@@ -122,3 +122,107 @@ def blocks_from_slices(
                 power = (sum(e or 0.0 for e in ea) / ta) / (total_b / tb)
         out.append((clock, thr, power))
     return out, i
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseModelFit:
+    """Fit of the phase clock model to probe blocks.
+
+    Throughput ratio vs the default governor at clock ``c`` (the default governor runs at
+    ``f_default``, below ``f_max`` when the power limit binds), with ``u = 1 - m``:
+    ``r(c) = (u (f_max/f_default - 1) + 1) / (u (f_max/c - 1) + 1)``; power ratio
+    ``p(c) = 1 + beta ((c/f_max)**2 - (f_default/f_max)**2)`` (calibration/README.md phase
+    model, a = 2). Each block gives one linear equation in ``u`` and one in ``beta``, so both
+    are least-squares slopes with standard errors from the residuals.
+
+    Attributes:
+        u: share of phase time that scales with the SM clock (1 - m).
+        u_stderr: standard error of ``u``.
+        beta: power slope (``None`` when no power was measured).
+        f_max_mhz: max clock.
+        f_default_mhz: clock the default governor runs the phase at.
+        blocks: number of blocks fitted.
+    """
+
+    u: float
+    u_stderr: float
+    beta: float | None
+    f_max_mhz: float
+    f_default_mhz: float
+    blocks: int
+
+    def throughput_ratio(self, clock_mhz: float, u: float | None = None) -> float:
+        """Predicted throughput ratio vs default at ``clock_mhz``."""
+        uu = self.u if u is None else u
+        c = min(clock_mhz, self.f_default_mhz)
+        return (uu * (self.f_max_mhz / self.f_default_mhz - 1.0) + 1.0) / (
+            uu * (self.f_max_mhz / c - 1.0) + 1.0
+        )
+
+    def throughput_lower_bound(self, clock_mhz: float, z: float) -> float:
+        """Lower confidence bound of the throughput ratio (``u`` at its upper bound).
+
+        ``z`` is widened to Student's t for the fit's degrees of freedom.
+        """
+        k = student_t_factor(self.blocks - 1, z)
+        return self.throughput_ratio(clock_mhz, min(self.u + k * self.u_stderr, 1.0))
+
+    def throughput_stderr(self, clock_mhz: float) -> float:
+        """Standard error of the predicted ratio (delta method)."""
+        return abs(self.throughput_ratio(clock_mhz, self.u + self.u_stderr) - self.throughput_ratio(clock_mhz))
+
+    def power_ratio(self, clock_mhz: float) -> float | None:
+        """Predicted power ratio vs default at ``clock_mhz``."""
+        if self.beta is None:
+            return None
+        c = min(clock_mhz, self.f_default_mhz)
+        return 1.0 + self.beta * ((c / self.f_max_mhz) ** 2 - (self.f_default_mhz / self.f_max_mhz) ** 2)
+
+    def energy_ratio(self, clock_mhz: float) -> float | None:
+        """Predicted energy per token vs default (power ratio / throughput ratio)."""
+        p = self.power_ratio(clock_mhz)
+        return None if p is None else p / self.throughput_ratio(clock_mhz)
+
+
+_T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+
+
+def student_t_factor(dof: int, z: float) -> float:
+    """``z`` scaled to Student's t at ``dof`` degrees of freedom (two-sided 95 % table / 1.96)."""
+    if dof < 1:
+        return math.inf
+    if dof > 10:
+        return z * (1.0 + 1.0 / (dof - 1))
+    return z * _T975[dof] / 1.96
+
+
+def fit_phase_model(
+    blocks: Sequence[tuple[int, float, float | None]], f_max_mhz: float, f_default_mhz: float
+) -> PhaseModelFit | None:
+    """Fit ``PhaseModelFit`` to (clock, throughput ratio, power ratio) blocks; None if < 2 usable."""
+    g1 = f_max_mhz / f_default_mhz - 1.0
+    sd2 = (f_default_mhz / f_max_mhz) ** 2
+    a_list: list[float] = []
+    b_list: list[float] = []
+    pa: list[float] = []
+    pb: list[float] = []
+    for clock, thr, power in blocks:
+        if clock >= f_default_mhz or thr <= 0:
+            continue
+        x = f_max_mhz / clock - 1.0
+        a_list.append(g1 / thr - x)
+        b_list.append(1.0 - 1.0 / thr)
+        if power is not None:
+            pa.append((clock / f_max_mhz) ** 2 - sd2)
+            pb.append(power - 1.0)
+    n = len(a_list)
+    saa = sum(a * a for a in a_list)
+    if n < 2 or saa <= 0:
+        return None
+    u = sum(a * b for a, b in zip(a_list, b_list, strict=True)) / saa
+    resid = [b - u * a for a, b in zip(a_list, b_list, strict=True)]
+    sd = math.sqrt(sum(r * r for r in resid) / (n - 1))
+    u_se = sd / math.sqrt(saa)
+    spp = sum(a * a for a in pa)
+    beta = sum(a * b for a, b in zip(pa, pb, strict=True)) / spp if spp > 0 else None
+    return PhaseModelFit(min(max(u, 0.0), 1.0), u_se, beta, f_max_mhz, f_default_mhz, n)
