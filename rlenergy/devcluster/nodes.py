@@ -75,12 +75,6 @@ def gpu_node_manifest(
                 {"type": "InternalIP", "address": "127.0.0.1"},
                 {"type": "Hostname", "address": name},
             ],
-            "nodeInfo": {
-                "architecture": "amd64",
-                "operatingSystem": "linux",
-                "kubeletVersion": "fake",
-                "kubeProxyVersion": "fake",
-            },
             "phase": "Running",
         },
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import os
@@ -94,8 +95,12 @@ def test_fake_gpu_nodes_are_ready(dev_cluster: DevCluster):
 
 def test_node_leases_are_renewed_by_kwok(dev_cluster: DevCluster):
     leases = get_json(dev_cluster, "leases", "-n", "kube-node-lease")["items"]
-    holders = {lease["spec"]["holderIdentity"] for lease in leases}
-    assert set(dev_cluster.nodes) <= holders
+    by_name = {lease["metadata"]["name"]: lease for lease in leases}
+    assert set(dev_cluster.nodes) <= set(by_name)
+    now = datetime.datetime.now(datetime.UTC)
+    for name in dev_cluster.nodes:
+        renewed = datetime.datetime.fromisoformat(by_name[name]["spec"]["renewTime"])
+        assert (now - renewed).total_seconds() < 60, f"lease of {name} is stale"
 
 
 def test_controller_manager_runs_the_configured_controllers(dev_cluster: DevCluster):
