@@ -41,7 +41,16 @@ def _widget(name: str, **spec: object) -> str:
 def test_status_subresource_accepts_status_and_prunes_undeclared_fields(
     dev_cluster: DevCluster, widget_crd: str, namespace: str
 ):
-    dev_cluster.kubectl("create", "-n", namespace, "-f", "-", input=_widget("w1", bogus="x"))
+    # kubectl's default (fieldValidation=Strict) rejects an undeclared field ...
+    strict = dev_cluster.kubectl(
+        "create", "-n", namespace, "-f", "-", input=_widget("w1", bogus="x"), check=False
+    )
+    assert strict.returncode != 0 and 'unknown field "spec.bogus"' in strict.stderr
+    # ... clients that send no fieldValidation (the Python client, kopf) get Warn: it is pruned.
+    warn = dev_cluster.kubectl(
+        "create", "-n", namespace, "--validate=warn", "-f", "-", input=_widget("w1", bogus="x")
+    )
+    assert 'unknown field "spec.bogus"' in warn.stderr
     created = get_json(dev_cluster, "gpuwidget", "w1", "-n", namespace)
     assert "bogus" not in created["spec"], "undeclared spec fields are pruned on create"
     assert "status" not in created
@@ -55,11 +64,12 @@ def test_status_subresource_accepts_status_and_prunes_undeclared_fields(
 
     # On /status it is accepted, and an undeclared status field is dropped.
     status = {"phase": "Running", "observedGeneration": 1, "undeclared": {"x": 1}}
-    dev_cluster.kubectl(
+    patched = dev_cluster.kubectl(
         "patch", "gpuwidget", "w1", "-n", namespace, "--subresource=status", "--type=merge",
         "-p", json.dumps({"status": status}),
     )  # fmt: skip
     after = get_json(dev_cluster, "gpuwidget", "w1", "-n", namespace)
+    assert 'unknown field "status.undeclared"' in patched.stderr
     assert after["status"] == {"phase": "Running", "observedGeneration": 1}
     # A status write does not bump the generation (the operator must use observedGeneration).
     assert after["metadata"]["generation"] == created["metadata"]["generation"]
