@@ -1,0 +1,120 @@
+"""Per-prompt response-length prediction from earlier epochs (FlexFloor step 1).
+
+RL datasets are replayed epoch after epoch, and a prompt that drew long responses last epoch
+tends to draw long ones again. The predictor keeps, per prompt, the mean log length of its
+responses in its last ``history_epochs`` appearances, and corrects for drift of the whole
+distribution (RL response lengths grow or shrink during training): a prompt's log offset from
+the step mean at the time it was seen is added to the latest step's mean log length. A prompt
+never seen before gets the ``fallback_quantile`` of the latest step's lengths, or
+``default_length_tokens`` before any step was observed.
+
+Pure and deterministic; callers: ``rlenergy.control.moe.placement`` inputs, the simulator and
+the trainer SDK.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Hashable, Iterable, Sequence
+
+from rlenergy import errors
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthPrediction:
+    """Predicted response length of one prompt.
+
+    Attributes:
+        length_tokens: predicted response length, tokens (>= 1).
+        from_history: ``True`` when the prompt's own history was used, ``False`` for the
+            quantile fallback.
+    """
+
+    length_tokens: float
+    from_history: bool
+
+
+class LengthPredictor:
+    """Predicts response lengths per prompt from its previous epochs.
+
+    Args:
+        history_epochs: appearances of a prompt kept (older ones are forgotten).
+        fallback_quantile: quantile of the latest step's lengths used for unseen prompts.
+        default_length_tokens: prediction before any step was observed, tokens.
+
+    Raises:
+        InvalidInputError: a parameter out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        history_epochs: int = 3,
+        fallback_quantile: float = 0.5,
+        default_length_tokens: float = 512.0,
+    ) -> None:
+        if history_epochs < 1:
+            raise errors.InvalidInputError("history_epochs", "must be >= 1")
+        if not 0.0 <= fallback_quantile <= 1.0:
+            raise errors.InvalidInputError("fallback_quantile", "must be within [0, 1]")
+        if default_length_tokens < 1:
+            raise errors.InvalidInputError("default_length_tokens", "must be >= 1 token")
+        self._history_epochs = history_epochs
+        self._fallback_quantile = fallback_quantile
+        self._default = float(default_length_tokens)
+        self._offsets: dict[Hashable, collections.deque[float]] = {}
+        self._latest_log_mean: float | None = None
+        self._latest_sorted: tuple[float, ...] = ()
+
+    def observe_step(self, prompt_ids: Sequence[Hashable], lengths_tokens: Sequence[float]) -> None:
+        """Record one finished rollout step: response ``i`` answered prompt ``prompt_ids[i]``.
+
+        Several responses of one prompt (a GRPO group) are averaged in log space.
+
+        Raises:
+            InvalidInputError: lengths differ from ids, are empty, or a length is < 1.
+        """
+        if len(prompt_ids) != len(lengths_tokens) or not lengths_tokens:
+            raise errors.InvalidInputError(
+                "lengths_tokens", "need one length (>= 1 token) per prompt id, at least one"
+            )
+        logs = []
+        for length in lengths_tokens:
+            if not length >= 1:
+                raise errors.InvalidInputError("lengths_tokens", f"length {length} < 1 token")
+            logs.append(math.log(length))
+        step_mean = sum(logs) / len(logs)
+        per_prompt: dict[Hashable, list[float]] = {}
+        for pid, log_len in zip(prompt_ids, logs, strict=True):
+            per_prompt.setdefault(pid, []).append(log_len)
+        for pid, group in per_prompt.items():
+            history = self._offsets.setdefault(pid, collections.deque(maxlen=self._history_epochs))
+            history.append(sum(group) / len(group) - step_mean)
+        self._latest_log_mean = step_mean
+        self._latest_sorted = tuple(sorted(float(x) for x in lengths_tokens))
+
+    def predict(self, prompt_ids: Iterable[Hashable]) -> tuple[LengthPrediction, ...]:
+        """Predict the response length of each prompt, in order."""
+        fallback = self.fallback_length_tokens()
+        out = []
+        for pid in prompt_ids:
+            history = self._offsets.get(pid)
+            if history and self._latest_log_mean is not None:
+                offset = sum(history) / len(history)
+                length = max(math.exp(self._latest_log_mean + offset), 1.0)
+                out.append(LengthPrediction(length, True))
+            else:
+                out.append(LengthPrediction(fallback, False))
+        return tuple(out)
+
+    def fallback_length_tokens(self) -> float:
+        """Prediction for an unseen prompt: the quantile of the latest step, tokens."""
+        data = self._latest_sorted
+        if not data:
+            return self._default
+        pos = self._fallback_quantile * (len(data) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(data) - 1)
+        return data[lo] + (data[hi] - data[lo]) * (pos - lo)

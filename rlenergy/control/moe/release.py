@@ -1,0 +1,225 @@
+"""Progressive rollout-worker release that keeps every expert available (FlexFloor step 3).
+
+Release rule (DESIGN section 4): a worker may leave the EP group only when
+
+1. it has no unfinished response (queued or running);
+2. the group keeps at least ``minActiveWorkers`` workers and at least the expert floor
+   (``MoeLayout.release_floor``; CASES.md #29: a shrink below
+   ``ceil(num_experts * dp / num_physical_experts)`` kills vLLM's engine);
+3. every expert it hosts keeps a replica on a remaining worker, or is copied to a survivor
+   whose free memory (after dense weights, resident experts, KV in use and the KV its
+   unfinished responses are predicted to still need) holds it.
+
+``FlexFloorPlanner.plan`` greedily releases every finished worker that passes the rule, in an
+order that needs the fewest expert copies first, and returns the copies to make. ``check``
+answers for an explicit request and says why a refused worker may not go. The step-synchronous
+commit of a plan (same decode step on every rank, deadline, abort) is
+``rlenergy.control.moe.protocol``.
+
+``minimum_workers_for_scale`` is the seam for the operator's ``releaseAction: scale`` (shrink a
+disaggregated worker set between RL steps): it returns the replica count to refuse below.
+
+Pure and deterministic (ties broken by worker rank, then expert index).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+
+from rlenergy import errors
+from rlenergy.control.moe import base
+
+
+@dataclasses.dataclass
+class _Tentative:
+    survivors: set[int]
+    hosts: dict[int, set[int]]
+    free: dict[int, int]
+    moves: list[base.ExpertMove]
+
+
+class FlexFloorPlanner:
+    """The FlexFloor release rule over one EP group (implements ``base.ReleasePlanner``).
+
+    Args:
+        layout: the group's memory layout and ``minActiveWorkers``.
+    """
+
+    def __init__(self, layout: base.MoeLayout) -> None:
+        self.layout = layout
+
+    def plan(self, workers: Sequence[base.WorkerState], step: int) -> base.ReleasePlan:
+        """Release every finished worker that the rule allows at decode ``step``.
+
+        Args:
+            workers: the active workers (each rank once).
+            step: the decode step (informational; planning depends only on ``workers``).
+
+        Returns:
+            The release plan; busy workers are neither released nor listed as refused.
+
+        Raises:
+            InvalidInputError: a worker rank appears twice.
+        """
+        del step
+        finished = [w for w in workers if w.unfinished == 0]
+        # Fewest sole-hosted expert bytes first, then lowest rank: cheap releases go first.
+        hosts = base.expert_hosts(workers)
+        finished.sort(key=lambda w: (sum(1 for e in w.experts if len(hosts[e]) == 1), w.worker))
+        return self._plan(workers, [w.worker for w in finished])
+
+    def check(
+        self, workers: Sequence[base.WorkerState], release: Iterable[int]
+    ) -> base.ReleasePlan:
+        """Evaluate an explicit release request, worker by worker in the order given.
+
+        Returns:
+            The plan: ``release`` holds the requested workers that may go, ``refused`` the
+            others with a reason and a message naming the limit.
+
+        Raises:
+            InvalidInputError: a worker rank appears twice in ``workers``.
+        """
+        return self._plan(workers, list(release))
+
+    def _plan(self, workers: Sequence[base.WorkerState], candidates: list[int]) -> base.ReleasePlan:
+        by_rank = {w.worker: w for w in workers}
+        if len(by_rank) != len(workers):
+            raise errors.InvalidInputError("workers", "a worker rank appears twice")
+        layout = self.layout
+        floor = layout.expert_floor()
+        state = _Tentative(
+            survivors=set(by_rank),
+            hosts={e: set(ws) for e, ws in base.expert_hosts(workers).items()},
+            free={w.worker: w.free_bytes(layout) for w in workers},
+            moves=[],
+        )
+        released: list[int] = []
+        refused: list[base.Refusal] = []
+        for rank in candidates:
+            refusal = self._try_release(rank, by_rank, state, floor, set(candidates))
+            if refusal is None:
+                released.append(rank)
+            else:
+                refused.append(refusal)
+        return base.ReleasePlan(
+            release=tuple(sorted(released)),
+            moves=tuple(state.moves),
+            refused=tuple(refused),
+            active_after=tuple(sorted(state.survivors)),
+        )
+
+    def _try_release(
+        self,
+        rank: int,
+        by_rank: dict[int, base.WorkerState],
+        state: _Tentative,
+        floor: int,
+        candidates: set[int],
+    ) -> base.Refusal | None:
+        layout = self.layout
+        worker = by_rank.get(rank)
+        if worker is None or rank not in state.survivors:
+            return base.Refusal(
+                rank, base.RefusalReason.UNKNOWN_WORKER, f"worker {rank} is not active"
+            )
+        if worker.unfinished > 0:
+            return base.Refusal(
+                rank,
+                base.RefusalReason.UNFINISHED,
+                f"worker {rank} still has {worker.unfinished} unfinished response(s)",
+            )
+        left = len(state.survivors) - 1
+        if left < layout.min_active_workers:
+            return base.Refusal(
+                rank,
+                base.RefusalReason.BELOW_MIN_ACTIVE,
+                f"releasing worker {rank} would leave {left} active worker(s), below "
+                f"minActiveWorkers={layout.min_active_workers}",
+            )
+        if left < floor:
+            return base.Refusal(
+                rank,
+                base.RefusalReason.BELOW_FLOOR,
+                f"releasing worker {rank} would leave {left} worker(s): minimum is {floor} "
+                f"(expert floor: {layout.num_experts} experts, "
+                f"{layout.expert_slots_per_worker} per worker)",
+            )
+        remaining = state.survivors - {rank}
+        orphans = sorted(e for e in worker.experts if not (state.hosts.get(e, set()) & remaining))
+        # Also experts copied onto this worker by an earlier tentative move.
+        orphans += sorted(
+            e
+            for e, hs in state.hosts.items()
+            if rank in hs and e not in worker.experts and not (hs & remaining)
+        )
+        free = dict(state.free)
+        moves: list[base.ExpertMove] = []
+        for expert in orphans:
+            # Prefer survivors that are not about to leave themselves, then the most free memory.
+            targets = sorted(remaining, key=lambda w: (w in candidates, -free[w], w))
+            target = next((w for w in targets if free[w] >= layout.expert_bytes), None)
+            if target is None:
+                return base.Refusal(
+                    rank,
+                    base.RefusalReason.ORPHAN_EXPERT,
+                    f"releasing worker {rank} would orphan expert {expert}: no other active "
+                    f"worker hosts it and none has {layout.expert_bytes / 1e9:.2f} GB free",
+                )
+            free[target] -= layout.expert_bytes
+            moves.append(base.ExpertMove(expert=expert, source=rank, target=target))
+        state.survivors.discard(rank)
+        state.free = free
+        for move in moves:
+            state.hosts.setdefault(move.expert, set()).add(move.target)
+        for hs in state.hosts.values():
+            hs.discard(rank)
+        # A copy planned onto this worker earlier and now moved on: copy from the original
+        # source straight to the new target instead (one copy, no chain).
+        for i, move in enumerate(moves):
+            earlier = next(
+                (m for m in state.moves if m.expert == move.expert and m.target == rank), None
+            )
+            if earlier is not None:
+                state.moves.remove(earlier)
+                moves[i] = dataclasses.replace(move, source=earlier.source)
+        state.moves.extend(moves)
+        return None
+
+
+def minimum_workers_for_scale(layout: base.MoeLayout) -> int:
+    """Replica count a ``releaseAction: scale`` shrink must not go below (expert floor, min)."""
+    return layout.release_floor()
+
+
+def check_scale_target(current_workers: int, target_workers: int, layout: base.MoeLayout) -> None:
+    """Validate a between-steps shrink or grow of a disaggregated rollout worker set.
+
+    Raises:
+        InvalidInputError: the target is below ``minimum_workers_for_scale`` (message:
+            ``minimum is N``, CASES.md #29) or not positive; running engines stay untouched.
+    """
+    minimum = minimum_workers_for_scale(layout)
+    if target_workers < minimum:
+        raise errors.InvalidInputError(
+            "rollout.replicas",
+            f"cannot scale from {current_workers} to {target_workers} workers: minimum is "
+            f"{minimum} ({layout.num_experts} experts, {layout.expert_slots_per_worker} per "
+            f"worker, minActiveWorkers={layout.min_active_workers})",
+        )
+
+
+def minimum_data_parallel_size(num_experts: int, current_dp: int, num_physical_experts: int) -> int:
+    """The vLLM elastic-EP floor: ``ceil(num_experts * current_dp / num_physical_experts)``.
+
+    Source: vllm-project/vllm PR #52702 (CASES.md #29). With 128 experts, DP 2 and 128
+    physical experts the minimum is 2; with 256 physical experts it is 1.
+
+    Raises:
+        InvalidInputError: a non-positive argument.
+    """
+    if num_experts < 1 or current_dp < 1 or num_physical_experts < 1:
+        raise errors.InvalidInputError("rollout.experts", "counts must be >= 1")
+    return math.ceil(num_experts * current_dp / num_physical_experts)
