@@ -42,6 +42,9 @@ INDIFFERENCE = 0.004
 mean (a 0.4 % throughput difference is below what a user can see) [heuristic]."""
 MIN_SLICE_S = 0.05
 """Shortest in-phase probe slice, s: a few decode iterations, so token counts mean something."""
+INFO_GAIN = 0.01
+"""Keep trialling (up to 3 x trialSteps) while the confidence margin costs more than this share
+of energy per token [heuristic]."""
 ASYNC_SLACK = 0.05
 """Extra throughput margin kept on the non-bottleneck pool in async mode [heuristic]:
 per-step noise makes max(pool times) exceed both means."""
@@ -131,6 +134,9 @@ class PhaseController:
         self.floor_mhz = 0
         self._warm = 0
         self._last_time_s = 0.0
+        self._last_feature = 0.0
+        self._last_slowdown = False
+        self._previous_lock_mhz: int | None = None
         self._lock_feature = 0.0
         self._lock_slowdown = False
         self._slowdowns = 0
@@ -176,8 +182,13 @@ class PhaseController:
         return n - n % probe.BLOCK
 
     # ----- decide ------------------------------------------------------------------------
-    def decide(self, allow_probe: bool) -> base.PhaseDecision:
-        """Decision for the next step; ``allow_probe`` is False when the trial budget is spent."""
+    def decide(self, allow_probe: bool, allow_extra: bool = True) -> base.PhaseDecision:
+        """Decision for the next step.
+
+        Args:
+            allow_probe: False when the job's trial budget is spent.
+            allow_extra: False when trials past ``trial_steps`` would crowd out other phases.
+        """
         state = self.state
         if state in (base.PhaseState.OBSERVE, base.PhaseState.WARMUP, base.PhaseState.FALLBACK):
             return base.PhaseDecision(None, state, reason=state.value)
@@ -190,8 +201,15 @@ class PhaseController:
                     self._step_probe[0], state, reason=f"step trial {self._step_probe_clock} MHz"
                 )
             active = self._probe_clocks(max(n_slices // probe.BLOCK, 1))
+            extending = self._round_steps >= self.ctl.trial_steps
+            if extending and not allow_extra and self.fit is not None:
+                # No budget to extend the trial: lock the safest choice the data supports.
+                self._lock(self._choose()[0], self._last_feature, self._last_slowdown)
+                return self.decide(allow_probe, allow_extra)
             if not allow_probe or not active:
-                return base.PhaseDecision(None, state, reason="trial budget spent: default governor")
+                # Waiting for trial budget: run the safest choice so far, else the previous lock.
+                interim = self._choose()[0] if self.fit is not None else self._previous_lock_mhz
+                return base.PhaseDecision(interim, state, reason="trial budget spent: interim clock")
             if n_slices == 0:
                 self._step_probe_clock = active[0]
                 self._step_probe = list(probe.block_schedule(active[:1]))
@@ -204,16 +222,29 @@ class PhaseController:
                 reason=f"trial {', '.join(map(str, active))} MHz vs default",
             )
         clock = self.locked_clock_mhz
-        due = self._since_lock > 0 and self._since_lock % self.ctl.monitor_interval_steps == 0
+        unsure = self._uncertain()
+        interval = max(self.ctl.monitor_interval_steps // 2, 1) if unsure else self.ctl.monitor_interval_steps
+        due = self._since_lock > 0 and self._since_lock % interval == 0
         if clock is not None and allow_probe and due and n_slices:
+            # While the lock is held up by uncertainty, the check also probes the lowest clock
+            # (the largest lever arm on the model) so the lock can move down when proven.
+            extra = [self._allowed()[-1]] if unsure and self._allowed() else []
             return base.PhaseDecision(
                 clock,
                 state,
-                probe_clocks_mhz=probe.block_schedule([clock]) + (clock,) * probe.BLOCK,
+                probe_clocks_mhz=probe.block_schedule([clock, *extra]) + (clock,) * probe.BLOCK,
                 probe_slice_s=slice_s,
                 reason=f"monitor {clock} MHz",
             )
         return base.PhaseDecision(clock, state, reason="locked" if clock else "no clock met the threshold")
+
+    def _uncertain(self) -> bool:
+        """True while the model's point estimate allows a clock well below the lock."""
+        fit, clock = self.fit, self.locked_clock_mhz
+        if fit is None or clock is None:
+            return False
+        lower = [c for c in self._allowed() if c < clock and fit.throughput_ratio(c) >= self.threshold + INDIFFERENCE]
+        return len(lower) >= 3
 
     def _probe_clocks(self, most: int) -> list[int]:
         """Clocks to probe next.
@@ -246,6 +277,8 @@ class PhaseController:
             self._clean = 0
             return
         self._last_time_s = obs.duration_s
+        self._last_feature = _drift_feature(self.settings.name, workload)
+        self._last_slowdown = obs.slowdown
         tokens = workload.phase_tokens(self.settings.name)
         if obs.requested_clock_mhz is None and not obs.slices:
             self.default_model.add(tokens, obs.duration_s, obs.energy_j)
@@ -269,7 +302,7 @@ class PhaseController:
             for clock, thr, power in blocks:
                 if clock == self.locked_clock_mhz:
                     self._monitor.add(thr, power)
-                    self.blocks.append((clock, thr, power))
+                self.blocks.append((clock, thr, power))
             if blocks:
                 self._refine_locked()
             self._check_locked(obs, workload)
@@ -306,23 +339,48 @@ class PhaseController:
             if stats.n >= self.ctl.min_blocks and self._upper(stats) < self.threshold:
                 self.floor_mhz = max(self.floor_mhz, clock)
         if not self._allowed():
-            self._lock(None, workload, obs)
+            self._lock(None, self._last_feature, obs.slowdown)
             return
         self.fit = probe.fit_phase_model(self.blocks, self.settings.max_clock_mhz, self.f_default_mhz)
         if self.fit is None:
             if self._round_steps >= self.ctl.trial_steps:
-                self._lock(None, workload, obs)
+                self._lock(None, self._last_feature, obs.slowdown)
             return
         choice, stderr = self._choose()
         z_eff = probe.student_t_factor(self.fit.blocks - 1, self.ctl.confidence_z)
         precise = (
             choice is not None and self.fit.blocks >= self.ctl.min_blocks and z_eff * stderr <= INDIFFERENCE
         )
-        if precise or self._round_steps >= self.ctl.trial_steps:
-            self._lock(choice, workload, obs)
+        limit = self.ctl.trial_steps
+        done = self._round_steps >= limit and (
+            self._round_steps >= 3 * limit or self._uncertainty_cost() < INFO_GAIN
+        )
+        if precise or done:
+            self._lock(choice, self._last_feature, obs.slowdown)
+
+    def _uncertainty_cost(self) -> float:
+        """Energy-per-token ratio given up by the conservative choice vs the point estimate.
+
+        Trials continue past ``trial_steps`` (up to three times) while this exceeds
+        ``INFO_GAIN``: short phases give few probe blocks per step, so the confidence bound
+        would otherwise hold the clock far above what the point estimate supports.
+        """
+        fit = self.fit
+        if fit is None:
+            return 0.0
+        point = [c for c in self._allowed() if fit.throughput_ratio(c) >= self.threshold]
+        conservative, _ = self._choose()
+        if not point:
+            return 0.0
+        e_point = fit.energy_ratio(min(point))
+        e_cons = fit.energy_ratio(conservative) if conservative is not None else 1.0
+        if e_point is None or e_cons is None:
+            return 0.0
+        return e_cons - e_point
 
     def _upper(self, stats: probe.RatioStats) -> float:
-        return stats.throughput_mean + self.ctl.confidence_z * stats.stderr
+        k = probe.student_t_factor(stats.n - 1, self.ctl.confidence_z)
+        return stats.throughput_mean + k * stats.stderr
 
     def _choose(self) -> tuple[int | None, float]:
         """Most efficient allowed clock whose lower bound meets the threshold, and its stderr."""
@@ -343,14 +401,13 @@ class PhaseController:
             return None, fit.throughput_stderr(self._allowed()[0]) if self._allowed() else math.inf
         return best, fit.throughput_stderr(best)
 
-    def _lock(
-        self, clock: int | None, workload: api_workload.TokenWorkload, obs: base.PhaseObservation
-    ) -> None:
+    def _lock(self, clock: int | None, feature: float, slowdown: bool) -> None:
         self.locked_clock_mhz = clock
+        self._previous_lock_mhz = clock
         self.state = base.PhaseState.LOCKED
         self.selections += 1
-        self._lock_feature = _drift_feature(self.settings.name, workload)
-        self._lock_slowdown = obs.slowdown
+        self._lock_feature = feature
+        self._lock_slowdown = slowdown
         self._slowdowns = 0
         self._monitor = probe.RatioStats()
         self._since_lock = 0
@@ -369,10 +426,18 @@ class PhaseController:
     def _check_locked(self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload) -> None:
         mon = self._monitor
         if mon.n >= self.ctl.min_blocks and self._upper(mon) < self.threshold:
-            self.floor_mhz = max(self.floor_mhz, self.locked_clock_mhz or 0)
-            self._retrial(
-                f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f}", keep_floor=True
-            )
+            failed = self.locked_clock_mhz or 0
+            self.floor_mhz = max(self.floor_mhz, failed)
+            reason = f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f} at {failed} MHz"
+            choice, _ = self._choose()
+            if choice is not None:
+                # Step up at once to the next clock the model supports; no default-governor gap.
+                self.retrial_reasons.append(f"{reason}: stepped up to {choice} MHz")
+                self.locked_clock_mhz = choice
+                self._monitor = probe.RatioStats()
+                self.selections += 1
+            else:
+                self._retrial(reason, keep_floor=True)
             return
         feature = _drift_feature(self.settings.name, workload)
         if self._lock_feature > 0 and abs(feature / self._lock_feature - 1.0) > self.ctl.drift_threshold:
@@ -422,7 +487,15 @@ class EERLController:
         if self.settings.async_mode:
             self._update_async_thresholds()
         allow = self._trial_budget_left(step)
-        decisions = {name: pc.decide(allow) for name, pc in self.phases.items()}
+        decisions = {}
+        for name, pc in self.phases.items():
+            # Extended trials only while no other phase still needs its first trial steps.
+            others_first_pass = any(
+                o.state is base.PhaseState.TRIAL and o._round_steps < self.settings.trial_steps
+                for n, o in self.phases.items()
+                if n != name
+            )
+            decisions[name] = pc.decide(allow, allow and not others_first_pass)
         if any(
             d.probe_clocks_mhz or (d.state is base.PhaseState.TRIAL and d.clock_mhz is not None)
             for d in decisions.values()

@@ -1,0 +1,257 @@
+"""The main job: replay a trace through the simulator and EE-RL, beside its baselines.
+
+``simulate`` runs the online controller (``rlenergy.control.freq``) on ``SimulatedGpu``s and
+evaluates, on the same steps and noise, the default governor and the oracle (best fixed clock
+per phase in hindsight meeting the threshold). Savings compare energy per valid token; trial
+steps count in every figure. Callers: ``rlenergy.cli`` (``rlenergy simulate``) and
+``bench/energy.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from rlenergy import errors
+from rlenergy.api.v1alpha1 import policy as api_policy
+from rlenergy.control.freq import config, eerl
+from rlenergy.sim import job as sim_job
+from rlenergy.sim import models, traces, workload
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseReport:
+    """One phase of a simulation.
+
+    Attributes:
+        name: phase name.
+        final_clock_mhz: the clock locked at the end (None: default governor).
+        oracle_clock_mhz: the oracle's fixed clock (None: default governor).
+        throughput_ratio: phase throughput vs default over the run, trials included.
+        saving: phase energy saved vs default (fraction of the phase's default energy).
+        min_throughput_ratio: the policy's threshold for the phase.
+        timeline: (first step, clock or None, state) each time the decision changed.
+        selections: how many times a clock was selected.
+        retrials: why selection restarted, in order.
+    """
+
+    name: str
+    final_clock_mhz: int | None
+    oracle_clock_mhz: int | None
+    throughput_ratio: float
+    saving: float
+    min_throughput_ratio: float
+    timeline: tuple[tuple[int, int | None, str], ...]
+    selections: int
+    retrials: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationReport:
+    """Result of ``simulate`` (see ``to_json`` for the machine-readable form)."""
+
+    trace: str
+    gpu: str
+    mode: str
+    steps: int
+    num_gpus: int
+    notes: tuple[str, ...]
+    online: sim_job.Totals
+    default: sim_job.Totals
+    oracle: sim_job.Totals
+    measured_energy_j: float | None
+    trial_steps: int
+    phases: tuple[PhaseReport, ...]
+    results: tuple[sim_job.StepResult, ...]
+    default_steps: tuple[tuple[float, float], ...]
+
+    @property
+    def online_saving(self) -> float:
+        """Fraction of default energy per valid token saved online, trials included."""
+        return 1.0 - self.online.energy_per_valid_token_j / self.default.energy_per_valid_token_j
+
+    @property
+    def oracle_saving(self) -> float:
+        """Fraction saved by the best fixed clocks in hindsight."""
+        return 1.0 - self.oracle.energy_per_valid_token_j / self.default.energy_per_valid_token_j
+
+    @property
+    def online_to_oracle(self) -> float:
+        """online_saving / oracle_saving (1.0 when the oracle saves nothing and neither do we)."""
+        if self.oracle_saving <= 1e-9:
+            return 1.0 if self.online_saving >= -1e-9 else 0.0
+        return self.online_saving / self.oracle_saving
+
+    @property
+    def throughput_ratio(self) -> float:
+        """Whole-run throughput vs default (default time / online time), trials included."""
+        return self.default.time_s / self.online.time_s
+
+    @property
+    def min_throughput_ratio(self) -> float:
+        """The lowest phase threshold of the policy."""
+        return min(p.min_throughput_ratio for p in self.phases)
+
+    @property
+    def measured_energy_error(self) -> float | None:
+        """Measured (counter deltas) vs true energy of the online run, relative."""
+        if self.measured_energy_j is None:
+            return None
+        return self.measured_energy_j / self.online.energy_j - 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        """One JSON object: the keys of issue 2 plus totals and notes."""
+        return {
+            "trace": self.trace,
+            "gpu": self.gpu,
+            "mode": self.mode,
+            "steps": self.steps,
+            "num_gpus": self.num_gpus,
+            "online_saving": round(self.online_saving, 6),
+            "oracle_saving": round(self.oracle_saving, 6),
+            "online_to_oracle": round(self.online_to_oracle, 6),
+            "throughput_ratio": round(self.throughput_ratio, 6),
+            "min_throughput_ratio": self.min_throughput_ratio,
+            "trial_steps": self.trial_steps,
+            "measured_energy_error": None
+            if self.measured_energy_error is None
+            else round(self.measured_energy_error, 6),
+            "energy_per_valid_token_j": {
+                "online": self.online.energy_per_valid_token_j,
+                "default": self.default.energy_per_valid_token_j,
+                "oracle": self.oracle.energy_per_valid_token_j,
+            },
+            "totals": {
+                "valid_tokens": self.online.valid_tokens,
+                "online_energy_j": self.online.energy_j,
+                "default_energy_j": self.default.energy_j,
+                "saved_energy_j": self.default.energy_j - self.online.energy_j,
+                "online_time_s": self.online.time_s,
+                "default_time_s": self.default.time_s,
+            },
+            "phases": [
+                {
+                    "name": p.name,
+                    "final_clock_mhz": p.final_clock_mhz,
+                    "oracle_clock_mhz": p.oracle_clock_mhz,
+                    "throughput_ratio": round(p.throughput_ratio, 6),
+                    "saving": round(p.saving, 6),
+                    "min_throughput_ratio": p.min_throughput_ratio,
+                    "selections": p.selections,
+                    "retrials": list(p.retrials),
+                    "timeline": [
+                        {"step": s, "clock_mhz": c, "state": st} for s, c, st in p.timeline
+                    ],
+                }
+                for p in self.phases
+            ],
+            "notes": list(self.notes),
+        }
+
+
+def _timeline(results: list[sim_job.StepResult], phase: str) -> tuple[tuple[int, int | None, str], ...]:
+    out: list[tuple[int, int | None, str]] = []
+    for r in results:
+        state = r.states.get(phase, "default")
+        if r.probing.get(phase) and state != "locked":
+            state = "trial"
+        key = (r.clocks_mhz.get(phase), state)
+        if not out or (out[-1][1], out[-1][2]) != key:
+            out.append((r.index, key[0], key[1]))
+    return tuple(out)
+
+
+def simulate(
+    trace: str,
+    gpu: str = "h100-sxm",
+    mode: sim_job.Mode = "sync",
+    *,
+    steps: int = 200,
+    policy: api_policy.RLEnergyPolicySpec | None = None,
+    seed: int = 0,
+    on_step: Callable[[sim_job.StepResult], None] | None = None,
+) -> SimulationReport:
+    """Replay ``trace`` on ``gpu`` in ``mode`` under EE-RL and the baselines.
+
+    Args:
+        trace: packaged trace name or path (CSV or verl console log).
+        gpu: simulated SKU (``rlenergy.sim.models.sku_names()``).
+        mode: ``sync`` or ``async``.
+        steps: RL steps to replay (cyclically if the trace is shorter).
+        policy: the policy spec (default: both phases at minThroughputRatio 0.95). Its
+            ``mode`` is overridden by ``mode``.
+        seed: noise seed.
+        on_step: progress callback.
+
+    Raises:
+        InvalidInputError: unknown trace or GPU, bad step count, a policy phase the simulator
+            cannot run, or clocks the GPU does not support.
+    """
+    if steps < 1:
+        raise errors.InvalidInputError("--steps", f"must be >= 1, got {steps}")
+    try:
+        sku = models.get_sku(gpu)
+    except KeyError:
+        raise errors.InvalidInputError("--gpu", f"unknown GPU {gpu!r}; known: {', '.join(models.sku_names())}") from None
+    spec = policy or api_policy.RLEnergyPolicySpec()
+    spec = spec.model_copy(update={"mode": mode})
+    for i, ph in enumerate(spec.phases):
+        if ph.name not in workload.PHASES:
+            raise errors.InvalidInputError(
+                f"spec.phases[{i}].name",
+                f"the simulator runs phases {', '.join(workload.PHASES)}; {ph.name!r} has no simulated work",
+            )
+    parsed = traces.load_trace(trace)
+    replay = workload.from_trace(parsed, sku, steps)
+    job = sim_job.Job(replay, sku, mode, seed=seed)
+    controller = config.build_controller(spec, sku.supported_sm_clocks_mhz())
+    notes = list(replay.notes)
+    if mode == "async" and job.num_gpus != replay.num_gpus:
+        notes.append(f"async needs two pools: {job.num_gpus} GPUs simulated")
+    for name in workload.PHASES:
+        if spec.phase(name) is None:
+            notes.append(f"phase {name} not in the policy: default governor")
+    results, _ = sim_job.run_job(job, controller, on_step=on_step)
+    online = sim_job.totals(job, results)
+    default = sim_job.default_run(job)
+    thresholds = {p.name: p.min_throughput_ratio for p in spec.phases}
+    oracle_run = sim_job.oracle(job, {p: thresholds.get(p, 1.0) for p in workload.PHASES})
+    measured = [r.measured_energy_j for r in results]
+    summary = controller.summary()
+    phase_reports = []
+    for name in workload.PHASES:
+        pc: eerl.PhaseController | None = controller.phases.get(name)
+        phase_reports.append(
+            PhaseReport(
+                name=name,
+                final_clock_mhz=pc.locked_clock_mhz if pc else None,
+                oracle_clock_mhz=oracle_run.clocks_mhz.get(name),
+                throughput_ratio=default.phase_time_s[name] / online.phase_time_s[name],
+                saving=1.0 - online.phase_energy_j[name] / default.phase_energy_j[name],
+                min_throughput_ratio=thresholds.get(name, 1.0),
+                timeline=_timeline(results, name),
+                selections=int(str(summary[name]["selections"])) if pc else 0,
+                retrials=tuple(pc.retrial_reasons) if pc else (),
+            )
+        )
+    default_steps = []
+    for s in replay.steps:
+        t, e, _, _ = job.step_truth(s, {})
+        default_steps.append((t, e))
+    return SimulationReport(
+        trace=parsed.name,
+        gpu=sku.key,
+        mode=mode,
+        steps=steps,
+        num_gpus=job.num_gpus,
+        notes=tuple(notes),
+        online=online,
+        default=default,
+        oracle=oracle_run.totals,
+        measured_energy_j=None if any(m is None for m in measured) else sum(m or 0.0 for m in measured),
+        trial_steps=controller.trial_steps,
+        phases=tuple(phase_reports),
+        results=tuple(results),
+        default_steps=tuple(default_steps),
+    )
