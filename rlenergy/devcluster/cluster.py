@@ -341,7 +341,7 @@ class DevCluster:
             if self in _LIVE:
                 _LIVE.remove(self)
         if self._records:
-            process.terminate(self._records, self._popens)
+            terminate_in_order(self._records, self._popens)
         self._records.clear()
         self._popens.clear()
         if self.workdir is not None:
@@ -690,6 +690,30 @@ class DevCluster:
         ).write(self.workdir / STATE_FILE)
 
 
+def terminate_in_order(
+    records: Sequence[process.ProcessRecord],
+    popens: dict[int, subprocess.Popen[bytes]] | None = None,
+    *,
+    grace: float = 10.0,
+) -> list[str]:
+    """Stop the etcd clients first and etcd last: an API server without etcd hangs on exit.
+
+    Args:
+        records: Component processes.
+        popens: Popen handles of own children (reaped).
+        grace: Seconds between SIGTERM and SIGKILL per phase.
+
+    Returns:
+        Names of the components that needed SIGKILL.
+    """
+    clients = [r for r in records if r.name != "etcd"]
+    storage = [r for r in records if r.name == "etcd"]
+    killed = process.terminate(clients, popens, grace=grace) if clients else []
+    if storage:
+        killed += process.terminate(storage, popens, grace=grace)
+    return killed
+
+
 def stop_from_state(state_file: Path, *, grace: float = 10.0) -> list[str]:
     """Stop a cluster started by another process, from its state file; remove its workdir.
 
@@ -711,6 +735,6 @@ def stop_from_state(state_file: Path, *, grace: float = 10.0) -> list[str]:
     alive = [p for p in state.processes if process.is_alive(p)]
     if alive:
         stopped += [p.name for p in alive]
-        process.terminate(alive, grace=grace)
+        terminate_in_order(alive, grace=grace)
     shutil.rmtree(state.workdir, ignore_errors=True)
     return stopped

@@ -15,7 +15,12 @@ import pytest
 
 from rlenergy.devcluster import binaries, process
 from rlenergy.devcluster.cli import main
-from rlenergy.devcluster.cluster import ClusterState, DevCluster, stop_from_state
+from rlenergy.devcluster.cluster import (
+    ClusterState,
+    DevCluster,
+    stop_from_state,
+    terminate_in_order,
+)
 from rlenergy.devcluster.errors import MissingBinaryError
 from rlenergy.devcluster.nodes import gpu_node_manifest
 
@@ -199,3 +204,29 @@ def test_cli_up_without_binaries_fails_with_the_fix(tmp_path: Path, monkeypatch,
     assert main(["up", "--nodes", "1"]) == 2
     assert "make bins" in capsys.readouterr().err
     assert not (tmp_path / "dc").exists()
+
+
+def test_etcd_is_stopped_last(tmp_path: Path):
+    """An API server whose etcd is gone hangs on SIGTERM: clients must go first."""
+    etcd_proc, etcd = process.spawn("etcd", ["sleep", "300"], tmp_path / "etcd.log")
+    code = (
+        "import signal, sys, time\n"
+        "from pathlib import Path\n"
+        "from rlenergy.devcluster import process\n"
+        f"etcd = process.ProcessRecord('etcd', {etcd.pid}, {etcd.start_ticks}, [], '')\n"
+        "def bye(*_):\n"
+        f"    Path({str(tmp_path / 'seen')!r}).write_text(str(process.is_alive(etcd)))\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        f"Path({str(tmp_path / 'ready')!r}).write_text('1')\n"
+        "time.sleep(300)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    api_proc, api = process.spawn(
+        "kube-apiserver", [sys.executable, "-c", code], tmp_path / "api.log", env=env
+    )
+    _wait_for(tmp_path / "ready")
+    popens = {etcd_proc.pid: etcd_proc, api_proc.pid: api_proc}
+    assert terminate_in_order([etcd, api], popens, grace=5) == []
+    assert (tmp_path / "seen").read_text() == "True"
+    assert etcd_proc.returncode == -signal.SIGTERM and api_proc.returncode == 0
