@@ -544,9 +544,11 @@ class EERLController:
         """Relax the non-bottleneck pools' thresholds to the slack the bottleneck leaves.
 
         Uses the joint history of default-equivalent pool times (a step lasts as long as the
-        slower pool). The bottleneck pool (largest total time) keeps its threshold; for each
+        slower pool). The bottleneck pool (largest total time) keeps its threshold plus
+        ``ASYNC_SLACK / 10`` (per-step noise makes the max of two pools slower than either);
+        for each
         other pool p the smallest ratio r with sum(max_i) / sum(max(t_p / r, t_o / theta_o))
-        >= theta * (1.0 - ASYNC_SLACK / 25), where the other pools run at their thresholds.
+        >= theta + ASYNC_SLACK / 25, where the other pools run at their thresholds.
         """
         hist = self._pool_times
         if len(hist) < 2:
@@ -555,8 +557,14 @@ class EERLController:
         totals = {name: sum(h[name] for h in hist) for name in self.phases}
         bottleneck = max(totals, key=lambda n: totals[n])
         base_total = sum(max(h.values()) for h in hist)
-        for name, pc in self.phases.items():
-            if name == bottleneck or pc.state is not base.PhaseState.TRIAL or pc.blocks:
+        order = sorted(self.phases, key=lambda n: n != bottleneck)
+        for name in order:
+            pc = self.phases[name]
+            if pc.state is not base.PhaseState.TRIAL or pc.blocks:
+                continue
+            if name == bottleneck:
+                # The slower pool sets the step time; keep a margin for the step-to-step max().
+                pc.threshold = min(1.0, pc.settings.min_throughput_ratio + ASYNC_SLACK / 10)
                 continue
             need = pc.settings.min_throughput_ratio
             for step in range(30, 101):
@@ -564,10 +572,10 @@ class EERLController:
                 total = 0.0
                 for h in hist:
                     total += max(
-                        t / (r if other == name else self.phases[other].settings.min_throughput_ratio)
+                        t / (r if other == name else self.phases[other].threshold)
                         for other, t in h.items()
                     )
-                if base_total / total >= theta * (1.0 - ASYNC_SLACK / 25):
+                if base_total / total >= theta + ASYNC_SLACK / 25:
                     need = min(need, r)
                     break
             pc.threshold = need

@@ -1,0 +1,631 @@
+"""Expert-parallel MoE rollout simulator: verl-style baseline vs FlexFloor on identical inputs.
+
+A rollout step is a batch of responses decoded by ``W`` rollout workers that form one
+expert-parallel (EP) group: each worker (one GPU) holds the dense weights, a shard of the
+experts and the KV cache of its own responses (data-parallel attention). Every decode step is
+taken by all active workers together: each runs attention on its own batch, tokens go to their
+experts and back through two all-to-alls per MoE layer, so a worker with no response left still
+steps (a dummy batch) while its experts are needed. That idle-but-occupied time is what
+FlexFloor removes.
+
+Per decode step (time in s, every term [MODEL] unless sourced in ``MoeModel``/``Fabric``):
+
+* worker time ``t_w = max(memory_w / HBM bandwidth, flops_w / (peak x MFU))`` with
+  ``memory_w = dense + context_tokens_w x kv_bytes_per_token + touched_experts_w x expert``
+  (decode is memory bound: weights and KV are read once per step) and ``flops_w = 2 x active
+  params x running_w``; ``touched_experts_w = experts_w x (1 - (1 - k / E) ** tokens)`` with
+  uniform top-``k`` routing of the group's ``tokens`` running responses;
+* all-to-all: ``2 x layers x (latency(n) + max_w running_w x k x hidden x 2 B / bw(n))`` over
+  the ``n`` active workers (NVLink inside a node of 8, RDMA across nodes), 0 when ``n == 1``;
+* step time ``max_w t_w + all-to-all``; an engine admits queued responses while their prompt's
+  KV fits and preempts (recompute, as vLLM V1) the newest running response when growth would
+  overflow memory.
+
+Policies: ``baseline`` places with ``placement.place_even`` (verl ``DataProto.chunk``) and keeps
+every worker until the last response ends; ``flexfloor`` predicts lengths
+(``predictor.LengthPredictor``), places with ``placement.place_by_length``, and whenever a worker
+runs out of responses asks ``release.FlexFloorPlanner`` for a release, committed through
+``protocol.ReleaseRound`` (acks, deadline, abort). Expert copies cost their transfer time as a
+stall at the apply step. Invariants are checked at every decode step: every expert hosted by an
+active worker, no worker above its memory; every response must complete.
+
+Callers: ``rlenergy.sim.rollout_report`` (CLI ``rollout-sim``, ``bench/rollout.py``) and the
+simulated ``ElasticEngine`` in ``rlenergy.sim.moe_engine``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from rlenergy import errors
+from rlenergy.control.moe import base, placement, predictor, protocol, release
+from rlenergy.sim import models
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeModel:
+    """An MoE model's shape as the rollout simulator needs it.
+
+    Attributes:
+        key: CLI name.
+        num_experts: routed experts per MoE layer.
+        experts_per_token: routed experts per token (top-k).
+        num_layers: transformer layers (all MoE in Qwen3 MoE).
+        hidden_size: model width (all-to-all payload per token and expert is ``hidden`` BF16).
+        expert_params: parameters of one expert index over all layers.
+        dense_params: non-expert parameters (attention, embeddings, norms, router).
+        active_params: parameters used per token (dense + top-k experts).
+        kv_bytes_per_token: KV cache per context token, bytes (BF16).
+        bytes_per_param: weight dtype bytes (BF16: 2).
+    """
+
+    key: str
+    num_experts: int
+    experts_per_token: int
+    num_layers: int
+    hidden_size: int
+    expert_params: float
+    dense_params: float
+    active_params: float
+    kv_bytes_per_token: int
+    bytes_per_param: int = 2
+
+    @property
+    def expert_bytes(self) -> int:
+        """One expert index over all layers, bytes."""
+        return int(self.expert_params * self.bytes_per_param)
+
+    @property
+    def dense_bytes(self) -> int:
+        """Non-expert weights, bytes."""
+        return int(self.dense_params * self.bytes_per_param)
+
+
+def _qwen3_moe(
+    key: str,
+    *,
+    layers: int,
+    hidden: int,
+    moe_intermediate: int,
+    total_params: float,
+    active_params: float,
+    kv_heads: int,
+    head_dim: int,
+) -> MoeModel:
+    expert = 3 * hidden * moe_intermediate * layers  # gate, up, down projections
+    return MoeModel(
+        key=key,
+        num_experts=128,
+        experts_per_token=8,
+        num_layers=layers,
+        hidden_size=hidden,
+        expert_params=float(expert),
+        dense_params=total_params - 128 * expert,
+        active_params=active_params,
+        kv_bytes_per_token=layers * kv_heads * head_dim * 2 * 2,
+    )
+
+
+MOE_MODELS: Mapping[str, MoeModel] = {
+    # Hugging Face Qwen/Qwen3-30B-A3B config.json: 48 layers, hidden 2048, 128 experts, top-8,
+    # moe_intermediate_size 768, 4 KV heads x 128; model card: 30.5B total, 3.3B active.
+    "qwen3-30b-a3b": _qwen3_moe(
+        "qwen3-30b-a3b",
+        layers=48,
+        hidden=2048,
+        moe_intermediate=768,
+        total_params=30.5e9,
+        active_params=3.3e9,
+        kv_heads=4,
+        head_dim=128,
+    ),
+    # Hugging Face Qwen/Qwen3-235B-A22B config.json: 94 layers, hidden 4096, 128 experts, top-8,
+    # moe_intermediate_size 1536, 4 KV heads x 128; model card: 235B total, 22B active.
+    "qwen3-235b-a22b": _qwen3_moe(
+        "qwen3-235b-a22b",
+        layers=94,
+        hidden=4096,
+        moe_intermediate=1536,
+        total_params=235e9,
+        active_params=22e9,
+        kv_heads=4,
+        head_dim=128,
+    ),
+}
+
+GPU_MEMORY_GB: Mapping[str, float] = {
+    "h100-sxm": 80.0,  # NVIDIA H100 SXM datasheet
+    "h200": 141.0,  # NVIDIA H200 datasheet
+    "b200": 180.0,  # NVIDIA HGX B200 datasheet (per GPU)
+}
+"""HBM per GPU, GB (1e9 bytes)."""
+
+GPU_MEMORY_UTILIZATION = 0.9
+"""Share of HBM the engine may use: vLLM's ``gpu_memory_utilization`` default."""
+
+DECODE_MFU = 0.5
+"""Share of dense BF16 peak a decode GEMM reaches when compute bound [MODEL]."""
+
+MAX_RUNNING_PER_WORKER = 1024
+"""Running responses per engine (vLLM ``max_num_seqs``; 256 to 1024 by version and GPU) [MODEL]."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fabric:
+    """All-to-all cost model between EP workers.
+
+    Attributes:
+        gpus_per_node: GPUs joined by NVLink (HGX: 8).
+        nvlink_bytes_per_s: per-GPU NVLink bandwidth one way, bytes/s (H100/H200 NVLink 4:
+            900 GB/s bidirectional, NVIDIA datasheet).
+        rdma_bytes_per_s: per-GPU network bandwidth, bytes/s (one 400 Gb/s ConnectX-7 NIC per
+            GPU, as on HGX H100 systems).
+        latency_s: fixed cost of one all-to-all (dispatch or combine) of one layer, s; DeepEP's
+            low-latency kernels take 77-194 us per dispatch at 128 tokens per rank over 8-256
+            ranks (deepseek-ai/DeepEP README), of which this is the size-independent part
+            [MODEL].
+    """
+
+    gpus_per_node: int = 8
+    nvlink_bytes_per_s: float = 450e9
+    rdma_bytes_per_s: float = 50e9
+    latency_s: float = 20e-6
+
+    def all_to_all_s(self, active_workers: int, max_tokens_per_worker: int, payload_bytes: int) -> float:
+        """One all-to-all of one layer across ``active_workers``, s (0 for one worker).
+
+        ``payload_bytes`` is what one token sends (top-k copies of the hidden state); the
+        share ``(n - 1) / n`` leaves the worker, the part leaving its node goes at RDMA speed.
+        """
+        n = active_workers
+        if n <= 1:
+            return 0.0
+        out_bytes = max_tokens_per_worker * payload_bytes * (n - 1) / n
+        in_node = min(n, self.gpus_per_node)
+        off_node_share = (n - in_node) / (n - 1)
+        seconds = out_bytes * (
+            (1.0 - off_node_share) / self.nvlink_bytes_per_s + off_node_share / self.rdma_bytes_per_s
+        )
+        latency = self.latency_s * (1.0 + math.log2(n) / 8.0)  # DeepEP: slow growth with ranks
+        return latency + seconds
+
+    def copy_s(self, nbytes: int, same_node: bool) -> float:
+        """Point-to-point copy of ``nbytes`` (an expert's weights), s."""
+        return nbytes / (self.nvlink_bytes_per_s if same_node else self.rdma_bytes_per_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """One EP rollout group.
+
+    Attributes:
+        model: the MoE model.
+        gpu: GPU SKU key (``rlenergy.sim.models``; memory from ``GPU_MEMORY_GB``).
+        workers: rollout workers in the EP group (one GPU each).
+        num_experts: experts (default: the model's); the model's expert weights are split
+            evenly over them, so the weight footprint stays the model's.
+        min_active_workers: ``minActiveWorkers``.
+        fabric: all-to-all cost model.
+        timing: release-round deadlines.
+    """
+
+    model: MoeModel
+    gpu: str = "h100-sxm"
+    workers: int = 8
+    num_experts: int | None = None
+    min_active_workers: int = 1
+    fabric: Fabric = Fabric()
+    timing: protocol.ProtocolTiming = protocol.ProtocolTiming()
+
+    def __post_init__(self) -> None:
+        if self.gpu not in GPU_MEMORY_GB:
+            raise errors.InvalidInputError(
+                "--gpu", f"unknown GPU {self.gpu!r}; known: {', '.join(GPU_MEMORY_GB)}"
+            )
+        if self.workers < 1:
+            raise errors.InvalidInputError("--workers", f"need >= 1 worker, got {self.workers}")
+        if self.experts < self.workers:
+            raise errors.InvalidInputError(
+                "--experts",
+                f"{self.experts} experts cannot be sharded over {self.workers} EP workers: "
+                "need at least one expert per worker",
+            )
+        if self.min_active_workers > self.workers:
+            raise errors.InvalidInputError(
+                "--min-active-workers", f"{self.min_active_workers} > --workers {self.workers}"
+            )
+        self.layout()  # validates that the weights fit
+
+    @property
+    def experts(self) -> int:
+        """Experts per MoE layer."""
+        return self.num_experts or self.model.num_experts
+
+    @property
+    def expert_bytes(self) -> int:
+        """One expert over all layers, bytes (model expert weights / experts)."""
+        return int(self.model.expert_bytes * self.model.num_experts / self.experts)
+
+    def layout(self) -> base.MoeLayout:
+        """The planner's view of the group's memory.
+
+        Raises:
+            InvalidInputError: the initial expert shard and dense weights do not fit a worker.
+        """
+        memory = int(GPU_MEMORY_GB[self.gpu] * 1e9 * GPU_MEMORY_UTILIZATION)
+        layout = base.MoeLayout(
+            num_experts=self.experts,
+            expert_bytes=self.expert_bytes,
+            dense_bytes=self.model.dense_bytes,
+            kv_bytes_per_token=self.model.kv_bytes_per_token,
+            worker_memory_bytes=memory,
+            min_active_workers=self.min_active_workers,
+        )
+        shard = math.ceil(self.experts / self.workers)
+        if layout.dense_bytes + shard * layout.expert_bytes > memory:
+            raise errors.InvalidInputError(
+                "--workers",
+                f"{self.model.key} does not fit on {self.workers} x {self.gpu}: each worker "
+                f"needs {(layout.dense_bytes + shard * layout.expert_bytes) / 1e9:.0f} GB of "
+                f"weights, {memory / 1e9:.0f} GB usable; use more workers or a larger GPU",
+            )
+        return layout
+
+    def initial_experts(self) -> list[set[int]]:
+        """Even contiguous expert shards, as EP places them at start-up."""
+        shard = math.ceil(self.experts / self.workers)
+        return [
+            set(range(w * shard, min((w + 1) * shard, self.experts))) for w in range(self.workers)
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+    """One rollout step's responses (identical for both policies).
+
+    Attributes:
+        prompt_ids: prompt id per response, shape ``(n,)`` (a GRPO group shares one).
+        prompt_tokens: prompt length per response, tokens, shape ``(n,)``.
+        lengths_tokens: true response length per response, tokens (>= 1), shape ``(n,)``.
+    """
+
+    prompt_ids: tuple[str, ...]
+    prompt_tokens: tuple[int, ...]
+    lengths_tokens: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutResult:
+    """One policy on one rollout step.
+
+    Attributes:
+        policy: ``baseline`` or ``flexfloor``.
+        wall_s: rollout time, first decode step to last token, s.
+        decode_steps: decode steps taken.
+        tokens: response tokens delivered (recomputed tokens after preemption not counted).
+        occupied_gpu_s: sum over workers of the time each stayed in the EP group, GPU-s.
+        idle_after_finish_gpu_s: sum over workers of time in the group after their own last
+            response ended, GPU-s.
+        finish_s: per worker, when its last response ended, s, shape ``(workers,)``.
+        release_s: per worker, when it left the group (``wall_s`` if it never left), s.
+        expert_unavailable_steps: decode steps on which some expert had no active host.
+        memory_overflow_steps: decode steps on which some active worker exceeded its memory.
+        incomplete_responses: responses not finished at the end (must be 0).
+        releases_committed: release rounds committed.
+        releases_aborted: release rounds aborted (missed deadline or refusal).
+        expert_moves: expert copies made.
+        preemptions: responses preempted for KV memory (recomputed later).
+        active_workers_min: fewest workers in the group at any decode step.
+    """
+
+    policy: str
+    wall_s: float
+    decode_steps: int
+    tokens: int
+    occupied_gpu_s: float
+    idle_after_finish_gpu_s: float
+    finish_s: tuple[float, ...]
+    release_s: tuple[float, ...]
+    expert_unavailable_steps: int
+    memory_overflow_steps: int
+    incomplete_responses: int
+    releases_committed: int
+    releases_aborted: int
+    expert_moves: int
+    preemptions: int
+    active_workers_min: int
+
+
+class _Round:
+    """A release round in flight in the simulator (ack arrival per rank)."""
+
+    def __init__(self, decision: base.ReleaseDecision, ack_at_step: Mapping[int, int]) -> None:
+        self.round = protocol.ReleaseRound(decision)
+        self.ack_at_step = dict(ack_at_step)
+
+
+def simulate_rollout(
+    config: RolloutConfig,
+    batch: RolloutBatch,
+    *,
+    policy: str,
+    predictions: Sequence[float] | None = None,
+    dropped_acks: Mapping[int, frozenset[int]] | None = None,
+    check_every_step: bool = True,
+) -> RolloutResult:
+    """Decode one batch under ``policy`` and check the invariants at every decode step.
+
+    Args:
+        config: the EP group.
+        batch: the responses; both policies must get the same batch.
+        policy: ``baseline`` or ``flexfloor``.
+        predictions: predicted response length per response, tokens (FlexFloor placement and
+            memory reservation); ``None``: every response predicted at the batch median.
+        dropped_acks: fault injection: decision id -> ranks whose ack never arrives (the
+            round must abort at its deadline and the group stay whole).
+        check_every_step: run the invariant checks on every decode step (tests, bench).
+
+    Returns:
+        The result, with its invariant-violation counters.
+
+    Raises:
+        InvalidInputError: unknown policy, or inputs of different lengths.
+    """
+    if policy not in ("baseline", "flexfloor"):
+        raise errors.InvalidInputError("policy", f"unknown policy {policy!r}")
+    n = len(batch.lengths_tokens)
+    if len(batch.prompt_tokens) != n or len(batch.prompt_ids) != n:
+        raise errors.InvalidInputError("batch", "prompt ids, prompt tokens and lengths differ")
+    layout = config.layout()
+    model = config.model
+    sku = models.get_sku(config.gpu)
+    bandwidth = sku.memory_bandwidth_tbps * 1e12
+    flops = sku.dense_bf16_tflops * 1e12 * DECODE_MFU
+    kvb = layout.kv_bytes_per_token
+    workers = config.workers
+    experts_of = config.initial_experts()
+    lengths = np.asarray(batch.lengths_tokens, dtype=np.int64)
+    prompts = np.asarray(batch.prompt_tokens, dtype=np.int64)
+    if predictions is None:
+        median = float(np.median(lengths)) if n else 1.0
+        predicted = np.full(n, median)
+    else:
+        predicted = np.asarray(predictions, dtype=np.float64)
+
+    budgets = [
+        layout.worker_memory_bytes - layout.dense_bytes - len(e) * layout.expert_bytes
+        for e in experts_of
+    ]
+    if policy == "baseline":
+        worker_of = np.asarray(placement.place_even(n, workers), dtype=np.int64)
+    else:
+        placed = placement.place_by_length(
+            list(predicted), list(batch.prompt_tokens), budgets, kvb
+        )
+        worker_of = np.asarray(placed.worker_of, dtype=np.int64)
+
+    queued = np.ones(n, dtype=bool)
+    running = np.zeros(n, dtype=bool)
+    done = np.zeros(n, dtype=bool)
+    generated = np.zeros(n, dtype=np.int64)
+    admit_seq = np.zeros(n, dtype=np.int64)  # admission order (preempt the newest first)
+    seq = 0
+    active = [True] * workers
+    finish_s = [0.0] * workers
+    release_s = [-1.0] * workers
+    worker_done = [False] * workers
+    planner = release.FlexFloorPlanner(layout)
+    rounds: _Round | None = None
+    decision_id = 0
+    retry_at_step = 0
+    time_s = 0.0
+    step = 0
+    tokens = 0
+    occupied = 0.0
+    idle_after = 0.0
+    unavailable = overflow = 0
+    committed = aborted = moves_made = preemptions = 0
+    min_active = workers
+    all_experts = set(range(config.experts))
+    payload = model.experts_per_token * model.hidden_size * 2
+    drop = dropped_acks or {}
+    order = np.argsort(worker_of, kind="stable")  # queue order: placement order per worker
+
+    def kv_bytes_per_worker() -> FloatArray:
+        ctx = (prompts + generated).astype(np.float64)
+        out: FloatArray = np.bincount(
+            worker_of[running], weights=ctx[running] * kvb, minlength=workers
+        ).astype(np.float64)
+        return out
+
+    def kv_capacity(w: int) -> int:
+        return layout.worker_memory_bytes - layout.dense_bytes - len(experts_of[w]) * layout.expert_bytes
+
+    def admit() -> None:
+        nonlocal seq
+        kv = kv_bytes_per_worker()
+        counts = np.bincount(worker_of[running], minlength=workers)
+        for i in order[queued[order]]:
+            w = int(worker_of[i])
+            need = float((prompts[i] + 1) * kvb)
+            if counts[w] < MAX_RUNNING_PER_WORKER and kv[w] + need <= kv_capacity(w):
+                queued[i] = False
+                running[i] = True
+                admit_seq[i] = seq
+                seq += 1
+                kv[w] += need
+                counts[w] += 1
+
+    def preempt_for_growth() -> None:
+        nonlocal preemptions
+        kv = kv_bytes_per_worker()
+        counts = np.bincount(worker_of[running], minlength=workers)
+        for w in range(workers):
+            cap = kv_capacity(w)
+            while counts[w] > 0 and kv[w] + counts[w] * kvb > cap:
+                on_w = np.flatnonzero(running & (worker_of == w))
+                victim = int(on_w[np.argmax(admit_seq[on_w])])
+                kv[w] -= float((prompts[victim] + generated[victim]) * kvb)
+                counts[w] -= 1
+                running[victim] = False
+                queued[victim] = True
+                generated[victim] = 0  # recompute from the prompt (vLLM V1 preemption)
+                preemptions += 1
+
+    def worker_states() -> list[base.WorkerState]:
+        kv = kv_bytes_per_worker()
+        unfinished = np.bincount(worker_of[~done], minlength=workers)
+        remaining = np.clip(predicted - generated, 1.0, None)
+        remaining_kv = np.bincount(
+            worker_of[~done], weights=remaining[~done] * kvb, minlength=workers
+        )
+        return [
+            base.WorkerState(
+                worker=w,
+                experts=frozenset(experts_of[w]),
+                unfinished=int(unfinished[w]),
+                kv_bytes=int(kv[w]),
+                kv_reserved_bytes=int(remaining_kv[w]),
+            )
+            for w in range(workers)
+            if active[w]
+        ]
+
+    while not done.all():
+        if queued.any():
+            admit()
+        preempt_for_growth()
+        active_ranks = [w for w in range(workers) if active[w]]
+        min_active = min(min_active, len(active_ranks))
+        if not running.any():
+            raise errors.InvalidInputError(
+                "batch", "a response cannot be admitted on its worker (prompt larger than memory)"
+            )
+        if check_every_step:
+            hosted: set[int] = set()
+            for w in active_ranks:
+                hosted |= experts_of[w]
+            if hosted != all_experts:
+                unavailable += 1
+            kv = kv_bytes_per_worker()
+            for w in active_ranks:
+                if layout.dense_bytes + len(experts_of[w]) * layout.expert_bytes + kv[w] > (
+                    layout.worker_memory_bytes
+                ):
+                    overflow += 1
+                    break
+        # --- time of this decode step -------------------------------------------------------
+        run_idx = np.flatnonzero(running)
+        n_w = np.bincount(worker_of[run_idx], minlength=workers)
+        ctx_w = np.bincount(
+            worker_of[run_idx], weights=(prompts[run_idx] + generated[run_idx]), minlength=workers
+        )
+        total_tokens = int(run_idx.size)
+        touched = 1.0 - (1.0 - model.experts_per_token / config.experts) ** total_tokens
+        worker_t = 0.0
+        for w in active_ranks:
+            mem = layout.dense_bytes + ctx_w[w] * kvb + len(experts_of[w]) * touched * layout.expert_bytes
+            t = max(mem / bandwidth, 2.0 * model.active_params * n_w[w] / flops)
+            worker_t = max(worker_t, t)
+        a2a = 2 * model.num_layers * config.fabric.all_to_all_s(
+            len(active_ranks), int(max(n_w[active_ranks])), payload
+        )
+        dt = worker_t + a2a
+        # --- advance -----------------------------------------------------------------------
+        generated[run_idx] += 1
+        tokens += total_tokens
+        finished = run_idx[generated[run_idx] >= lengths[run_idx]]
+        running[finished] = False
+        done[finished] = True
+        time_s += dt
+        step += 1
+        occupied += dt * len(active_ranks)
+        if finished.size:
+            left = np.bincount(worker_of[~done], minlength=workers)
+            for w in set(worker_of[finished].tolist()):
+                if left[w] == 0 and not worker_done[w]:
+                    worker_done[w] = True
+                    finish_s[w] = time_s
+        idle_after += dt * sum(1 for w in active_ranks if worker_done[w])
+        if policy != "flexfloor":
+            continue
+        # --- FlexFloor release --------------------------------------------------------------
+        if rounds is not None:
+            r = rounds.round
+            for rank, at in rounds.ack_at_step.items():
+                if step >= at and rank not in drop.get(r.decision.decision_id, frozenset()):
+                    r.ack(rank, r.decision.decision_id)
+            status = r.advance(step)
+            if status is protocol.RoundStatus.ABORTED:
+                aborted += 1
+                rounds = None
+                retry_at_step = step + config.timing.ack_window_steps
+            elif status is protocol.RoundStatus.COMMITTED and step >= r.decision.apply_at_step:
+                stall = 0.0
+                for move in r.decision.moves:
+                    experts_of[move.target].add(move.expert)
+                    same = move.source // config.fabric.gpus_per_node == (
+                        move.target // config.fabric.gpus_per_node
+                    )
+                    stall += config.fabric.copy_s(layout.expert_bytes, same)
+                moves_made += len(r.decision.moves)
+                # The copies run before the apply step; conservatively charge them as a stall
+                # of the whole group (they share HBM and links with decoding) [MODEL].
+                time_s += stall
+                occupied += stall * len(active_ranks)
+                for w in r.decision.release:
+                    active[w] = False
+                    release_s[w] = time_s
+                committed += 1
+                rounds = None
+        if rounds is None and step >= retry_at_step:
+            candidates = [w for w in range(workers) if active[w] and worker_done[w]]
+            if candidates:
+                plan = planner.plan(worker_states(), step)
+                if plan.release:
+                    decision = protocol.make_decision(
+                        plan,
+                        decision_id=decision_id,
+                        active_before=tuple(w for w in range(workers) if active[w]),
+                        step=step,
+                        timing=config.timing,
+                    )
+                    decision_id += 1
+                    rounds = _Round(decision, {w: step + 1 for w in decision.active_before})
+                else:
+                    retry_at_step = step + 64  # wait for KV to drain on survivors [MODEL]
+    wall = time_s
+    rel = tuple(wall if r < 0 else r for r in release_s)
+    return RolloutResult(
+        policy=policy,
+        wall_s=wall,
+        decode_steps=step,
+        tokens=int(lengths.sum()),
+        occupied_gpu_s=occupied,
+        idle_after_finish_gpu_s=idle_after,
+        finish_s=tuple(finish_s),
+        release_s=rel,
+        expert_unavailable_steps=unavailable,
+        memory_overflow_steps=overflow,
+        incomplete_responses=int((~done).sum()) + int((generated[done] < lengths[done]).sum()),
+        releases_committed=committed,
+        releases_aborted=aborted,
+        expert_moves=moves_made,
+        preemptions=preemptions,
+        active_workers_min=min_active,
+    )
+
+
+def predictor_for(max_response_length: int) -> predictor.LengthPredictor:
+    """The FlexFloor length predictor the simulator uses (fallback: the median)."""
+    return predictor.LengthPredictor(
+        history_epochs=3, fallback_quantile=0.5, default_length_tokens=max(max_response_length / 2, 1)
+    )
