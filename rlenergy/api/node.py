@@ -1,0 +1,128 @@
+"""Operator <-> node agent wire models: the clock plan the operator publishes and the per-step
+energy records the agent reports.
+
+The operator writes a ``ClockPlan`` into ``RLEnergyPolicy.status.plan``; agents watch it and
+apply it locally the moment a phase starts (clock switches never wait for the operator). Each
+agent writes one ``RLEnergyNodeReport`` per policy and node whose spec is a ``NodeReport``:
+GPU states and a bounded list of ``StepRecord``s, at most one write per RL step. Camel-case
+aliases are the YAML/JSON names; units are in the names.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+from pydantic import Field
+
+
+class _Wire(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+
+PlanState = Literal["warmup", "trial", "locked", "fallback", "observe"]
+
+
+class PhasePlan(_Wire):
+    """What agents do during one phase."""
+
+    phase: str = Field(description="Phase name (generation, training or custom).")
+    clock_mhz: int | None = Field(
+        None, alias="clockMHz", description="SM clock to lock during the phase; null = default governor."
+    )
+    state: PlanState = Field(description="Selection state that produced this plan.")
+    probe_clocks_mhz: list[int | None] = Field(
+        default_factory=list,
+        alias="probeClocksMHz",
+        description="When set, run the phase as slices cycling through these clocks (null = default governor).",
+    )
+    probe_slice_seconds: float = Field(0.0, alias="probeSliceSeconds", ge=0, description="Probe slice length, s.")
+    reason: str = Field("", description="Why, for humans.")
+
+
+class ClockPlan(_Wire):
+    """The operator's plan for a policy's GPUs, valid from ``step`` on."""
+
+    step: int = Field(ge=0, description="First RL step the plan applies to.")
+    policy_generation: int = Field(0, alias="policyGeneration", ge=0, description="metadata.generation planned for.")
+    enforce: bool = Field(True, description="False in observe mode: agents never touch clocks.")
+    phases: list[PhasePlan] = Field(default_factory=list, description="One entry per phase.")
+
+    def for_phase(self, phase: str) -> PhasePlan | None:
+        """The entry for ``phase``, if any."""
+        return next((p for p in self.phases if p.phase == phase), None)
+
+
+class TokenWorkloadReport(_Wire):
+    """The step's token workload as the trainer SDK reported it (job level)."""
+
+    samples: int = Field(ge=0)
+    response_tokens: float = Field(alias="responseTokens", ge=0)
+    prompt_tokens: float = Field(alias="promptTokens", ge=0)
+    valid_tokens: float = Field(alias="validTokens", ge=0)
+    mean_context_tokens: float = Field(alias="meanContextTokens", ge=0)
+
+
+class SliceReport(_Wire):
+    """One probe slice on this node (energy summed over the node's GPUs of the job)."""
+
+    clock_mhz: int | None = Field(None, alias="clockMHz")
+    duration_seconds: float = Field(alias="durationSeconds", ge=0)
+    progress: float = Field(ge=0, description="Work done in the slice, in the SDK's unit for the phase.")
+    energy_joules: float | None = Field(None, alias="energyJoules", ge=0)
+
+
+class PhaseWindowReport(_Wire):
+    """One phase window of one step on this node."""
+
+    phase: str
+    duration_seconds: float = Field(alias="durationSeconds", ge=0)
+    energy_joules: float | None = Field(
+        None, alias="energyJoules", ge=0, description="Counter deltas summed over the node's GPUs; null = unknown."
+    )
+    requested_clock_mhz: int | None = Field(None, alias="requestedClockMHz")
+    applied_clock_mhz: int | None = Field(None, alias="appliedClockMHz")
+    slowdown: bool = Field(False, description="A power/thermal clock-event reason held the clock down.")
+    slices: list[SliceReport] = Field(default_factory=list)
+    error: str | None = None
+
+
+class StepRecord(_Wire):
+    """One RL step as seen by one node."""
+
+    step: int = Field(ge=0)
+    workload: TokenWorkloadReport
+    phases: list[PhaseWindowReport] = Field(default_factory=list)
+    idle_energy_joules: float | None = Field(
+        None, alias="idleEnergyJoules", ge=0, description="Energy outside phase windows during the step."
+    )
+
+
+GpuCondition = Literal["ok", "measureOnly", "degraded", "lost"]
+
+
+class GpuStatus(_Wire):
+    """One GPU on the node."""
+
+    uuid: str = Field(description="GPU UUID (never an index).")
+    name: str = ""
+    condition: GpuCondition = "ok"
+    reason: str = ""
+    locked_clock_mhz: int | None = Field(None, alias="lockedClockMHz", description="Current lock; null = default.")
+    reset_acknowledged: bool = Field(
+        False, alias="resetAcknowledged", description="Clocks returned to the default governor after policy removal."
+    )
+    energy_joules_total: float = Field(0.0, alias="energyJoulesTotal", ge=0)
+
+
+class NodeReport(_Wire):
+    """Spec of an ``RLEnergyNodeReport``: one per policy and node, written by that node's agent."""
+
+    policy_name: str = Field(alias="policyName")
+    node_name: str = Field(alias="nodeName")
+    gpus: list[GpuStatus] = Field(default_factory=list)
+    steps: list[StepRecord] = Field(
+        default_factory=list, description="Most recent step records (bounded), oldest first."
+    )
+    last_step: int = Field(-1, alias="lastStep", description="Newest step reported (-1: none).")
+    measured_joules_total: float = Field(0.0, alias="measuredJoulesTotal", ge=0)
