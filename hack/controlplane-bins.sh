@@ -165,7 +165,7 @@ PY
 # ---------------------------------------------------------------- kwok
 build_kwok() {
   log "kwok: go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-  GOBIN=$BIN nice -n 10 go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
+  GOBIN=$BIN nice -n 10 go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
     || die "go install sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION failed (see above); rerun 'make bins'."
 }
 

@@ -45,6 +45,8 @@ LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.0.0.0/24"  # a config value only: nothing dials a Service IP
 POD_CIDR = "10.244.0.0/16"  # KWOK hands out fake pod IPs from here; nothing dials them
 STATE_FILE = "state.json"
+OWNER_FILE = "owner.json"
+TMP_PREFIX = "rlenergy-devcluster-"
 STATE_VERSION = 1
 
 #: Controllers KCM runs: what Deployments, DaemonSets, Jobs, namespaces and SAs need.
@@ -448,7 +450,8 @@ class DevCluster:
     # ------------------------------------------------------------------ internals
     def _setup_workdir(self) -> None:
         if self._workdir_arg is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="rlenergy-devcluster-"))
+            sweep_stale_workdirs()
+            self.workdir = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
             self._owns_workdir = True
         else:
             self.workdir = self._workdir_arg
@@ -456,6 +459,9 @@ class DevCluster:
             self._owns_workdir = True
         for sub in ("logs", "etcd", "helm"):
             (self.workdir / sub).mkdir(exist_ok=True)
+        me = os.getpid()
+        owner = process.ProcessRecord("owner", me, process.start_ticks(me), [], "")
+        (self.workdir / OWNER_FILE).write_text(json.dumps(owner.to_json()))
 
     def _spawn(self, name: str, argv: Sequence[str]) -> process.ProcessRecord:
         assert self.workdir is not None
@@ -688,6 +694,34 @@ class DevCluster:
             processes=list(self._records),
             supervisor=self.supervisor,
         ).write(self.workdir / STATE_FILE)
+
+
+def sweep_stale_workdirs(tmp: Path | None = None) -> list[Path]:
+    """Remove temp workdirs whose owning process died without cleaning up (e.g. SIGKILL).
+
+    Components of such a cluster were already killed by ``PR_SET_PDEATHSIG``; any that
+    survived anyway are stopped here. Dirs of live owners are left alone.
+
+    Args:
+        tmp: Where to look (default: the system temp dir).
+
+    Returns:
+        The removed directories.
+    """
+    removed: list[Path] = []
+    for path in (tmp or Path(tempfile.gettempdir())).glob(TMP_PREFIX + "*"):
+        try:
+            owner = process.ProcessRecord.from_json(json.loads((path / OWNER_FILE).read_text()))
+        except (OSError, ValueError, KeyError):
+            continue  # not ours, or still being created
+        if process.is_alive(owner):
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, DevClusterError):
+            state = ClusterState.read(path / STATE_FILE)
+            terminate_in_order([p for p in state.processes if process.is_alive(p)])
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def terminate_in_order(

@@ -19,6 +19,7 @@ from rlenergy.devcluster.cluster import (
     ClusterState,
     DevCluster,
     stop_from_state,
+    sweep_stale_workdirs,
     terminate_in_order,
 )
 from rlenergy.devcluster.errors import MissingBinaryError
@@ -230,3 +231,32 @@ def test_etcd_is_stopped_last(tmp_path: Path):
     assert terminate_in_order([etcd, api], popens, grace=5) == []
     assert (tmp_path / "seen").read_text() == "True"
     assert etcd_proc.returncode == -signal.SIGTERM and api_proc.returncode == 0
+
+
+def test_sweep_removes_only_dirs_of_dead_owners(tmp_path: Path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan_proc, orphan = process.spawn("etcd", ["sleep", "300"], tmp_path / "o.log")
+    stale = tmp_path / "rlenergy-devcluster-stale"
+    live = tmp_path / "rlenergy-devcluster-live"
+    foreign = tmp_path / "rlenergy-devcluster-foreign"
+    for d in (stale, live, foreign):
+        d.mkdir()
+    (stale / "owner.json").write_text(
+        json.dumps(process.ProcessRecord("owner", dead.pid, 1, [], "").to_json())
+    )
+    ClusterState(str(stale), "", "", "v1.36.3", dead.pid, True, [], 8, "x", [orphan]).write(
+        stale / "state.json"
+    )
+    me = os.getpid()
+    (live / "owner.json").write_text(
+        json.dumps(process.ProcessRecord("owner", me, process.start_ticks(me), [], "").to_json())
+    )
+    try:
+        assert sweep_stale_workdirs(tmp_path) == [stale]
+        orphan_proc.wait(5)
+    finally:
+        if orphan_proc.poll() is None:
+            orphan_proc.kill()
+            orphan_proc.wait()
+    assert not stale.exists() and live.exists() and foreign.exists()
