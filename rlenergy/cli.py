@@ -89,7 +89,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     for note in rep.notes:
         console.print(f"[dim]note: {note}[/dim]")
-    table = Table(title=f"EE-RL on {rep.trace}: {rep.gpu}, {rep.mode}, {rep.steps} steps, {rep.num_gpus} GPUs")
+    table = Table(
+        title=f"EE-RL on {rep.trace}: {rep.gpu}, {rep.mode}, {rep.steps} steps, {rep.num_gpus} GPUs"
+    )
     table.add_column("phase")
     table.add_column("clocks over steps (clock@step)")
     table.add_column("final", justify="right")
@@ -149,7 +151,9 @@ def cmd_traces(args: argparse.Namespace) -> int:
         table.add_column(col)
     for name in traces.packaged_trace_names():
         t = traces.load_trace(name)
-        table.add_row(name, str(len(t.steps)), str(t.num_gpus), t.gpu_description[:40], "; ".join(t.notes))
+        table.add_row(
+            name, str(len(t.steps)), str(t.num_gpus), t.gpu_description[:40], "; ".join(t.notes)
+        )
     Console().print(table)
     return 0
 
@@ -158,11 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     from rlenergy.sim import models
 
-    parser = argparse.ArgumentParser(prog="rlenergy", description="GPU energy control for RL post-training.")
+    parser = argparse.ArgumentParser(
+        prog="rlenergy", description="GPU energy control for RL post-training."
+    )
     parser.add_argument("--version", action="version", version=f"rlenergy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="replay an RL trace through the simulator and EE-RL")
-    sim.add_argument("--trace", default="verl-ppo-qwen25-7b-gsm8k-16gpu", help="packaged trace name or a path")
+    sim.add_argument(
+        "--trace", default="verl-ppo-qwen25-7b-gsm8k-16gpu", help="packaged trace name or a path"
+    )
     sim.add_argument("--gpu", default="h100-sxm", choices=models.sku_names())
     sim.add_argument("--mode", default="sync", choices=("sync", "async"))
     sim.add_argument("--policy", help="RLEnergyPolicy YAML (or its spec)")
@@ -173,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=cmd_simulate)
     tr = sub.add_parser("traces", help="list the shipped traces")
     tr.set_defaults(func=cmd_traces)
-    dc = sub.add_parser("dev-cluster", help="local control plane with fake GPU nodes (up/down/kubeconfig/status)")
+    dc = sub.add_parser(
+        "dev-cluster", help="local control plane with fake GPU nodes (up/down/kubeconfig/status)"
+    )
     dc.add_argument("rest", nargs=argparse.REMAINDER)
     dc.set_defaults(func=None)
     return parser

@@ -32,7 +32,7 @@ class InvalidInputError(PermanentError):
     """User input (a trace, a policy, a CLI argument) is invalid.
 
     Args:
-        field: the field, flag or file position that is wrong (e.g. ``phases[0].minThroughputRatio``).
+        field: the field, flag or file position that is wrong (``phases[0].minThroughputRatio``).
         message: what is wrong and what values are allowed.
     """
 

@@ -1,5 +1,4 @@
-"""Operator <-> node agent wire models: the clock plan the operator publishes and the per-step
-energy records the agent reports.
+"""Operator <-> node agent wire models: the clock plan and the per-step energy records.
 
 The operator writes a ``ClockPlan`` into ``RLEnergyPolicy.status.plan``; agents watch it and
 apply it locally the moment a phase starts (clock switches never wait for the operator). Each
@@ -28,15 +27,22 @@ class PhasePlan(_Wire):
 
     phase: str = Field(description="Phase name (generation, training or custom).")
     clock_mhz: int | None = Field(
-        None, alias="clockMHz", description="SM clock to lock during the phase; null = default governor."
+        None,
+        alias="clockMHz",
+        description="SM clock to lock during the phase; null = default governor.",
     )
     state: PlanState = Field(description="Selection state that produced this plan.")
     probe_clocks_mhz: list[int | None] = Field(
         default_factory=list,
         alias="probeClocksMHz",
-        description="When set, run the phase as slices cycling through these clocks (null = default governor).",
+        description=(
+            "When set, run the phase as slices cycling through these clocks "
+            "(null = default governor)."
+        ),
     )
-    probe_slice_seconds: float = Field(0.0, alias="probeSliceSeconds", ge=0, description="Probe slice length, s.")
+    probe_slice_seconds: float = Field(
+        0.0, alias="probeSliceSeconds", ge=0, description="Probe slice length, s."
+    )
     reason: str = Field("", description="Why, for humans.")
 
 
@@ -44,7 +50,9 @@ class ClockPlan(_Wire):
     """The operator's plan for a policy's GPUs, valid from ``step`` on."""
 
     step: int = Field(ge=0, description="First RL step the plan applies to.")
-    policy_generation: int = Field(0, alias="policyGeneration", ge=0, description="metadata.generation planned for.")
+    policy_generation: int = Field(
+        0, alias="policyGeneration", ge=0, description="metadata.generation planned for."
+    )
     enforce: bool = Field(True, description="False in observe mode: agents never touch clocks.")
     phases: list[PhasePlan] = Field(default_factory=list, description="One entry per phase.")
 
@@ -68,7 +76,9 @@ class SliceReport(_Wire):
 
     clock_mhz: int | None = Field(None, alias="clockMHz")
     duration_seconds: float = Field(alias="durationSeconds", ge=0)
-    progress: float = Field(ge=0, description="Work done in the slice, in the SDK's unit for the phase.")
+    progress: float = Field(
+        ge=0, description="Work done in the slice, in the SDK's unit for the phase."
+    )
     energy_joules: float | None = Field(None, alias="energyJoules", ge=0)
 
 
@@ -78,11 +88,16 @@ class PhaseWindowReport(_Wire):
     phase: str
     duration_seconds: float = Field(alias="durationSeconds", ge=0)
     energy_joules: float | None = Field(
-        None, alias="energyJoules", ge=0, description="Counter deltas summed over the node's GPUs; null = unknown."
+        None,
+        alias="energyJoules",
+        ge=0,
+        description="Counter deltas summed over the node's GPUs; null = unknown.",
     )
     requested_clock_mhz: int | None = Field(None, alias="requestedClockMHz")
     applied_clock_mhz: int | None = Field(None, alias="appliedClockMHz")
-    slowdown: bool = Field(False, description="A power/thermal clock-event reason held the clock down.")
+    slowdown: bool = Field(
+        False, description="A power/thermal clock-event reason held the clock down."
+    )
     slices: list[SliceReport] = Field(default_factory=list)
     error: str | None = None
 
@@ -94,7 +109,10 @@ class StepRecord(_Wire):
     workload: TokenWorkloadReport
     phases: list[PhaseWindowReport] = Field(default_factory=list)
     idle_energy_joules: float | None = Field(
-        None, alias="idleEnergyJoules", ge=0, description="Energy outside phase windows during the step."
+        None,
+        alias="idleEnergyJoules",
+        ge=0,
+        description="Energy outside phase windows during the step.",
     )
 
 
@@ -108,9 +126,13 @@ class GpuStatus(_Wire):
     name: str = ""
     condition: GpuCondition = "ok"
     reason: str = ""
-    locked_clock_mhz: int | None = Field(None, alias="lockedClockMHz", description="Current lock; null = default.")
+    locked_clock_mhz: int | None = Field(
+        None, alias="lockedClockMHz", description="Current lock; null = default."
+    )
     reset_acknowledged: bool = Field(
-        False, alias="resetAcknowledged", description="Clocks returned to the default governor after policy removal."
+        False,
+        alias="resetAcknowledged",
+        description="Clocks returned to the default governor after policy removal.",
     )
     energy_joules_total: float = Field(0.0, alias="energyJoulesTotal", ge=0)
 

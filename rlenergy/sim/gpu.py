@@ -132,7 +132,9 @@ class SimulatedGpu:
         """Return to the default governor."""
         self._check()
         if Fault.NO_PERMISSION in self._faults:
-            raise errors.GpuNoPermissionError("resetting locked clocks needs CAP_SYS_ADMIN", self._uuid)
+            raise errors.GpuNoPermissionError(
+                "resetting locked clocks needs CAP_SYS_ADMIN", self._uuid
+            )
         self._locked = None
         self.writes += 1
 
@@ -160,7 +162,9 @@ class SimulatedGpu:
         self._check()
         if Fault.ENERGY_NOT_SUPPORTED in self._faults:
             raise errors.GpuNotSupportedError("energy counter not supported", self._uuid)
-        return self._counter_offset_mj + int(self._energy_until_j(self._last_update_before(self.now_s)) * 1000.0)
+        return self._counter_offset_mj + int(
+            self._energy_until_j(self._last_update_before(self.now_s)) * 1000.0
+        )
 
     def _last_update_before(self, t_s: float) -> float:
         """Time of the driver's last counter update at or before ``t_s``.
@@ -230,9 +234,13 @@ class SimulatedGpu:
 
     def reset_energy_counter(self) -> None:
         """Simulate a driver reload: the counter restarts near 0 (case #14)."""
-        self._counter_offset_mj = -int(self._energy_until_j(self._last_update_before(self.now_s)) * 1000.0)
+        self._counter_offset_mj = -int(
+            self._energy_until_j(self._last_update_before(self.now_s)) * 1000.0
+        )
 
-    def execute(self, kind: models.PhaseKind, duration_s: float, power_factor: float = 1.0) -> float:
+    def execute(
+        self, kind: models.PhaseKind, duration_s: float, power_factor: float = 1.0
+    ) -> float:
         """Run ``kind`` for ``duration_s`` at the current effective clock; returns true joules.
 
         Args:

@@ -145,8 +145,10 @@ class Job:
         )
 
     # ----- analytic truth ------------------------------------------------------------------
-    def phase_truth(self, step: workload.StepWork, phase: str, clock_mhz: float | None) -> tuple[float, float]:
-        """(time s, energy J over the pool) of ``phase`` at a fixed lock (None: default governor)."""
+    def phase_truth(
+        self, step: workload.StepWork, phase: str, clock_mhz: float | None
+    ) -> tuple[float, float]:
+        """(time s, energy J over the pool) of ``phase`` at a fixed lock (None: default)."""
         pw = step.phase(phase)
         noise = self._noise[step.index]
         f = self.sku.effective_clock_mhz(pw.kind, clock_mhz)
@@ -159,7 +161,9 @@ class Job:
         spread = sum(self.power_spread[g] for g in self.pools()[phase])
         return t, self.sku.power_w(pw.kind, f) * spread * noise.power[phase] * t
 
-    def step_truth(self, step: workload.StepWork, clocks_mhz: Mapping[str, float | None]) -> tuple[float, float, dict[str, float], dict[str, float]]:
+    def step_truth(
+        self, step: workload.StepWork, clocks_mhz: Mapping[str, float | None]
+    ) -> tuple[float, float, dict[str, float], dict[str, float]]:
         """(time s, energy J, phase times, phase energies) of a step at fixed clocks."""
         times: dict[str, float] = {}
         energies: dict[str, float] = {}
@@ -187,9 +191,9 @@ class Job:
 
 
 def _progress(x: float, k: float) -> float:
-    """Token progress ``F(x) = 1 - (1 - x)**k`` at work fraction ``x`` (see PhaseWork)."""
+    """SDK-reported progress ``F(x) = 1 - (1 - x)**k`` at work fraction ``x`` (see PhaseWork)."""
     x = min(max(x, 0.0), 1.0)
-    return 1.0 - (1.0 - x) ** k
+    return float(1.0 - (1.0 - x) ** k)
 
 
 class _Agent:
@@ -223,7 +227,9 @@ class _Agent:
             return None
 
 
-def _window(start: Sequence[int | None], end: Sequence[int | None], duration_s: float) -> float | None:
+def _window(
+    start: Sequence[int | None], end: Sequence[int | None], duration_s: float
+) -> float | None:
     total = 0
     for s, e in zip(start, end, strict=True):
         if s is None or e is None:
@@ -267,7 +273,12 @@ def run_job(
     """
     sku = job.sku
     gpus = [
-        sim_gpu.SimulatedGpu(sku, f"GPU-sim-{job.seed:04d}-{i:04d}", seed=job.seed * 1000 + i, power_spread=job.power_spread[i])
+        sim_gpu.SimulatedGpu(
+            sku,
+            f"GPU-sim-{job.seed:04d}-{i:04d}",
+            seed=job.seed * 1000 + i,
+            power_spread=job.power_spread[i],
+        )
         for i in range(job.num_gpus)
     ]
     agent = _Agent(gpus)
@@ -367,7 +378,9 @@ def _run_phase(
         for g in pool:
             true_j += g.execute(pw.kind, dt, noise.power[phase])
         if decision.probe_clocks_mhz:
-            tok = tokens_total * (_progress(x + dx, pw.progress_shape) - _progress(x, pw.progress_shape))
+            tok = tokens_total * (
+                _progress(x + dx, pw.progress_shape) - _progress(x, pw.progress_shape)
+            )
             sigma = min(TOKEN_RATE_SIGMA_1S / math.sqrt(max(dt, 1e-3)), 0.2)
             tok *= float(rng.lognormal(0.0, sigma))
             slices.append(base.ProbeSlice(clock, dt, tok, _slice_energy(pool, dt)))
@@ -470,7 +483,6 @@ def oracle(
         tables[p] = (t, e)
     other = np.array([s.other_time_s for s in steps])
     idle_w = sku.idle_power_w
-    spread_all = sum(job.power_spread)
     chosen: dict[str, int | None] = {}
     if job.mode == "sync":
         for p in workload.PHASES:
@@ -495,5 +507,4 @@ def oracle(
         flat = int(np.argmin(np.where(ok, energy, np.inf)))
         i, j = divmod(flat, energy.shape[1])
         chosen = {"generation": grid["generation"][i], "training": grid["training"][j]}
-    del spread_all
     return Oracle(chosen, fixed_run(job, chosen))

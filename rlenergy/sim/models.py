@@ -77,9 +77,7 @@ class GpuSku(_Frozen):
 
     def supported_sm_clocks_mhz(self) -> tuple[int, ...]:
         """Supported SM clocks, descending, as NVML lists them at the top memory clock."""
-        return tuple(
-            range(self.max_sm_clock_mhz, self.min_sm_clock_mhz - 1, -self.clock_step_mhz)
-        )
+        return tuple(range(self.max_sm_clock_mhz, self.min_sm_clock_mhz - 1, -self.clock_step_mhz))
 
     def memory_share(self, kind: PhaseKind, mean_context_tokens: float) -> float:
         """Share of phase time that does not scale with the SM clock (idle: 1)."""
@@ -99,7 +97,7 @@ class GpuSku(_Frozen):
         if kind == "idle":
             return self.idle_power_w
         p = self.generation if kind == "generation" else self.training
-        return p.pc_w + p.pd_w * (clock_mhz / self.max_sm_clock_mhz) ** p.a
+        return float(p.pc_w + p.pd_w * (clock_mhz / self.max_sm_clock_mhz) ** p.a)
 
     def power_capped_clock_mhz(self, kind: PhaseKind) -> float:
         """Highest clock at which the phase stays within the power limit, MHz (continuous)."""
@@ -107,7 +105,7 @@ class GpuSku(_Frozen):
             return float(self.max_sm_clock_mhz)
         p = self.generation if kind == "generation" else self.training
         ratio = max(self.power_limit_w - p.pc_w, 0.0) / p.pd_w
-        return float(self.max_sm_clock_mhz) * ratio ** (1.0 / p.a)
+        return float(self.max_sm_clock_mhz * ratio ** (1.0 / p.a))
 
     def effective_clock_mhz(self, kind: PhaseKind, locked_max_mhz: float | None) -> float:
         """Clock the GPU runs a phase at: the lock (or boost) capped by the power limit."""

@@ -179,7 +179,9 @@ class Fabric:
     rdma_bytes_per_s: float = 50e9
     latency_s: float = 20e-6
 
-    def all_to_all_s(self, active_workers: int, max_tokens_per_worker: int, payload_bytes: int) -> float:
+    def all_to_all_s(
+        self, active_workers: int, max_tokens_per_worker: int, payload_bytes: int
+    ) -> float:
         """One all-to-all of one layer across ``active_workers``, s (0 for one worker).
 
         ``payload_bytes`` is what one token sends (top-k copies of the hidden state); the
@@ -192,7 +194,8 @@ class Fabric:
         in_node = min(n, self.gpus_per_node)
         off_node_share = (n - in_node) / (n - 1)
         seconds = out_bytes * (
-            (1.0 - off_node_share) / self.nvlink_bytes_per_s + off_node_share / self.rdma_bytes_per_s
+            (1.0 - off_node_share) / self.nvlink_bytes_per_s
+            + off_node_share / self.rdma_bytes_per_s
         )
         latency = self.latency_s * (1.0 + math.log2(n) / 8.0)  # DeepEP: slow growth with ranks
         return latency + seconds
@@ -407,9 +410,7 @@ def simulate_rollout(
     if policy == "baseline":
         worker_of = np.asarray(placement.place_even(n, workers), dtype=np.int64)
     else:
-        placed = placement.place_by_length(
-            list(predicted), list(batch.prompt_tokens), budgets, kvb
-        )
+        placed = placement.place_by_length(list(predicted), list(batch.prompt_tokens), budgets, kvb)
         worker_of = np.asarray(placed.worker_of, dtype=np.int64)
 
     queued = np.ones(n, dtype=bool)
@@ -428,7 +429,6 @@ def simulate_rollout(
     retry_at_step = 0
     time_s = 0.0
     step = 0
-    tokens = 0
     occupied = 0.0
     idle_after = 0.0
     unavailable = overflow = 0
@@ -447,14 +447,21 @@ def simulate_rollout(
         return out
 
     def kv_capacity(w: int) -> int:
-        return layout.worker_memory_bytes - layout.dense_bytes - len(experts_of[w]) * layout.expert_bytes
+        return (
+            layout.worker_memory_bytes
+            - layout.dense_bytes
+            - len(experts_of[w]) * layout.expert_bytes
+        )
 
     def admit() -> None:
         nonlocal seq
         kv = kv_bytes_per_worker()
         counts = np.bincount(worker_of[running], minlength=workers)
+        blocked: set[int] = set()  # FIFO per worker: the head waits, so does the rest
         for i in order[queued[order]]:
             w = int(worker_of[i])
+            if w in blocked:
+                continue
             need = float((prompts[i] + 1) * kvb)
             if counts[w] < MAX_RUNNING_PER_WORKER and kv[w] + need <= kv_capacity(w):
                 queued[i] = False
@@ -463,6 +470,8 @@ def simulate_rollout(
                 seq += 1
                 kv[w] += need
                 counts[w] += 1
+            else:
+                blocked.add(w)
 
     def preempt_for_growth() -> None:
         nonlocal preemptions
@@ -499,6 +508,10 @@ def simulate_rollout(
             if active[w]
         ]
 
+    for w in range(workers):
+        if not (worker_of == w).any():
+            worker_done[w] = True  # nothing placed on it: finished from the start
+
     while not done.all():
         if queued.any():
             admit()
@@ -532,16 +545,21 @@ def simulate_rollout(
         touched = 1.0 - (1.0 - model.experts_per_token / config.experts) ** total_tokens
         worker_t = 0.0
         for w in active_ranks:
-            mem = layout.dense_bytes + ctx_w[w] * kvb + len(experts_of[w]) * touched * layout.expert_bytes
+            mem = (
+                layout.dense_bytes
+                + ctx_w[w] * kvb
+                + len(experts_of[w]) * touched * layout.expert_bytes
+            )
             t = max(mem / bandwidth, 2.0 * model.active_params * n_w[w] / flops)
             worker_t = max(worker_t, t)
-        a2a = 2 * model.num_layers * config.fabric.all_to_all_s(
-            len(active_ranks), int(max(n_w[active_ranks])), payload
+        a2a = (
+            2
+            * model.num_layers
+            * config.fabric.all_to_all_s(len(active_ranks), int(max(n_w[active_ranks])), payload)
         )
         dt = worker_t + a2a
         # --- advance -----------------------------------------------------------------------
         generated[run_idx] += 1
-        tokens += total_tokens
         finished = run_idx[generated[run_idx] >= lengths[run_idx]]
         running[finished] = False
         done[finished] = True
@@ -627,5 +645,7 @@ def simulate_rollout(
 def predictor_for(max_response_length: int) -> predictor.LengthPredictor:
     """The FlexFloor length predictor the simulator uses (fallback: the median)."""
     return predictor.LengthPredictor(
-        history_epochs=3, fallback_quantile=0.5, default_length_tokens=max(max_response_length / 2, 1)
+        history_epochs=3,
+        fallback_quantile=0.5,
+        default_length_tokens=max(max_response_length / 2, 1),
     )

@@ -24,10 +24,13 @@ def plot_report(rep: sim_report.SimulationReport, path: Path) -> Path:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
     steps = [r.index for r in rep.results]
     for phase in rep.phases:
-        clocks = [
-            r.clocks_mhz.get(phase.name) or sku.max_sm_clock_mhz for r in rep.results
-        ]
-        ax1.step(steps, clocks, where="post", label=f"{phase.name} (oracle {phase.oracle_clock_mhz or 'default'})")
+        clocks = [r.clocks_mhz.get(phase.name) or sku.max_sm_clock_mhz for r in rep.results]
+        ax1.step(
+            steps,
+            clocks,
+            where="post",
+            label=f"{phase.name} (oracle {phase.oracle_clock_mhz or 'default'})",
+        )
         trial = [s for s, r in zip(steps, rep.results, strict=True) if r.probing.get(phase.name)]
         if trial:
             ax1.scatter(trial, [sku.max_sm_clock_mhz + 20] * len(trial), marker="|", s=40)

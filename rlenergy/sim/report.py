@@ -150,7 +150,9 @@ class SimulationReport:
         }
 
 
-def _timeline(results: list[sim_job.StepResult], phase: str) -> tuple[tuple[int, int | None, str], ...]:
+def _timeline(
+    results: list[sim_job.StepResult], phase: str
+) -> tuple[tuple[int, int | None, str], ...]:
     out: list[tuple[int, int | None, str]] = []
     for r in results:
         state = r.states.get(phase, "default")
@@ -193,14 +195,17 @@ def simulate(
     try:
         sku = models.get_sku(gpu)
     except KeyError:
-        raise errors.InvalidInputError("--gpu", f"unknown GPU {gpu!r}; known: {', '.join(models.sku_names())}") from None
+        raise errors.InvalidInputError(
+            "--gpu", f"unknown GPU {gpu!r}; known: {', '.join(models.sku_names())}"
+        ) from None
     spec = policy or api_policy.RLEnergyPolicySpec()
     spec = spec.model_copy(update={"mode": mode})
     for i, ph in enumerate(spec.phases):
         if ph.name not in workload.PHASES:
             raise errors.InvalidInputError(
                 f"spec.phases[{i}].name",
-                f"the simulator runs phases {', '.join(workload.PHASES)}; {ph.name!r} has no simulated work",
+                f"the simulator runs phases {', '.join(workload.PHASES)}; "
+                f"{ph.name!r} has no simulated work",
             )
     parsed = traces.load_trace(trace)
     replay = workload.from_trace(parsed, sku, steps)
@@ -249,7 +254,9 @@ def simulate(
         online=online,
         default=default,
         oracle=oracle_run.totals,
-        measured_energy_j=None if any(m is None for m in measured) else sum(m or 0.0 for m in measured),
+        measured_energy_j=None
+        if any(m is None for m in measured)
+        else sum(m or 0.0 for m in measured),
         trial_steps=controller.trial_steps,
         phases=tuple(phase_reports),
         results=tuple(results),

@@ -138,8 +138,12 @@ def from_trace(trace: traces.Trace, sku: models.GpuSku, steps: int) -> Replay:
                 source_step=rec.step,
                 cycle=i // n,
                 phases=(
-                    PhaseWork("generation", "generation", rec.gen_time_s * gen_scale / gen_factor, shape),
-                    PhaseWork("training", "training", rec.train_time_s * train_scale / train_factor, 1.0),
+                    PhaseWork(
+                        "generation", "generation", rec.gen_time_s * gen_scale / gen_factor, shape
+                    ),
+                    PhaseWork(
+                        "training", "training", rec.train_time_s * train_scale / train_factor, 1.0
+                    ),
                 ),
                 other_time_s=rec.other_time_s,
                 workload=wl,

@@ -132,7 +132,10 @@ class DefaultGovernor:
 
     def decide(self, step: int) -> Plan:
         """Default governor for every phase."""
-        return Plan(step, {p: PhaseDecision(None, PhaseState.OBSERVE, reason="default") for p in self._phases})
+        return Plan(
+            step,
+            {p: PhaseDecision(None, PhaseState.OBSERVE, reason="default") for p in self._phases},
+        )
 
     def observe(self, observation: StepObservation) -> None:
         """Nothing to learn."""
@@ -148,7 +151,10 @@ class FixedClocks:
         """The same clocks every step."""
         return Plan(
             step,
-            {p: PhaseDecision(c, PhaseState.LOCKED, reason="fixed") for p, c in self._clocks.items()},
+            {
+                p: PhaseDecision(c, PhaseState.LOCKED, reason="fixed")
+                for p, c in self._clocks.items()
+            },
         )
 
     def observe(self, observation: StepObservation) -> None:

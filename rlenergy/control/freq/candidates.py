@@ -13,7 +13,10 @@ LOWEST_FRACTION = 0.5
 
 
 def thin_candidates(
-    supported_mhz: Sequence[int], *, count: int = DEFAULT_CANDIDATES, lowest_fraction: float = LOWEST_FRACTION
+    supported_mhz: Sequence[int],
+    *,
+    count: int = DEFAULT_CANDIDATES,
+    lowest_fraction: float = LOWEST_FRACTION,
 ) -> tuple[int, ...]:
     """Pick ``count`` clocks, evenly spread, from max down to ``lowest_fraction`` x max.
 
@@ -68,11 +71,13 @@ def from_range(
     return tuple(picked)
 
 
-def validate_explicit(supported_mhz: Sequence[int], candidates_mhz: Sequence[int]) -> tuple[int, ...]:
+def validate_explicit(
+    supported_mhz: Sequence[int], candidates_mhz: Sequence[int]
+) -> tuple[int, ...]:
     """Check explicit candidates against the GPU's supported clocks.
 
     Raises:
-        InvalidInputError: a candidate the GPU does not support; the message lists the range and step.
+        InvalidInputError: a candidate the GPU does not support; names the range and step.
     """
     supported = set(supported_mhz)
     bad = [c for c in candidates_mhz if c not in supported]

@@ -1,31 +1,39 @@
 """EE-RL: online per-phase SM clock selection for RL post-training (arXiv 2611.05748).
 
-DESIGN section 4 defines the algorithm; this module implements it with one change that the
-measurements asked for (see ``probe``):
+DESIGN section 4 defines the algorithm. This module keeps its definitions (candidates, a
+default-governor model fitted on warm-up steps over the step's tokens, trials against the
+default governor on the same tokens, a throughput threshold per phase, monitor and re-select,
+default governor on error) and changes how trials measure, because measurements asked for it:
 
 1. Candidates: about 7 supported clocks between max and half of max, or from the policy.
-2. Warm-up: ``warmup_steps`` under the default governor fit the default-governor model of time
-   and energy over the step's tokens (``predictor.DefaultModel``); it predicts the default cost
-   of any later step for status and for the async slack below.
-3. Trials: a trial step runs the phase as interleaved slices of up to three candidates
-   against the default governor on the same tokens, in Thue-Morse blocks (``probe``); a
-   phase too short to slice (under ``8 x MIN_SLICE_S``) alternates whole steps instead; per-clock throughput and energy-per-token
-   ratios accumulate over blocks. A candidate is accepted when the lower confidence bound of
-   its throughput ratio clears ``minThroughputRatio``, rejected when the upper bound misses it;
-   a rejected clock rejects every lower candidate (throughput falls with the clock). Probing
-   bisects the unresolved candidates, then refines between the lowest accepted and the highest
-   rejected clock by interpolating ``1/ratio`` linearly in ``1/f`` (exact for the phase model
-   ``t = t0((1-m) f0/f + m)``), and locks the accepted clock with the lowest energy per token.
-4. Monitor: a locked phase runs a short in-phase check every ``monitor_interval_steps``; it
-   re-trials when the check's upper bound misses the threshold, when the workload drifts past
-   ``drift_threshold`` (relative change of mean context length for generation, of tokens per
-   sample for training), or when new clock-event reasons (power, thermal) appear.
-5. Safety: an error in a phase's observation returns it to the default governor (FALLBACK);
+2. Warm-up: ``warmup_steps`` under the default governor fit ``predictor.DefaultModel`` (time
+   and energy over tokens) and read back the clock the default governor runs each phase at.
+3. Trials compare a candidate with the default governor inside the same phase (``probe``):
+   interleaved slices in Thue-Morse blocks give paired throughput and power ratios whose
+   workload noise cancels. On the shipped verl traces a step's phase time varies 2-11 % around
+   any token-based prediction, more than the 3-5 % effect a 0.95 threshold must resolve, so a
+   step-level comparison cannot decide; the paired one can. A phase too short to slice (under
+   ``8 x MIN_SLICE_S``) alternates whole steps instead.
+4. Selection is model based: every block feeds a least-squares fit of the phase clock model
+   (``probe.PhaseModelFit``), so blocks at low clocks (long lever arm) sharpen the prediction
+   at every clock. The lock is the allowed clock with the lowest predicted energy per token
+   whose lower confidence bound (Student's t) meets ``minThroughputRatio``. A clock whose own
+   blocks clearly miss the threshold raises a floor. Trials stop when the choice is precise
+   (``INDIFFERENCE``) or after ``trial_steps`` (up to 3x while the confidence margin still
+   costs more than ``INFO_GAIN`` of energy per token).
+5. Monitor: a locked phase runs a short in-phase check every ``monitor_interval_steps``; its
+   blocks refine the fit (the lock may move down once proven), a check whose upper bound
+   misses the threshold steps the lock up at once, a workload drift past ``drift_threshold``
+   (mean context length for generation, tokens per sample for training) or new clock-event
+   reasons (power, thermal) start a new trial.
+6. Safety: an error in a phase's observation returns it to the default governor (FALLBACK);
    after ``recovery_steps`` clean steps it trials again.
 
-Async mode (pools run at once; a step takes as long as the slower pool): a phase's threshold
-is relaxed to ``min(t, t * T_phase / T_step + slack)`` from the default model's predicted pool
-times, so the faster pool slows into the slack instead of idling.
+Trial cost counts in every reported figure: probe slices run at the candidate clocks.
+
+Async mode (pools run at once; a step takes as long as the slower pool): the bottleneck pool
+keeps its threshold plus a margin, and the other pools relax to the slack the joint history of
+pool times shows (``EERLController._update_async_thresholds``).
 """
 
 from __future__ import annotations
@@ -169,11 +177,7 @@ class PhaseController:
 
     def _allowed(self) -> list[int]:
         """Clocks the selection may lock, descending: below the default clock, above the floor."""
-        return [
-            c
-            for c in self.settings.allowed_mhz
-            if self.floor_mhz < c < self.f_default_mhz
-        ]
+        return [c for c in self.settings.allowed_mhz if self.floor_mhz < c < self.f_default_mhz]
 
     def _slices_in_phase(self) -> int:
         """Probe slices that fit in the phase (a multiple of the block length; 0: too short)."""
@@ -209,11 +213,15 @@ class PhaseController:
             if not allow_probe or not active:
                 # Waiting for trial budget: run the safest choice so far, else the previous lock.
                 interim = self._choose()[0] if self.fit is not None else self._previous_lock_mhz
-                return base.PhaseDecision(interim, state, reason="trial budget spent: interim clock")
+                return base.PhaseDecision(
+                    interim, state, reason="trial budget spent: interim clock"
+                )
             if n_slices == 0:
                 self._step_probe_clock = active[0]
                 self._step_probe = list(probe.block_schedule(active[:1]))
-                return base.PhaseDecision(self._step_probe[0], state, reason=f"step trial {active[0]} MHz")
+                return base.PhaseDecision(
+                    self._step_probe[0], state, reason=f"step trial {active[0]} MHz"
+                )
             return base.PhaseDecision(
                 None,
                 state,
@@ -223,7 +231,11 @@ class PhaseController:
             )
         clock = self.locked_clock_mhz
         unsure = self._uncertain()
-        interval = max(self.ctl.monitor_interval_steps // 2, 1) if unsure else self.ctl.monitor_interval_steps
+        interval = (
+            max(self.ctl.monitor_interval_steps // 2, 1)
+            if unsure
+            else self.ctl.monitor_interval_steps
+        )
         due = self._since_lock > 0 and self._since_lock % interval == 0
         if clock is not None and allow_probe and due and n_slices:
             # While the lock is held up by uncertainty, the check also probes the lowest clock
@@ -236,14 +248,20 @@ class PhaseController:
                 probe_slice_s=slice_s,
                 reason=f"monitor {clock} MHz",
             )
-        return base.PhaseDecision(clock, state, reason="locked" if clock else "no clock met the threshold")
+        return base.PhaseDecision(
+            clock, state, reason="locked" if clock else "no clock met the threshold"
+        )
 
     def _uncertain(self) -> bool:
         """True while the model's point estimate allows a clock well below the lock."""
         fit, clock = self.fit, self.locked_clock_mhz
         if fit is None or clock is None:
             return False
-        lower = [c for c in self._allowed() if c < clock and fit.throughput_ratio(c) >= self.threshold + INDIFFERENCE]
+        lower = [
+            c
+            for c in self._allowed()
+            if c < clock and fit.throughput_ratio(c) >= self.threshold + INDIFFERENCE
+        ]
         return len(lower) >= 3
 
     def _probe_clocks(self, most: int) -> list[int]:
@@ -307,7 +325,9 @@ class PhaseController:
                 self._refine_locked()
             self._check_locked(obs, workload)
 
-    def _blocks(self, obs: base.PhaseObservation, tokens: float) -> list[tuple[int, float, float | None]]:
+    def _blocks(
+        self, obs: base.PhaseObservation, tokens: float
+    ) -> list[tuple[int, float, float | None]]:
         if obs.slices:
             return probe.blocks_from_slices(obs.slices)[0]
         if self.state is base.PhaseState.TRIAL and self._step_probe:
@@ -315,7 +335,9 @@ class PhaseController:
             self._step_probe.pop(0)
             duration = max(obs.duration_s, 1e-9)
             power = None if obs.energy_j is None else obs.energy_j / duration
-            self._pending.append(base.ProbeSlice(obs.requested_clock_mhz, 1.0, tokens / duration, power))
+            self._pending.append(
+                base.ProbeSlice(obs.requested_clock_mhz, 1.0, tokens / duration, power)
+            )
             blocks, used = probe.blocks_from_slices(self._pending)
             del self._pending[:used]
             return blocks
@@ -341,7 +363,9 @@ class PhaseController:
         if not self._allowed():
             self._lock(None, self._last_feature, obs.slowdown)
             return
-        self.fit = probe.fit_phase_model(self.blocks, self.settings.max_clock_mhz, self.f_default_mhz)
+        self.fit = probe.fit_phase_model(
+            self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
+        )
         if self.fit is None:
             if self._round_steps >= self.ctl.trial_steps:
                 self._lock(None, self._last_feature, obs.slowdown)
@@ -349,7 +373,9 @@ class PhaseController:
         choice, stderr = self._choose()
         z_eff = probe.student_t_factor(self.fit.blocks - 1, self.ctl.confidence_z)
         precise = (
-            choice is not None and self.fit.blocks >= self.ctl.min_blocks and z_eff * stderr <= INDIFFERENCE
+            choice is not None
+            and self.fit.blocks >= self.ctl.min_blocks
+            and z_eff * stderr <= INDIFFERENCE
         )
         limit = self.ctl.trial_steps
         done = self._round_steps >= limit and (
@@ -414,7 +440,9 @@ class PhaseController:
 
     def _refine_locked(self) -> None:
         """Monitor blocks also sharpen the model: move to a lower clock once it is proven."""
-        self.fit = probe.fit_phase_model(self.blocks, self.settings.max_clock_mhz, self.f_default_mhz)
+        self.fit = probe.fit_phase_model(
+            self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
+        )
         choice, _ = self._choose()
         current = self.locked_clock_mhz
         if choice is not None and current is not None and choice < current:
@@ -423,12 +451,17 @@ class PhaseController:
             self.selections += 1
             self._monitor = probe.RatioStats()
 
-    def _check_locked(self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload) -> None:
+    def _check_locked(
+        self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
+    ) -> None:
         mon = self._monitor
         if mon.n >= self.ctl.min_blocks and self._upper(mon) < self.threshold:
             failed = self.locked_clock_mhz or 0
             self.floor_mhz = max(self.floor_mhz, failed)
-            reason = f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f} at {failed} MHz"
+            reason = (
+                f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f} "
+                f"at {failed} MHz"
+            )
             choice, _ = self._choose()
             if choice is not None:
                 # Step up at once to the next clock the model supports; no default-governor gap.
@@ -440,7 +473,10 @@ class PhaseController:
                 self._retrial(reason, keep_floor=True)
             return
         feature = _drift_feature(self.settings.name, workload)
-        if self._lock_feature > 0 and abs(feature / self._lock_feature - 1.0) > self.ctl.drift_threshold:
+        if (
+            self._lock_feature > 0
+            and abs(feature / self._lock_feature - 1.0) > self.ctl.drift_threshold
+        ):
             self._retrial(f"workload drift {feature / self._lock_feature - 1.0:+.0%}")
             return
         if obs.slowdown and not self._lock_slowdown and self.locked_clock_mhz is not None:
@@ -468,7 +504,9 @@ class PhaseController:
 class EERLController:
     """Job-level EE-RL controller over all phases; satisfies ``base.FrequencyPolicy``."""
 
-    def __init__(self, phases: Sequence[PhaseSettings], settings: ControllerSettings | None = None) -> None:
+    def __init__(
+        self, phases: Sequence[PhaseSettings], settings: ControllerSettings | None = None
+    ) -> None:
         self.settings = settings or ControllerSettings()
         self.phases: dict[str, PhaseController] = {
             p.name: PhaseController(p, self.settings) for p in phases
@@ -510,7 +548,9 @@ class EERLController:
             obs = observation.phases.get(name)
             if obs is None:
                 pc.observe(
-                    base.PhaseObservation(name, 0.0, None, None, error="no measurement (lost signal)"),
+                    base.PhaseObservation(
+                        name, 0.0, None, None, error="no measurement (lost signal)"
+                    ),
                     observation.workload,
                 )
             else:
@@ -522,7 +562,10 @@ class EERLController:
     def report_error(self, phase: str, message: str) -> None:
         """An agent-side error outside a step's observation: that phase falls back to default."""
         pc = self.phases[phase]
-        pc.observe(base.PhaseObservation(phase, 0.0, None, None, error=message), self._last_workload or _EMPTY)
+        pc.observe(
+            base.PhaseObservation(phase, 0.0, None, None, error=message),
+            self._last_workload or _EMPTY,
+        )
 
     def _record_pool_times(self, observation: base.StepObservation) -> None:
         """Keep default-equivalent pool times of plain (non-probe) steps for the async slack."""

@@ -1,14 +1,14 @@
-"""In-phase interleaved probes: paired comparison of a candidate clock with the default governor.
+"""In-phase interleaved probes: paired comparison of candidate clocks with the default governor.
 
-Why: the EE-RL trial compares a candidate with the default-governor prediction for the same
-tokens, but on real verl traces a step's phase time varies 2-11 % (generation) around any
-token-based prediction, more than the 3-5 % throughput effect a threshold of 0.95 must resolve.
-So a trial step runs the phase as short slices alternating candidate and default governor in
-Thue-Morse order (candidate, default, default, candidate, default, candidate, candidate, default), and compares token rate and power within
-each block: the workload is the same on both sides, its slow change cancels to first order, and
-the energy-per-token ratio follows as power ratio / throughput ratio. The agent switches clocks
-in milliseconds, so slices of about a second cost nothing; tokens per slice come from the
-trainer SDK's progress reports.
+Why: comparing a trial step with the default-governor prediction for the same tokens leaves
+the step's own variation in the comparison (2-11 % on the shipped verl traces, more than the
+3-5 % throughput effect a 0.95 threshold must resolve). So a trial runs the phase as short
+slices that alternate candidate and default governor in Thue-Morse blocks and compares progress
+rate and power inside each block: the workload is the same on both sides and its trend cancels.
+Energy per token follows as power ratio / throughput ratio. The agent switches clocks in
+milliseconds; progress per slice comes from the trainer SDK (decode iterations for generation,
+tokens for training) and power from instant-power samples (the energy counter updates only
+every 20-100 ms, too coarse for slices).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import math
 from collections.abc import Sequence
 
 from rlenergy.control.freq import base
-
 
 THUE_MORSE = (True, False, False, True, False, True, True, False)
 """One probe block: candidate (True) and default (False) slices in Thue-Morse order. The two
@@ -169,14 +168,19 @@ class PhaseModelFit:
 
     def throughput_stderr(self, clock_mhz: float) -> float:
         """Standard error of the predicted ratio (delta method)."""
-        return abs(self.throughput_ratio(clock_mhz, self.u + self.u_stderr) - self.throughput_ratio(clock_mhz))
+        return abs(
+            self.throughput_ratio(clock_mhz, self.u + self.u_stderr)
+            - self.throughput_ratio(clock_mhz)
+        )
 
     def power_ratio(self, clock_mhz: float) -> float | None:
         """Predicted power ratio vs default at ``clock_mhz``."""
         if self.beta is None:
             return None
         c = min(clock_mhz, self.f_default_mhz)
-        return 1.0 + self.beta * ((c / self.f_max_mhz) ** 2 - (self.f_default_mhz / self.f_max_mhz) ** 2)
+        return 1.0 + self.beta * (
+            (c / self.f_max_mhz) ** 2 - (self.f_default_mhz / self.f_max_mhz) ** 2
+        )
 
     def energy_ratio(self, clock_mhz: float) -> float | None:
         """Predicted energy per token vs default (power ratio / throughput ratio)."""
@@ -199,7 +203,11 @@ def student_t_factor(dof: int, z: float) -> float:
 def fit_phase_model(
     blocks: Sequence[tuple[int, float, float | None]], f_max_mhz: float, f_default_mhz: float
 ) -> PhaseModelFit | None:
-    """Fit ``PhaseModelFit`` to (clock, throughput ratio, power ratio) blocks; None if < 2 usable."""
+    """Fit ``PhaseModelFit`` to (clock, throughput ratio, power ratio) blocks.
+
+    Returns:
+        The fit, or None with fewer than two blocks below the default clock.
+    """
     g1 = f_max_mhz / f_default_mhz - 1.0
     sd2 = (f_default_mhz / f_max_mhz) ** 2
     a_list: list[float] = []

@@ -58,6 +58,7 @@ def place_by_length(
     kv_bytes_per_token: int,
     *,
     max_responses_per_worker: int | None = None,
+    balance: str = "tokens",
 ) -> Placement:
     """Concentrate long responses on few workers within memory (see module docstring).
 
@@ -96,8 +97,18 @@ def place_by_length(
     queued = [False] * n
     used = [0] * workers
     count = [0] * workers
+    tokens = [0.0] * workers
+    share = sum(predicted_tokens) / workers
     k = 0
     for i in order:
+        # Equal predicted decode work per worker: the long-response worker gets few responses.
+        if (
+            k < workers
+            and balance == "tokens"
+            and count[k]
+            and tokens[k] + predicted_tokens[i] / 2 > share
+        ):
+            k += 1
         if demand[i] > largest_budget:
             raise errors.InvalidInputError(
                 "placement",
@@ -117,6 +128,7 @@ def place_by_length(
                 queued[i] = True
         worker_of[i] = target
         count[target] += 1
+        tokens[target] += predicted_tokens[i]
         if not queued[i]:
             used[target] += demand[i]
     return Placement(tuple(worker_of), tuple(queued), tuple(used))

@@ -1,0 +1,88 @@
+"""EE-RL energy benchmark: every shipped trace x {sync, async} x {h100-sxm, b200}.
+
+Prints one row per run (online saving, oracle saving, their ratio, throughput vs default, the
+policy threshold, trial steps, measured-vs-true energy) and, last, one line with the worst
+``online_to_oracle`` and the worst ``throughput_ratio - min_throughput_ratio``. Targets
+(DESIGN section 7): online/oracle >= 0.90, throughput >= each phase's minThroughputRatio.
+
+Usage: ``python bench/energy.py [--steps 200] [--seed 0] [--json]`` (``make bench-energy``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from rlenergy.sim import report, traces
+
+GPUS = ("h100-sxm", "b200")
+MODES = ("sync", "async")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    t0 = time.perf_counter()
+    for name in traces.packaged_trace_names():
+        for gpu in GPUS:
+            for mode in MODES:
+                rep = report.simulate(name, gpu, mode, steps=args.steps, seed=args.seed)
+                rows.append(
+                    {
+                        "trace": name,
+                        "gpu": gpu,
+                        "mode": mode,
+                        "online_saving": rep.online_saving,
+                        "oracle_saving": rep.oracle_saving,
+                        "online_to_oracle": rep.online_to_oracle,
+                        "throughput_ratio": rep.throughput_ratio,
+                        "min_throughput_ratio": rep.min_throughput_ratio,
+                        "trial_steps": rep.trial_steps,
+                        "measured_energy_error": rep.measured_energy_error,
+                        "clocks": {p.name: p.final_clock_mhz for p in rep.phases},
+                        "oracle_clocks": {p.name: p.oracle_clock_mhz for p in rep.phases},
+                    }
+                )
+    elapsed = time.perf_counter() - t0
+    worst_ratio = min(rows, key=lambda r: r["online_to_oracle"])
+    worst_margin = min(rows, key=lambda r: r["throughput_ratio"] - r["min_throughput_ratio"])
+    if args.json:
+        print(json.dumps({"rows": rows, "elapsed_s": elapsed}, indent=2))
+    else:
+        table = Table(title=f"EE-RL vs default governor and oracle ({args.steps} steps, seed {args.seed})")
+        for col in ("trace", "gpu", "mode", "online", "oracle", "online/oracle", "throughput",
+                    "trials", "clocks gen/train (oracle)", "meas. err"):
+            table.add_column(col, justify="left" if col in ("trace", "gpu", "mode") else "right")
+        for r in rows:
+            clocks = "/".join(str(r["clocks"][p] or "def") for p in ("generation", "training"))
+            oracle = "/".join(str(r["oracle_clocks"][p] or "def") for p in ("generation", "training"))
+            err = r["measured_energy_error"]
+            table.add_row(
+                r["trace"][:34], r["gpu"], r["mode"],
+                f"{r['online_saving']:.1%}", f"{r['oracle_saving']:.1%}",
+                f"{r['online_to_oracle']:.2f}", f"{r['throughput_ratio']:.3f}",
+                str(r["trial_steps"]), f"{clocks} ({oracle})",
+                "unknown" if err is None else f"{err:+.2%}",
+            )
+        Console(width=200).print(table)
+        print(f"{len(rows)} runs in {elapsed:.1f} s")
+    print(
+        f"worst online_to_oracle: {worst_ratio['online_to_oracle']:.3f} "
+        f"({worst_ratio['trace']}, {worst_ratio['gpu']}, {worst_ratio['mode']}); "
+        f"worst throughput_ratio - min_throughput_ratio: "
+        f"{worst_margin['throughput_ratio'] - worst_margin['min_throughput_ratio']:+.4f} "
+        f"({worst_margin['trace']}, {worst_margin['gpu']}, {worst_margin['mode']})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,475 @@
+"""Rollout scenarios from real traces, both policies side by side, metrics and rendering.
+
+Response lengths come from a trace's per-step ``response_length/{mean,min,max}`` (and
+``clip_ratio`` where logged): each simulated step draws from a lognormal fitted to that step
+(``fit_lognormal``) clipped to ``[min, max]``, optionally with a synthetic heavy tail. Prompts
+recur across epochs with a per-prompt length tendency, so the FlexFloor predictor has a real
+history to learn from; the first epoch runs on its quantile fallback. Both policies decode the
+identical batches (``rlenergy.sim.moe``).
+
+Callers: the CLI ``rlenergy rollout-sim`` and ``bench/rollout.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from rlenergy import errors
+from rlenergy.sim import moe, traces
+
+PROMPT_SHARE_OF_LOG_VARIANCE = 0.5
+"""Share of a response's log-length variance that belongs to its prompt (repeats across
+epochs); the rest is per-sample noise [MODEL: no public per-prompt length log at hand]."""
+
+STEPS_PER_EPOCH = 4
+"""Simulated steps per dataset epoch: prompts recur every 4 steps, so steps after the first
+four have one or more epochs of history [MODEL: short epochs keep the run small; a real epoch
+is longer, which changes only how many cold steps there are]."""
+
+PROMPT_TOKENS_SIGMA = 0.3
+"""Lognormal spread of prompt lengths around the logged mean [MODEL]."""
+
+HEAVY_TAIL_ALPHA = 1.2
+"""Pareto shape of the synthetic heavy tail (smaller: heavier) [MODEL]."""
+
+MAX_RESPONSES_PER_STEP = 4096
+"""Responses simulated per step at most (larger logged batches are subsampled; only the
+length distribution and responses per worker matter) [MODEL: keeps the bench fast]."""
+
+DEFAULT_GROUP_SIZE = 8
+"""Responses per prompt when the trace does not state ``rollout_n`` [MODEL: common GRPO n]."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLengths:
+    """Response-length statistics of one logged step.
+
+    Attributes:
+        step: logged step number.
+        mean_tokens: ``response_length/mean``.
+        min_tokens: ``response_length/min`` (1 when not logged).
+        max_tokens: ``response_length/max``.
+        clip_ratio: ``response_length/clip_ratio`` (share at the length limit), if logged.
+        responses: responses generated in the step.
+        group_size: responses per prompt (``rollout_n``).
+        prompt_tokens_mean: ``prompt_length/mean`` (0 when not logged).
+        max_response_tokens: the run's ``max_response_length`` limit.
+    """
+
+    step: int
+    mean_tokens: float
+    min_tokens: float
+    max_tokens: float
+    clip_ratio: float | None
+    responses: int
+    group_size: int
+    prompt_tokens_mean: float
+    max_response_tokens: int
+
+
+def _csv_rows(name: str) -> list[dict[str, str]]:
+    root = resources.files("rlenergy.sim").joinpath("data/traces")
+    return list(csv.DictReader(io.StringIO(root.joinpath(f"{name}.csv").read_text())))
+
+
+def _num(row: Mapping[str, str], key: str) -> float | None:
+    cell = (row.get(key) or "").strip()
+    try:
+        value = float(cell)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def trace_step_lengths(name: str) -> tuple[StepLengths, ...]:
+    """Per-step length statistics of a packaged trace, or of one ``samples:<sample_id>`` row.
+
+    Raises:
+        InvalidInputError: unknown trace or sample, or no step with mean and max lengths.
+    """
+    if name.startswith("samples:"):
+        return (_sample_row(name.split(":", 1)[1]),)
+    trace = traces.load_trace(name)  # validates the name; gives samples per step and meta
+    meta: Mapping[str, Any] = trace.meta
+    group = int(meta.get("rollout_n") or 1)
+    limit_meta = meta.get("max_response_length")
+    by_step = {int(float(r["step"])): r for r in _csv_rows(name) if _num(r, "step") is not None}
+    out = []
+    for rec in trace.steps:
+        row = by_step.get(rec.step, {})
+        mean = _num(row, "response_length/mean")
+        high = _num(row, "response_length/max")
+        if mean is None or high is None or mean < 1:
+            continue
+        limit = int(limit_meta) if isinstance(limit_meta, int | float) else int(high)
+        out.append(
+            StepLengths(
+                step=rec.step,
+                mean_tokens=mean,
+                min_tokens=max(_num(row, "response_length/min") or 1.0, 1.0),
+                max_tokens=max(high, mean),
+                clip_ratio=_num(row, "response_length/clip_ratio"),
+                responses=rec.generated_samples,
+                group_size=group,
+                prompt_tokens_mean=rec.prompt_length_mean,
+                max_response_tokens=max(limit, int(high)),
+            )
+        )
+    if not out:
+        raise errors.InvalidInputError("--trace", f"{name}: no step logs response length mean/max")
+    return tuple(out)
+
+
+def _sample_row(sample_id: str) -> StepLengths:
+    rows = [r for r in _csv_rows("samples") if r.get("sample_id") == sample_id]
+    ids = sorted({r.get("sample_id", "") for r in _csv_rows("samples")})
+    if not rows:
+        raise errors.InvalidInputError(
+            "--trace", f"unknown sample {sample_id!r}; samples: {', '.join(ids)}"
+        )
+    row = rows[0]
+    mean = _num(row, "response_length/mean")
+    high = _num(row, "response_length/max")
+    if mean is None or high is None:
+        raise errors.InvalidInputError("--trace", f"sample {sample_id} logs no length mean/max")
+    meta = _samples_meta().get(sample_id, {})
+    batch = int(meta.get("train_batch_size") or 128)
+    limit = _num(row, "max_response_length") or high
+    return StepLengths(
+        step=int(_num(row, "step") or 0),
+        mean_tokens=mean,
+        min_tokens=max(_num(row, "response_length/min") or 1.0, 1.0),
+        max_tokens=high,
+        clip_ratio=_num(row, "response_length/clip_ratio"),
+        responses=batch * DEFAULT_GROUP_SIZE,
+        group_size=DEFAULT_GROUP_SIZE,
+        prompt_tokens_mean=_num(row, "prompt_length/mean") or 0.0,
+        max_response_tokens=int(limit),
+    )
+
+
+def _samples_meta() -> Mapping[str, Mapping[str, Any]]:
+    import json
+
+    root = resources.files("rlenergy.sim").joinpath("data/traces")
+    data = json.loads(root.joinpath("samples.meta.json").read_text())
+    rows = data.get("rows", {})
+    return rows if isinstance(rows, dict) else {}
+
+
+def _clipped_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
+    """``E[min(X, cap)]`` for ``ln X ~ N(mu, sigma^2)``."""
+    dist = statistics.NormalDist()
+    z = (math.log(cap) - mu) / sigma
+    return math.exp(mu + sigma * sigma / 2) * dist.cdf(z - sigma) + cap * (1 - dist.cdf(z))
+
+
+def fit_lognormal(
+    mean_tokens: float, max_tokens: float, n: int, clip_ratio: float | None
+) -> tuple[float, float]:
+    """Fit ``ln L ~ N(mu, sigma^2)`` clipped at ``max_tokens`` to a step's mean and max.
+
+    The logged max anchors a quantile: ``1 - clip_ratio`` when responses hit the limit and the
+    clip ratio is logged, else the expected maximum of ``n`` draws (``1 - 1 / (n + 1)``);
+    ``sigma`` is then solved (bisection) so the clipped mean equals the logged mean.
+
+    Returns:
+        ``(mu, sigma)`` of the log length (natural log of tokens).
+    """
+    if max_tokens <= mean_tokens * 1.0001:
+        return math.log(max(mean_tokens, 1.0)), 1e-3
+    q = 1.0 - 1.0 / (n + 1)
+    if clip_ratio is not None and 0 < clip_ratio < 0.5:
+        q = 1.0 - clip_ratio
+    z = statistics.NormalDist().inv_cdf(q)
+    log_max = math.log(max_tokens)
+    lo, hi = 1e-3, 4.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if _clipped_lognormal_mean(log_max - mid * z, mid, max_tokens) > mean_tokens:
+            lo = mid
+        else:
+            hi = mid
+    sigma = (lo + hi) / 2
+    return log_max - sigma * z, sigma
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """What to simulate.
+
+    Attributes:
+        trace: packaged trace name or ``samples:<sample_id>``.
+        config: the EP group.
+        steps: rollout steps to simulate (evenly spaced over the trace's steps).
+        heavy_tail_fraction: share of responses replaced by a synthetic Pareto tail reaching
+            the run's length limit (0: lengths from the trace fit only).
+        seed: random seed (identical inputs for both policies by construction).
+    """
+
+    trace: str
+    config: moe.RolloutConfig
+    steps: int = 12
+    heavy_tail_fraction: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise errors.InvalidInputError("--steps", "must be >= 1")
+        if not 0.0 <= self.heavy_tail_fraction < 1.0:
+            raise errors.InvalidInputError("--heavy-tail", "must be within [0, 1)")
+
+
+def make_batches(scenario: Scenario) -> tuple[list[moe.RolloutBatch], int]:
+    """Draw the rollout batches of a scenario (both policies get these).
+
+    Returns:
+        The batches and the run's ``max_response_length``.
+    """
+    stats = trace_step_lengths(scenario.trace)
+    rng = np.random.default_rng(scenario.seed)
+    picks = np.linspace(0, len(stats) - 1, num=scenario.steps).round().astype(int)
+    first = stats[int(picks[0])]
+    n = min(first.responses, MAX_RESPONSES_PER_STEP)
+    group = max(1, min(first.group_size, n))
+    prompts_per_step = max(1, n // group)
+    n = prompts_per_step * group
+    dataset = prompts_per_step * STEPS_PER_EPOCH
+    prompt_effect = rng.standard_normal(dataset)
+    prompt_scale = rng.lognormal(0.0, PROMPT_TOKENS_SIGMA, dataset)
+    rho = PROMPT_SHARE_OF_LOG_VARIANCE
+    batches = []
+    for k, idx in enumerate(picks):
+        st = stats[int(idx)]
+        mu, sigma = fit_lognormal(st.mean_tokens, st.max_tokens, n, st.clip_ratio)
+        chunk = (k % STEPS_PER_EPOCH) * prompts_per_step
+        pid = np.repeat(np.arange(chunk, chunk + prompts_per_step), group)
+        z = math.sqrt(rho) * prompt_effect[pid] + math.sqrt(1 - rho) * rng.standard_normal(n)
+        lengths = np.exp(mu + sigma * z)
+        if scenario.heavy_tail_fraction > 0:
+            tail = rng.random(n) < scenario.heavy_tail_fraction
+            pareto = np.exp(mu) * (1.0 + rng.pareto(HEAVY_TAIL_ALPHA, n))
+            lengths = np.where(tail, np.maximum(lengths, pareto), lengths)
+            high = float(st.max_response_tokens)
+        else:
+            high = st.max_tokens
+        lengths = np.clip(np.rint(lengths), max(st.min_tokens, 1.0), high).astype(np.int64)
+        prompt_tokens = np.rint(st.prompt_tokens_mean * prompt_scale[pid]).astype(np.int64)
+        batches.append(
+            moe.RolloutBatch(
+                prompt_ids=tuple(f"p{int(p)}" for p in pid),
+                prompt_tokens=tuple(int(x) for x in prompt_tokens),
+                lengths_tokens=tuple(int(x) for x in lengths),
+            )
+        )
+    return batches, max(s.max_response_tokens for s in stats)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyTotals:
+    """One policy summed over the simulated steps."""
+
+    policy: str
+    wall_s: float
+    tokens: int
+    occupied_gpu_s: float
+    idle_after_finish_gpu_s: float
+    releases_committed: int
+    releases_aborted: int
+    expert_moves: int
+    preemptions: int
+    active_workers_min: int
+    expert_unavailable_steps: int
+    memory_overflow_steps: int
+    incomplete_responses: int
+
+    @property
+    def tokens_per_occupied_gpu_s(self) -> float:
+        """Response tokens per GPU-second of worker occupancy."""
+        return self.tokens / self.occupied_gpu_s if self.occupied_gpu_s else 0.0
+
+    @property
+    def generation_throughput_tokens_per_s(self) -> float:
+        """Response tokens per second of rollout wall time."""
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def idle_after_finish_fraction(self) -> float:
+        """Share of occupied GPU time spent after a worker's own responses ended."""
+        return self.idle_after_finish_gpu_s / self.occupied_gpu_s if self.occupied_gpu_s else 0.0
+
+
+def _totals(policy: str, results: Sequence[moe.RolloutResult]) -> PolicyTotals:
+    return PolicyTotals(
+        policy=policy,
+        wall_s=sum(r.wall_s for r in results),
+        tokens=sum(r.tokens for r in results),
+        occupied_gpu_s=sum(r.occupied_gpu_s for r in results),
+        idle_after_finish_gpu_s=sum(r.idle_after_finish_gpu_s for r in results),
+        releases_committed=sum(r.releases_committed for r in results),
+        releases_aborted=sum(r.releases_aborted for r in results),
+        expert_moves=sum(r.expert_moves for r in results),
+        preemptions=sum(r.preemptions for r in results),
+        active_workers_min=min(r.active_workers_min for r in results),
+        expert_unavailable_steps=sum(r.expert_unavailable_steps for r in results),
+        memory_overflow_steps=sum(r.memory_overflow_steps for r in results),
+        incomplete_responses=sum(r.incomplete_responses for r in results),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ScenarioResult:
+    """Both policies on identical inputs."""
+
+    scenario: Scenario
+    baseline: PolicyTotals
+    flexfloor: PolicyTotals
+    warm_baseline: PolicyTotals | None
+    warm_flexfloor: PolicyTotals | None
+    expert_floor: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Flat JSON summary (keys documented in docs/flexfloor.md)."""
+        b, f = self.baseline, self.flexfloor
+        out: dict[str, Any] = {
+            "trace": self.scenario.trace,
+            "model": self.scenario.config.model.key,
+            "gpu": self.scenario.config.gpu,
+            "workers": self.scenario.config.workers,
+            "experts": self.scenario.config.experts,
+            "expert_floor": self.expert_floor,
+            "steps": self.scenario.steps,
+            "heavy_tail_fraction": self.scenario.heavy_tail_fraction,
+            "tokens_per_occupied_gpu_s_ratio": _ratio(
+                f.tokens_per_occupied_gpu_s, b.tokens_per_occupied_gpu_s
+            ),
+            "generation_throughput_ratio": _ratio(
+                f.generation_throughput_tokens_per_s, b.generation_throughput_tokens_per_s
+            ),
+            "baseline_idle_after_finish_fraction": b.idle_after_finish_fraction,
+            "flexfloor_idle_after_finish_fraction": f.idle_after_finish_fraction,
+            "expert_unavailable_steps": b.expert_unavailable_steps + f.expert_unavailable_steps,
+            "memory_overflow_steps": b.memory_overflow_steps + f.memory_overflow_steps,
+            "incomplete_responses": b.incomplete_responses + f.incomplete_responses,
+        }
+        if self.warm_baseline is not None and self.warm_flexfloor is not None:
+            out["warm_tokens_per_occupied_gpu_s_ratio"] = _ratio(
+                self.warm_flexfloor.tokens_per_occupied_gpu_s,
+                self.warm_baseline.tokens_per_occupied_gpu_s,
+            )
+        for t in (b, f):
+            out[t.policy] = {
+                "wall_s": t.wall_s,
+                "tokens": t.tokens,
+                "occupied_gpu_s": t.occupied_gpu_s,
+                "tokens_per_occupied_gpu_s": t.tokens_per_occupied_gpu_s,
+                "generation_throughput_tokens_per_s": t.generation_throughput_tokens_per_s,
+                "idle_after_finish_fraction": t.idle_after_finish_fraction,
+                "releases_committed": t.releases_committed,
+                "releases_aborted": t.releases_aborted,
+                "expert_moves": t.expert_moves,
+                "preemptions": t.preemptions,
+                "active_workers_min": t.active_workers_min,
+            }
+        return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def run_scenario(scenario: Scenario) -> ScenarioResult:
+    """Simulate baseline and FlexFloor on the same batches; invariants checked every step.
+
+    Raises:
+        InvalidInputError: bad trace, model, GPU or group size (message names the flag).
+    """
+    batches, max_response = make_batches(scenario)
+    config = scenario.config
+    predictor = moe.predictor_for(max_response)
+    base_results, ff_results = [], []
+    for batch in batches:
+        base_results.append(moe.simulate_rollout(config, batch, policy="baseline"))
+        preds = [p.length_tokens for p in predictor.predict(batch.prompt_ids)]
+        ff_results.append(
+            moe.simulate_rollout(config, batch, policy="flexfloor", predictions=preds)
+        )
+        predictor.observe_step(batch.prompt_ids, batch.lengths_tokens)
+    warm = slice(STEPS_PER_EPOCH, None)
+    has_warm = len(batches) > STEPS_PER_EPOCH
+    return ScenarioResult(
+        scenario=scenario,
+        baseline=_totals("baseline", base_results),
+        flexfloor=_totals("flexfloor", ff_results),
+        warm_baseline=_totals("baseline", base_results[warm]) if has_warm else None,
+        warm_flexfloor=_totals("flexfloor", ff_results[warm]) if has_warm else None,
+        expert_floor=config.layout().release_floor(),
+    )
+
+
+def render(result: ScenarioResult) -> Any:
+    """A rich table: both policies side by side, then the ratios and invariant counters."""
+    from rich.table import Table
+
+    b, f = result.baseline, result.flexfloor
+    cfg = result.scenario.config
+    table = Table(
+        title=(
+            f"MoE rollout {result.scenario.trace}: {cfg.model.key}, {cfg.workers} x {cfg.gpu}, "
+            f"{cfg.experts} experts (floor {result.expert_floor}), {result.scenario.steps} steps"
+        )
+    )
+    table.add_column("metric")
+    table.add_column("verl-style baseline", justify="right")
+    table.add_column("FlexFloor", justify="right")
+    rows: list[tuple[str, str, str]] = [
+        ("rollout wall time, s", f"{b.wall_s:,.1f}", f"{f.wall_s:,.1f}"),
+        ("response tokens", f"{b.tokens:,}", f"{f.tokens:,}"),
+        ("occupied GPU-s", f"{b.occupied_gpu_s:,.1f}", f"{f.occupied_gpu_s:,.1f}"),
+        (
+            "tokens / occupied GPU-s",
+            f"{b.tokens_per_occupied_gpu_s:,.1f}",
+            f"{f.tokens_per_occupied_gpu_s:,.1f}",
+        ),
+        (
+            "generation throughput, tokens/s",
+            f"{b.generation_throughput_tokens_per_s:,.1f}",
+            f"{f.generation_throughput_tokens_per_s:,.1f}",
+        ),
+        (
+            "idle after own responses, share",
+            f"{b.idle_after_finish_fraction:.3f}",
+            f"{f.idle_after_finish_fraction:.3f}",
+        ),
+        ("fewest active workers", str(b.active_workers_min), str(f.active_workers_min)),
+        (
+            "releases committed / aborted",
+            f"{b.releases_committed} / {b.releases_aborted}",
+            f"{f.releases_committed} / {f.releases_aborted}",
+        ),
+        ("expert copies", str(b.expert_moves), str(f.expert_moves)),
+        ("preemptions (KV memory)", str(b.preemptions), str(f.preemptions)),
+        (
+            "expert-unavailable / memory-overflow steps",
+            f"{b.expert_unavailable_steps} / {b.memory_overflow_steps}",
+            f"{f.expert_unavailable_steps} / {f.memory_overflow_steps}",
+        ),
+        ("incomplete responses", str(b.incomplete_responses), str(f.incomplete_responses)),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    summary = result.to_json()
+    table.caption = (
+        f"tokens per occupied GPU-s: x{summary['tokens_per_occupied_gpu_s_ratio']:.2f}  "
+        f"generation throughput: x{summary['generation_throughput_ratio']:.2f}"
+    )
+    return table
