@@ -7,4 +7,8 @@ import sys
 from rlenergy.devcluster.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BrokenPipeError:  # e.g. `... status | head`
+        sys.stderr.close()
+        sys.exit(1)

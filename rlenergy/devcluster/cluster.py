@@ -353,13 +353,6 @@ class DevCluster:
                 with contextlib.suppress(OSError):
                     (self.workdir / STATE_FILE).unlink()
 
-    def detach(self) -> None:
-        """Leave the cluster running when this object goes away (no atexit stop)."""
-        with _LIVE_LOCK:
-            if self in _LIVE:
-                _LIVE.remove(self)
-        self._stopped = True
-
     # ------------------------------------------------------------------ nodes
     def add_nodes(
         self,
