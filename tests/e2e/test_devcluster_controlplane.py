@@ -9,10 +9,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from e2e_support import GPU_PRODUCT, GPUS_PER_NODE, NODES, get_json
+from e2e_support import GPU_PRODUCT, GPUS_PER_NODE, NODES, get_json, wait_until
 
 from rlenergy.devcluster import K8S_VERSION, DevCluster
-from rlenergy.devcluster.cluster import KCM_CONTROLLERS
 
 
 def test_server_version_equals_the_pin(dev_cluster: DevCluster):
@@ -103,8 +102,38 @@ def test_node_leases_are_renewed_by_kwok(dev_cluster: DevCluster):
         assert (now - renewed).total_seconds() < 60, f"lease of {name} is stale"
 
 
-def test_controller_manager_runs_the_configured_controllers(dev_cluster: DevCluster):
-    # serviceaccount + root-ca publisher controllers populate every namespace.
-    assert "serviceaccount-controller" in KCM_CONTROLLERS
-    cm = get_json(dev_cluster, "configmap", "kube-root-ca.crt", "-n", "default")
-    assert "BEGIN CERTIFICATE" in cm["data"]["ca.crt"]
+def test_controller_manager_runs_the_configured_controllers(
+    dev_cluster: DevCluster, namespace: str
+):
+    # root-ca-certificate-publisher: every namespace gets the API server's serving CA.
+    cm = get_json(dev_cluster, "configmap", "kube-root-ca.crt", "-n", namespace)
+    assert dev_cluster.workdir is not None
+    served_ca = (dev_cluster.workdir / "pki" / "serving-ca.crt").read_text()
+    assert cm["data"]["ca.crt"].strip() == served_ca.strip()
+    # garbage-collector: a dependent goes away with its owner.
+    owner = json.loads(
+        dev_cluster.kubectl("create", "configmap", "owner", "-n", namespace, "-o", "json").stdout
+    )
+    dependent = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "dependent",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                 "uid": owner["metadata"]["uid"]}
+            ],
+        },
+    }  # fmt: skip
+    dev_cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(dependent))
+    dev_cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
+    wait_until(
+        lambda: (
+            dev_cluster.kubectl(
+                "get", "configmap", "dependent", "-n", namespace, check=False
+            ).returncode
+            != 0
+        ),
+        timeout=60,
+        what="garbage collection of the dependent ConfigMap",
+    )
