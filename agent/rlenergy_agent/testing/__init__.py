@@ -1,0 +1,1 @@
+"""Test doubles shipped with the agent: the stand-in NVML driver (``standin``)."""

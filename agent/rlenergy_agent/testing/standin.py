@@ -1,0 +1,381 @@
+"""Driver of the stand-in ``libnvidia-ml.so.1``: simulated GPU physics behind the real pynvml.
+
+The C library (``agent/testing/nvml_standin/standin.c``) answers the NVML calls the agent
+makes from a memory-mapped state file; this module creates that file, writes the simulated
+physics into it (energy counter in mJ, trailing-average and instant power, the clock each GPU
+would run unlocked) from the SKU models of ``rlenergy.sim.models``, keeps the ground truth, and
+injects faults (NO_PERMISSION, NOT_SUPPORTED, GPU_IS_LOST, counter reset, "lock accepted but
+effective clock lower"). Callers: the agent's tests, ``bench/agent.py`` and the local
+integration runs (``rlenergy-agent --backend nvml`` with the environment of ``env()``).
+
+Time is either virtual (``advance``: deterministic tests) or real (``start``: a thread that
+advances by the elapsed wall time every tick, like the driver's counter updates).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import mmap
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rlenergy.sim import models
+
+MAGIC = 0x524C4E56
+VERSION = 1
+MAX_GPUS = 16
+MAX_CLOCKS = 160
+STATE_ENV = "RLENERGY_NVML_STANDIN_STATE"
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "testing" / "nvml_standin"
+"""Where ``standin.c`` lives in a source checkout (agent/testing/nvml_standin)."""
+
+# NVML return codes the tests inject (NVML API reference).
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+GPU_IS_LOST = 15
+LIB_RM_VERSION_MISMATCH = 18
+NOT_READY = 27
+UNKNOWN = 999
+
+ARCH_PASCAL = 6
+ARCH_VOLTA = 7
+ARCH_AMPERE = 8
+ARCH_HOPPER = 9
+
+
+class GpuState(ctypes.Structure):
+    """Mirror of ``standin_gpu_t`` (standin.h); field meanings are documented there."""
+
+    _fields_ = [
+        ("uuid", ctypes.c_char * 96),
+        ("name", ctypes.c_char * 96),
+        ("mig_mode", ctypes.c_uint32),
+        ("mig_count", ctypes.c_uint32),
+        ("persistence_mode", ctypes.c_uint32),
+        ("architecture", ctypes.c_uint32),
+        ("mem_clock_mhz", ctypes.c_uint32),
+        ("n_sm_clocks", ctypes.c_uint32),
+        ("sm_clocks_mhz", ctypes.c_uint32 * MAX_CLOCKS),
+        ("max_sm_clock_mhz", ctypes.c_uint32),
+        ("power_limit_mw", ctypes.c_uint32),
+        ("locked", ctypes.c_uint32),
+        ("lock_min_mhz", ctypes.c_uint32),
+        ("lock_max_mhz", ctypes.c_uint32),
+        ("mem_locked", ctypes.c_uint32),
+        ("clock_writes", ctypes.c_uint64),
+        ("nvml_calls", ctypes.c_uint64),
+        ("energy_mj", ctypes.c_uint64),
+        ("power_avg_mw", ctypes.c_uint32),
+        ("power_instant_mw", ctypes.c_uint32),
+        ("natural_clock_mhz", ctypes.c_uint32),
+        ("idle", ctypes.c_uint32),
+        ("extra_reasons", ctypes.c_uint64),
+        ("util_gpu", ctypes.c_uint32),
+        ("util_mem", ctypes.c_uint32),
+        ("fail_all", ctypes.c_int32),
+        ("fail_clock_set", ctypes.c_int32),
+        ("fail_mem_lock", ctypes.c_int32),
+        ("fail_energy", ctypes.c_int32),
+        ("fail_power", ctypes.c_int32),
+        ("fail_instant", ctypes.c_int32),
+        ("fail_clocks", ctypes.c_int32),
+        ("fail_once", ctypes.c_int32),
+        ("clock_cap_mhz", ctypes.c_uint32),
+        ("call_delay_us", ctypes.c_uint32),
+    ]
+
+
+class State(ctypes.Structure):
+    """Mirror of ``standin_state_t``."""
+
+    _fields_ = [
+        ("magic", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
+        ("n_gpus", ctypes.c_uint32),
+        ("init_error", ctypes.c_int32),
+        ("fail_all", ctypes.c_int32),
+        ("init_count", ctypes.c_uint32),
+        ("driver_version", ctypes.c_char * 80),
+        ("gpus", GpuState * MAX_GPUS),
+    ]
+
+
+def build_library(build_dir: Path, *, cc: str = "gcc") -> Path:
+    """Compile the stand-in into ``build_dir/libnvidia-ml.so.1`` (skipped when up to date).
+
+    Args:
+        build_dir: output folder (created); never inside a committed path.
+        cc: the C compiler.
+
+    Returns:
+        The folder holding ``libnvidia-ml.so.1``: put it on ``LD_LIBRARY_PATH``.
+
+    Raises:
+        FileNotFoundError: the C source or the compiler is missing.
+        subprocess.CalledProcessError: the compiler failed.
+    """
+    src = SOURCE_DIR / "standin.c"
+    header = SOURCE_DIR / "standin.h"
+    if not src.exists():
+        raise FileNotFoundError(f"stand-in source not found at {src}")
+    if shutil.which(cc) is None:
+        raise FileNotFoundError(f"C compiler {cc!r} not found; install gcc")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    out = build_dir / "libnvidia-ml.so.1"
+    newest = max(src.stat().st_mtime, header.stat().st_mtime)
+    if not out.exists() or out.stat().st_mtime < newest:
+        tmp = build_dir / f".libnvidia-ml.{os.getpid()}.tmp"
+        subprocess.run(
+            [
+                cc,
+                "-shared",
+                "-fPIC",
+                "-O2",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-Wl,-soname,libnvidia-ml.so.1",
+                "-o",
+                str(tmp),
+                str(src),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        tmp.replace(out)
+    lib = ctypes.CDLL(str(out))
+    lib.rlenergy_standin_state_size.restype = ctypes.c_size_t
+    size = lib.rlenergy_standin_state_size()
+    if size != ctypes.sizeof(State):
+        raise RuntimeError(
+            f"stand-in layout mismatch: C {size} bytes, Python {ctypes.sizeof(State)} bytes"
+        )
+    return build_dir
+
+
+@dataclasses.dataclass
+class _Sim:
+    """Per-GPU simulation state (truth)."""
+
+    sku: models.GpuSku
+    spread: float
+    kind: models.PhaseKind = "idle"
+    label: str = "idle"
+    truth_j: float = 0.0
+    since_reset_j: float = 0.0
+    offset_mj: int = 0
+    avg_w: float = 0.0
+    power_w: float = 0.0
+    by_label_j: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class StandinDriver:
+    """Owns the state file and plays the simulated GPUs behind the stand-in library.
+
+    Args:
+        path: the state file to create (its folder must exist).
+        gpus: ``(uuid, SKU)`` per GPU, in NVML index order.
+        power_spread: optional per-UUID power multiplier (part-to-part spread).
+        driver_version: what ``nvmlSystemGetDriverVersion`` returns.
+        counter_offset_mj: initial counter value per GPU (energy "since driver load"), mJ.
+
+    Raises:
+        ValueError: more than 16 GPUs, or a UUID longer than 95 bytes.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        gpus: Sequence[tuple[str, models.GpuSku]],
+        *,
+        power_spread: Mapping[str, float] | None = None,
+        driver_version: str = "550.54.15",
+        counter_offset_mj: int = 123_456_789,
+    ) -> None:
+        if len(gpus) > MAX_GPUS:
+            raise ValueError(f"at most {MAX_GPUS} GPUs")
+        self.path = path
+        with open(path, "wb") as f:
+            f.write(b"\0" * ctypes.sizeof(State))
+        self._file = open(path, "r+b")  # noqa: SIM115 - kept open for the mapping's lifetime
+        self._map = mmap.mmap(self._file.fileno(), ctypes.sizeof(State))
+        self.state = State.from_buffer(self._map)
+        self._lock = threading.RLock()
+        self._sims: dict[str, _Sim] = {}
+        self._index: dict[str, int] = {}
+        self.state.n_gpus = len(gpus)
+        self.state.driver_version = driver_version.encode()
+        for i, (uuid, sku) in enumerate(gpus):
+            if len(uuid.encode()) > 95:
+                raise ValueError(f"UUID too long: {uuid}")
+            g = self.state.gpus[i]
+            g.uuid = uuid.encode()
+            g.name = sku.nvml_name.encode()
+            g.persistence_mode = 1
+            g.architecture = ARCH_HOPPER
+            g.mem_clock_mhz = sku.memory_clock_mhz
+            clocks = sku.supported_sm_clocks_mhz()[:MAX_CLOCKS]
+            g.n_sm_clocks = len(clocks)
+            for j, c in enumerate(clocks):
+                g.sm_clocks_mhz[j] = c
+            g.max_sm_clock_mhz = sku.max_sm_clock_mhz
+            g.power_limit_mw = int(sku.power_limit_w * 1000)
+            g.idle = 1
+            sim = _Sim(sku, (power_spread or {}).get(uuid, 1.0), offset_mj=counter_offset_mj)
+            sim.avg_w = sim.power_w = sku.idle_power_w * sim.spread
+            self._sims[uuid] = sim
+            self._index[uuid] = i
+            self._write_sensors(g, sim)
+        self.state.version = VERSION
+        self.state.magic = MAGIC
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.virtual_s = 0.0
+
+    # ----- faults and configuration -----------------------------------------------------
+    def gpu(self, uuid: str) -> GpuState:
+        """The shared state of one GPU (set ``fail_*``, ``clock_cap_mhz`` etc. directly)."""
+        return self.state.gpus[self._index[uuid]]
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        """GPU UUIDs in NVML index order."""
+        return tuple(self._index)
+
+    def set_supported_clocks(self, uuid: str, clocks_mhz: Sequence[int]) -> None:
+        """Replace a GPU's supported SM clock list (irregular or degenerate lists, case #6)."""
+        g = self.gpu(uuid)
+        g.n_sm_clocks = len(clocks_mhz)
+        for j, c in enumerate(clocks_mhz[:MAX_CLOCKS]):
+            g.sm_clocks_mhz[j] = c
+        if clocks_mhz:
+            g.max_sm_clock_mhz = max(clocks_mhz)
+
+    def reset_counter(self, uuid: str, to_mj: int = 0) -> None:
+        """Simulate a driver reload: the energy counter restarts at ``to_mj`` (case #14)."""
+        with self._lock:
+            sim = self._sims[uuid]
+            sim.since_reset_j = 0.0
+            sim.offset_mj = to_mj
+            self._write_sensors(self.gpu(uuid), sim)
+
+    # ----- work and physics --------------------------------------------------------------
+    def set_work(self, uuids: Sequence[str], kind: models.PhaseKind, label: str = "") -> None:
+        """From now on ``uuids`` run ``kind``; truth is booked under ``label`` (default: kind)."""
+        with self._lock:
+            for u in uuids:
+                sim = self._sims[u]
+                sim.kind = kind
+                sim.label = label or kind
+                self._write_sensors(self.gpu(u), sim)
+
+    def clock_mhz(self, uuid: str) -> float:
+        """Truth: the SM clock the GPU runs its current work at, MHz."""
+        g = self.gpu(uuid)
+        sim = self._sims[uuid]
+        if sim.kind == "idle":
+            return float(sim.sku.min_sm_clock_mhz)
+        lock = float(g.lock_max_mhz) if g.locked else None
+        clock = sim.sku.effective_clock_mhz(sim.kind, lock)
+        if g.clock_cap_mhz:
+            clock = min(clock, float(g.clock_cap_mhz))
+        return clock
+
+    def advance(self, dt_s: float) -> None:
+        """Advance virtual time by ``dt_s`` seconds; the counter updates once at the end."""
+        if dt_s < 0:
+            raise ValueError("dt_s must be >= 0")
+        with self._lock:
+            self.virtual_s += dt_s
+            for uuid, sim in self._sims.items():
+                g = self.gpu(uuid)
+                clock = self.clock_mhz(uuid)
+                power = sim.sku.power_w(sim.kind, clock) * sim.spread
+                energy = power * dt_s
+                sim.power_w = power
+                sim.truth_j += energy
+                sim.since_reset_j += energy
+                sim.by_label_j[sim.label] = sim.by_label_j.get(sim.label, 0.0) + energy
+                alpha = min(dt_s / 1.0, 1.0)  # 1 s trailing average (NVML docs, Ampere+)
+                sim.avg_w += alpha * (power - sim.avg_w)
+                self._write_sensors(g, sim)
+
+    def _write_sensors(self, g: GpuState, sim: _Sim) -> None:
+        g.energy_mj = sim.offset_mj + int(sim.since_reset_j * 1000.0)
+        g.power_instant_mw = int(sim.power_w * 1000.0)
+        g.power_avg_mw = int(sim.avg_w * 1000.0)
+        g.idle = 1 if sim.kind == "idle" else 0
+        if sim.kind == "idle":
+            g.natural_clock_mhz = sim.sku.min_sm_clock_mhz
+            g.util_gpu = g.util_mem = 0
+        else:
+            g.natural_clock_mhz = int(sim.sku.power_capped_clock_mhz(sim.kind))
+            g.util_gpu = 95 if sim.kind == "training" else 40
+            g.util_mem = 30 if sim.kind == "training" else 85
+
+    def truth_j(self, uuid: str, label: str | None = None) -> float:
+        """Truth: joules a GPU used since creation (or under one work label)."""
+        with self._lock:
+            sim = self._sims[uuid]
+            return sim.truth_j if label is None else sim.by_label_j.get(label, 0.0)
+
+    def start(self, tick_s: float = 0.02) -> None:
+        """Advance in real time on a thread, one counter update every ``tick_s`` seconds."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+
+        def run() -> None:
+            last = time.monotonic()
+            while not self._stop.wait(tick_s):
+                now = time.monotonic()
+                self.advance(now - last)
+                last = now
+
+        self._thread = threading.Thread(target=run, name="nvml-standin", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the real-time thread."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def env(self, lib_dir: Path) -> dict[str, str]:
+        """Environment for a process that should load the stand-in through pynvml."""
+        old = os.environ.get("LD_LIBRARY_PATH", "")
+        return {
+            STATE_ENV: str(self.path),
+            "LD_LIBRARY_PATH": f"{lib_dir}:{old}" if old else str(lib_dir),
+        }
+
+    def close(self) -> None:
+        """Stop and unmap (the file stays for post-mortems)."""
+        self.stop()
+        del self.state
+        self._map.close()
+        self._file.close()
+
+    def __enter__(self) -> StandinDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def preload(lib_dir: Path, state_path: Path) -> None:
+    """Make this process's pynvml use the stand-in (in-process tests).
+
+    ``LD_LIBRARY_PATH`` is read by the loader at process start only, so a running test
+    process loads the library by full path first; pynvml's ``CDLL("libnvidia-ml.so.1")`` then
+    finds the object already loaded under that soname. Child processes get ``env()``.
+    """
+    os.environ[STATE_ENV] = str(state_path)
+    ctypes.CDLL(str(lib_dir / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
