@@ -5,7 +5,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-TRACE ?= verl-ppo-qwen25-7b-gsm8k-16gpu
+TRACE ?= verl-gpg-qwen2-7b-fsdp-8gpu
 GPU ?= h100-sxm
 MODE ?= sync
 

@@ -33,7 +33,10 @@ def _load_policy(path: str) -> Any:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise errors.InvalidInputError("--policy", f"{path} is not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise errors.InvalidInputError("--policy", f"{path} is not valid YAML{where}: {problem}") from None
     return api_policy.parse_policy(document)
 
 
@@ -169,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="replay an RL trace through the simulator and EE-RL")
     sim.add_argument(
-        "--trace", default="verl-ppo-qwen25-7b-gsm8k-16gpu", help="packaged trace name or a path"
+        "--trace", default="verl-gpg-qwen2-7b-fsdp-8gpu", help="packaged trace name or a path"
     )
     sim.add_argument("--gpu", default="h100-sxm", choices=models.sku_names())
     sim.add_argument("--mode", default="sync", choices=("sync", "async"))

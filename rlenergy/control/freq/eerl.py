@@ -111,7 +111,7 @@ class ControllerSettings:
     trial_steps: int = 8
     drift_threshold: float = 0.25
     max_trial_fraction: float = 0.25
-    confidence_z: float = 2.0
+    confidence_z: float = 1.5
     monitor_interval_steps: int = 10
     slices_per_phase: int = 48
     min_blocks: int = 3

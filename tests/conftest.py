@@ -1,0 +1,1 @@
+"""Shared test configuration: every warning is an error (pyproject), seeds are fixed."""
