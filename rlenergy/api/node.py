@@ -44,6 +44,12 @@ class PhasePlan(_Wire):
         0.0, alias="probeSliceSeconds", ge=0, description="Probe slice length, s."
     )
     reason: str = Field("", description="Why, for humans.")
+    since_step: int | None = Field(
+        None,
+        alias="sinceStep",
+        ge=0,
+        description="First RL step this phase has run with this clock and state.",
+    )
 
 
 class ClockPlan(_Wire):
@@ -55,6 +61,11 @@ class ClockPlan(_Wire):
     )
     enforce: bool = Field(True, description="False in observe mode: agents never touch clocks.")
     phases: list[PhasePlan] = Field(default_factory=list, description="One entry per phase.")
+    issued_at: str | None = Field(
+        None,
+        alias="issuedAt",
+        description="RFC 3339 time the operator published this plan.",
+    )
 
     def for_phase(self, phase: str) -> PhasePlan | None:
         """The entry for ``phase``, if any."""

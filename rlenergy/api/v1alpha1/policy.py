@@ -2,22 +2,43 @@
 
 Pydantic v2 models are the contract: YAML uses camelCase aliases with units in names
 (``minThroughputRatio``, ``clockRangeMHz``); field descriptions become ``kubectl explain``
-text when the CRD is generated. Specs forbid unknown fields so a typo is an error, not a
-silently ignored setting.
+text when the CRD is generated (``rlenergy.api.crdgen``). Specs forbid unknown fields so a
+typo is an error, not a silently ignored setting.
+
+Every cross-field rule exists twice, once as a pydantic validator (the simulator CLI, the
+operator) and once as a CEL rule in ``x-kubernetes-validations`` (the API server refuses the
+object at admission); ``tests/unit/api`` checks that both refuse the same documents.
+
+Callers: ``rlenergy simulate --policy`` (``parse_policy``), ``rlenergy.control.freq.config``
+and the operator (``rlenergy_operator``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import Field
+from pydantic.config import JsonDict
 
 from rlenergy import errors
 
 GROUP = "rlenergy.io"
 VERSION = "v1alpha1"
 KIND = "RLEnergyPolicy"
+PLURAL = "rlenergypolicies"
+SHORT_NAME = "rlep"
+CATEGORY = "rlenergy"
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""RFC 1123 label: phase names appear in metric labels and status keys."""
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    out: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
 
 
 class _Spec(pydantic.BaseModel):
@@ -27,8 +48,23 @@ class _Spec(pydantic.BaseModel):
 class ClockRange(_Spec):
     """An inclusive SM clock range."""
 
-    min_mhz: int = Field(alias="minClockMHz", gt=0, description="Lowest SM clock to consider, MHz.")
-    max_mhz: int = Field(alias="maxClockMHz", gt=0, description="Highest SM clock to consider, MHz.")
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.minClockMHz < self.maxClockMHz",
+                    "minClockMHz must be lower than maxClockMHz",
+                )
+            ]
+        }
+    )
+
+    min_mhz: int = Field(
+        alias="minClockMHz", gt=0, le=10000, description="Lowest SM clock to consider, MHz."
+    )
+    max_mhz: int = Field(
+        alias="maxClockMHz", gt=0, le=10000, description="Highest SM clock to consider, MHz."
+    )
 
     @pydantic.model_validator(mode="after")
     def _ordered(self) -> ClockRange:
@@ -37,43 +73,92 @@ class ClockRange(_Spec):
         return self
 
 
+ClockMHz = Annotated[int, Field(gt=0, le=10000)]
+
+
 class PhaseSpec(_Spec):
     """One phase of the RL step and its clock-selection constraints."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!(has(self.clockCandidatesMHz) && has(self.clockRangeMHz))",
+                    "give clockCandidatesMHz or clockRangeMHz, not both",
+                ),
+                _cel(
+                    "!has(self.stepMHz) || has(self.clockRangeMHz)",
+                    "stepMHz needs clockRangeMHz",
+                    ".stepMHz",
+                ),
+                _cel(
+                    "!has(self.stepMHz) || !has(self.clockRangeMHz) || "
+                    "(self.clockRangeMHz.maxClockMHz - self.clockRangeMHz.minClockMHz)"
+                    " % self.stepMHz == 0",
+                    "stepMHz must divide the span maxClockMHz - minClockMHz of clockRangeMHz",
+                    ".stepMHz",
+                ),
+            ]
+        }
+    )
 
     name: str = Field(
         min_length=1,
         max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        description="Phase name: generation, training, or a custom name the SDK reports.",
+        pattern=DNS_LABEL,
+        description=(
+            "Phase name: generation, training, or a custom name the trainer SDK reports "
+            "(lower case letters, digits and '-', at most 63 characters)."
+        ),
     )
     min_throughput_ratio: float = Field(
         0.95,
         alias="minThroughputRatio",
         gt=0.0,
         le=1.0,
-        description="Least share of the default governor's throughput a chosen clock must keep, in (0, 1].",
+        description=(
+            "Least share of the predicted default governor's throughput on the same tokens "
+            "that a chosen clock must keep, in (0, 1]. Default 0.95."
+        ),
     )
-    clock_candidates_mhz: list[int] | None = Field(
+    clock_candidates_mhz: list[ClockMHz] | None = Field(
         None,
         alias="clockCandidatesMHz",
         min_length=1,
         max_length=32,
-        description="Explicit candidate SM clocks, MHz; each must be supported by the GPUs.",
+        description="Explicit candidate SM clocks, MHz, no repeats; each must be supported.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     clock_range_mhz: ClockRange | None = Field(
-        None, alias="clockRangeMHz", description="Candidate SM clock range, MHz (instead of explicit candidates)."
+        None,
+        alias="clockRangeMHz",
+        description="Candidate SM clock range, MHz (instead of clockCandidatesMHz).",
     )
     step_mhz: int | None = Field(
-        None, alias="stepMHz", gt=0, description="Spacing of candidates inside clockRangeMHz, MHz."
+        None,
+        alias="stepMHz",
+        gt=0,
+        le=10000,
+        description="Spacing of candidates inside clockRangeMHz, MHz; must divide the span.",
     )
     power_limit_watts: float | None = Field(
-        None, alias="powerLimitWatts", gt=0, description="Optional power limit during this phase, W."
+        None,
+        alias="powerLimitWatts",
+        gt=0,
+        le=5000,
+        description="Optional GPU power limit during this phase, W.",
     )
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> PhaseSpec:
         if self.clock_candidates_mhz is not None and self.clock_range_mhz is not None:
             raise ValueError("give clockCandidatesMHz or clockRangeMHz, not both")
+        if self.clock_candidates_mhz is not None:
+            dupes = sorted(
+                {c for c in self.clock_candidates_mhz if self.clock_candidates_mhz.count(c) > 1}
+            )
+            if dupes:
+                raise ValueError(f"clockCandidatesMHz repeats {dupes}")
         if self.step_mhz is not None and self.clock_range_mhz is None:
             raise ValueError("stepMHz needs clockRangeMHz")
         if self.step_mhz is not None and self.clock_range_mhz is not None:
@@ -87,19 +172,207 @@ class ControllerSpec(_Spec):
     """How the EE-RL controller searches and monitors."""
 
     mode: Literal["enforce", "observe"] = Field(
-        "enforce", description="enforce: set clocks; observe: measure and recommend, never touch clocks."
+        "enforce",
+        description=(
+            "enforce: set clocks; observe: measure, recommend and estimate savings, "
+            "never touch clocks."
+        ),
     )
-    warmup_steps: int = Field(2, alias="warmupSteps", ge=1, le=100, description="Default-governor steps before trials.")
-    trial_steps: int = Field(8, alias="trialSteps", ge=1, le=100, description="Most trial steps per selection round.")
+    warmup_steps: int = Field(
+        2, alias="warmupSteps", ge=1, le=100, description="Default-governor RL steps before trials."
+    )
+    trial_steps: int = Field(
+        8, alias="trialSteps", ge=1, le=100, description="Most trial RL steps per selection round."
+    )
     drift_threshold: float = Field(
-        0.25, alias="driftThreshold", gt=0.0, le=10.0, description="Relative workload change that forces a re-trial."
+        0.25,
+        alias="driftThreshold",
+        gt=0.0,
+        le=10.0,
+        description="Relative workload change (e.g. 0.25 = 25 %) that forces a re-trial.",
     )
     max_trial_fraction: float = Field(
-        0.25, alias="maxTrialFraction", gt=0.0, le=1.0, description="Share of steps that may run trials."
+        0.25,
+        alias="maxTrialFraction",
+        gt=0.0,
+        le=1.0,
+        description="Share of RL steps that may run trials, in (0, 1].",
     )
     objective: Literal["energyPerValidToken"] = Field(
         "energyPerValidToken", description="What the controller minimises."
     )
+
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+class LabelSelectorRequirement(_Spec):
+    """One label requirement (as in a Kubernetes LabelSelector)."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "(self.operator in ['In', 'NotIn']) == "
+                    "(has(self.values) && size(self.values) > 0)",
+                    "In and NotIn need values; Exists and DoesNotExist take none",
+                    ".values",
+                )
+            ]
+        }
+    )
+
+    key: str = Field(min_length=1, max_length=317, pattern=LABEL_KEY, description="Label key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="In, NotIn, Exists or DoesNotExist."
+    )
+    values: list[Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]] | None = Field(
+        None, max_length=64, description="Values for In and NotIn."
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _values(self) -> LabelSelectorRequirement:
+        if (self.operator in ("In", "NotIn")) != bool(self.values):
+            raise ValueError("In and NotIn need values; Exists and DoesNotExist take none")
+        return self
+
+
+class LabelSelector(_Spec):
+    """Label selector of the RL job's pods (same namespace as the policy); must not be empty."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "(has(self.matchLabels) && size(self.matchLabels) > 0) || "
+                    "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
+                    "selector must not be empty: give matchLabels or matchExpressions "
+                    "(an empty selector would govern every pod of the namespace)",
+                )
+            ]
+        }
+    )
+
+    match_labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        None,
+        alias="matchLabels",
+        max_length=64,
+        description="Labels every selected pod carries.",
+    )
+    match_expressions: list[LabelSelectorRequirement] | None = Field(
+        None, alias="matchExpressions", max_length=16, description="Label requirements, ANDed."
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _not_empty(self) -> LabelSelector:
+        if not self.match_labels and not self.match_expressions:
+            raise ValueError(
+                "selector must not be empty: give matchLabels or matchExpressions "
+                "(an empty selector would govern every pod of the namespace)"
+            )
+        return self
+
+    def to_query(self) -> str:
+        """The selector as a Kubernetes ``labelSelector`` query string."""
+        parts = [f"{k}={v}" for k, v in sorted((self.match_labels or {}).items())]
+        for req in self.match_expressions or ():
+            if req.operator == "Exists":
+                parts.append(req.key)
+            elif req.operator == "DoesNotExist":
+                parts.append(f"!{req.key}")
+            else:
+                op = "in" if req.operator == "In" else "notin"
+                parts.append(f"{req.key} {op} ({','.join(req.values or ())})")
+        return ",".join(parts)
+
+
+class WorkerSetRef(_Spec):
+    """The disaggregated rollout worker set the operator may shrink between steps."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "(self.kind == 'RayCluster') == has(self.workerGroupName)",
+                    "workerGroupName is required for a RayCluster and allowed only there",
+                    ".workerGroupName",
+                )
+            ]
+        }
+    )
+
+    kind: Literal["LeaderWorkerSet", "RayCluster", "StatefulSet"] = Field(
+        description="LeaderWorkerSet, RayCluster (one worker group) or StatefulSet."
+    )
+    name: str = Field(
+        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="Object name."
+    )
+    worker_group_name: str | None = Field(
+        None,
+        alias="workerGroupName",
+        min_length=1,
+        max_length=63,
+        description="RayCluster worker group that runs the rollout workers.",
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _group(self) -> WorkerSetRef:
+        if (self.kind == "RayCluster") != (self.worker_group_name is not None):
+            raise ValueError("workerGroupName is required for a RayCluster and allowed only there")
+        return self
+
+
+class ExpertsSpec(_Spec):
+    """The MoE model's experts (FlexFloor never releases below what holds all of them)."""
+
+    count: int = Field(ge=1, le=65536, description="Experts per MoE layer.")
+    replicas: int = Field(1, ge=1, le=64, description="Replicas every expert must keep.")
+    bytes_per_expert: int = Field(
+        alias="bytesPerExpert", ge=1, description="Memory of one expert over all layers, bytes."
+    )
+
+
+class RolloutSpec(_Spec):
+    """How an MoE rollout worker set may shrink (FlexFloor)."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.releaseAction != 'scale' || has(self.workerSetRef)",
+                    "releaseAction scale needs workerSetRef",
+                    ".workerSetRef",
+                )
+            ]
+        }
+    )
+
+    worker_set_ref: WorkerSetRef | None = Field(
+        None, alias="workerSetRef", description="Worker set to shrink (releaseAction scale)."
+    )
+    experts: ExpertsSpec = Field(description="Experts that must stay available.")
+    min_active_workers: int = Field(
+        1, alias="minActiveWorkers", ge=1, le=4096, description="Never release below this."
+    )
+    release_action: Literal["park", "scale"] = Field(
+        "park",
+        alias="releaseAction",
+        description=(
+            "park: a released worker runs at the lowest clock or power cap; scale: shrink "
+            "the worker set between steps."
+        ),
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _scale(self) -> RolloutSpec:
+        if self.release_action == "scale" and self.worker_set_ref is None:
+            raise ValueError("releaseAction scale needs workerSetRef")
+        return self
 
 
 DEFAULT_PHASES = (PhaseSpec(name="generation"), PhaseSpec(name="training"))
@@ -108,23 +381,73 @@ DEFAULT_PHASES = (PhaseSpec(name="generation"), PhaseSpec(name="training"))
 class RLEnergyPolicySpec(_Spec):
     """Desired state of an RLEnergyPolicy."""
 
+    model_config = pydantic.ConfigDict(
+        json_schema_extra={
+            "required": ["selector"],
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.phases) || "
+                    "self.phases.all(p, self.phases.exists_one(q, q.name == p.name))",
+                    "phase names must be unique",
+                    ".phases",
+                ),
+                _cel(
+                    "self.mode != 'async' || (has(self.phases) && size(self.phases) >= 2)",
+                    "async mode needs at least two phases (one per GPU pool)",
+                    ".phases",
+                ),
+            ],
+        }
+    )
+
+    selector: LabelSelector | None = Field(
+        None,
+        description=(
+            "Label selector of the RL job's pods in the policy's namespace. Required by the "
+            "API server; optional only for rlenergy simulate."
+        ),
+    )
     mode: Literal["sync", "async"] = Field(
-        "sync", description="sync: phases alternate on the same GPUs; async: separate pools run at once."
+        "sync",
+        description="sync: phases alternate on the same GPUs; async: separate pools run at once.",
     )
     phases: list[PhaseSpec] = Field(
         default_factory=lambda: list(DEFAULT_PHASES),
         min_length=1,
         max_length=16,
-        description="Phases of the RL step and their constraints.",
+        description="Phases of the RL step and their constraints (default: generation, training).",
+        json_schema_extra={"default": [{"name": "generation"}, {"name": "training"}]},
     )
-    controller: ControllerSpec = Field(default_factory=ControllerSpec, description="Controller settings.")
+    controller: ControllerSpec = Field(
+        default_factory=ControllerSpec,
+        description="EE-RL controller settings.",
+        json_schema_extra={"default": {}},
+    )
+    rollout: RolloutSpec | None = Field(
+        None, description="MoE rollout worker release (FlexFloor); absent for dense models."
+    )
+    phase_source: Literal["sdk", "annotation", "auto"] = Field(
+        "sdk",
+        alias="phaseSource",
+        description=(
+            "Where phase boundaries come from: sdk (trainer SDK), annotation (pod annotation "
+            "rlenergy.io/phase), auto (the agent's phase detector)."
+        ),
+    )
 
-    @pydantic.model_validator(mode="after")
-    def _unique_phases(self) -> RLEnergyPolicySpec:
-        names = [p.name for p in self.phases]
+    @pydantic.field_validator("phases")
+    @classmethod
+    def _unique_phases(cls, phases: list[PhaseSpec]) -> list[PhaseSpec]:
+        names = [p.name for p in phases]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"phase names must be unique; repeated: {', '.join(dupes)}")
+        return phases
+
+    @pydantic.model_validator(mode="after")
+    def _async_pools(self) -> RLEnergyPolicySpec:
+        if self.mode == "async" and len(self.phases) < 2:
+            raise ValueError("spec.phases: async mode needs at least two phases (one per GPU pool)")
         return self
 
     def phase(self, name: str) -> PhaseSpec | None:
@@ -139,14 +462,21 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return out or "spec"
 
 
-def parse_policy(document: Any) -> RLEnergyPolicySpec:
+def parse_policy(document: Any, *, require_selector: bool = False) -> RLEnergyPolicySpec:
     """Validate a policy: a full ``RLEnergyPolicy`` object or just its ``spec``.
+
+    Args:
+        document: the parsed YAML.
+        require_selector: refuse a spec without ``selector`` (the operator; the API server
+            requires it too). ``rlenergy simulate`` leaves it out.
 
     Raises:
         InvalidInputError: the first invalid field, named by its YAML path, with what is allowed.
     """
     if not isinstance(document, dict):
-        raise errors.InvalidInputError("policy", "expected a YAML mapping (an RLEnergyPolicy or its spec)")
+        raise errors.InvalidInputError(
+            "policy", "expected a YAML mapping (an RLEnergyPolicy or its spec)"
+        )
     if "kind" in document:
         if document.get("kind") != KIND:
             raise errors.InvalidInputError("kind", f"expected {KIND}, got {document.get('kind')!r}")
@@ -156,7 +486,12 @@ def parse_policy(document: Any) -> RLEnergyPolicySpec:
         prefix = "spec." if "spec" in document else ""
         document = document.get("spec", document)
     try:
-        return RLEnergyPolicySpec.model_validate(document)
+        spec = RLEnergyPolicySpec.model_validate(document)
     except pydantic.ValidationError as exc:
         err = exc.errors()[0]
-        raise errors.InvalidInputError(prefix + _loc(tuple(err["loc"])), err["msg"]) from None
+        loc = tuple(err["loc"])
+        field = prefix + _loc(loc) if loc else (prefix.rstrip(".") or "spec")
+        raise errors.InvalidInputError(field, err["msg"]) from None
+    if require_selector and spec.selector is None:
+        raise errors.InvalidInputError(prefix + "selector", "required (the RL job's pods)")
+    return spec

@@ -1,0 +1,248 @@
+"""``RLEnergyPolicy`` status models: what the operator measured and decided.
+
+Written only by the operator, through the ``/status`` subresource. Every field the operator
+writes is declared here, so the generated CRD schema declares it too (the API server silently
+drops undeclared status fields, field case #16). Optional numbers are left out when unknown,
+never written as 0 (an unreadable energy counter must not look like a saving). Models ignore
+unknown keys: kopf keeps its own bookkeeping under ``status.kopf``.
+
+Callers: the operator's status builder (``rlenergy_operator.builders``), ``crdgen``, tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+
+from rlenergy.api import node as api_node
+
+
+class _Status(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+
+ConditionType = Literal["Ready", "Progressing", "Degraded"]
+CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded")
+
+
+class Condition(_Status):
+    """One condition, in the shape of Kubernetes' metav1.Condition."""
+
+    type: ConditionType = Field(description="Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="CamelCase reason, for machines.",
+    )
+    message: str = Field("", max_length=32768, description="What happened, for humans.")
+    last_transition_time: str = Field(
+        alias="lastTransitionTime",
+        description="RFC 3339 time the status last changed.",
+        json_schema_extra={"format": "date-time"},
+    )
+    observed_generation: int = Field(
+        0, alias="observedGeneration", ge=0, description="metadata.generation it describes."
+    )
+
+
+class Saving(_Status):
+    """Energy saved against the predicted default governor on the same tokens."""
+
+    percent: float | None = Field(
+        None,
+        description=(
+            "Saved joules / predicted default joules x 100 over the compared steps; absent "
+            "when not computable (no prediction or unknown energy)."
+        ),
+    )
+    joules: float | None = Field(None, description="Predicted default minus measured, J.")
+
+
+class PhaseStatus(_Status):
+    """One phase: chosen clock, throughput and energy against the predicted default governor."""
+
+    name: str = Field(description="Phase name.")
+    state: api_node.PlanState = Field(
+        description="warmup, trial, locked, fallback (default governor after an error) or observe."
+    )
+    clock_mhz: int | None = Field(
+        None,
+        alias="clockMHz",
+        description="Chosen SM clock, MHz; absent = default governor (or none chosen yet).",
+    )
+    recommended_clock_mhz: int | None = Field(
+        None,
+        alias="recommendedClockMHz",
+        description="Observe mode: the clock the controller would lock, MHz.",
+    )
+    min_throughput_ratio: float | None = Field(
+        None,
+        alias="minThroughputRatio",
+        description="Effective threshold (async mode may relax it into the slower pool's slack).",
+    )
+    throughput_ratio: float | None = Field(
+        None,
+        alias="throughputRatio",
+        description=(
+            "Predicted default-governor phase time / measured phase time over the compared "
+            "steps, trials included (1 = as fast as the default)."
+        ),
+    )
+    energy_per_valid_token_joules: float | None = Field(
+        None,
+        alias="energyPerValidTokenJoules",
+        description="Measured phase energy per valid token of the newest complete step, J.",
+    )
+    predicted_default_energy_per_valid_token_joules: float | None = Field(
+        None,
+        alias="predictedDefaultEnergyPerValidTokenJoules",
+        description="Predicted default-governor phase energy per valid token, same step, J.",
+    )
+    measured_joules: float = Field(
+        0.0, alias="measuredJoules", ge=0, description="Measured phase energy, all steps, J."
+    )
+    predicted_default_joules: float = Field(
+        0.0,
+        alias="predictedDefaultJoules",
+        ge=0,
+        description="Predicted default-governor phase energy over the compared steps, J.",
+    )
+    saving: Saving = Field(default_factory=Saving, description="Saving of this phase.")
+    selections: int = Field(0, ge=0, description="Clock selections made so far.")
+    last_retrial_reason: str | None = Field(
+        None, alias="lastRetrialReason", description="Why the newest re-trial started."
+    )
+
+
+class Totals(_Status):
+    """Job totals over every accounted step (source: the node reports)."""
+
+    steps: int = Field(0, ge=0, description="Complete RL steps accounted.")
+    through_step: int = Field(
+        -1,
+        alias="throughStep",
+        ge=-1,
+        description="Newest step accounted (-1: none); the restart checkpoint.",
+    )
+    measured_joules: float = Field(
+        0.0, alias="measuredJoules", ge=0, description="Measured GPU energy, J."
+    )
+    predicted_default_joules: float = Field(
+        0.0,
+        alias="predictedDefaultJoules",
+        ge=0,
+        description="Predicted default-governor energy of the compared steps, J.",
+    )
+    saved_joules: float = Field(
+        0.0, alias="savedJoules", description="Predicted default minus measured, J."
+    )
+    saving_percent: float | None = Field(
+        None,
+        alias="savingPercent",
+        description="savedJoules / predictedDefaultJoules x 100; absent when not computable.",
+    )
+    throughput_ratio: float | None = Field(
+        None,
+        alias="throughputRatio",
+        description="Predicted default step time / measured step time over the compared steps.",
+    )
+    valid_tokens: float = Field(
+        0.0, alias="validTokens", ge=0, description="Valid training tokens (DESIGN section 4)."
+    )
+    compared_steps: int = Field(
+        0,
+        alias="comparedSteps",
+        ge=0,
+        description="Steps with both a measured energy and a default prediction.",
+    )
+    unknown_energy_steps: int = Field(
+        0,
+        alias="unknownEnergySteps",
+        ge=0,
+        description="Steps whose energy was unknown (an unreadable counter): never counted as 0.",
+    )
+    missed_steps: int = Field(
+        0,
+        alias="missedSteps",
+        ge=0,
+        description="Steps that left the node reports' window before they were accounted.",
+    )
+
+
+class RolloutStatus(_Status):
+    """MoE rollout worker release (FlexFloor)."""
+
+    active: int = Field(0, ge=0, description="Active rollout workers.")
+    released: int = Field(0, ge=0, description="Released (parked or scaled-away) workers.")
+    released_gpu_seconds: float = Field(
+        0.0, alias="releasedGpuSeconds", ge=0, description="GPU time released, GPU-s."
+    )
+    tokens_per_occupied_gpu_second: float | None = Field(
+        None,
+        alias="tokensPerOccupiedGpuSecond",
+        description="Response tokens per occupied GPU-second.",
+    )
+
+
+class NodeError(_Status):
+    """One node-level problem."""
+
+    node: str = Field(description="Node name.")
+    gpu: str | None = Field(None, description="GPU UUID, when one GPU is concerned.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field("", description="What happened.")
+
+
+class NodesStatus(_Status):
+    """Node agents reporting for this policy."""
+
+    ready: int = Field(0, ge=0, description="Nodes whose report is current and has a usable GPU.")
+    total: int = Field(0, ge=0, description="Nodes with a report.")
+    errors: list[NodeError] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Node and GPU errors (at most 64).",
+    )
+
+
+class RLEnergyPolicyStatus(_Status):
+    """Observed state of an RLEnergyPolicy."""
+
+    observed_generation: int | None = Field(
+        None, alias="observedGeneration", description="metadata.generation last reconciled."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Ready, Progressing and Degraded, with reasons.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    plan: api_node.ClockPlan | None = Field(
+        None, description="Clock plan the node agents apply (one entry per phase)."
+    )
+    phases: list[PhaseStatus] = Field(
+        default_factory=list, max_length=16, description="Per-phase results."
+    )
+    totals: Totals | None = Field(None, description="Job totals.")
+    rollout: RolloutStatus | None = Field(None, description="MoE rollout worker release.")
+    nodes: NodesStatus | None = Field(None, description="Node agents ready and total.")
+    kopf: dict[str, Any] | None = Field(
+        None,
+        description="kopf's handler progress and last handled spec (operator bookkeeping).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+    def condition(self, type_: ConditionType) -> Condition | None:
+        """The condition of ``type_``, if set."""
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def phase(self, name: str) -> PhaseStatus | None:
+        """The status of phase ``name``, if any."""
+        return next((p for p in self.phases if p.name == name), None)
