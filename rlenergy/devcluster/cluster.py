@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -48,6 +48,7 @@ STATE_FILE = "state.json"
 OWNER_FILE = "owner.json"
 TMP_PREFIX = "rlenergy-devcluster-"
 STATE_VERSION = 1
+PORT_ATTEMPTS = 3
 
 #: Controllers KCM runs: what Deployments, DaemonSets, Jobs, namespaces and SAs need.
 KCM_CONTROLLERS = (
@@ -477,15 +478,17 @@ class DevCluster:
 
         # etcd --------------------------------------------------------------
         t0 = time.monotonic()
-        etcd_port, peer_port = free_port(), free_port()
-        peer = f"http://{LOOPBACK}:{peer_port}"
-        client = f"http://{LOOPBACK}:{etcd_port}"
-        etcd = self._spawn(
-            "etcd",
-            [
+        workdir = self.workdir
+        client = ""
+
+        def etcd_argv() -> list[str]:
+            nonlocal client
+            peer = f"http://{LOOPBACK}:{free_port()}"
+            client = f"http://{LOOPBACK}:{free_port()}"
+            return [
                 str(bins.etcd),
                 "--name=dev",
-                f"--data-dir={self.workdir / 'etcd'}",
+                f"--data-dir={workdir / 'etcd'}",
                 f"--listen-client-urls={client}",
                 f"--advertise-client-urls={client}",
                 f"--listen-peer-urls={peer}",
@@ -495,24 +498,28 @@ class DevCluster:
                 "--auto-compaction-retention=1",
                 "--quota-backend-bytes=4294967296",
                 "--log-level=warn",
-            ],
+            ]
+
+        self._start_on_free_ports(
+            "etcd",
+            etcd_argv,
+            lambda: json.loads(self._http(f"{client}/health"))["health"] == "true",
         )
-        self._wait(etcd, lambda: json.loads(self._http(f"{client}/health"))["health"] == "true")
         self.timings["etcd"] = time.monotonic() - t0
 
         # kube-apiserver ------------------------------------------------------
         t0 = time.monotonic()
-        api_port = free_port()
-        self._server = f"https://{LOOPBACK}:{api_port}"
-        apiserver = self._spawn(
-            "kube-apiserver",
-            [
+
+        def apiserver_argv() -> list[str]:
+            api_port = free_port()
+            self._server = f"https://{LOOPBACK}:{api_port}"
+            return [
                 str(bins.kube_apiserver),
                 f"--etcd-servers={client}",
                 f"--bind-address={LOOPBACK}",
                 f"--advertise-address={LOOPBACK}",
                 f"--secure-port={api_port}",
-                f"--cert-dir={self.workdir / 'pki'}",
+                f"--cert-dir={workdir / 'pki'}",
                 f"--tls-cert-file={pki.serving_cert}",
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.client_ca_cert}",
@@ -528,9 +535,11 @@ class DevCluster:
                 "--max-mutating-requests-inflight=0",
                 "--profiling=false",
                 "--v=1",
-            ],
+            ]
+
+        self._start_on_free_ports(
+            "kube-apiserver", apiserver_argv, lambda: self._get("/readyz") == "ok"
         )
-        self._wait(apiserver, lambda: self._get("/readyz") == "ok")
         self.timings["kube-apiserver"] = time.monotonic() - t0
 
         kubeconfig = render_kubeconfig(
@@ -587,6 +596,26 @@ class DevCluster:
             ],
         )
 
+    def _start_on_free_ports(
+        self, name: str, argv: Callable[[], list[str]], probe: Callable[[], bool]
+    ) -> process.ProcessRecord:
+        """Spawn and wait; if another process grabbed a chosen port meanwhile, pick new ones."""
+        for _ in range(PORT_ATTEMPTS):
+            rec = self._spawn(name, argv())
+            proc = self._popens[rec.pid]
+            try:
+                self._wait(rec, probe)
+                return rec
+            except DevClusterError:
+                if proc.poll() is None or "address already in use" not in process.tail(rec.log):
+                    raise
+            self._records.remove(rec)
+            del self._popens[rec.pid]
+        raise DevClusterError(
+            f"{name}: every free port chosen was taken before {name} could bind it "
+            f"({PORT_ATTEMPTS} attempts); last lines of {rec.log}:\n{process.tail(rec.log)}"
+        )
+
     def _check_alive(self) -> None:
         for rec in self._records:
             proc = self._popens.get(rec.pid)
@@ -596,7 +625,7 @@ class DevCluster:
                     f"started; last lines of {rec.log}:\n{process.tail(rec.log)}"
                 )
 
-    def _wait(self, rec: process.ProcessRecord, probe: Any) -> None:
+    def _wait(self, rec: process.ProcessRecord, probe: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.startup_timeout
         last: str = ""
         while True:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,58 @@ def test_add_nodes_and_cleanup_on_sigterm(tmp_path: Path):
         lambda: not any(process.is_alive(r) for r in records), timeout=15, what="all stopped"
     )
     assert not Path(info["workdir"]).exists(), "temp dir left behind"
+
+
+@pytest.mark.timeout(180)
+def test_port_taken_between_choice_and_bind_is_retried(monkeypatch):
+    from rlenergy.devcluster import DevCluster
+    from rlenergy.devcluster import cluster as cluster_mod
+
+    squatter = socket.create_server(("127.0.0.1", 0))
+    taken = squatter.getsockname()[1]
+    real = cluster_mod.free_port
+    calls = {"n": 0}
+
+    def racy_free_port() -> int:
+        calls["n"] += 1
+        return taken if calls["n"] <= 2 else real()  # etcd's first peer + client ports
+
+    monkeypatch.setattr(cluster_mod, "free_port", racy_free_port)
+    try:
+        with DevCluster(startup_timeout=120) as cluster:
+            cluster.start(nodes=1, gpus_per_node=1)
+            etcd = next(r for r in cluster.processes if r.name == "etcd")
+            assert "address already in use" in Path(etcd.log).read_text()
+            assert f":{taken}" not in " ".join(etcd.argv)
+            assert cluster.server_version() == "v1.36.3"
+    finally:
+        squatter.close()
+
+
+@pytest.mark.timeout(120)
+def test_failed_start_reports_the_log_and_leaves_nothing(tmp_path: Path, monkeypatch):
+    from rlenergy.devcluster import DevCluster, DevClusterError, resolve_binaries
+
+    real = resolve_binaries()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("etcd", "kube-controller-manager", "kube-scheduler", "kwok", "helm"):
+        (bin_dir / name).symlink_to(real.etcd.parent / name)
+    broken = bin_dir / "kube-apiserver"
+    broken.write_text("#!/bin/sh\necho 'boom: cannot start' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    cluster = DevCluster(bin_dir=bin_dir, startup_timeout=60)
+    with pytest.raises(DevClusterError, match=r"(?s)kube-apiserver exited with code 3.*boom"):
+        cluster.start(nodes=1)
+    assert cluster.workdir is not None and not cluster.workdir.exists()
+    assert cluster.processes == []
+    # etcd had started before the API server failed: it must be gone too.
+    leftovers = []
+    for proc_dir in Path("/proc").iterdir():
+        try:
+            cmdline = (proc_dir / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(cluster.workdir).encode() in cmdline:
+            leftovers.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    assert leftovers == []
