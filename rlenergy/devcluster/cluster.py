@@ -47,6 +47,8 @@ POD_CIDR = "10.244.0.0/16"  # KWOK hands out fake pod IPs from here; nothing dia
 STATE_FILE = "state.json"
 OWNER_FILE = "owner.json"
 TMP_PREFIX = "rlenergy-devcluster-"
+#: What a cluster writes into its workdir (removed by stop() when the dir is not its own).
+WORKDIR_ENTRIES = ("pki", "etcd", "logs", "helm", "kubeconfig", STATE_FILE, OWNER_FILE)
 STATE_VERSION = 1
 PORT_ATTEMPTS = 3
 
@@ -347,12 +349,20 @@ class DevCluster:
             terminate_in_order(self._records, self._popens)
         self._records.clear()
         self._popens.clear()
-        if self.workdir is not None:
-            if self._owns_workdir and not self.keep_workdir:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    (self.workdir / STATE_FILE).unlink()
+        if self.workdir is None:
+            return
+        if self.keep_workdir:
+            with contextlib.suppress(OSError):
+                (self.workdir / STATE_FILE).unlink()
+        elif self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        else:
+            for entry in WORKDIR_ENTRIES:
+                path = self.workdir / entry
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ nodes
     def add_nodes(
@@ -449,8 +459,9 @@ class DevCluster:
             self._owns_workdir = True
         else:
             self.workdir = self._workdir_arg
+            # A directory that existed before is not ours to delete: only our entries are.
+            self._owns_workdir = not self.workdir.exists()
             self.workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._owns_workdir = True
         for sub in ("logs", "etcd", "helm"):
             (self.workdir / sub).mkdir(exist_ok=True)
         me = os.getpid()

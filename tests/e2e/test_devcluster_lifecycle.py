@@ -198,3 +198,16 @@ def test_failed_start_reports_the_log_and_leaves_nothing(tmp_path: Path, monkeyp
         if str(cluster.workdir).encode() in cmdline:
             leftovers.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
     assert leftovers == []
+
+
+@pytest.mark.timeout(180)
+def test_an_existing_workdir_keeps_foreign_files(tmp_path: Path):
+    from rlenergy.devcluster import DevCluster
+
+    workdir = tmp_path / "mine"
+    workdir.mkdir()
+    (workdir / "notes.txt").write_text("keep me")
+    with DevCluster(workdir, startup_timeout=120) as cluster:
+        cluster.start(nodes=1)
+        assert (workdir / "kubeconfig").is_file() and (workdir / "state.json").is_file()
+    assert sorted(p.name for p in workdir.iterdir()) == ["notes.txt"]
