@@ -1,0 +1,378 @@
+"""Applies the plan's SM clock to GPUs the moment a phase starts; resets locks it made.
+
+Safety rules (DESIGN.md section 8, cases #1, #3-#7):
+
+* idempotent: a write happens only when the target differs from what the agent applied, except
+  on GPUs with persistence mode off, where a set done earlier may have silently reverted
+  (case #5) and every phase switch re-applies;
+* every apply reads back the SM clock and the clock-event reasons and reports requested vs
+  effective clock ("lock accepted but effective clock lower" shows as ``slowdown``);
+* requested clocks snap to the highest supported clock at or below the request (case #6); a
+  list of one clock or none means clock control is unavailable on that GPU;
+* observe mode (``enforce=False``) never writes;
+* a GPU that answers NO_PERMISSION or NOT_SUPPORTED turns measure-only with a reason, a lost GPU
+  is skipped; other GPUs carry on (cases #1, #3, #10);
+* a MIG-enabled GPU is clocked only when every instance belongs to the caller (case #7);
+* locks are recorded in a node-local state file before they are made, so an agent that was
+  SIGKILLed resets them at its next start-up (case #4), and ``reset_all`` undoes them on
+  SIGTERM, pod end and policy removal.
+
+Callers: ``rlenergy_agent.service``. Not thread safe: the service serialises calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+from rlenergy.api import node as api_node
+from rlenergy.gpu import base, errors
+
+log = logging.getLogger(__name__)
+
+NO_PERMISSION_REASON = "NoPermission (agent needs CAP_SYS_ADMIN)"
+
+
+def snap_clock_mhz(request_mhz: int, supported_mhz: Sequence[int]) -> int | None:
+    """The highest supported clock at or below ``request_mhz`` (case #6).
+
+    Args:
+        request_mhz: the requested SM clock, MHz.
+        supported_mhz: supported SM clocks in any order, MHz.
+
+    Returns:
+        The snapped clock, or ``None`` when the request is below every supported clock.
+    """
+    below = [c for c in supported_mhz if c <= request_mhz]
+    return max(below) if below else None
+
+
+@dataclasses.dataclass
+class GpuControl:
+    """What the actuator knows about one GPU.
+
+    Attributes:
+        uuid: GPU UUID.
+        condition: ``ok``, ``measureOnly``, ``degraded`` or ``lost`` (``GpuStatus.condition``).
+        reason: why the condition is not ok (for status and logs).
+        supported_mhz: supported SM clocks, descending, MHz.
+        applied_mhz: the lock the agent made (``None``: default governor).
+        requested_mhz: the last clock the plan asked for (``None``: default governor).
+        effective_mhz: the last read-back SM clock, MHz.
+        slowdown: a power or thermal reason held the clock below the lock at the last read-back.
+        persistence: persistence mode (``None``: unknown); off means re-apply every switch.
+        mig_uuids: MIG instance UUIDs when MIG is on (clocks shared by all of them).
+        writes: clock writes issued to this GPU.
+    """
+
+    uuid: str
+    condition: api_node.GpuCondition = "ok"
+    reason: str = ""
+    supported_mhz: tuple[int, ...] = ()
+    applied_mhz: int | None = None
+    requested_mhz: int | None = None
+    effective_mhz: int | None = None
+    slowdown: bool = False
+    persistence: bool | None = True
+    mig_uuids: tuple[str, ...] = ()
+    writes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyResult:
+    """Outcome of one apply on one GPU.
+
+    Attributes:
+        uuid: GPU UUID.
+        requested_mhz: what the plan asked for (``None``: default governor).
+        target_mhz: the snapped lock the agent aimed at (``None``: default governor).
+        effective_mhz: the read-back SM clock, MHz (``None``: unreadable).
+        wrote: a clock write was issued.
+        slowdown: a power/thermal clock-event reason held the clock down.
+        skipped: why nothing was attempted (observe, measure-only, lost, MIG shared).
+        error: the GPU error, when the write failed.
+    """
+
+    uuid: str
+    requested_mhz: int | None
+    target_mhz: int | None
+    effective_mhz: int | None
+    wrote: bool
+    slowdown: bool = False
+    skipped: str | None = None
+    error: str | None = None
+
+
+class LockStateFile:
+    """Node-local record of the GPUs the agent may have locked (hostPath, case #4c).
+
+    Args:
+        path: the JSON file; ``None`` keeps the record in memory only (tests, observe mode).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._locked: set[str] = set()
+        if path is not None and path.exists():
+            try:
+                data = json.loads(path.read_text())
+                self._locked = set(data.get("locked", []))
+            except (OSError, ValueError) as exc:
+                log.error("lock state file %s unreadable (%s); starting empty", path, exc)
+
+    @property
+    def locked(self) -> frozenset[str]:
+        """UUIDs that may carry a lock made by this agent."""
+        return frozenset(self._locked)
+
+    def add(self, uuid: str) -> None:
+        """Record ``uuid`` before locking it (write-ahead, fsynced)."""
+        if uuid not in self._locked:
+            self._locked.add(uuid)
+            self._write()
+
+    def discard(self, uuids: Iterable[str]) -> None:
+        """Forget ``uuids`` after their locks were reset."""
+        before = len(self._locked)
+        self._locked.difference_update(uuids)
+        if len(self._locked) != before:
+            self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump({"version": 1, "locked": sorted(self._locked)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
+
+
+class Actuator:
+    """Clock control over a node's GPUs.
+
+    Args:
+        gpus: the node's GPUs keyed by UUID.
+        state: the lock record (see ``LockStateFile``).
+        enforce: ``False`` is observe mode: never write a clock.
+        probe_writes: at start-up, probe clock control with a reset of the locked clocks (the
+            agent owns SM clock locks on its node; an administrator's manual lock is cleared).
+        clock: monotonic time source, s.
+    """
+
+    def __init__(
+        self,
+        gpus: Mapping[str, base.Gpu],
+        state: LockStateFile,
+        *,
+        enforce: bool = True,
+        probe_writes: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.gpus = dict(gpus)
+        self.state = state
+        self.enforce = enforce
+        self.probe_writes = probe_writes
+        self._clock = clock
+        self.controls: dict[str, GpuControl] = {u: GpuControl(u) for u in self.gpus}
+        self.recovered: list[str] = []
+
+    # ----- start-up --------------------------------------------------------------------------
+    def start(
+        self,
+        persistence: Mapping[str, bool | None] | None = None,
+        mig_uuids: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[str]:
+        """Recover stale locks, then probe clock control on every GPU.
+
+        Args:
+            persistence: persistence mode per UUID from the capability probe.
+            mig_uuids: MIG instance UUIDs per MIG-enabled GPU.
+
+        Returns:
+            UUIDs whose stale lock (made by a previous agent run) was reset.
+        """
+        stale = set(self.state.locked)
+        recovered: list[str] = []
+        for uuid in sorted(stale):
+            gpu = self.gpus.get(uuid)
+            if gpu is None:
+                log.warning("stale lock on GPU %s, which is no longer on this node", uuid)
+                continue
+            try:
+                gpu.reset_locked_sm_clocks()
+            except errors.GpuError as exc:
+                log.error("could not reset stale lock on %s: %s", uuid, exc)
+                continue
+            log.warning("recovered stale lock on GPU %s (left by a previous agent run)", uuid)
+            recovered.append(uuid)
+        self.state.discard(recovered)
+        for uuid, gpu in self.gpus.items():
+            ctl = self.controls[uuid]
+            ctl.persistence = (persistence or {}).get(uuid, True)
+            ctl.mig_uuids = tuple((mig_uuids or {}).get(uuid, ()))
+            if ctl.persistence is False:
+                log.warning(
+                    "GPU %s: persistence mode is off; clocks are re-applied at every phase "
+                    "switch (PersistenceModeOff)",
+                    uuid,
+                )
+            try:
+                ctl.supported_mhz = tuple(sorted(set(gpu.supported_sm_clocks_mhz()), reverse=True))
+            except errors.GpuLostError as exc:
+                self._mark(ctl, "lost", f"GPULost: {exc}")
+                continue
+            except errors.GpuError as exc:
+                self._mark(ctl, "measureOnly", f"ClockListUnavailable: {exc}")
+                continue
+            if len(ctl.supported_mhz) <= 1:
+                self._mark(
+                    ctl,
+                    "measureOnly",
+                    f"ClockListUnavailable: NVML lists {len(ctl.supported_mhz)} SM clock(s)",
+                )
+                continue
+            if self.enforce and self.probe_writes and uuid not in recovered:
+                self._write(ctl, gpu, None)
+        self.recovered = recovered
+        return recovered
+
+    # ----- apply ------------------------------------------------------------------------------
+    def apply(
+        self, uuid: str, clock_mhz: int | None, *, owner_uuids: Iterable[str] = ()
+    ) -> ApplyResult:
+        """Run ``uuid`` at ``clock_mhz`` (``None``: default governor) from now on.
+
+        Args:
+            uuid: the GPU.
+            clock_mhz: the requested SM clock, MHz.
+            owner_uuids: device IDs the caller's pod holds; on a MIG GPU every instance must be
+                among them, or the GPU is skipped (``SharedMIGDevice``).
+
+        Returns:
+            What happened; errors are reported in the result, never raised.
+        """
+        ctl = self.controls.get(uuid)
+        if ctl is None:
+            return ApplyResult(uuid, clock_mhz, None, None, False, skipped="GPUNotFound")
+        ctl.requested_mhz = clock_mhz
+        if ctl.condition in ("lost", "measureOnly"):
+            return ApplyResult(uuid, clock_mhz, None, None, False, skipped=ctl.reason)
+        if not self.enforce:
+            return self._readback(ctl, clock_mhz, None, wrote=False, skipped="observe")
+        if ctl.mig_uuids and not set(ctl.mig_uuids) <= set(owner_uuids):
+            return ApplyResult(uuid, clock_mhz, None, None, False, skipped="SharedMIGDevice")
+        target = None
+        error = None
+        if clock_mhz is not None:
+            target = snap_clock_mhz(clock_mhz, ctl.supported_mhz)
+            if target is None:
+                error = (
+                    f"requested {clock_mhz} MHz is below the lowest supported clock "
+                    f"{min(ctl.supported_mhz)} MHz; default governor kept"
+                )
+        wrote = False
+        if target != ctl.applied_mhz or ctl.persistence is False:
+            wrote = True
+            err = self._write(ctl, self.gpus[uuid], target)
+            error = error or err
+        return self._readback(ctl, clock_mhz, target, wrote=wrote, error=error)
+
+    def _write(self, ctl: GpuControl, gpu: base.Gpu, target: int | None) -> str | None:
+        try:
+            if target is None:
+                gpu.reset_locked_sm_clocks()
+            else:
+                self.state.add(ctl.uuid)
+                gpu.set_locked_sm_clocks(target, target)
+        except errors.GpuNoPermissionError as exc:
+            self._mark(ctl, "measureOnly", NO_PERMISSION_REASON)
+            return f"{type(exc).__name__}: {exc}"
+        except errors.GpuNotSupportedError as exc:
+            self._mark(ctl, "measureOnly", f"ClocksNotSupported: {exc}")
+            return f"{type(exc).__name__}: {exc}"
+        except errors.GpuLostError as exc:
+            self._mark(ctl, "lost", f"GPULost: {exc}")
+            return f"{type(exc).__name__}: {exc}"
+        except errors.GpuError as exc:
+            log.warning("clock write on %s failed: %s", ctl.uuid, exc)
+            return f"{type(exc).__name__}: {exc}"
+        ctl.writes += 1
+        ctl.applied_mhz = target
+        return None
+
+    def _readback(
+        self,
+        ctl: GpuControl,
+        requested: int | None,
+        target: int | None,
+        *,
+        wrote: bool,
+        skipped: str | None = None,
+        error: str | None = None,
+    ) -> ApplyResult:
+        gpu = self.gpus[ctl.uuid]
+        effective = None
+        slowdown = False
+        try:
+            effective = gpu.sm_clock_mhz()
+            slowdown = bool(gpu.clock_event_reasons() & base.SLOWDOWN_REASONS)
+        except errors.GpuLostError as exc:
+            self._mark(ctl, "lost", f"GPULost: {exc}")
+            error = error or f"{type(exc).__name__}: {exc}"
+        except errors.GpuError as exc:
+            log.debug("read-back on %s failed: %s", ctl.uuid, exc)
+        ctl.effective_mhz = effective
+        ctl.slowdown = slowdown
+        return ApplyResult(
+            ctl.uuid, requested, target, effective, wrote, slowdown, skipped=skipped, error=error
+        )
+
+    def _mark(self, ctl: GpuControl, condition: api_node.GpuCondition, reason: str) -> None:
+        if ctl.condition != condition or ctl.reason != reason:
+            log.warning("GPU %s: %s (%s)", ctl.uuid, condition, reason)
+        ctl.condition = condition
+        ctl.reason = reason
+
+    # ----- reset ------------------------------------------------------------------------------
+    def release(self, uuids: Iterable[str], reason: str) -> list[str]:
+        """Return ``uuids`` to the default governor (pod end, policy removal).
+
+        Args:
+            uuids: the GPUs.
+            reason: for the log.
+
+        Returns:
+            UUIDs whose lock was reset.
+        """
+        done: list[str] = []
+        for uuid in uuids:
+            ctl = self.controls.get(uuid)
+            if ctl is None:
+                continue
+            ctl.requested_mhz = None
+            if ctl.applied_mhz is None and uuid not in self.state.locked:
+                continue
+            try:
+                self.gpus[uuid].reset_locked_sm_clocks()
+            except errors.GpuError as exc:
+                log.error("reset of %s on %s failed: %s", uuid, reason, exc)
+                continue
+            ctl.applied_mhz = None
+            ctl.writes += 1
+            done.append(uuid)
+        self.state.discard(done)
+        if done:
+            log.info("reset locked clocks on %s (%s)", ", ".join(done), reason)
+        return done
+
+    def reset_all(self, reason: str) -> list[str]:
+        """Reset every lock the agent made (SIGTERM, shutdown)."""
+        return self.release(sorted(set(self.controls) | set(self.state.locked)), reason)
