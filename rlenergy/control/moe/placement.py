@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 from rlenergy import errors
 
@@ -58,7 +59,7 @@ def place_by_length(
     kv_bytes_per_token: int,
     *,
     max_responses_per_worker: int | None = None,
-    balance: str = "tokens",
+    balance: Literal["tokens", "count"] = "tokens",
 ) -> Placement:
     """Concentrate long responses on few workers within memory (see module docstring).
 
@@ -69,6 +70,10 @@ def place_by_length(
             experts), bytes, shape ``(n_workers,)``.
         kv_bytes_per_token: KV cache per context token, bytes.
         max_responses_per_worker: cap on responses per worker; ``None``: ``ceil(n / workers)``.
+        balance: ``"tokens"`` (default) moves to the next worker once a worker holds an even
+            share of the predicted response tokens, so the long-response worker gets few
+            responses and decode work stays balanced; ``"count"`` fills each worker up to the
+            cap (an even share of responses).
 
     Returns:
         The placement; the predicted KV of every worker's non-queued responses is within its
