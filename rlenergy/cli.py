@@ -161,6 +161,13 @@ def cmd_traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollout_sim(args: argparse.Namespace) -> int:
+    """Run ``rlenergy rollout-sim``: verl-style MoE rollout vs FlexFloor worker release."""
+    from rlenergy.sim import rollout_report
+
+    return rollout_report.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     from rlenergy.sim import models
@@ -182,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", help="write a PNG plot here")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.set_defaults(func=cmd_simulate)
+    from rlenergy.sim import rollout_report
+
+    ro = sub.add_parser("rollout-sim", help="MoE rollout: verl-style baseline vs FlexFloor")
+    rollout_report.add_arguments(ro)
+    ro.set_defaults(func=cmd_rollout_sim)
     tr = sub.add_parser("traces", help="list the shipped traces")
     tr.set_defaults(func=cmd_traces)
     dc = sub.add_parser(

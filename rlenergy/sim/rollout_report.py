@@ -473,3 +473,55 @@ def render(result: ScenarioResult) -> Any:
         f"generation throughput: x{summary['generation_throughput_ratio']:.2f}"
     )
     return table
+
+
+def add_arguments(parser: Any) -> None:
+    """Flags of ``rlenergy rollout-sim`` (``parser`` is an ``argparse.ArgumentParser``)."""
+    parser.add_argument(
+        "--trace",
+        default="verl-grpo-uitars15-7b-gui-agent-8gpu",
+        help="packaged step trace, or samples:<sample_id> for a logged MoE step",
+    )
+    parser.add_argument("--workers", type=int, default=8, help="EP rollout workers (GPUs)")
+    parser.add_argument("--experts", type=int, default=None, help="experts (default: model's)")
+    parser.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(moe.MOE_MODELS))
+    parser.add_argument("--gpu", default="h100-sxm", choices=sorted(moe.GPU_MEMORY_GB))
+    parser.add_argument("--min-active-workers", type=int, default=1, help="minActiveWorkers")
+    parser.add_argument("--steps", type=int, default=8, help="rollout steps to simulate")
+    parser.add_argument(
+        "--heavy-tail", type=float, default=0.0, help="share of synthetic heavy-tail responses"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def main(args: Any) -> int:
+    """Run ``rlenergy rollout-sim`` from parsed flags; print a table or JSON; exit code.
+
+    Raises:
+        InvalidInputError: a bad flag value (the CLI prints one line and exits 2).
+    """
+    import json
+
+    from rich.console import Console
+
+    config = moe.RolloutConfig(
+        model=moe.MOE_MODELS[args.model],
+        gpu=args.gpu,
+        workers=args.workers,
+        num_experts=args.experts,
+        min_active_workers=args.min_active_workers,
+    )
+    scenario = Scenario(
+        trace=args.trace,
+        config=config,
+        steps=args.steps,
+        heavy_tail_fraction=args.heavy_tail,
+        seed=args.seed,
+    )
+    result = run_scenario(scenario)
+    if args.json:
+        print(json.dumps(result.to_json(), sort_keys=True))
+    else:
+        Console().print(render(result))
+    return 0
