@@ -111,6 +111,27 @@ class PhaseWindowReport(_Wire):
     )
     slices: list[SliceReport] = Field(default_factory=list)
     error: str | None = None
+    energy_source: str | None = Field(
+        None,
+        alias="energySource",
+        description="counter | power_integration | averaged_power | unavailable | mixed.",
+    )
+    incomplete: bool = Field(
+        False, description="A GPU failed or was lost in the window; energy is a lower bound."
+    )
+    low_confidence: bool = Field(
+        False,
+        alias="lowConfidence",
+        description="Averaged power only and the window is shorter than twice its 1 s average.",
+    )
+    gpu_energy_joules: dict[str, float | None] = Field(
+        default_factory=dict,
+        alias="gpuEnergyJoules",
+        description="Per GPU UUID energy of the window, J (null = unknown).",
+    )
+    progress: float = Field(
+        0.0, ge=0, description="Work the trainer SDK reported in the window (its unit)."
+    )
 
 
 class StepRecord(_Wire):
@@ -146,6 +167,23 @@ class GpuStatus(_Wire):
         description="Clocks returned to the default governor after policy removal.",
     )
     energy_joules_total: float = Field(0.0, alias="energyJoulesTotal", ge=0)
+    supported_clocks_mhz: list[int] = Field(
+        default_factory=list,
+        alias="supportedClocksMHz",
+        description="Supported SM clocks at the highest memory clock, MHz (NVML); for candidates.",
+    )
+    energy_source: str | None = Field(
+        None,
+        alias="energySource",
+        description="counter | power_integration | averaged_power | unavailable.",
+    )
+    energy_known: bool = Field(
+        True,
+        alias="energyKnown",
+        description="False when no energy reading works (energyJoulesTotal is then meaningless).",
+    )
+    phase: str | None = Field(None, description="Current phase on this GPU (idle-watchdog hint).")
+    pod: str | None = Field(None, description="namespace/name of the pod holding the GPU.")
 
 
 class NodeReport(_Wire):
@@ -159,3 +197,9 @@ class NodeReport(_Wire):
     )
     last_step: int = Field(-1, alias="lastStep", description="Newest step reported (-1: none).")
     measured_joules_total: float = Field(0.0, alias="measuredJoulesTotal", ge=0)
+    unattributed_joules_total: float = Field(
+        0.0,
+        alias="unattributedJoulesTotal",
+        ge=0,
+        description="Energy of GPUs no pod holds (case #22), J.",
+    )

@@ -111,6 +111,21 @@ class PhaseStatus(_Status):
         ge=0,
         description="Predicted default-governor phase energy over the compared steps, J.",
     )
+    compared_measured_joules: float = Field(
+        0.0,
+        alias="comparedMeasuredJoules",
+        ge=0,
+        description="Measured phase energy of the compared steps, J.",
+    )
+    measured_seconds: float = Field(
+        0.0, alias="measuredSeconds", ge=0, description="Phase time of the compared steps, s."
+    )
+    predicted_default_seconds: float = Field(
+        0.0,
+        alias="predictedDefaultSeconds",
+        ge=0,
+        description="Predicted default-governor phase time of the compared steps, s.",
+    )
     saving: Saving = Field(default_factory=Saving, description="Saving of this phase.")
     selections: int = Field(0, ge=0, description="Clock selections made so far.")
     last_retrial_reason: str | None = Field(
@@ -137,8 +152,28 @@ class Totals(_Status):
         ge=0,
         description="Predicted default-governor energy of the compared steps, J.",
     )
+    compared_measured_joules: float = Field(
+        0.0,
+        alias="comparedMeasuredJoules",
+        ge=0,
+        description="Measured energy of the compared steps, J.",
+    )
     saved_joules: float = Field(
-        0.0, alias="savedJoules", description="Predicted default minus measured, J."
+        0.0,
+        alias="savedJoules",
+        description="predictedDefaultJoules - comparedMeasuredJoules, J.",
+    )
+    measured_seconds: float = Field(
+        0.0,
+        alias="measuredSeconds",
+        ge=0,
+        description="Busy time of the compared steps (phases), s.",
+    )
+    predicted_default_seconds: float = Field(
+        0.0,
+        alias="predictedDefaultSeconds",
+        ge=0,
+        description="Predicted default-governor busy time of the compared steps, s.",
     )
     saving_percent: float | None = Field(
         None,

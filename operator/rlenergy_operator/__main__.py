@@ -1,0 +1,27 @@
+"""``rlenergy-operator`` / ``python -m rlenergy_operator``: ``kopf run -m rlenergy_operator``.
+
+Extra arguments go to ``kopf run`` (``--standalone``, ``--namespace``, ``--all-namespaces``,
+``--peering``, ``--liveness``, ``--verbose``). Without a namespace flag it runs cluster-wide.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the operator until SIGTERM."""
+    from kopf import cli
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not any(
+        a in ("-A", "--all-namespaces") or a.startswith(("-n", "--namespace")) for a in args
+    ):
+        args.insert(0, "--all-namespaces")
+    cli.main(["run", "-m", "rlenergy_operator", *args], standalone_mode=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

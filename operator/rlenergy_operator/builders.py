@@ -1,0 +1,245 @@
+"""Pure desired-state builders: the node-agent DaemonSet, conditions, status patches.
+
+No kopf, no Kubernetes client: every function takes plain data and returns plain data, so the
+handlers stay thin and everything here is unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlenergy.api import node as api_node
+from rlenergy.api.v1alpha1 import status as api_status
+from rlenergy.control.freq import aggregate
+from rlenergy_operator import settings
+
+AGENT_LABELS = {
+    "app.kubernetes.io/name": "rlenergy-node-agent",
+    "app.kubernetes.io/part-of": "rl-energy",
+    "app.kubernetes.io/managed-by": "rlenergy-operator",
+}
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
+    """The cluster's single node-agent DaemonSet (one writer per GPU).
+
+    Scheduled only on nodes labelled ``nvidia.com/gpu.present=true`` and tolerating the
+    ``nvidia.com/gpu`` taint; the container gets CAP_SYS_ADMIN (clock and power-limit writes
+    through NVML) and nothing else: not privileged, all other capabilities dropped, no
+    privilege escalation, read-only root filesystem.
+    """
+    container: dict[str, Any] = {
+        "name": "agent",
+        "image": cfg.agent_image,
+        "imagePullPolicy": cfg.agent_image_pull_policy,
+        "env": [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {
+                "name": "RLENERGY_AGENT_NODE_NAME",
+                "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+            },
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+        ],
+        "ports": [{"name": "metrics", "containerPort": cfg.agent_metrics_port}],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 10,
+        },
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "48Mi"},
+            "limits": {"memory": "96Mi"},
+        },
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+        },
+        "volumeMounts": [
+            {
+                "name": "pod-resources",
+                "mountPath": "/var/lib/kubelet/pod-resources",
+                "readOnly": True,
+            }
+        ],
+    }
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": cfg.agent_service_account,
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [container],
+        "volumes": [
+            {
+                "name": "pod-resources",
+                "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"},
+            }
+        ],
+        "terminationGracePeriodSeconds": 30,
+    }
+    if cfg.agent_priority_class:
+        pod_spec["priorityClassName"] = cfg.agent_priority_class
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": cfg.agent_daemonset_name,
+            "namespace": cfg.namespace,
+            "labels": dict(AGENT_LABELS),
+        },
+        "spec": {
+            "selector": {
+                "matchLabels": {"app.kubernetes.io/name": AGENT_LABELS["app.kubernetes.io/name"]}
+            },
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {"metadata": {"labels": dict(AGENT_LABELS)}, "spec": pod_spec},
+        },
+    }
+
+
+def condition(
+    type_: api_status.ConditionType,
+    status: bool,
+    reason: str,
+    message: str,
+    *,
+    generation: int,
+    now: str,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """A condition; ``lastTransitionTime`` moves only when ``status`` changes."""
+    value = "True" if status else "False"
+    old = next((c for c in previous if c.get("type") == type_), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == value else now
+    cond = api_status.Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        lastTransitionTime=since,
+        observedGeneration=generation,
+    )
+    return cond.model_dump(by_alias=True, exclude_none=True)
+
+
+def merge_conditions(
+    previous: Sequence[Mapping[str, Any]], updates: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``previous`` with ``updates`` replacing conditions of the same type, in a fixed order."""
+    by_type = {c["type"]: dict(c) for c in previous}
+    by_type.update({c["type"]: dict(c) for c in updates})
+    order = list(api_status.CONDITION_TYPES)
+    return [by_type[t] for t in sorted(by_type, key=lambda t: order.index(t) if t in order else 99)]
+
+
+def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON merge patch (RFC 7386) that turns ``old`` into ``new`` for the keys of ``new``.
+
+    Keys of ``old`` missing from ``new`` become ``None`` (deleted) when ``new`` manages the
+    parent object; lists are replaced whole. Returns ``{}`` when nothing changes.
+    """
+    old = old or {}
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            sub = merge_patch(before, value)
+            for gone in set(before) - set(value):
+                sub[gone] = None
+            if sub:
+                patch[key] = sub
+        elif before != value:
+            patch[key] = value
+    return patch
+
+
+def plan_changed(old: Mapping[str, Any] | None, new: api_node.ClockPlan) -> bool:
+    """Whether any phase's clock or state differs from the published plan."""
+    if not old:
+        return True
+    before = api_node.ClockPlan.model_validate(old)
+    pairs = {(p.phase, p.clock_mhz, p.state) for p in before.phases}
+    return pairs != {(p.phase, p.clock_mhz, p.state) for p in new.phases}
+
+
+def describe_plan(plan: api_node.ClockPlan) -> str:
+    """One line for an Event: ``step 12: generation 1410 MHz (locked), training default (…)``."""
+    parts = []
+    for p in plan.phases:
+        clock = f"{p.clock_mhz} MHz" if p.clock_mhz is not None else "default"
+        probe = f" probing {len(p.probe_clocks_mhz)} clocks" if p.probe_clocks_mhz else ""
+        parts.append(f"{p.phase} {clock} ({p.state}{probe})")
+    mode = "" if plan.enforce else " [observe: clocks untouched]"
+    return f"step {plan.step}: " + ", ".join(parts) + mode
+
+
+def node_summary(reports: Sequence[api_node.NodeReport]) -> api_status.NodesStatus:
+    """Ready/total nodes and their GPU errors (at most 64)."""
+    errors: list[api_status.NodeError] = []
+    for rep in sorted(reports, key=lambda r: r.node_name):
+        for gpu in rep.gpus:
+            if gpu.condition in ("degraded", "lost"):
+                errors.append(
+                    api_status.NodeError(
+                        node=rep.node_name,
+                        gpu=gpu.uuid,
+                        reason="GPULost" if gpu.condition == "lost" else "GPUDegraded",
+                        message=gpu.reason,
+                    )
+                )
+        if not aggregate.node_ready(rep):
+            errors.append(
+                api_status.NodeError(
+                    node=rep.node_name, reason="NoUsableGPU", message="no GPU measures energy"
+                )
+            )
+    return api_status.NodesStatus(
+        ready=sum(1 for r in reports if aggregate.node_ready(r)),
+        total=len(reports),
+        errors=errors[:64],
+    )
+
+
+def progress_condition(phases: Sequence[api_status.PhaseStatus]) -> tuple[bool, str, str]:
+    """(status, reason, message) of Progressing from the phase states."""
+    states = {p.name: p.state for p in phases}
+    busy = sorted(n for n, s in states.items() if s in ("warmup", "trial"))
+    if busy:
+        which = ", ".join(f"{n} {states[n]}" for n in busy)
+        return True, "SelectingClocks", f"selecting clocks: {which}"
+    if states and all(s == "observe" for s in states.values()):
+        return False, "Observing", "observe mode: measuring, clocks untouched"
+    if any(s == "fallback" for s in states.values()):
+        return False, "Fallback", "a phase runs the default governor after an error"
+    return False, "ClocksLocked", "every phase runs its selected clock"
+
+
+def degraded_condition(
+    nodes: api_status.NodesStatus, has_clock_table: bool, has_reports: bool
+) -> tuple[bool, str, str]:
+    """(status, reason, message) of Degraded."""
+    if nodes.errors:
+        first = nodes.errors[0]
+        return (
+            True,
+            "NodeErrors",
+            f"{len(nodes.errors)} node/GPU errors, first: {first.node} {first.reason}",
+        )
+    if has_reports and not has_clock_table:
+        return True, "NoClockTable", "no node reported the GPUs' supported clocks"
+    return False, "AsExpected", "no errors"

@@ -1,0 +1,368 @@
+"""kopf handlers for ``RLEnergyPolicy``: thin ``<kind>_<event>`` functions.
+
+* ``policy_reconcile`` (create, update of spec, resume): validate, ensure the node-agent
+  DaemonSet, record ``observedGeneration``, set conditions; resets the in-memory job loop.
+* ``policy_loop`` (timer): read the policy's node reports, fold complete steps into the
+  job-level EE-RL controller (``jobloop``), publish ``status.plan`` and the accounting.
+* ``policy_delete`` (finalizer): publish a reset plan, wait until every GPU acknowledges the
+  reset (or the deadline passes, with a Degraded condition and a Warning event), then remove
+  the DaemonSet when no other policy needs it.
+
+The handlers write only ``status`` (through the /status subresource, which kopf detects) and
+one finalizer; never the spec, labels or annotations (GitOps). They return None, so kopf
+stores no handler results in status. Errors from the library become kopf errors here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+import kopf
+import pydantic
+from kubernetes.client import exceptions as k8s_errors
+
+from rlenergy import errors
+from rlenergy.api import node as api_node
+from rlenergy.api.v1alpha1 import policy as api_policy
+from rlenergy.api.v1alpha1 import status as api_status
+from rlenergy_operator import builders, jobloop, kube
+from rlenergy_operator import settings as op_settings
+
+CFG = op_settings.OperatorConfig()
+RESOURCE = (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL)
+
+
+def _now() -> str:
+    return (
+        datetime.datetime.now(datetime.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+@kopf.on.startup()
+def operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Apply the kopf settings (finalizer name, status storage, peering, timeouts)."""
+    op_settings.configure_kopf(settings, CFG)
+
+
+def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
+    return api_policy.parse_policy({"spec": dict(spec)}, require_selector=True)
+
+
+@kopf.on.resume(*RESOURCE)
+@kopf.on.create(*RESOURCE)
+@kopf.on.update(*RESOURCE, field="spec")
+def policy_reconcile(
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    """Validate, ensure the node agents, set observedGeneration and conditions."""
+    generation = int(meta.get("generation") or 0)
+    previous = list(status.get("conditions") or [])
+    now = _now()
+    memo["loop"] = None  # rebuilt by the next loop pass (restart or new spec)
+    try:
+        parsed = _parse(spec)
+    except errors.InvalidInputError as exc:
+        # Admission refuses almost every bad spec; what it cannot check lands here.
+        bad = [
+            builders.condition(
+                "Ready",
+                False,
+                "InvalidSpec",
+                str(exc),
+                generation=generation,
+                now=now,
+                previous=previous,
+            ),
+            builders.condition(
+                "Degraded",
+                True,
+                "InvalidSpec",
+                str(exc),
+                generation=generation,
+                now=now,
+                previous=previous,
+            ),
+        ]
+        patch.status["conditions"] = builders.merge_conditions(previous, bad)
+        patch.status["observedGeneration"] = generation
+        kopf.event(body, type="Warning", reason="InvalidSpec", message=str(exc))
+        logger.warning("invalid spec: %s", exc)
+        return
+    try:
+        action = kube.ensure_daemonset(builders.agent_daemonset(CFG))
+    except k8s_errors.ApiException as exc:
+        raise kopf.TemporaryError(
+            f"node-agent DaemonSet {CFG.namespace}/{CFG.agent_daemonset_name}: "
+            f"{exc.status} {exc.reason}",
+            delay=CFG.retry_delay_s,
+        ) from exc
+    if action != "unchanged":
+        logger.info(
+            "node-agent DaemonSet %s/%s %s", CFG.namespace, CFG.agent_daemonset_name, action
+        )
+    conds = [
+        builders.condition(
+            "Ready",
+            True,
+            "AgentsDeployed",
+            f"spec accepted; node agents: DaemonSet {CFG.namespace}/{CFG.agent_daemonset_name}",
+            generation=generation,
+            now=now,
+            previous=previous,
+        )
+    ]
+    have = {c.get("type") for c in previous}
+    if "Progressing" not in have:
+        conds.append(
+            builders.condition(
+                "Progressing",
+                True,
+                "WaitingForReports",
+                "no complete RL step reported yet",
+                generation=generation,
+                now=now,
+            )
+        )
+    degraded = next((c for c in previous if c.get("type") == "Degraded"), None)
+    if degraded is None or degraded.get("reason") == "InvalidSpec":
+        conds.append(
+            builders.condition(
+                "Degraded",
+                False,
+                "AsExpected",
+                "no errors",
+                generation=generation,
+                now=now,
+                previous=previous,
+            )
+        )
+    patch.status["conditions"] = builders.merge_conditions(previous, conds)
+    patch.status["observedGeneration"] = generation
+    if not status.get("plan"):
+        loop = jobloop.JobLoop(parsed, generation)
+        patch.status["plan"] = loop.plan(now).model_dump(by_alias=True, exclude_none=True)
+
+
+@kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None)
+def policy_loop(
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    """One pass of the job loop: node reports -> controller -> plan, status."""
+    if meta.get("deletionTimestamp"):
+        return
+    generation = int(meta.get("generation") or 0)
+    try:
+        parsed = _parse(spec)
+    except errors.InvalidInputError:
+        return  # policy_reconcile reported it
+    try:
+        raw = kube.node_reports(namespace, name)
+    except k8s_errors.ApiException as exc:
+        raise kopf.TemporaryError(
+            f"listing node reports: {exc.status} {exc.reason}", delay=CFG.retry_delay_s
+        ) from exc
+    reports: list[api_node.NodeReport] = []
+    for item in raw:
+        try:
+            reports.append(api_node.NodeReport.model_validate(item.get("spec") or {}))
+        except pydantic.ValidationError as exc:
+            logger.warning(
+                "skipping malformed node report %s: %s",
+                item["metadata"]["name"],
+                exc.errors()[0]["msg"],
+            )
+    current = api_status.RLEnergyPolicyStatus.model_validate(dict(status))
+    loop: jobloop.JobLoop | None = memo.get("loop")
+    if loop is None or loop.generation != generation:
+        loop = jobloop.JobLoop.restore(parsed, generation, current, reports)
+        memo["loop"] = loop
+        logger.info(
+            "job loop rebuilt: %d steps replayed from %d node reports, totals through step %d",
+            loop.replayed,
+            len(reports),
+            loop.account.through_step,
+        )
+    folded = loop.advance(reports)
+    old_plan = status.get("plan")
+    plan = loop.plan(issued_at=(old_plan or {}).get("issuedAt") or _now())
+    plan_changed = builders.plan_changed(old_plan, plan)
+    if plan_changed:
+        plan = plan.model_copy(update={"issued_at": _now()})
+    phases = loop.phase_status()
+    nodes = builders.node_summary(reports)
+    now = _now()
+    previous = list(status.get("conditions") or [])
+    prog = (
+        builders.progress_condition(phases)
+        if loop.controller is not None
+        else (True, "WaitingForReports", "no complete RL step with a clock table reported yet")
+    )
+    deg = builders.degraded_condition(nodes, loop.controller is not None, bool(reports))
+    conds = builders.merge_conditions(
+        previous,
+        [
+            builders.condition(
+                "Progressing",
+                prog[0],
+                prog[1],
+                prog[2],
+                generation=generation,
+                now=now,
+                previous=previous,
+            ),
+            builders.condition(
+                "Degraded",
+                deg[0],
+                deg[1],
+                deg[2],
+                generation=generation,
+                now=now,
+                previous=previous,
+            ),
+        ],
+    )
+    new: dict[str, Any] = {
+        "plan": plan.model_dump(by_alias=True, exclude_none=True),
+        "phases": [p.model_dump(by_alias=True, exclude_none=True) for p in phases],
+        "totals": loop.totals().model_dump(by_alias=True, exclude_none=True),
+        "nodes": nodes.model_dump(by_alias=True, exclude_none=True),
+        "conditions": conds,
+    }
+    old = {k: status.get(k) for k in new}
+    # Compare first: status-only writes cause watch events (HARNESS section 6, pitfall 4).
+    diff = builders.merge_patch(old, new)
+    for key, value in diff.items():
+        patch.status[key] = value
+    if folded:
+        logger.info("accounted steps %s; totals through step %d", folded, loop.account.through_step)
+    if plan_changed:
+        kopf.event(body, type="Normal", reason="PlanChanged", message=builders.describe_plan(plan))
+    if (
+        deg[0]
+        and next(
+            (c for c in previous if c.get("type") == "Degraded" and c.get("status") == "True"), None
+        )
+        is None
+    ):
+        kopf.event(body, type="Warning", reason=deg[1], message=deg[2])
+
+
+@kopf.on.delete(*RESOURCE)
+def policy_delete(
+    meta: kopf.Meta,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    """Hold the finalizer until the GPUs are reset (or the deadline), then clean up."""
+    generation = int(meta.get("generation") or 0)
+    now = _now()
+    previous = list(status.get("conditions") or [])
+    old_plan = status.get("plan") or {}
+    reset = api_node.ClockPlan(
+        step=int(old_plan.get("step") or 0),
+        policyGeneration=generation,
+        enforce=False,
+        phases=[
+            api_node.PhasePlan(
+                phase=p.get("phase", ""),
+                clockMHz=None,
+                state="fallback",
+                reason="policy deleted: reset to default",
+            )
+            for p in old_plan.get("phases", [])
+        ],
+        issuedAt=now,
+    )
+    if old_plan.get("enforce", True) or any(p.get("clockMHz") for p in old_plan.get("phases", [])):
+        patch.status["plan"] = reset.model_dump(by_alias=True, exclude_none=True)
+    try:
+        raw = kube.node_reports(namespace, name)
+    except k8s_errors.ApiException as exc:
+        raise kopf.TemporaryError(
+            f"listing node reports: {exc.status} {exc.reason}", delay=2
+        ) from exc
+    pending = []
+    for item in raw:
+        try:
+            rep = api_node.NodeReport.model_validate(item.get("spec") or {})
+        except pydantic.ValidationError:
+            continue
+        pending += [f"{rep.node_name}/{g.uuid}" for g in rep.gpus if not g.reset_acknowledged]
+    deleted = datetime.datetime.fromisoformat(str(meta["deletionTimestamp"]).replace("Z", "+00:00"))
+    waited = (datetime.datetime.now(datetime.UTC) - deleted).total_seconds()
+    if pending and waited < CFG.reset_deadline_s:
+        msg = (
+            f"waiting for {len(pending)} GPUs to acknowledge the clock reset "
+            f"({waited:.0f}/{CFG.reset_deadline_s:.0f} s)"
+        )
+        patch.status["conditions"] = builders.merge_conditions(
+            previous,
+            [
+                builders.condition(
+                    "Progressing",
+                    True,
+                    "ResettingClocks",
+                    msg,
+                    generation=generation,
+                    now=now,
+                    previous=previous,
+                )
+            ],
+        )
+        raise kopf.TemporaryError(msg, delay=min(2.0, CFG.reset_deadline_s))
+    if pending:
+        msg = (
+            f"reset deadline {CFG.reset_deadline_s:.0f} s passed; {len(pending)} GPUs never "
+            f"acknowledged the reset (first: {pending[0]}); the finalizer is lifted anyway"
+        )
+        patch.status["conditions"] = builders.merge_conditions(
+            previous,
+            [
+                builders.condition(
+                    "Degraded",
+                    True,
+                    "ResetDeadlineExceeded",
+                    msg,
+                    generation=generation,
+                    now=now,
+                    previous=previous,
+                )
+            ],
+        )
+        kopf.event(body, type="Warning", reason="ResetDeadlineExceeded", message=msg)
+        logger.warning("%s", msg)
+    try:
+        others = [p for p in kube.live_policies() if p["metadata"].get("uid") != meta.get("uid")]
+        if not others and kube.delete_daemonset(CFG.namespace, CFG.agent_daemonset_name):
+            logger.info(
+                "no policy left: deleted DaemonSet %s/%s", CFG.namespace, CFG.agent_daemonset_name
+            )
+    except k8s_errors.ApiException as exc:
+        raise kopf.TemporaryError(
+            f"DaemonSet clean-up: {exc.status} {exc.reason}", delay=2
+        ) from exc

@@ -1,0 +1,104 @@
+"""The only module outside kopf that talks to the Kubernetes API (the official client).
+
+Synchronous calls, used from kopf's sync handlers (kopf runs them in a thread pool). Every
+function names the object it touches; API errors other than the expected ones propagate and
+the handler turns them into ``kopf.TemporaryError``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import kubernetes
+from kubernetes.client import exceptions as k8s_errors
+
+from rlenergy.api.v1alpha1 import nodereport as api_nodereport
+from rlenergy.api.v1alpha1 import policy as api_policy
+
+
+@functools.cache
+def _api() -> kubernetes.client.ApiClient:
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+def ensure_daemonset(body: dict[str, Any]) -> str:
+    """Create or patch the DaemonSet to ``body``: ``created``, ``updated`` or ``unchanged``."""
+    apps = kubernetes.client.AppsV1Api(_api())
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        current = apps.read_namespaced_daemon_set(name, ns)
+    except k8s_errors.ApiException as exc:
+        if exc.status != 404:
+            raise
+        try:
+            apps.create_namespaced_daemon_set(ns, body)
+        except k8s_errors.ApiException as exc2:
+            if exc2.status != 409:  # another pass created it meanwhile
+                raise
+        return "created"
+    live = _api().sanitize_for_serialization(current)
+    want_tpl = body["spec"]["template"]
+    live_tpl = live.get("spec", {}).get("template", {})
+    if _subset(want_tpl, live_tpl) and _subset(
+        body["metadata"]["labels"], live["metadata"].get("labels", {})
+    ):
+        return "unchanged"
+    apps.patch_namespaced_daemon_set(name, ns, body)
+    return "updated"
+
+
+def _subset(want: Any, live: Any) -> bool:
+    """Whether every field of ``want`` has the same value in ``live`` (server defaults ignored)."""
+    if isinstance(want, dict):
+        return isinstance(live, dict) and all(_subset(v, live.get(k)) for k, v in want.items())
+    if isinstance(want, list):
+        return (
+            isinstance(live, list)
+            and len(want) == len(live)
+            and all(_subset(w, v) for w, v in zip(want, live, strict=True))
+        )
+    return bool(want == live)
+
+
+def delete_daemonset(namespace: str, name: str) -> bool:
+    """Delete the DaemonSet; False when it was already gone."""
+    apps = kubernetes.client.AppsV1Api(_api())
+    try:
+        apps.delete_namespaced_daemon_set(name, namespace)
+    except k8s_errors.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def live_policies() -> list[dict[str, Any]]:
+    """Every RLEnergyPolicy in the cluster that is not being deleted."""
+    api = kubernetes.client.CustomObjectsApi(_api())
+    listing = api.list_cluster_custom_object(
+        api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL
+    )
+    return [
+        item
+        for item in listing.get("items", [])
+        if not item.get("metadata", {}).get("deletionTimestamp")
+    ]
+
+
+def node_reports(namespace: str, policy_name: str) -> list[dict[str, Any]]:
+    """The RLEnergyNodeReports of one policy (selected on ``spec.policyName``)."""
+    api = kubernetes.client.CustomObjectsApi(_api())
+    listing = api.list_namespaced_custom_object(
+        api_nodereport.GROUP,
+        api_nodereport.VERSION,
+        namespace,
+        api_nodereport.PLURAL,
+        field_selector=f"spec.policyName={policy_name}",
+    )
+    items: list[dict[str, Any]] = listing.get("items", [])
+    return items

@@ -1,0 +1,85 @@
+"""Operator configuration from the environment (``RLENERGY_OPERATOR_*``) and kopf tuning.
+
+``OperatorConfig`` is read once at start-up; the Helm chart sets the variables. Each field
+documents its unit and default. ``configure_kopf`` applies the kopf settings this operator
+relies on (see docs/operator.md and the field cases in the comments).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+import pydantic
+import pydantic_settings
+
+FINALIZER = "rlenergy.io/reset-clocks"
+"""The one finalizer the operator puts on a policy: held until the agents reset the clocks."""
+
+
+class OperatorConfig(pydantic_settings.BaseSettings):
+    """Environment configuration; variable = ``RLENERGY_OPERATOR_`` + upper-case field name."""
+
+    model_config = pydantic_settings.SettingsConfigDict(
+        env_prefix="RLENERGY_OPERATOR_", extra="ignore", frozen=True
+    )
+
+    namespace: str = pydantic.Field("rl-energy-system", min_length=1)
+    """Namespace of the node-agent DaemonSet (the operator's own). Default rl-energy-system."""
+    agent_daemonset_name: str = pydantic.Field("rlenergy-node-agent", min_length=1)
+    """Name of the single node-agent DaemonSet of the cluster. Default rlenergy-node-agent."""
+    agent_image: str = "ghcr.io/rl-energy/rlenergy-agent:0.1.0"
+    """Node-agent container image (the Helm chart passes its own). Default the 0.1.0 image."""
+    agent_image_pull_policy: str = "IfNotPresent"
+    """imagePullPolicy of the agent container. Default IfNotPresent."""
+    agent_service_account: str = "rlenergy-node-agent"
+    """ServiceAccount of the agent pods (RBAC: write its reports, read policies)."""
+    agent_priority_class: str = ""
+    """priorityClassName of the agent pods; empty = none. Default empty."""
+    agent_metrics_port: int = pydantic.Field(9402, ge=1, le=65535)
+    """Container port of the agent's /metrics and /healthz. Default 9402."""
+    reconcile_interval_s: float = pydantic.Field(2.0, gt=0)
+    """Seconds between job-loop passes per policy (reads node reports, writes status).
+    Default 2 s, so status lags the reports by at most about 2 s plus one API round trip."""
+    reset_deadline_s: float = pydantic.Field(60.0, ge=0)
+    """Seconds a deleted policy waits for every node report to acknowledge the GPU reset
+    before the finalizer is lifted anyway (with a Degraded event). Default 60 s."""
+    retry_delay_s: float = pydantic.Field(5.0, gt=0)
+    """Seconds before a failed handler is retried. Default 5 s."""
+    peering_name: str = "rlenergy-operator"
+    """kopf peering object name (not kopf's ``default``, field case #20)."""
+    priority: int = 100
+    """kopf peering priority of this replica; the lower-priority replica pauses. Default 100."""
+    request_timeout_s: float = pydantic.Field(30.0, gt=0)
+    """Timeout of one API request, s. Default 30 s."""
+    watch_server_timeout_s: int = pydantic.Field(300, gt=0)
+    """Server-side watch timeout, s (the watch reconnects after it). Default 300 s."""
+    post_events: bool = True
+    """Post Kubernetes Events for plan changes and errors. Default true."""
+
+
+def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None:
+    """Apply the kopf settings the operator relies on."""
+    # One finalizer with our name instead of kopf's generic marker.
+    settings.persistence.finalizer = FINALIZER
+    # GitOps: never write annotations (Argo CD / Flux see them as drift); kopf keeps its
+    # progress and last-handled spec in status.kopf, declared in the CRD with
+    # x-kubernetes-preserve-unknown-fields (field case #16: nothing is silently pruned).
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
+    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(
+        field="status.kopf.lastHandledConfiguration"
+    )
+    # Peering (field case #20): our own name and an explicit priority.
+    settings.peering.name = cfg.peering_name
+    settings.peering.priority = cfg.priority
+    # Short retries instead of kopf's 60 s default.
+    settings.execution.default_backoff = cfg.retry_delay_s
+    settings.networking.request_timeout = cfg.request_timeout_s
+    settings.networking.connect_timeout = 5
+    # Watches end server-side and reconnect (410 Gone is handled by kopf's relist).
+    settings.watching.server_timeout = cfg.watch_server_timeout_s
+    settings.watching.client_timeout = cfg.watch_server_timeout_s + 30
+    settings.watching.connect_timeout = 5
+    settings.posting.enabled = cfg.post_events
+    # Logger records become Events only from WARNING up; plan changes are posted explicitly.
+    settings.posting.level = logging.WARNING

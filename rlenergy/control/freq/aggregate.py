@@ -1,0 +1,205 @@
+"""Job-level view of per-node step records: complete RL steps, one observation each.
+
+One ``StepObservation`` per step feeds the EE-RL controller.
+
+Each node agent writes its own ``RLEnergyNodeReport`` (spec: ``api.node.NodeReport``) with a
+bounded window of ``StepRecord``s. The operator runs one controller per job, so it folds the
+nodes' records of a step into one observation:
+
+* energy of a phase = sum over nodes (unknown if any node's is unknown: never 0);
+* duration of a phase = the slowest node (the step waits for it);
+* applied clock = lowest over nodes; slowdown and errors if any node saw one;
+* probe slices are aligned by index: energy and progress summed, duration the longest;
+* the token workload is job-level (the trainer SDK reports it); the first node's is used.
+
+A step is *complete* when every ready node that is expected to report it did: a node is
+expected to report step ``s`` when ``first_step <= s <= last_step`` of its window would
+include it, or when it has not reached ``s`` yet (then the step waits). A step that a ready
+node skipped although it moved past it is *lost* (the operator counts it as missed).
+
+Pure functions, no I/O; callers: ``rlenergy_operator.jobloop`` and tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+from rlenergy.api import node as api_node
+from rlenergy.api import workload as api_workload
+from rlenergy.control.freq import base
+
+USABLE = frozenset({"ok", "measureOnly", "degraded"})
+"""GPU conditions that still measure energy."""
+
+
+def node_ready(report: api_node.NodeReport) -> bool:
+    """A node counts when it lists at least one GPU that still measures energy."""
+    return any(g.condition in USABLE for g in report.gpus)
+
+
+class StepState(enum.Enum):
+    """Whether a step can be folded."""
+
+    COMPLETE = "complete"
+    """Every ready node that should report it did."""
+    PENDING = "pending"
+    """A ready node has not reached it yet."""
+    LOST = "lost"
+    """A ready node moved past it without a record (its window dropped it or it skipped)."""
+
+
+def _window(report: api_node.NodeReport) -> tuple[int, int] | None:
+    if not report.steps:
+        return None
+    steps = [r.step for r in report.steps]
+    return min(steps), max(max(steps), report.last_step)
+
+
+def step_state(step: int, reports: Sequence[api_node.NodeReport]) -> StepState:
+    """Whether ``step`` is complete over the ready nodes of ``reports``."""
+    seen = False
+    for rep in reports:
+        if not node_ready(rep):
+            continue
+        window = _window(rep)
+        if window is None or window[1] < step:
+            return StepState.PENDING
+        if any(r.step == step for r in rep.steps):
+            seen = True
+        elif window[0] <= step:
+            return StepState.LOST
+    return StepState.COMPLETE if seen else StepState.PENDING
+
+
+def known_steps(reports: Sequence[api_node.NodeReport]) -> list[int]:
+    """Every step some node reported, ascending."""
+    return sorted({r.step for rep in reports for r in rep.steps})
+
+
+def records(step: int, reports: Sequence[api_node.NodeReport]) -> list[api_node.StepRecord]:
+    """The records of ``step`` from ready nodes, ordered by node name."""
+    out = []
+    for rep in sorted(reports, key=lambda r: r.node_name):
+        if not node_ready(rep):
+            continue
+        out += [r for r in rep.steps if r.step == step]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStep:
+    """One RL step over all nodes.
+
+    Attributes:
+        observation: what the controller observes.
+        idle_energy_j: energy outside phase windows summed over nodes, J (None: unknown).
+        nodes: how many nodes contributed.
+    """
+
+    observation: base.StepObservation
+    idle_energy_j: float | None
+    nodes: int
+
+    @property
+    def energy_j(self) -> float | None:
+        """All measured energy of the step, J (None when any part is unknown)."""
+        parts = [p.energy_j for p in self.observation.phases.values()]
+        parts.append(self.idle_energy_j)
+        if any(p is None for p in parts):
+            return None
+        return sum(p for p in parts if p is not None)
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return sum(v for v in values if v is not None)
+
+
+def _slices(windows: Sequence[api_node.PhaseWindowReport]) -> tuple[base.ProbeSlice, ...]:
+    if not all(w.slices for w in windows):
+        return ()
+    out = []
+    for i in range(min(len(w.slices) for w in windows)):
+        parts = [w.slices[i] for w in windows]
+        out.append(
+            base.ProbeSlice(
+                clock_mhz=parts[0].clock_mhz,
+                duration_s=max(p.duration_seconds for p in parts),
+                progress=sum(p.progress for p in parts),
+                energy_j=_sum([p.energy_joules for p in parts]),
+            )
+        )
+    return tuple(out)
+
+
+def _phase(
+    name: str, nodes: Sequence[tuple[str, api_node.PhaseWindowReport | None]]
+) -> base.PhaseObservation:
+    missing = [n for n, w in nodes if w is None]
+    windows = [w for _, w in nodes if w is not None]
+    errors = [f"{n}: {w.error}" for n, w in nodes if w is not None and w.error]
+    if missing:
+        errors.append(f"no {name} window from {', '.join(missing)}")
+    applied = [w.applied_clock_mhz for w in windows if w.applied_clock_mhz is not None]
+    return base.PhaseObservation(
+        phase=name,
+        duration_s=max((w.duration_seconds for w in windows), default=0.0),
+        energy_j=None if missing else _sum([w.energy_joules for w in windows]),
+        requested_clock_mhz=windows[0].requested_clock_mhz if windows else None,
+        applied_clock_mhz=min(applied) if applied else None,
+        slowdown=any(w.slowdown for w in windows),
+        slices=_slices(windows) if windows and not missing else (),
+        error="; ".join(errors) or None,
+    )
+
+
+def job_step(step: int, reports: Sequence[api_node.NodeReport]) -> JobStep:
+    """Fold the ready nodes' records of ``step`` into one job-level step.
+
+    Raises:
+        ValueError: no ready node reported ``step``.
+    """
+    recs: list[tuple[str, api_node.StepRecord]] = []
+    for rep in sorted(reports, key=lambda r: r.node_name):
+        if node_ready(rep):
+            recs += [(rep.node_name, r) for r in rep.steps if r.step == step]
+    if not recs:
+        raise ValueError(f"no ready node reported step {step}")
+    names: list[str] = []
+    for _, rec in recs:
+        names += [p.phase for p in rec.phases if p.phase not in names]
+    phases = {
+        name: _phase(
+            name, [(n, next((p for p in r.phases if p.phase == name), None)) for n, r in recs]
+        )
+        for name in names
+    }
+    w = recs[0][1].workload
+    workload = api_workload.TokenWorkload(
+        samples=w.samples,
+        response_tokens=w.response_tokens,
+        prompt_tokens=w.prompt_tokens,
+        valid_tokens=w.valid_tokens,
+        mean_context_tokens=w.mean_context_tokens,
+    )
+    return JobStep(
+        observation=base.StepObservation(step, workload, phases),
+        idle_energy_j=_sum([r.idle_energy_joules for _, r in recs]),
+        nodes=len(recs),
+    )
+
+
+def supported_clocks(reports: Sequence[api_node.NodeReport]) -> tuple[int, ...]:
+    """SM clocks every reporting GPU supports (intersection), descending; () when unknown."""
+    tables = [
+        frozenset(g.supported_clocks_mhz)
+        for rep in reports
+        for g in rep.gpus
+        if g.supported_clocks_mhz and g.condition in USABLE
+    ]
+    if not tables:
+        return ()
+    return tuple(sorted(frozenset.intersection(*tables), reverse=True))
