@@ -57,19 +57,38 @@ def main() -> int:
     if args.json:
         print(json.dumps({"rows": rows, "elapsed_s": elapsed}, indent=2))
     else:
-        table = Table(title=f"EE-RL vs default governor and oracle ({args.steps} steps, seed {args.seed})")
-        for col in ("trace", "gpu", "mode", "online", "oracle", "online/oracle", "throughput",
-                    "trials", "clocks gen/train (oracle)", "meas. err"):
+        table = Table(
+            title=f"EE-RL vs default governor and oracle ({args.steps} steps, seed {args.seed})"
+        )
+        for col in (
+            "trace",
+            "gpu",
+            "mode",
+            "online",
+            "oracle",
+            "online/oracle",
+            "throughput",
+            "trials",
+            "clocks gen/train (oracle)",
+            "meas. err",
+        ):
             table.add_column(col, justify="left" if col in ("trace", "gpu", "mode") else "right")
         for r in rows:
             clocks = "/".join(str(r["clocks"][p] or "def") for p in ("generation", "training"))
-            oracle = "/".join(str(r["oracle_clocks"][p] or "def") for p in ("generation", "training"))
+            oracle = "/".join(
+                str(r["oracle_clocks"][p] or "def") for p in ("generation", "training")
+            )
             err = r["measured_energy_error"]
             table.add_row(
-                r["trace"][:34], r["gpu"], r["mode"],
-                f"{r['online_saving']:.1%}", f"{r['oracle_saving']:.1%}",
-                f"{r['online_to_oracle']:.2f}", f"{r['throughput_ratio']:.3f}",
-                str(r["trial_steps"]), f"{clocks} ({oracle})",
+                r["trace"][:34],
+                r["gpu"],
+                r["mode"],
+                f"{r['online_saving']:.1%}",
+                f"{r['oracle_saving']:.1%}",
+                f"{r['online_to_oracle']:.2f}",
+                f"{r['throughput_ratio']:.3f}",
+                str(r["trial_steps"]),
+                f"{clocks} ({oracle})",
                 "unknown" if err is None else f"{err:+.2%}",
             )
         Console(width=200).print(table)

@@ -36,7 +36,9 @@ def _load_policy(path: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "syntax error"
-        raise errors.InvalidInputError("--policy", f"{path} is not valid YAML{where}: {problem}") from None
+        raise errors.InvalidInputError(
+            "--policy", f"{path} is not valid YAML{where}: {problem}"
+        ) from None
     return api_policy.parse_policy(document)
 
 

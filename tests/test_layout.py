@@ -12,13 +12,19 @@ def test_import_operator_is_the_standard_library() -> None:
     import operator
 
     assert operator.add(2, 3) == 5
-    assert "site-packages" not in (operator.__file__ or "") or "lib/python" in (operator.__file__ or "")
+    assert "site-packages" not in (operator.__file__ or "") or "lib/python" in (
+        operator.__file__ or ""
+    )
     assert not (ROOT / "operator" / "__init__.py").exists()
 
 
 def test_import_operator_from_repo_root_in_a_fresh_interpreter() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "import operator, sys; print(operator.__file__); print(hasattr(operator, 'itemgetter'))"],
+        [
+            sys.executable,
+            "-c",
+            "import operator, sys; print(operator.__file__); print(hasattr(operator, 'itemgetter'))",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

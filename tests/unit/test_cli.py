@@ -11,28 +11,56 @@ from rlenergy import cli
 from rlenergy.sim import report, traces
 
 REQUIRED_KEYS = {
-    "trace", "gpu", "mode", "steps", "online_saving", "oracle_saving", "online_to_oracle",
-    "throughput_ratio", "min_throughput_ratio", "phases",
+    "trace",
+    "gpu",
+    "mode",
+    "steps",
+    "online_saving",
+    "oracle_saving",
+    "online_to_oracle",
+    "throughput_ratio",
+    "min_throughput_ratio",
+    "phases",
 }
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlenergy.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "rlenergy.cli", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_json_output_has_the_documented_keys(capsys) -> None:
-    assert cli.main(["simulate", "--trace", "verl-gpg-qwen2-7b-fsdp-8gpu", "--steps", "40", "--json"]) == 0
+    assert (
+        cli.main(["simulate", "--trace", "verl-gpg-qwen2-7b-fsdp-8gpu", "--steps", "40", "--json"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert REQUIRED_KEYS <= set(data)
     assert {p["name"] for p in data["phases"]} == {"generation", "training"}
     for p in data["phases"]:
         assert {"name", "final_clock_mhz", "throughput_ratio", "saving"} <= set(p)
-    assert data["online_to_oracle"] == pytest.approx(data["online_saving"] / data["oracle_saving"], rel=1e-3)
+    assert data["online_to_oracle"] == pytest.approx(
+        data["online_saving"] / data["oracle_saving"], rel=1e-3
+    )
 
 
 def test_table_and_plot(tmp_path: Path, capsys) -> None:
     png = tmp_path / "run.png"
-    assert cli.main(["simulate", "--trace", "verl-ppo-qwen25-7b-gsm8k-16gpu", "--steps", "30", "--plot", str(png)]) == 0
+    assert (
+        cli.main(
+            [
+                "simulate",
+                "--trace",
+                "verl-ppo-qwen25-7b-gsm8k-16gpu",
+                "--steps",
+                "30",
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "generation" in out and "oracle fixed clocks" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -55,9 +83,15 @@ def test_bad_arguments_exit_2_with_one_line(args: list[str], needle: str) -> Non
 @pytest.mark.parametrize(
     ("policy", "needle"),
     [
-        ("spec:\n  phases:\n  - name: generation\n    minThroughputRatio: 1.5\n", "spec.phases[0].minThroughputRatio"),
+        (
+            "spec:\n  phases:\n  - name: generation\n    minThroughputRatio: 1.5\n",
+            "spec.phases[0].minThroughputRatio",
+        ),
         ("spec:\n  phases:\n  - name: generation\n    minThroughputRatio: 0\n", "greater than 0"),
-        ("spec:\n  phases:\n  - name: generation\n    clockCandidatesMHz: [1403]\n", "345-1980 MHz in 15 MHz steps"),
+        (
+            "spec:\n  phases:\n  - name: generation\n    clockCandidatesMHz: [1403]\n",
+            "345-1980 MHz in 15 MHz steps",
+        ),
         ("spec:\n  phases:\n  - name: generation\n  - name: generation\n", "unique"),
         ("spec:\n  mode: turbo\n", "spec.mode"),
         ("kind: Deployment\n", "kind: expected RLEnergyPolicy"),

@@ -50,6 +50,11 @@ INDIFFERENCE = 0.004
 mean (a 0.4 % throughput difference is below what a user can see) [heuristic]."""
 MIN_SLICE_S = 0.05
 """Shortest in-phase probe slice, s: a few decode iterations, so token counts mean something."""
+LOCK_MARGIN = 0.002
+"""Throughput margin on a lock above the threshold: trial slices at low clocks cost some
+throughput, and the threshold holds for the whole run, trials included [heuristic]."""
+CARRY_BLOCKS = 12
+"""Probe blocks a drift re-trial keeps from the previous round [heuristic]."""
 INFO_GAIN = 0.01
 """Keep trialling (up to 3 x trialSteps) while the confidence margin costs more than this share
 of energy per token [heuristic]."""
@@ -145,6 +150,7 @@ class PhaseController:
         self._last_feature = 0.0
         self._last_slowdown = False
         self._previous_lock_mhz: int | None = None
+        self._was_step_probe = False
         self._lock_feature = 0.0
         self._lock_slowdown = False
         self._slowdowns = 0
@@ -163,12 +169,20 @@ class PhaseController:
         self._step_probe_clock: int | None = None
         self._pending: list[base.ProbeSlice] = []
 
-    def _retrial(self, reason: str, *, keep_floor: bool = False) -> None:
+    def _retrial(self, reason: str, *, keep_floor: bool = False, carry: bool = False) -> None:
         self.retrial_reasons.append(reason)
         self.state = base.PhaseState.TRIAL
         if not keep_floor:
             self.floor_mhz = 0
+        carried = self.blocks[-CARRY_BLOCKS:] if carry else []
         self._new_round()
+        if carried:
+            # The previous workload's blocks seed the fit; new blocks at the best guess correct
+            # it, so a drift re-trial need not pay for the low-clock lever arm again.
+            self.blocks = list(carried)
+            self.fit = probe.fit_phase_model(
+                self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
+            )
 
     @property
     def f_default_mhz(self) -> int:
@@ -278,6 +292,8 @@ class PhaseController:
         guess = self._choose()[0] if self.fit is not None else None
         if most <= 1 and self._slices_in_phase() == 0:
             return [guess if guess is not None else cands[0]]
+        if guess is not None and self._round_steps == 0 and self.blocks:
+            return [guess]  # drift re-trial with carried blocks: check the guess first
         lowest = cands[-1]
         out = [lowest]
         guess = guess if guess is not None else cands[len(cands) // 2]
@@ -330,7 +346,8 @@ class PhaseController:
     ) -> list[tuple[int, float, float | None]]:
         if obs.slices:
             return probe.blocks_from_slices(obs.slices)[0]
-        if self.state is base.PhaseState.TRIAL and self._step_probe:
+        self._was_step_probe = self.state is base.PhaseState.TRIAL and bool(self._step_probe)
+        if self._was_step_probe:
             # Whole-step probe: this phase is one slice (rates) of a block spanning steps.
             self._step_probe.pop(0)
             duration = max(obs.duration_s, 1e-9)
@@ -351,7 +368,7 @@ class PhaseController:
     ) -> None:
         if obs.slices:
             self._round_steps += 1
-        elif self._step_probe or self._pending or obs.requested_clock_mhz is not None:
+        elif self._was_step_probe:
             self._round_steps += 1 / probe.BLOCK
         for clock, thr, power in blocks:
             self.blocks.append((clock, thr, power))
@@ -417,7 +434,7 @@ class PhaseController:
         best_e = 1.0
         z = self.ctl.confidence_z
         for clock in self._allowed():
-            if fit.throughput_lower_bound(clock, z) < self.threshold:
+            if fit.throughput_lower_bound(clock, z) < self.threshold + LOCK_MARGIN:
                 continue
             e = fit.energy_ratio(clock)
             score = e if e is not None else clock / self.settings.max_clock_mhz
@@ -477,7 +494,7 @@ class PhaseController:
             self._lock_feature > 0
             and abs(feature / self._lock_feature - 1.0) > self.ctl.drift_threshold
         ):
-            self._retrial(f"workload drift {feature / self._lock_feature - 1.0:+.0%}")
+            self._retrial(f"workload drift {feature / self._lock_feature - 1.0:+.0%}", carry=True)
             return
         if obs.slowdown and not self._lock_slowdown and self.locked_clock_mhz is not None:
             self._slowdowns += 1
@@ -603,7 +620,7 @@ class EERLController:
         order = sorted(self.phases, key=lambda n: n != bottleneck)
         for name in order:
             pc = self.phases[name]
-            if pc.state is not base.PhaseState.TRIAL or pc.blocks:
+            if pc.state is not base.PhaseState.TRIAL or pc._round_steps > 0:
                 continue
             if name == bottleneck:
                 # The slower pool sets the step time; keep a margin for the step-to-step max().

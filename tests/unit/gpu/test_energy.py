@@ -31,7 +31,9 @@ def test_absurd_jump_is_unknown_not_a_number() -> None:
     delta=st.integers(min_value=0, max_value=2_000_000),
     duration=st.floats(min_value=1.0, max_value=100.0),
 )
-def test_deltas_are_never_negative_and_exact_when_plausible(start: int, delta: int, duration: float) -> None:
+def test_deltas_are_never_negative_and_exact_when_plausible(
+    start: int, delta: int, duration: float
+) -> None:
     end = (start + delta) % 2**64
     d = energy.counter_delta(start, end, duration)
     assert d.energy_mj is None or d.energy_mj >= 0

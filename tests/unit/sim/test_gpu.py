@@ -16,7 +16,9 @@ def test_satisfies_the_gpu_protocol(gpu: sim_gpu.SimulatedGpu) -> None:
     assert isinstance(gpu, base.Gpu)
 
 
-def test_energy_counter_is_monotone_and_updates_every_20_to_100_ms(gpu: sim_gpu.SimulatedGpu) -> None:
+def test_energy_counter_is_monotone_and_updates_every_20_to_100_ms(
+    gpu: sim_gpu.SimulatedGpu,
+) -> None:
     readings = []
     for _ in range(400):
         gpu.execute("generation", 0.005)

@@ -9,7 +9,9 @@ from rlenergy.sim import job as sim_job
 from rlenergy.sim import models, traces, workload
 
 
-def _job(mode: sim_job.Mode = "sync", steps: int = 20, trace: str = "verl-gpg-qwen2-7b-fsdp-8gpu") -> sim_job.Job:
+def _job(
+    mode: sim_job.Mode = "sync", steps: int = 20, trace: str = "verl-gpg-qwen2-7b-fsdp-8gpu"
+) -> sim_job.Job:
     sku = models.get_sku("h100-sxm")
     return sim_job.Job(workload.from_trace(traces.load_trace(trace), sku, steps), sku, mode, seed=5)
 
@@ -36,7 +38,9 @@ def test_fixed_clock_run_equals_its_analytic_replay_and_clocks_are_reset_after()
     job = _job(steps=8)
     clocks = {"generation": 1200, "training": 1800}
     results, gpus = sim_job.run_job(job, base.FixedClocks(clocks))
-    assert sim_job.totals(job, results).energy_j == pytest.approx(sim_job.fixed_run(job, clocks).energy_j, rel=1e-9)
+    assert sim_job.totals(job, results).energy_j == pytest.approx(
+        sim_job.fixed_run(job, clocks).energy_j, rel=1e-9
+    )
     assert all(g.locked_sm_clocks_mhz is None for g in gpus)
 
 
@@ -58,8 +62,12 @@ def test_async_step_waits_for_the_slower_pool() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    gen=st.one_of(st.none(), st.sampled_from(models.get_sku("h100-sxm").supported_sm_clocks_mhz()[:80])),
-    train=st.one_of(st.none(), st.sampled_from(models.get_sku("h100-sxm").supported_sm_clocks_mhz()[:80])),
+    gen=st.one_of(
+        st.none(), st.sampled_from(models.get_sku("h100-sxm").supported_sm_clocks_mhz()[:80])
+    ),
+    train=st.one_of(
+        st.none(), st.sampled_from(models.get_sku("h100-sxm").supported_sm_clocks_mhz()[:80])
+    ),
     mode=st.sampled_from(["sync", "async"]),
 )
 def test_energy_accounting_is_non_negative_and_sums_across_phases(gen, train, mode) -> None:

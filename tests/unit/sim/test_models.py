@@ -18,11 +18,18 @@ def test_h100_matches_the_calibration_table() -> None:
     """calibration/README.md: decode and training throughput/power ratios at 1500 and 990 MHz."""
     sku = models.get_sku("h100-sxm")
     ctx = sku.generation.ctx_ref_tokens  # m = m0 = 0.90 at the reference context
-    for clock, dec_thr, dec_pow, tr_thr, tr_pow in [(1500, 0.969, 0.787, 0.786, 0.665), (990, 0.909, 0.625, 0.541, 0.411)]:
+    for clock, dec_thr, dec_pow, tr_thr, tr_pow in [
+        (1500, 0.969, 0.787, 0.786, 0.665),
+        (990, 0.909, 0.625, 0.541, 0.411),
+    ]:
         assert 1 / sku.time_factor("generation", clock, ctx) == pytest.approx(dec_thr, abs=0.002)
-        assert sku.power_w("generation", clock) / sku.power_w("generation", 1980) == pytest.approx(dec_pow, abs=0.002)
+        assert sku.power_w("generation", clock) / sku.power_w("generation", 1980) == pytest.approx(
+            dec_pow, abs=0.002
+        )
         assert 1 / sku.time_factor("training", clock, ctx) == pytest.approx(tr_thr, abs=0.002)
-        assert sku.power_w("training", clock) / sku.power_w("training", 1980) == pytest.approx(tr_pow, abs=0.002)
+        assert sku.power_w("training", clock) / sku.power_w("training", 1980) == pytest.approx(
+            tr_pow, abs=0.002
+        )
 
 
 def test_default_governor_is_max_boost_unless_the_power_limit_binds() -> None:

@@ -3,8 +3,7 @@
 import pytest
 
 from rlenergy import errors
-from rlenergy.sim import traces, workload
-from rlenergy.sim import models
+from rlenergy.sim import models, traces, workload
 
 STEP_TRACES = traces.packaged_trace_names()
 
@@ -50,7 +49,9 @@ LOG = """\
 def test_console_log_parses_and_maps_both_namings(tmp_path) -> None:
     path = tmp_path / "run.log"
     path.write_text(LOG)
-    (tmp_path / "run.meta.json").write_text('{"train_batch_size": 8, "rollout_n": 2, "gpu": {"type": "H100", "count": 4}}')
+    (tmp_path / "run.meta.json").write_text(
+        '{"train_batch_size": 8, "rollout_n": 2, "gpu": {"type": "H100", "count": 4}}'
+    )
     t = traces.load_trace(str(path))
     assert [s.step for s in t.steps] == [1, 2]
     assert t.steps[0].gen_time_s == 10.0 and t.steps[0].train_time_s == 7.0
@@ -72,7 +73,9 @@ def test_unknown_trace_lists_the_shipped_ones() -> None:
 
 def test_short_trace_replays_cyclically_and_says_so() -> None:
     sku = models.get_sku("h100-sxm")
-    rep = workload.from_trace(traces.load_trace("tinyzero-ppo-qwen25-05b-countdown-rtx4090"), sku, 50)
+    rep = workload.from_trace(
+        traces.load_trace("tinyzero-ppo-qwen25-05b-countdown-rtx4090"), sku, 50
+    )
     assert len(rep.steps) == 50
     assert rep.steps[17].cycle == 1 and rep.steps[17].source_step == rep.steps[0].source_step
     assert any("replayed cyclically" in n for n in rep.notes)

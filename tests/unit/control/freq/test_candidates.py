@@ -19,7 +19,9 @@ def test_thinned_candidates_span_max_to_half_max() -> None:
 
 
 def test_unsupported_explicit_candidate_names_the_field_and_range() -> None:
-    spec = policy.RLEnergyPolicySpec.model_validate({"phases": [{"name": "generation", "clockCandidatesMHz": [1403]}]})
+    spec = policy.RLEnergyPolicySpec.model_validate(
+        {"phases": [{"name": "generation", "clockCandidatesMHz": [1403]}]}
+    )
     with pytest.raises(errors.InvalidInputError) as exc:
         config.phase_settings(spec, H100)
     assert exc.value.field == "spec.phases[0].clockCandidatesMHz"
@@ -28,7 +30,15 @@ def test_unsupported_explicit_candidate_names_the_field_and_range() -> None:
 
 def test_range_and_step() -> None:
     spec = policy.RLEnergyPolicySpec.model_validate(
-        {"phases": [{"name": "generation", "clockRangeMHz": {"minClockMHz": 1200, "maxClockMHz": 1800}, "stepMHz": 150}]}
+        {
+            "phases": [
+                {
+                    "name": "generation",
+                    "clockRangeMHz": {"minClockMHz": 1200, "maxClockMHz": 1800},
+                    "stepMHz": 150,
+                }
+            ]
+        }
     )
     (ph,) = config.phase_settings(spec, H100)
     assert ph.candidates_mhz == (1800, 1650, 1500, 1350, 1200)

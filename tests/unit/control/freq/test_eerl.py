@@ -16,9 +16,17 @@ from rlenergy.sim import models, workload
 SKU = models.get_sku("h100-sxm")
 
 
-def _run(replay: workload.Replay, *, seed: int = 0, spec: api_policy.RLEnergyPolicySpec | None = None, faults=None):
+def _run(
+    replay: workload.Replay,
+    *,
+    seed: int = 0,
+    spec: api_policy.RLEnergyPolicySpec | None = None,
+    faults=None,
+):
     job = sim_job.Job(replay, SKU, "sync", seed=seed)
-    ctl = config.build_controller(spec or api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz())
+    ctl = config.build_controller(
+        spec or api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
+    )
     plans: list[base.Plan] = []
     orig = ctl.decide
 
@@ -78,7 +86,9 @@ def test_an_error_returns_the_default_governor_then_recovers() -> None:
     _, ctl, results, gpus, plans = _run(replay, faults=faults)
     gen = [p.phases["generation"] for p in plans]
     assert gen[31].state is base.PhaseState.FALLBACK and gen[31].clock_mhz is None
-    assert any(r.startswith("error: GpuLostError") for r in ctl.phases["generation"].retrial_reasons)
+    assert any(
+        r.startswith("error: GpuLostError") for r in ctl.phases["generation"].retrial_reasons
+    )
     assert any(d.state is not base.PhaseState.FALLBACK for d in gen[34:])
     assert all(g.locked_sm_clocks_mhz is None for g in gpus)
 
@@ -112,8 +122,22 @@ def test_async_relaxes_the_faster_pool() -> None:
 
 def test_settings_come_from_the_policy() -> None:
     spec = api_policy.RLEnergyPolicySpec.model_validate(
-        {"controller": {"warmupSteps": 5, "trialSteps": 3, "driftThreshold": 0.5, "maxTrialFraction": 0.1}}
+        {
+            "controller": {
+                "warmupSteps": 5,
+                "trialSteps": 3,
+                "driftThreshold": 0.5,
+                "maxTrialFraction": 0.1,
+            }
+        }
     )
     s = config.controller_settings(spec)
-    assert (s.warmup_steps, s.trial_steps, s.drift_threshold, s.max_trial_fraction) == (5, 3, 0.5, 0.1)
-    assert isinstance(config.build_controller(spec, SKU.supported_sm_clocks_mhz()), eerl.EERLController)
+    assert (s.warmup_steps, s.trial_steps, s.drift_threshold, s.max_trial_fraction) == (
+        5,
+        3,
+        0.5,
+        0.1,
+    )
+    assert isinstance(
+        config.build_controller(spec, SKU.supported_sm_clocks_mhz()), eerl.EERLController
+    )

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from rlenergy.control.freq import base, probe
 
 
-def _slices(ratio: float, power_ratio: float, trend, clock: int = 1400, n_blocks: int = 1, dt: float = 1.0):
+def _slices(
+    ratio: float, power_ratio: float, trend, clock: int = 1400, n_blocks: int = 1, dt: float = 1.0
+):
     """Slices whose default progress rate follows ``trend(t)``; candidate slices run ``ratio`` slower."""
     out = []
     t = 0.0
@@ -26,7 +28,9 @@ def _slices(ratio: float, power_ratio: float, trend, clock: int = 1400, n_blocks
     b=st.floats(min_value=-0.0005, max_value=0.0005),
     ratio=st.floats(min_value=0.5, max_value=1.0),
 )
-def test_thue_morse_block_cancels_linear_and_quadratic_trends(a: float, b: float, ratio: float) -> None:
+def test_thue_morse_block_cancels_linear_and_quadratic_trends(
+    a: float, b: float, ratio: float
+) -> None:
     trend = lambda t: 100.0 * (1.0 + a * t + b * t * t)  # noqa: E731
     blocks, used = probe.blocks_from_slices(_slices(ratio, 0.8, trend))
     assert used == probe.BLOCK and len(blocks) == 1
