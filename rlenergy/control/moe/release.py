@@ -223,3 +223,18 @@ def minimum_data_parallel_size(num_experts: int, current_dp: int, num_physical_e
     if num_experts < 1 or current_dp < 1 or num_physical_experts < 1:
         raise errors.InvalidInputError("rollout.experts", "counts must be >= 1")
     return math.ceil(num_experts * current_dp / num_physical_experts)
+
+
+def wait_after_finish_worker_s(finish_s: Sequence[float]) -> float:
+    """Worker-seconds spent waiting for the slowest worker: ``sum(max(finish) - finish)``.
+
+    CASES.md #26 (verl #658): workers finishing at 73.067, 118.574 and 166.683 s wait
+    141.725 worker-seconds (multiply by GPUs per worker for GPU-seconds).
+
+    Raises:
+        InvalidInputError: no finish time.
+    """
+    if not finish_s:
+        raise errors.InvalidInputError("finish_s", "need at least one worker finish time")
+    last = max(finish_s)
+    return sum(last - t for t in finish_s)
