@@ -40,7 +40,7 @@ def test_property_placement_never_exceeds_memory(lengths, budgets, balance):
 
 def test_long_responses_concentrate_and_short_workers_get_more():
     lengths = [100.0] * 8 + [10.0] * 60
-    p = placement.place_by_length(lengths, [0] * 68, [10**9] * 4, 1)
+    p = placement.place_by_length(lengths, [0] * 68, [10**9] * 4, 1, balance="tokens")
     assert set(p.worker_of[:8]) <= {0, 1}
     assert set(p.worker_of[8:]) >= {2, 3}
     assert len(p.responses_of(0)) < len(p.responses_of(3))

@@ -1,0 +1,151 @@
+"""MoE rollout simulator: invariants at every decode step, release rounds, report, CLI.
+
+We test these aspects:
+* on random batches both policies complete every response, never leave an expert without an
+  active host, never overflow memory (property);
+* a rank that misses the ack deadline aborts the round and the group stays whole;
+* the lognormal fit reproduces a step's mean; the CLI prints the documented JSON keys and
+  refuses bad input with exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlenergy import cli
+from rlenergy.sim import moe, rollout_report
+
+MODEL = moe.MOE_MODELS["qwen3-30b-a3b"]
+
+
+def batch(lengths, prompt=64):
+    return moe.RolloutBatch(
+        tuple(f"p{i}" for i in range(len(lengths))),
+        tuple([prompt] * len(lengths)),
+        tuple(int(x) for x in lengths),
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 400), min_size=1, max_size=80),
+    workers=st.integers(1, 8),
+    noise=st.floats(0.0, 1.0),
+    min_active=st.integers(1, 3),
+)
+def test_property_invariants_hold_every_step(lengths, workers, noise, min_active):
+    config = moe.RolloutConfig(
+        model=MODEL, workers=workers, min_active_workers=min(min_active, workers)
+    )
+    rng = np.random.default_rng(len(lengths))
+    preds = [max(1.0, x * math.exp(noise * rng.standard_normal())) for x in lengths]
+    for policy, p in (("baseline", None), ("flexfloor", preds)):
+        r = moe.simulate_rollout(config, batch(lengths), policy=policy, predictions=p)
+        assert r.incomplete_responses == 0
+        assert r.expert_unavailable_steps == 0
+        assert r.memory_overflow_steps == 0
+        assert r.tokens == sum(lengths)
+        assert r.decode_steps >= max(lengths)
+        assert r.active_workers_min >= min(min_active, workers)
+
+
+def test_tight_memory_forces_preemption_without_overflow():
+    # 235B on 16 x H100: little KV room; long responses must queue or be preempted.
+    config = moe.RolloutConfig(model=moe.MOE_MODELS["qwen3-235b-a22b"], workers=16)
+    lengths = [3000] * 64 + [50] * 64
+    r = moe.simulate_rollout(config, batch(lengths, prompt=2000), policy="baseline")
+    assert r.memory_overflow_steps == 0 and r.incomplete_responses == 0
+
+
+def test_flexfloor_releases_finished_workers():
+    config = moe.RolloutConfig(model=MODEL, workers=8)
+    lengths = [2000] * 8 + [20] * 120
+    r = moe.simulate_rollout(
+        config, batch(lengths), policy="flexfloor", predictions=[float(x) for x in lengths]
+    )
+    base = moe.simulate_rollout(config, batch(lengths), policy="baseline")
+    assert r.releases_committed >= 1 and r.active_workers_min < 8
+    assert r.occupied_gpu_s < base.occupied_gpu_s
+    assert r.expert_unavailable_steps == 0
+
+
+def test_missed_ack_deadline_aborts_and_group_stays_consistent():
+    config = moe.RolloutConfig(model=MODEL, workers=4)
+    lengths = [1500] * 4 + [20] * 60
+    preds = [float(x) for x in lengths]
+    r = moe.simulate_rollout(
+        config,
+        batch(lengths),
+        policy="flexfloor",
+        predictions=preds,
+        dropped_acks={0: frozenset({0})},
+    )
+    assert r.releases_aborted == 1
+    assert r.releases_committed >= 1  # a later round commits
+    assert r.expert_unavailable_steps == 0 and r.memory_overflow_steps == 0
+    assert r.incomplete_responses == 0
+
+
+def test_lognormal_fit_matches_the_logged_mean():
+    mu, sigma = rollout_report.fit_lognormal(308.0, 1024.0, 5120, 0.036)
+    mean = rollout_report._clipped_lognormal_mean(mu, sigma, 1024.0)
+    assert mean == pytest.approx(308.0, rel=1e-3)
+    assert 0.1 < sigma < 2.0
+
+
+def test_trace_step_lengths_reads_min_max_and_group():
+    steps = rollout_report.trace_step_lengths("verl-gpg-qwen2-7b-fsdp-8gpu")
+    assert steps[0].group_size == 5 and steps[0].max_response_tokens == 1024
+    assert all(s.min_tokens <= s.mean_tokens <= s.max_tokens for s in steps)
+    (row,) = rollout_report.trace_step_lengths("samples:verl3727-qwen3vl-30b-a3b-gspo")
+    assert row.max_tokens == 30000 and row.min_tokens == 665
+
+
+def test_cli_json_keys(capsys):
+    code = cli.main(
+        [
+            "rollout-sim",
+            "--trace",
+            "verl-ppo-qwen25-7b-gsm8k-16gpu",
+            "--workers",
+            "4",
+            "--experts",
+            "128",
+            "--steps",
+            "2",
+            "--json",
+        ]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in (
+        "tokens_per_occupied_gpu_s_ratio",
+        "generation_throughput_ratio",
+        "baseline_idle_after_finish_fraction",
+        "expert_unavailable_steps",
+        "memory_overflow_steps",
+    ):
+        assert key in out
+    assert out["expert_unavailable_steps"] == 0 and out["memory_overflow_steps"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--workers", "0"],
+        ["--experts", "2", "--workers", "8"],
+        ["--trace", "no-such-trace"],
+        ["--model", "qwen3-235b-a22b", "--workers", "2"],
+        ["--heavy-tail", "1.5"],
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(argv, capsys):
+    assert cli.main(["rollout-sim", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlenergy: error:") and "\n" not in err
