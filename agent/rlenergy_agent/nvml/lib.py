@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NewType, TypeVar
 
-import pynvml
+import pynvml  # type: ignore[import-untyped]
 
 from rlenergy import errors
 
@@ -232,7 +232,7 @@ def mig_device_uuids(handle: Handle) -> list[str]:
 def persistence_enabled(handle: Handle) -> bool:
     """Whether persistence mode is on."""
     mode = _call("nvmlDeviceGetPersistenceMode", pynvml.nvmlDeviceGetPersistenceMode, handle)
-    return int(mode) == pynvml.NVML_FEATURE_ENABLED
+    return bool(int(mode) == int(pynvml.NVML_FEATURE_ENABLED))
 
 
 def supported_memory_clocks_mhz(handle: Handle) -> list[int]:

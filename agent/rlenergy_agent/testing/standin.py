@@ -241,7 +241,8 @@ class StandinDriver:
     # ----- faults and configuration -----------------------------------------------------
     def gpu(self, uuid: str) -> GpuState:
         """The shared state of one GPU (set ``fail_*``, ``clock_cap_mhz`` etc. directly)."""
-        return self.state.gpus[self._index[uuid]]
+        gpu: GpuState = self.state.gpus[self._index[uuid]]
+        return gpu
 
     @property
     def uuids(self) -> tuple[str, ...]:

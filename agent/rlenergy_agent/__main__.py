@@ -1,0 +1,199 @@
+"""``rlenergy-agent``: build the services from settings, run until SIGTERM, reset clocks on exit.
+
+Order: GPUs (NVML or simulated) -> capability probe -> actuator start-up (stale-lock recovery)
+-> energy meter (restored totals) -> pod map -> signal socket and ops port -> sampling loop.
+On SIGTERM/SIGINT every lock the agent made is reset before exit (case #4a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rlenergy.gpu import base, errors
+from rlenergy.sim import gpu as sim_gpu
+from rlenergy.sim import models
+from rlenergy_agent import actuator, config, energy, server, service
+from rlenergy_agent.nvml import backend, lib
+
+log = logging.getLogger("rlenergy_agent")
+
+
+def parse_static_pods(text: str) -> dict[service.PodRef, list[str]]:
+    """Parse ``{"ns/name/uid": ["GPU-..."]}`` (local runs without a kubelet).
+
+    Raises:
+        ValueError: malformed JSON or keys.
+    """
+    if not text:
+        return {}
+    raw = json.loads(text)
+    out: dict[service.PodRef, list[str]] = {}
+    for key, devices in raw.items():
+        parts = key.split("/")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"static pod key {key!r} must be ns/name[/uid]")
+        out[service.PodRef(parts[0], parts[1], parts[2] if len(parts) == 3 else "")] = list(devices)
+    return out
+
+
+def _gpus(settings: config.AgentSettings) -> tuple[dict[str, base.Gpu], dict[str, object]]:
+    if settings.backend == "sim":
+        sku = models.get_sku(settings.sim_sku)
+        sims = {
+            f"GPU-sim-{settings.node_name}-{i:02d}": sim_gpu.SimulatedGpu(
+                sku, f"GPU-sim-{settings.node_name}-{i:02d}", seed=i
+            )
+            for i in range(settings.sim_gpus)
+        }
+        return dict(sims), {}
+    found = backend.discover()
+    for index, why in found.lost.items():
+        log.error("GPU at NVML index %d skipped: %s", index, why)
+    return dict(found.gpus), {u: g.probe() for u, g in found.gpus.items()}
+
+
+def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, object]]:
+    """Build the agent from settings (no listeners yet).
+
+    Raises:
+        rlenergy_agent.nvml.lib.NvmlUnavailableError: NVML cannot start (message says why).
+    """
+    gpus, caps = _gpus(settings)
+    state_dir = settings.state_dir / settings.node_name
+    acts = actuator.Actuator(
+        gpus, actuator.LockStateFile(state_dir / "locks.json"), enforce=settings.enforce
+    )
+    acts.start(
+        persistence={u: getattr(c, "persistence", True) for u, c in caps.items()},
+        mig_uuids={u: getattr(gpus[u], "mig_uuids", ()) for u in gpus},
+    )
+    sources: dict[str, energy.EnergySource] = {}
+    for u in gpus:
+        c = caps.get(u)
+        sources[u] = (
+            energy.source_for(c.energy_counter, c.instant_power, c.power_usage)  # type: ignore[attr-defined]
+            if c is not None
+            else "counter"
+        )
+    meter = energy.EnergyMeter(gpus, sources, totals_path=state_dir / "energy-totals.json")
+    meter.sample()
+    pods = service.StaticPodMap(parse_static_pods(settings.static_pods))
+    mig_parent = {m: u for u in gpus for m in getattr(gpus[u], "mig_uuids", ())}
+    agent = service.Agent(
+        settings.node_name, settings.policy_name, acts, meter, pods, mig_parent=mig_parent
+    )
+    return agent, dict(caps)
+
+
+def nvml_healthy(agent: service.Agent) -> bool:
+    """False when every GPU fails (NVML lost in the container, case #11a)."""
+    if not agent.actuator.gpus:
+        return False
+    for gpu in agent.actuator.gpus.values():
+        try:
+            gpu.power_limit_mw()
+            return True
+        except errors.GpuNotSupportedError:
+            return True
+        except errors.GpuError:
+            continue
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the agent until SIGTERM/SIGINT; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="rlenergy-agent", description=__doc__)
+    parser.add_argument("--node", help="node name (env RLENERGY_AGENT_NODE_NAME)")
+    parser.add_argument("--backend", choices=["nvml", "sim"], help="GPU backend")
+    parser.add_argument("--policy", help="RLEnergyPolicy name")
+    parser.add_argument("--socket", type=Path, help="signal socket path")
+    parser.add_argument("--state-dir", type=Path, help="lock record and totals folder")
+    parser.add_argument("--metrics-port", type=int, help="port of /metrics (0: any)")
+    parser.add_argument("--observe", action="store_true", help="never write clocks")
+    parser.add_argument("--plan", type=Path, help="a ClockPlan JSON/YAML file (local runs)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    overrides: Mapping[str, object] = {
+        k: v
+        for k, v in {
+            "node_name": args.node,
+            "backend": args.backend,
+            "policy_name": args.policy,
+            "socket_path": args.socket,
+            "state_dir": args.state_dir,
+            "metrics_port": args.metrics_port,
+            "enforce": False if args.observe else None,
+        }.items()
+        if v is not None
+    }
+    settings = config.AgentSettings(**overrides)  # type: ignore[arg-type]
+    if not settings.node_name:
+        parser.error("--node or RLENERGY_AGENT_NODE_NAME is required")
+    try:
+        agent, _caps = build(settings)
+    except lib.NvmlUnavailableError as exc:
+        log.error("NVML unavailable, clock control disabled: %s", exc)
+        return 3
+    if args.plan is not None:
+        import yaml
+
+        from rlenergy.api import node as api_node
+
+        agent.set_plan(api_node.ClockPlan.model_validate(yaml.safe_load(args.plan.read_text())))
+    stop = threading.Event()
+    signals = server.SignalServer(settings.socket_path, agent, server.cgroup_resolver(agent))
+    ops = server.OpsServer(
+        settings.metrics_host,
+        settings.metrics_port,
+        agent,
+        health=lambda: nvml_healthy(agent),
+        ready=lambda: bool(agent.actuator.gpus),
+    )
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: resetting clocks and stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signals.start()
+    ops.start()
+    log.info(
+        "agent up on %s: %d GPU(s), signals on %s, ops on %s:%d",
+        settings.node_name,
+        len(agent.actuator.gpus),
+        settings.socket_path,
+        settings.metrics_host,
+        ops.port,
+    )
+    print(json.dumps({"ready": True, "metricsPort": ops.port}), flush=True)
+    try:
+        while not stop.wait(settings.sample_interval_s):
+            agent.meter.sample()
+            agent.observe()
+            agent.meter.save()
+    finally:
+        signals.stop()
+        ops.stop()
+        agent.actuator.reset_all("agent shutdown")
+        agent.meter.sample()
+        agent.meter.save()
+        if settings.backend == "nvml":
+            backend.shutdown()
+        time.sleep(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Agent settings: environment variables ``RLENERGY_AGENT_*`` (pydantic-settings), CLI overrides.
+
+Each setting documents its unit, default and reason. Callers: ``rlenergy_agent.__main__``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AgentSettings(BaseSettings):
+    """Node agent configuration."""
+
+    model_config = SettingsConfigDict(env_prefix="RLENERGY_AGENT_", extra="ignore")
+
+    node_name: str = Field("", description="This node (downward API NODE_NAME); required.")
+    backend: Literal["nvml", "sim"] = Field(
+        "nvml", description="nvml: real GPUs through pynvml; sim: simulated GPUs (demos)."
+    )
+    policy_name: str = Field("default", description="RLEnergyPolicy this agent reports for.")
+    namespace: str = Field("default", description="Namespace of the policy and its reports.")
+    enforce: bool = Field(
+        True, description="False: observe mode, never writes a clock (the plan can also say so)."
+    )
+    socket_path: Path = Field(
+        Path("/var/run/rlenergy/agent.sock"),
+        description="Unix socket trainers signal phases on (mounted into trainer pods).",
+    )
+    state_dir: Path = Field(
+        Path("/var/lib/rlenergy"),
+        description="hostPath for the lock record and energy totals (survive agent restarts).",
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address of /metrics, /healthz, /readyz.")
+    metrics_port: int = Field(9464, ge=0, le=65535, description="Port of /metrics (0: any).")
+    sample_interval_s: float = Field(
+        1.0,
+        gt=0,
+        description="Energy sampling period, s; counters need little, and frequent NVML polling "
+        "raises idle power (case #25). Phase boundaries are always sampled at once.",
+    )
+    report_interval_s: float = Field(
+        5.0, gt=0, description="Longest wait before a finished step is written to the report, s."
+    )
+    podresources_socket: Path = Field(
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        description="Kubelet PodResources v1 socket (mounted read-only).",
+    )
+    static_pods: str = Field(
+        "",
+        description='Local runs without a kubelet: JSON {"ns/name/uid": ["GPU-..."]}.',
+    )
+    sim_gpus: int = Field(8, ge=1, le=16, description="GPUs of the sim backend.")
+    sim_sku: str = Field("h100-sxm", description="SKU of the sim backend (rlenergy.sim).")

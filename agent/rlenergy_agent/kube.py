@@ -1,0 +1,171 @@
+"""Kubernetes I/O of the agent: the node report writer and the plan watcher.
+
+The only agent module importing the Kubernetes client. The writer owns one
+``RLEnergyNodeReport`` per policy and node (``<policy>-<node>``; no two writers share an
+object), writes at most once per RL step (finished steps are batched) and retries transient API
+errors (429, 5xx, connection loss) with exponential backoff. The watcher polls the policy's
+``status.plan`` (polling survives API server restarts and 410 Gone by construction); a deleted
+policy yields ``None`` so the agent resets clocks. Callers: ``rlenergy_agent.__main__``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from rlenergy.api import node as api_node
+
+log = logging.getLogger(__name__)
+
+GROUP = "rlenergy.io"
+VERSION = "v1alpha1"
+REPORT_PLURAL = "rlenergynodereports"
+REPORT_KIND = "RLEnergyNodeReport"
+POLICY_PLURAL = "rlenergypolicies"
+RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
+
+
+def report_name(policy: str, node: str) -> str:
+    """Object name of a node's report (DNS-1123, at most 253 characters)."""
+    return f"{policy}-{node}".lower()[:253]
+
+
+def load_api() -> Any:
+    """A ``CustomObjectsApi`` from the in-cluster config, else the local kubeconfig."""
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+    return kubernetes.client.CustomObjectsApi()
+
+
+class ReportWriter:
+    """Creates or patches the node's ``RLEnergyNodeReport``.
+
+    Args:
+        api: a ``kubernetes.client.CustomObjectsApi`` (or the same shape).
+        namespace: the policy's namespace.
+        policy: policy name.
+        node: node name.
+        max_retries: attempts per write.
+        backoff_s: first retry delay, s (doubles each time).
+        sleep: sleep function (tests).
+    """
+
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        policy: str,
+        node: str,
+        *,
+        max_retries: int = 5,
+        backoff_s: float = 0.5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = report_name(policy, node)
+        self.policy = policy
+        self.node = node
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self._sleep = sleep
+        self.writes = 0
+        self._exists: bool | None = None
+
+    def body(self, report: api_node.NodeReport) -> dict[str, Any]:
+        """The full object for ``report``."""
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": REPORT_KIND,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": {"rlenergy.io/policy": self.policy, "rlenergy.io/node": self.node},
+            },
+            "spec": report.model_dump(by_alias=True, mode="json"),
+        }
+
+    def write(self, report: api_node.NodeReport) -> None:
+        """Create or patch the report, retrying transient errors.
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: a permanent error, or retries exhausted.
+        """
+        delay = self.backoff_s
+        for attempt in range(self.max_retries):
+            try:
+                self._write_once(report)
+                self.writes += 1
+                return
+            except ApiException as exc:
+                if exc.status not in RETRYABLE or attempt == self.max_retries - 1:
+                    raise
+                log.warning("report write failed (%s), retrying in %.1f s", exc.status, delay)
+            except OSError as exc:
+                if attempt == self.max_retries - 1:
+                    raise
+                log.warning("report write failed (%s), retrying in %.1f s", exc, delay)
+            self._sleep(delay)
+            delay *= 2
+
+    def _write_once(self, report: api_node.NodeReport) -> None:
+        body = self.body(report)
+        if self._exists is not False:
+            try:
+                self.api.patch_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    REPORT_PLURAL,
+                    self.name,
+                    {"spec": body["spec"], "metadata": {"labels": body["metadata"]["labels"]}},
+                )
+                self._exists = True
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                self._exists = False
+        self.api.create_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, REPORT_PLURAL, body
+        )
+        self._exists = True
+
+
+class PlanWatcher:
+    """Reads ``RLEnergyPolicy.status.plan``.
+
+    Args:
+        api: a ``CustomObjectsApi``.
+        namespace: the policy's namespace.
+        policy: policy name.
+    """
+
+    def __init__(self, api: Any, namespace: str, policy: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.policy = policy
+
+    def poll(self) -> tuple[bool, api_node.ClockPlan | None]:
+        """(policy exists, its plan or ``None``).
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: any error but 404.
+        """
+        try:
+            obj = self.api.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, POLICY_PLURAL, self.policy
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False, None
+            raise
+        plan = (obj.get("status") or {}).get("plan")
+        return True, api_node.ClockPlan.model_validate(plan) if plan else None

@@ -1,0 +1,144 @@
+"""Prometheus metrics, collected at scrape time from the agent's snapshot (kepler pattern).
+
+The only module importing ``prometheus_client``. Names use base units: ``_joules_total``,
+``_seconds_total``, ``_hertz``. Labels: ``gpu_uuid`` (never an index), ``pod``, ``namespace``,
+``phase``. ``rlenergy_agent_gpu_phase_info`` exports the declared phase per GPU so idle-GPU
+watchdogs can exempt intentional waits (case #27); rejected and missing energy samples are
+counted (cases #10, #14); ``rlenergy_agent_nvml_up`` falls to 0 when every GPU fails (case #11).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from rlenergy_agent import service
+from rlenergy_agent.nvml import lib
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _pod_labels(pod: service.PodRef | None) -> tuple[str, str]:
+    return (pod.name, pod.namespace) if pod is not None else ("", "")
+
+
+class AgentCollector(Collector):
+    """Reads an ``Agent`` at scrape time.
+
+    Args:
+        agent: the agent.
+        health: callable returning whether NVML answers (``nvml_up``).
+    """
+
+    def __init__(self, agent: service.Agent, health: object = None) -> None:
+        self.agent = agent
+        self.health = health
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Yield every metric family from one consistent snapshot."""
+        a = self.agent
+        labels = ["gpu_uuid", "pod", "namespace", "phase"]
+        energy = CounterMetricFamily(
+            "rlenergy_agent_gpu_phase_energy_joules",
+            "GPU energy per phase from counter deltas at phase boundaries, J.",
+            labels=labels,
+        )
+        seconds = CounterMetricFamily(
+            "rlenergy_agent_gpu_phase_seconds",
+            "Time per phase, s.",
+            labels=labels,
+        )
+        total = CounterMetricFamily(
+            "rlenergy_agent_gpu_energy_joules",
+            "GPU energy since the totals began (unknown GPUs are absent, never 0), J.",
+            labels=["gpu_uuid", "energy_source"],
+        )
+        clock = GaugeMetricFamily(
+            "rlenergy_agent_gpu_sm_clock_hertz",
+            "SM clock requested by the plan and read back, Hz.",
+            labels=["gpu_uuid", "kind"],
+        )
+        info = GaugeMetricFamily(
+            "rlenergy_agent_gpu_phase_info",
+            "Declared phase per GPU (1); lets idle-GPU watchdogs exempt intentional waits.",
+            labels=labels,
+        )
+        condition = GaugeMetricFamily(
+            "rlenergy_agent_gpu_condition",
+            "GPU condition (1 for the current one): ok, measureOnly, degraded, lost.",
+            labels=["gpu_uuid", "condition", "reason"],
+        )
+        rejected = CounterMetricFamily(
+            "rlenergy_agent_energy_samples_rejected",
+            "Energy samples rejected as implausible (counter jumps), count.",
+            labels=["gpu_uuid"],
+        )
+        missing = CounterMetricFamily(
+            "rlenergy_agent_energy_samples_missing",
+            "Energy samples that failed (counted as missing coverage), count.",
+            labels=["gpu_uuid"],
+        )
+        tokens = CounterMetricFamily(
+            "rlenergy_agent_valid_tokens", "Valid tokens the trainer reported, count."
+        )
+        with a._lock:  # noqa: SLF001 - one consistent snapshot
+            for (u, phase), j in a.phase_energy_j.items():
+                name, ns = _pod_labels(a.pod_of.get(u))
+                energy.add_metric([u, name, ns, phase], j)
+            for (u, phase), s in a.phase_seconds.items():
+                name, ns = _pod_labels(a.pod_of.get(u))
+                seconds.add_metric([u, name, ns, phase], s)
+            for u, st in a.meter.state.items():
+                known = a.meter.total_j(u)
+                if known is not None:
+                    total.add_metric([u, st.source], known)
+                rejected.add_metric([u], st.rejected)
+                missing.add_metric([u], st.missing)
+            for u, ctl in a.actuator.controls.items():
+                if ctl.requested_mhz is not None:
+                    clock.add_metric([u, "requested"], ctl.requested_mhz * 1e6)
+                if ctl.effective_mhz is not None:
+                    clock.add_metric([u, "effective"], ctl.effective_mhz * 1e6)
+                name, ns = _pod_labels(a.pod_of.get(u))
+                info.add_metric([u, name, ns, a.phase_of.get(u, "idle")], 1.0)
+                condition.add_metric([u, ctl.condition, ctl.reason], 1.0)
+            tokens.add_metric([], sum(w.valid_tokens for w in a.workloads.values()))
+            latencies = list(a.latencies_s)
+        yield from (energy, seconds, total, clock, info, condition, rejected, missing, tokens)
+        lat = GaugeMetricFamily(
+            "rlenergy_agent_phase_signal_latency_seconds",
+            "Phase signal received to clocks applied, s (recent signals).",
+            labels=["quantile"],
+        )
+        if len(latencies) >= 2:
+            q = statistics.quantiles(latencies, n=100, method="inclusive")
+            lat.add_metric(["0.5"], q[49])
+            lat.add_metric(["0.99"], q[98])
+        yield lat
+        calls = CounterMetricFamily(
+            "rlenergy_agent_nvml_calls", "NVML calls per entry point, count.", labels=["function"]
+        )
+        slowest = GaugeMetricFamily(
+            "rlenergy_agent_nvml_call_max_seconds",
+            "Slowest NVML call per entry point, s (slow: persistence mode off, case #5).",
+            labels=["function"],
+        )
+        for fn, stat in sorted(lib.CALL_STATS.items()):
+            calls.add_metric([fn], stat.calls)
+            slowest.add_metric([fn], stat.max_s)
+        yield calls
+        yield slowest
+        up = GaugeMetricFamily("rlenergy_agent_nvml_up", "1 when NVML answers on some GPU.")
+        up.add_metric([], 1.0 if not callable(self.health) or self.health() else 0.0)
+        yield up
+
+
+def render(agent: service.Agent, health: object = None) -> bytes:
+    """The text exposition of the agent's metrics (fresh registry, scrape-time collection)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(agent, health))
+    return generate_latest(registry)

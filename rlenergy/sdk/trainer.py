@@ -1,0 +1,191 @@
+"""Trainer-side client of the node agent: phase signals, progress and token counts.
+
+A trainer (verl, OpenRLHF, a custom loop) tells the node agent on its node when a phase starts,
+how much work it did, and the step's token workload::
+
+    client = RLEnergyClient()
+    with client.phase("generation", step=12):
+        ...  # rollout; client.progress(decoded_tokens) now and then
+    client.phase("training", step=12)
+    client.end_step(12, samples=256, response_tokens=..., prompt_tokens=..., valid_tokens=...)
+
+The agent listens on a Unix socket mounted into the pod (``RLENERGY_AGENT_SOCKET``, default
+``/var/run/rlenergy/agent.sock``) and authenticates the caller by its peer credentials, so the
+client sends no token. Signals are best effort: when the agent is unreachable the client logs
+once and the trainer carries on at default clocks (the agent never slows a job it cannot hear).
+Callers: trainer code, ``rlenergy.sdk.verl``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import socket
+import types
+from collections.abc import Sequence
+from typing import Any
+
+from rlenergy.api import node as api_node
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/var/run/rlenergy/agent.sock"
+SOCKET_ENV = "RLENERGY_AGENT_SOCKET"
+
+
+class AgentRefusedError(Exception):
+    """The agent answered with an error (4xx): the signal was not acted on.
+
+    Args:
+        status: HTTP status.
+        message: the agent's reason.
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"agent refused ({status}): {message}")
+        self.status = status
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class _PhaseContext:
+    def __init__(self, client: RLEnergyClient, step: int) -> None:
+        self._client = client
+        self._step = step
+
+    def __enter__(self) -> _PhaseContext:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self._client.phase("idle", step=self._step)
+
+
+class RLEnergyClient:
+    """Talks to the node agent over its Unix socket; one persistent connection.
+
+    Args:
+        socket_path: the agent socket (default: ``$RLENERGY_AGENT_SOCKET`` or
+            ``/var/run/rlenergy/agent.sock``).
+        timeout_s: per request timeout, s (signals must not stall a trainer).
+        strict: raise ``AgentRefusedError`` and ``OSError`` instead of logging (tests).
+        gpus: GPU UUIDs this process drives (optional; the agent checks they are the pod's).
+    """
+
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        timeout_s: float = 1.0,
+        strict: bool = False,
+        gpus: Sequence[str] = (),
+    ) -> None:
+        self.socket_path = socket_path or os.environ.get(SOCKET_ENV, DEFAULT_SOCKET)
+        self.timeout_s = timeout_s
+        self.strict = strict
+        self.gpus = list(gpus)
+        self._conn: _UnixConnection | None = None
+        self._warned = False
+        self.last_response: dict[str, Any] = {}
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        for attempt in (0, 1):
+            try:
+                if self._conn is None:
+                    self._conn = _UnixConnection(self.socket_path, self.timeout_s)
+                self._conn.request(
+                    "POST", path, body=data, headers={"Content-Type": "application/json"}
+                )
+                resp = self._conn.getresponse()
+                payload = json.loads(resp.read() or b"{}")
+                if resp.status >= 400:
+                    raise AgentRefusedError(resp.status, str(payload.get("error", "")))
+                self.last_response = payload
+                return dict(payload)
+            except AgentRefusedError:
+                self.close()
+                if self.strict:
+                    raise
+                log.warning("rlenergy agent refused %s: %s", path, payload.get("error"))
+                return {}
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if attempt == 0:
+                    continue  # the agent restarted: reconnect once
+                if self.strict:
+                    raise
+                if not self._warned:
+                    log.warning(
+                        "rlenergy agent at %s unreachable (%s); running at default clocks",
+                        self.socket_path,
+                        exc,
+                    )
+                    self._warned = True
+                return {}
+        return {}
+
+    def phase(self, name: str, *, step: int) -> _PhaseContext:
+        """Enter phase ``name`` of RL step ``step`` now (``idle`` ends the current phase).
+
+        Returns:
+            A context manager that signals ``idle`` on exit (optional to use).
+
+        Raises:
+            AgentRefusedError: ``strict`` and the agent refused (e.g. not your GPU).
+        """
+        body: dict[str, Any] = {"phase": name, "step": step}
+        if self.gpus:
+            body["gpus"] = self.gpus
+        self._post("/v1/phase", body)
+        return _PhaseContext(self, step)
+
+    def progress(self, amount: float) -> None:
+        """Report work done in the current phase (decoded tokens, trained tokens)."""
+        self._post("/v1/progress", {"amount": amount})
+
+    def end_step(
+        self,
+        step: int,
+        *,
+        samples: int,
+        response_tokens: float,
+        prompt_tokens: float,
+        valid_tokens: float,
+        mean_context_tokens: float = 0.0,
+    ) -> None:
+        """Close RL step ``step`` with its token workload (valid tokens: the objective's unit)."""
+        workload = api_node.TokenWorkloadReport(
+            samples=samples,
+            response_tokens=response_tokens,
+            prompt_tokens=prompt_tokens,
+            valid_tokens=valid_tokens,
+            mean_context_tokens=mean_context_tokens,
+        )
+        self._post("/v1/step", {"step": step, "workload": workload.model_dump(by_alias=True)})
+
+    def close(self) -> None:
+        """Close the connection (reopened on the next call)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,325 @@
+"""Agent core end to end on the stand-in: SDK -> Unix socket (peer credentials) -> clocks,
+phase energy vs truth, report, metrics, pod-resources map, report writer."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_support import DriverFactory
+from kubernetes.client.exceptions import ApiException
+from rlenergy_agent import actuator, energy, kube, metrics, podmap, server, service
+from rlenergy_agent.nvml import backend
+from rlenergy_agent.testing import standin
+
+from rlenergy.api import node as api_node
+from rlenergy.sdk import trainer, verl
+
+POD_A = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
+POD_B = service.PodRef("team-b", "rollout-0", "66666666-7777-8888-9999-000000000000")
+
+PLAN = api_node.ClockPlan(
+    step=0,
+    phases=[
+        api_node.PhasePlan(phase="generation", clockMHz=1395, state="locked"),
+        api_node.PhasePlan(phase="training", clockMHz=None, state="locked"),
+    ],
+)
+
+
+def _agent(drv: standin.StandinDriver, pods: dict[service.PodRef, list[str]]) -> service.Agent:
+    found = backend.discover()
+    caps = {u: g.probe() for u, g in found.gpus.items()}
+    act = actuator.Actuator(found.gpus, actuator.LockStateFile(None))
+    act.start(persistence={u: c.persistence for u, c in caps.items()})
+    sources = {
+        u: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
+        for u, c in caps.items()
+    }
+    meter = energy.EnergyMeter(found.gpus, sources, clock=lambda: drv.virtual_s)
+    meter.sample()
+    agent = service.Agent(
+        "node-1", "pol", act, meter, service.StaticPodMap(pods), clock=lambda: drv.virtual_s
+    )
+    agent.set_plan(PLAN)
+    return agent
+
+
+@pytest.fixture
+def short_tmp() -> Any:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        yield Path(d)
+
+
+def test_sdk_signals_apply_clocks_and_meter_phases_within_1_percent(
+    make_driver: DriverFactory, short_tmp: Path
+) -> None:
+    drv = make_driver(4)
+    a_gpus, b_gpus = list(drv.uuids[:2]), list(drv.uuids[2:])
+    agent = _agent(drv, {POD_A: a_gpus, POD_B: b_gpus})
+    sock = short_tmp / "agent.sock"
+    srv = server.SignalServer(sock, agent, lambda pid: POD_A if pid == os.getpid() else None)
+    srv.start()
+    try:
+        client = trainer.RLEnergyClient(str(sock), strict=True)
+        cb = verl.RLEnergyVerlCallback(client)
+        for step in range(2):
+            cb.on_generation_start(step)
+            assert all(drv.gpu(u).locked and drv.gpu(u).lock_max_mhz == 1395 for u in a_gpus)
+            assert not any(drv.gpu(u).locked for u in b_gpus)  # not the caller's GPUs
+            drv.set_work(a_gpus, "generation", f"gen-{step}")
+            for _ in range(100):
+                drv.advance(0.1)
+                agent.meter.sample()
+                agent.observe()
+            cb.on_generation_progress(1000.0)
+            cb.on_training_start(step)
+            assert not any(drv.gpu(u).locked for u in a_gpus)  # training: default governor
+            drv.set_work(a_gpus, "training", f"train-{step}")
+            for _ in range(60):
+                drv.advance(0.1)
+                agent.meter.sample()
+            drv.set_work(a_gpus, "idle", "idle")
+            cb.on_step_end(
+                step, {"batch_size": 8, "response_length/mean": 100.0, "prompt_length/mean": 50.0}
+            )
+        report = agent.report()
+        assert [s.step for s in report.steps] == [0, 1]
+        for rec in report.steps:
+            by = {p.phase: p for p in rec.phases}
+            gen_truth = sum(drv.truth_j(u, f"gen-{rec.step}") for u in a_gpus)
+            train_truth = sum(drv.truth_j(u, f"train-{rec.step}") for u in a_gpus)
+            assert by["generation"].energy_joules == pytest.approx(gen_truth, rel=0.01)
+            assert by["training"].energy_joules == pytest.approx(train_truth, rel=0.01)
+            assert by["generation"].requested_clock_mhz == 1395
+            assert by["generation"].applied_clock_mhz == 1395
+            assert by["generation"].energy_source == "counter"
+            assert rec.workload.valid_tokens == 800.0
+        assert report.steps[0].phases[0].progress == 1000.0
+        # case #22: energy of GPUs no pod holds is not dropped: POD_B holds its GPUs here,
+        # so nothing is unattributed; the totals cover every GPU
+        assert report.measured_joules_total > 0
+        # a pod signalling another pod's GPU is refused
+        intruder = trainer.RLEnergyClient(str(sock), strict=True, gpus=[b_gpus[0]])
+        with pytest.raises(trainer.AgentRefusedError) as info:
+            intruder.phase("generation", step=2)
+        assert info.value.status == 403
+        client.close()
+        assert not any(drv.gpu(u).locked for u in b_gpus)
+    finally:
+        srv.stop()
+
+
+def test_unknown_caller_is_refused(make_driver: DriverFactory, short_tmp: Path) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv, {POD_A: list(drv.uuids)})
+    sock = short_tmp / "agent.sock"
+    srv = server.SignalServer(sock, agent, lambda pid: None)
+    srv.start()
+    try:
+        stranger = trainer.RLEnergyClient(str(sock), strict=True)
+        with pytest.raises(trainer.AgentRefusedError) as info:
+            stranger.phase("generation", step=0)
+        assert info.value.status == 403
+        assert not any(drv.gpu(u).locked for u in drv.uuids)
+    finally:
+        srv.stop()
+
+
+def test_sdk_without_agent_carries_on(short_tmp: Path) -> None:
+    client = trainer.RLEnergyClient(str(short_tmp / "absent.sock"))
+    client.phase("generation", step=0)  # logs once, never raises
+    client.progress(5)
+    client.close()
+
+
+def test_pod_uid_from_cgroup(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "42" / "cgroup").write_text(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-"
+        "pod11111111_2222_3333_4444_555555555555.slice/cri-containerd-abc.scope\n"
+    )
+    (proc / "43").mkdir()
+    (proc / "43" / "cgroup").write_text("0::/system.slice/sshd.service\n")
+    assert server.pod_uid_of_pid(42, proc) == POD_A.uid
+    assert server.pod_uid_of_pid(43, proc) is None
+    assert server.pod_uid_of_pid(44, proc) is None
+
+
+def test_case22_unattributed_bucket_and_clocks_only_on_allocated_gpus(
+    make_driver: DriverFactory,
+) -> None:
+    # A privileged pod sees all 8 GPUs but the kubelet allocated 1: only that one is clocked;
+    # energy of GPUs no pod holds goes to the unattributed bucket, never dropped.
+    drv = make_driver(8)
+    agent = _agent(drv, {POD_A: [drv.uuids[5]]})
+    agent.phase(POD_A, "generation", 0)
+    assert [u for u in drv.uuids if drv.gpu(u).locked] == [drv.uuids[5]]
+    drv.advance(10.0)
+    agent.meter.sample()
+    report = agent.report()
+    per_gpu = {g.uuid: g.energy_joules_total for g in report.gpus}
+    assert report.unattributed_joules_total == pytest.approx(
+        sum(j for u, j in per_gpu.items() if u != drv.uuids[5])
+    )
+    assert report.unattributed_joules_total > 0
+    with pytest.raises(service.SignalRefused):
+        agent.phase(POD_B, "generation", 0)  # holds no GPU here
+
+
+def test_case27_declared_generation_at_zero_utilisation_stays_generation(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv, {POD_A: list(drv.uuids)})
+    agent.phase(POD_A, "generation", 0)
+    drv.set_work(drv.uuids, "idle")  # 0 % utilisation for 120 s
+    for _ in range(120):
+        drv.advance(1.0)
+        agent.meter.sample()
+    assert all(agent.phase_of[u] == "generation" for u in drv.uuids)
+    assert all(drv.gpu(u).lock_max_mhz == 1395 for u in drv.uuids)
+    text = metrics.render(agent).decode()
+    assert (
+        f'rlenergy_agent_gpu_phase_info{{gpu_uuid="{drv.uuids[0]}",namespace="team-a",phase="generation",pod="trainer-0"}} 1.0'
+        in text
+    )
+
+
+def test_metrics_and_ops_endpoints(make_driver: DriverFactory) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv, {POD_A: list(drv.uuids)})
+    agent.phase(POD_A, "generation", 0)
+    drv.advance(5.0)
+    agent.phase(POD_A, "training", 0)
+    healthy = [True]
+    ops = server.OpsServer("127.0.0.1", 0, agent, lambda: healthy[0], lambda: True)
+    ops.start()
+    try:
+        base = f"http://127.0.0.1:{ops.port}"
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert "rlenergy_agent_gpu_phase_energy_joules_total{" in text
+        assert "rlenergy_agent_gpu_phase_seconds_total{" in text
+        assert (
+            f'rlenergy_agent_gpu_sm_clock_hertz{{gpu_uuid="{drv.uuids[0]}",kind="requested"}}'
+            not in text
+        )  # training: default
+        assert "rlenergy_agent_nvml_up 1.0" in text
+        assert "rlenergy_agent_energy_samples_rejected_total" in text
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
+            assert resp.status == 200
+        healthy[0] = False
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{base}/healthz", timeout=5)
+        assert info.value.code == 503
+        info.value.close()
+    finally:
+        ops.stop()
+
+
+def test_case11a_all_gpus_unknown_fails_liveness(make_driver: DriverFactory) -> None:
+    from rlenergy_agent import __main__ as main
+
+    drv = make_driver(2)
+    agent = _agent(drv, {POD_A: list(drv.uuids)})
+    assert main.nvml_healthy(agent)
+    drv.state.fail_all = standin.UNKNOWN
+    assert not main.nvml_healthy(agent)
+    assert (
+        "rlenergy_agent_nvml_up 0.0"
+        in metrics.render(agent, lambda: main.nvml_healthy(agent)).decode()
+    )
+
+
+def test_pod_end_and_policy_removal_reset_clocks(make_driver: DriverFactory) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv, {POD_A: [drv.uuids[0]], POD_B: [drv.uuids[1]]})
+    agent.phase(POD_A, "generation", 0)
+    agent.phase(POD_B, "generation", 0)
+    agent.pod_gone(POD_A)
+    assert not drv.gpu(drv.uuids[0]).locked and drv.gpu(drv.uuids[1]).locked
+    agent.set_plan(None)
+    assert not drv.gpu(drv.uuids[1]).locked
+    assert all(g.reset_acknowledged for g in agent.report().gpus)
+
+
+def test_podresources_client_against_a_fake_kubelet(short_tmp: Path) -> None:
+    sock = str(short_tmp / "kubelet.sock")
+    alloc = {
+        ("team-a", "trainer-0"): {"nvidia.com/gpu": ["GPU-b", "GPU-a"]},
+        ("team-a", "cpu-only"): {"example.com/foo": ["x"]},
+        ("team-b", "mig-user"): {"nvidia.com/mig-1g.10gb": ["MIG-GPU-c-0"]},
+    }
+    srv = podmap.serve_fake_kubelet(sock, lambda: alloc)
+    try:
+        client = podmap.PodResourcesClient(sock, uid_of=lambda ns, n: f"uid-{ns}-{n}")
+        pods = client.refresh()
+        assert pods == {
+            service.PodRef("team-a", "trainer-0", "uid-team-a-trainer-0"): ("GPU-b", "GPU-a"),
+            service.PodRef("team-b", "mig-user", "uid-team-b-mig-user"): ("MIG-GPU-c-0",),
+        }
+        assert client.devices_of(service.PodRef("team-a", "trainer-0")) == ("GPU-b", "GPU-a")
+        assert client.devices_of(service.PodRef("team-a", "cpu-only")) == ()
+        client.close()
+    finally:
+        srv.stop(None)
+
+
+class _FakeCustomObjects:
+    """Records calls with the CustomObjectsApi signature; fails as told."""
+
+    def __init__(self, failures: list[int]) -> None:
+        self.failures = failures
+        self.objects: dict[tuple[str, str, str, str, str], dict[str, Any]] = {}
+        self.calls: list[str] = []
+
+    def _fail(self) -> None:
+        if self.failures:
+            raise ApiException(status=self.failures.pop(0))
+
+    def patch_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.calls.append("patch")
+        self._fail()
+        key = (group, version, namespace, plural, name)
+        if key not in self.objects:
+            raise ApiException(status=404)
+        self.objects[key]["spec"] = body["spec"]
+        return self.objects[key]
+
+    def create_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.calls.append("create")
+        self._fail()
+        self.objects[(group, version, namespace, plural, body["metadata"]["name"])] = body
+        return body
+
+
+def test_report_writer_creates_then_patches_with_backoff(make_driver: DriverFactory) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv, {POD_A: list(drv.uuids)})
+    api = _FakeCustomObjects([])
+    sleeps: list[float] = []
+    writer = kube.ReportWriter(api, "team-a", "pol", "node-1", sleep=sleeps.append)
+    writer.write(agent.report())
+    key = ("rlenergy.io", "v1alpha1", "team-a", "rlenergynodereports", "pol-node-1")
+    assert api.calls == ["patch", "create"]
+    obj = api.objects[key]
+    assert obj["kind"] == "RLEnergyNodeReport" and obj["apiVersion"] == "rlenergy.io/v1alpha1"
+    assert obj["spec"]["nodeName"] == "node-1" and obj["spec"]["policyName"] == "pol"
+    api.failures = [503, 429]
+    writer.write(agent.report())
+    assert api.calls[-3:] == ["patch", "patch", "patch"] and sleeps == [0.5, 1.0]
+    api.failures = [403]
+    with pytest.raises(ApiException):
+        writer.write(agent.report())
+    assert writer.writes == 2
