@@ -9,7 +9,7 @@ TRACE ?= verl-gpg-qwen2-7b-fsdp-8gpu
 GPU ?= h100-sxm
 MODE ?= sync
 
-.PHONY: demo demo-sim test lint unit e2e bins bench-energy crds clean
+.PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout crds clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ unit: $(STAMP)
 
 bench-energy: $(STAMP)
 	$(PY) bench/energy.py
+
+## FlexFloor MoE rollout: verl-style baseline vs FlexFloor on every shipped trace.
+bench-rollout: $(STAMP)
+	$(PY) bench/rollout.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache
