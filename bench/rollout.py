@@ -80,7 +80,7 @@ def main() -> int:
                 + r["incomplete_responses"]
             ),
         )
-    console = Console()
+    console = Console(width=170)
     console.print(table)
     met = sum(r["tokens_per_occupied_gpu_s_ratio"] >= TARGET_RATIO for r in rows)
     console.print(

@@ -523,5 +523,5 @@ def main(args: Any) -> int:
     if args.json:
         print(json.dumps(result.to_json(), sort_keys=True))
     else:
-        Console().print(render(result))
+        Console(width=120).print(render(result))
     return 0
