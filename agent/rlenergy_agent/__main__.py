@@ -108,6 +108,13 @@ def nvml_healthy(agent: service.Agent) -> bool:
     return False
 
 
+def write_report(path: Path, agent: service.Agent) -> None:
+    """Write the node report as JSON (atomic replace; local runs and benchmarks)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(agent.report().model_dump_json(by_alias=True))
+    tmp.replace(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit code."""
     parser = argparse.ArgumentParser(prog="rlenergy-agent", description=__doc__)
@@ -119,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, help="port of /metrics (0: any)")
     parser.add_argument("--observe", action="store_true", help="never write clocks")
     parser.add_argument("--plan", type=Path, help="a ClockPlan JSON/YAML file (local runs)")
+    parser.add_argument("--report-file", type=Path, help="also write the report JSON here")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -134,6 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "state_dir": args.state_dir,
             "metrics_port": args.metrics_port,
             "enforce": False if args.observe else None,
+            "report_file": args.report_file,
         }.items()
         if v is not None
     }
@@ -152,7 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         agent.set_plan(api_node.ClockPlan.model_validate(yaml.safe_load(args.plan.read_text())))
     stop = threading.Event()
-    signals = server.SignalServer(settings.socket_path, agent, server.cgroup_resolver(agent))
+    resolve = server.cgroup_resolver(agent)
+    if settings.dev_caller_pod:
+        ns, _, name = settings.dev_caller_pod.partition("/")
+        resolve = server.same_user_resolver(service.PodRef(ns, name))
+    signals = server.SignalServer(settings.socket_path, agent, resolve)
     ops = server.OpsServer(
         settings.metrics_host,
         settings.metrics_port,
@@ -183,12 +196,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             agent.meter.sample()
             agent.observe()
             agent.meter.save()
+            if settings.report_file is not None and agent.dirty_steps:
+                agent.dirty_steps.clear()
+                write_report(settings.report_file, agent)
     finally:
         signals.stop()
         ops.stop()
         agent.actuator.reset_all("agent shutdown")
         agent.meter.sample()
         agent.meter.save()
+        if settings.report_file is not None:
+            write_report(settings.report_file, agent)
         if settings.backend == "nvml":
             backend.shutdown()
         time.sleep(0)

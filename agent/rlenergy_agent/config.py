@@ -53,5 +53,13 @@ class AgentSettings(BaseSettings):
         "",
         description='Local runs without a kubelet: JSON {"ns/name/uid": ["GPU-..."]}.',
     )
+    report_file: Path | None = Field(
+        None, description="Local runs: also write the node report JSON here after each step."
+    )
+    dev_caller_pod: str = Field(
+        "",
+        description="Development only: 'ns/name' that every caller running as the agent's own "
+        "Unix user is taken to be (no kubelet, no pod cgroups). Never set in a cluster.",
+    )
     sim_gpus: int = Field(8, ge=1, le=16, description="GPUs of the sim backend.")
     sim_sku: str = Field("h100-sxm", description="SKU of the sim backend (rlenergy.sim).")

@@ -74,6 +74,20 @@ def cgroup_resolver(agent: service.Agent, proc: Path = Path("/proc")) -> PodReso
     return resolve
 
 
+def same_user_resolver(pod: service.PodRef, proc: Path = Path("/proc")) -> PodResolver:
+    """Development only: callers running as the agent's own Unix user are ``pod``."""
+    me = os.getuid()
+
+    def resolve(pid: int) -> service.PodRef | None:
+        try:
+            owner = (proc / str(pid)).stat().st_uid
+        except OSError:
+            return None
+        return pod if owner == me else None
+
+    return resolve
+
+
 def peer_pid(sock: socket.socket) -> int:
     """The connecting process's pid from SO_PEERCRED (Linux)."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))

@@ -1,0 +1,195 @@
+"""Agent benchmark on the stand-in NVML: phase signal -> clocks applied latency, agent RSS, and
+measured vs true phase energy.
+
+Runs ``rlenergy-agent --backend nvml`` as a separate process whose pynvml loads the stand-in
+``libnvidia-ml.so.1`` through LD_LIBRARY_PATH (the real pynvml code path), drives it with the
+trainer SDK over its Unix socket, and plays the simulated GPUs in real time.
+
+    python bench/agent.py [--signals 400] [--steps 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rlenergy_agent.testing import standin
+
+from rlenergy.sdk import trainer
+from rlenergy.sim import models
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN = {
+    "step": 0,
+    "phases": [
+        {"phase": "generation", "clockMHz": 1395, "state": "locked"},
+        {"phase": "training", "clockMHz": 1755, "state": "locked"},
+    ],
+}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--signals", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--phase-seconds", type=float, default=3.0)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rlenergy-bench-"))
+    lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
+    sku = models.get_sku("h100-sxm")
+    uuids = [f"GPU-bench-{i:04x}-{(i * 7919) % 65536:04x}" for i in range(args.gpus)]
+    drv = standin.StandinDriver(work / "state", [(u, sku) for u in uuids])
+    drv.start(tick_s=0.02)
+    (work / "plan.json").write_text(json.dumps(PLAN))
+    env = dict(os.environ)
+    env.update(drv.env(lib_dir))
+    env.update(
+        {
+            "RLENERGY_AGENT_STATIC_PODS": json.dumps({"bench/trainer-0": uuids}),
+            "RLENERGY_AGENT_DEV_CALLER_POD": "bench/trainer-0",
+            "RLENERGY_AGENT_SAMPLE_INTERVAL_S": "0.5",
+        }
+    )
+    sock = work / "agent.sock"
+    report = work / "report.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlenergy_agent",
+        "--node",
+        "bench-node",
+        "--backend",
+        "nvml",
+        "--socket",
+        str(sock),
+        "--state-dir",
+        str(work / "state-dir"),
+        "--metrics-port",
+        "0",
+        "--plan",
+        str(work / "plan.json"),
+        "--report-file",
+        str(report),
+        "--log-level",
+        "WARNING",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["ready"], ready
+        client = trainer.RLEnergyClient(str(sock), strict=True)
+        agent_lat: list[float] = []
+        rtt: list[float] = []
+        for i in range(args.signals):
+            phase = "generation" if i % 2 == 0 else "training"
+            t0 = time.perf_counter()
+            client.phase(phase, step=i // 2)
+            rtt.append(time.perf_counter() - t0)
+            agent_lat.append(float(client.last_response["latencySeconds"]))
+            want = 1395 if phase == "generation" else 1755
+            assert all(drv.gpu(u).lock_max_mhz == want for u in uuids)
+        client.phase("idle", step=args.signals)
+        rss = rss_mb(proc.pid)
+        # energy: measured phase windows vs the simulator's truth, real time
+        errors: list[float] = []
+        base_step = args.signals
+        for s in range(args.steps):
+            step = base_step + s
+            for phase in ("generation", "training"):
+                client.phase(phase, step=step)
+                drv.set_work(uuids, phase, f"{phase}-{step}")  # type: ignore[arg-type]
+                time.sleep(args.phase_seconds)
+            client.phase("idle", step=step)
+            drv.set_work(uuids, "idle", "idle")
+            client.end_step(step, samples=1, response_tokens=1, prompt_tokens=1, valid_tokens=1)
+        time.sleep(1.2)
+        data = json.loads(report.read_text())
+        windows = {
+            (rec["step"], p["phase"]): p["energyJoules"]
+            for rec in data["steps"]
+            for p in rec["phases"]
+        }
+        rows = []
+        for s in range(args.steps):
+            step = base_step + s
+            for phase in ("generation", "training"):
+                truth = sum(drv.truth_j(u, f"{phase}-{step}") for u in uuids)
+                measured = windows[(step, phase)]
+                err = (measured - truth) / truth
+                errors.append(abs(err))
+                rows.append((step, phase, measured, truth, err))
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        drv.close()
+    reset_ok = not any(drv_state_locked(work / "state", len(uuids)))
+    out = {
+        "signals": args.signals,
+        "gpus": args.gpus,
+        "agent_latency_p50_ms": pct(agent_lat, 50) * 1e3,
+        "agent_latency_p99_ms": pct(agent_lat, 99) * 1e3,
+        "roundtrip_p50_ms": pct(rtt, 50) * 1e3,
+        "roundtrip_p99_ms": pct(rtt, 99) * 1e3,
+        "agent_rss_mb": rss,
+        "phase_energy_max_abs_error_pct": max(errors) * 100,
+        "phase_energy_mean_abs_error_pct": statistics.mean(errors) * 100,
+        "clocks_reset_on_sigterm": reset_ok,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"phase signal -> clocks applied on {args.gpus} GPUs, {args.signals} signals (stand-in NVML)"
+        )
+        print(
+            f"  agent side  p50 {out['agent_latency_p50_ms']:.3f} ms   p99 {out['agent_latency_p99_ms']:.3f} ms   (target p99 <= 5 ms)"
+        )
+        print(
+            f"  round trip  p50 {out['roundtrip_p50_ms']:.3f} ms   p99 {out['roundtrip_p99_ms']:.3f} ms"
+        )
+        print(f"agent RSS {rss:.1f} MB (target <= 60 MB)")
+        print("measured vs true phase energy (counter deltas, real time):")
+        for step, phase, m, t, e in rows:
+            print(
+                f"  step {step} {phase:<10} measured {m:9.1f} J  truth {t:9.1f} J  error {e * 100:+.3f} %"
+            )
+        print(f"  max |error| {out['phase_energy_max_abs_error_pct']:.3f} % (target <= 1 %)")
+        print(f"clocks reset on SIGTERM: {reset_ok}")
+    return 0
+
+
+def drv_state_locked(path: Path, n: int) -> list[bool]:
+    import ctypes
+    import mmap
+
+    with open(path, "r+b") as f:
+        m = mmap.mmap(f.fileno(), ctypes.sizeof(standin.State))
+        st = standin.State.from_buffer_copy(m)
+        m.close()
+    return [bool(st.gpus[i].locked) for i in range(n)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
