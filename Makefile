@@ -9,7 +9,7 @@ TRACE ?= verl-gpg-qwen2-7b-fsdp-8gpu
 GPU ?= h100-sxm
 MODE ?= sync
 
-.PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout crds clean
+.PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench-energy: $(STAMP)
 ## FlexFloor MoE rollout: verl-style baseline vs FlexFloor on every shipped trace.
 bench-rollout: $(STAMP)
 	$(PY) bench/rollout.py
+
+## Node agent on the stand-in NVML (gcc builds it into build/): signal->clock latency, RSS, energy error.
+bench-agent: $(STAMP)
+	$(PY) bench/agent.py
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache
