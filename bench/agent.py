@@ -68,6 +68,7 @@ def main() -> int:
             "RLENERGY_AGENT_STATIC_PODS": json.dumps({"bench/trainer-0": uuids}),
             "RLENERGY_AGENT_DEV_CALLER_POD": "bench/trainer-0",
             "RLENERGY_AGENT_SAMPLE_INTERVAL_S": "0.5",
+            "RLENERGY_AGENT_KUBE": "false",
         }
     )
     sock = work / "agent.sock"

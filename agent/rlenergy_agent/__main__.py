@@ -85,7 +85,14 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
         )
     meter = energy.EnergyMeter(gpus, sources, totals_path=state_dir / "energy-totals.json")
     meter.sample()
-    pods = service.StaticPodMap(parse_static_pods(settings.static_pods))
+    pods: service.PodMap = service.StaticPodMap(parse_static_pods(settings.static_pods))
+    if not settings.static_pods and settings.podresources_socket.exists():
+        from rlenergy_agent import kube, podmap
+
+        pods = podmap.PodResourcesClient(
+            str(settings.podresources_socket),
+            uid_of=kube.pod_uid_lookup(settings.node_name) if settings.kube else None,
+        )
     mig_parent = {m: u for u in gpus for m in getattr(gpus[u], "mig_uuids", ())}
     agent = service.Agent(
         settings.node_name, settings.policy_name, acts, meter, pods, mig_parent=mig_parent
@@ -191,13 +198,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         ops.port,
     )
     print(json.dumps({"ready": True, "metricsPort": ops.port}), flush=True)
+    writer = watcher = None
+    if settings.kube:
+        from rlenergy_agent import kube
+
+        try:
+            api = kube.load_api()
+            writer = kube.ReportWriter(
+                api, settings.namespace, settings.policy_name, settings.node_name
+            )
+            watcher = kube.PlanWatcher(api, settings.namespace, settings.policy_name)
+        except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
+            log.error("no Kubernetes API (%s); reports and plan updates disabled", exc)
+    last_poll = last_write = 0.0
     try:
         while not stop.wait(settings.sample_interval_s):
+            now = time.monotonic()
+            if watcher is not None and now - last_poll >= settings.plan_poll_s:
+                last_poll = now
+                try:
+                    exists, plan = watcher.poll()
+                    if not exists or plan != agent.plan:
+                        agent.set_plan(plan)
+                except Exception as exc:  # noqa: BLE001 - keep the last plan on API errors
+                    log.warning("plan poll failed: %s", exc)
+            if (
+                writer is not None
+                and agent.dirty_steps
+                and (now - last_write >= settings.report_interval_s or len(agent.dirty_steps) > 1)
+            ):
+                last_write = now
+                try:
+                    writer.write(agent.report())
+                    agent.dirty_steps.clear()
+                except Exception as exc:  # noqa: BLE001 - retried at the next step
+                    log.warning("report write failed: %s", exc)
             agent.meter.sample()
             agent.observe()
             agent.meter.save()
             if settings.report_file is not None and agent.dirty_steps:
-                agent.dirty_steps.clear()
+                if writer is None:
+                    agent.dirty_steps.clear()
                 write_report(settings.report_file, agent)
     finally:
         signals.stop()

@@ -53,6 +53,11 @@ class AgentSettings(BaseSettings):
         "",
         description='Local runs without a kubelet: JSON {"ns/name/uid": ["GPU-..."]}.',
     )
+    kube: bool = Field(
+        True,
+        description="Talk to the API server (report, plan, pod UIDs); off for local runs.",
+    )
+    plan_poll_s: float = Field(2.0, gt=0, description="Policy status.plan poll period, s.")
     report_file: Path | None = Field(
         None, description="Local runs: also write the node report JSON here after each step."
     )

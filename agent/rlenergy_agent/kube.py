@@ -169,3 +169,29 @@ class PlanWatcher:
             raise
         plan = (obj.get("status") or {}).get("plan")
         return True, api_node.ClockPlan.model_validate(plan) if plan else None
+
+
+def pod_uid_lookup(node: str, max_age_s: float = 10.0) -> Callable[[str, str], str]:
+    """``(namespace, name) -> uid`` for pods on ``node`` (PodResources carries no UID).
+
+    The listing is cached for ``max_age_s`` seconds; an API error keeps the last listing.
+    """
+    core = kubernetes.client.CoreV1Api()
+    cache: dict[tuple[str, str], str] = {}
+    at = [-1e18]
+
+    def lookup(namespace: str, name: str) -> str:
+        if time.monotonic() - at[0] > max_age_s:
+            try:
+                pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+                cache.clear()
+                for p in pods.items:
+                    meta = p.metadata
+                    if meta is not None and meta.namespace and meta.name and meta.uid:
+                        cache[(str(meta.namespace), str(meta.name))] = str(meta.uid)
+                at[0] = time.monotonic()
+            except (ApiException, OSError) as exc:
+                log.warning("pod listing failed, using the last one: %s", exc)
+        return cache.get((namespace, name), "")
+
+    return lookup

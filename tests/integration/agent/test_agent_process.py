@@ -39,6 +39,7 @@ def _start(drv: standin.StandinDriver, lib_dir: Path, work: Path) -> subprocess.
     env.update(drv.env(lib_dir))
     env["RLENERGY_AGENT_STATIC_PODS"] = json.dumps({"ns/trainer": list(drv.uuids[:2])})
     env["RLENERGY_AGENT_DEV_CALLER_POD"] = "ns/trainer"
+    env["RLENERGY_AGENT_KUBE"] = "false"
     proc = subprocess.Popen(
         [
             sys.executable,
