@@ -76,6 +76,10 @@ def _structural(node: Any, *, in_items: bool = False) -> Any:
             continue
         if key == "additionalProperties" and value is False:
             continue
+        if key == "additionalProperties" and value is True:
+            # Free-form: keep everything below (an empty value schema would prune it).
+            out["x-kubernetes-preserve-unknown-fields"] = True
+            continue
         if key == "const":
             out["enum"] = [value]
             continue

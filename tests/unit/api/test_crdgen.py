@@ -104,6 +104,8 @@ def test_status_schema_declares_every_status_field():
     assert ".status.plan.phases[].clockMHz" in schema_paths
     kopf = _policy_schema()["properties"]["status"]["properties"]["kopf"]
     assert kopf["x-kubernetes-preserve-unknown-fields"] is True
+    # additionalProperties: true would prune nested kopf progress records (seen on 1.36).
+    assert "additionalProperties" not in kopf
 
 
 def test_names_columns_subresource():
