@@ -156,7 +156,11 @@ class JobLoop:
     def _decide(self, step: int) -> base.Plan:
         assert self.controller is not None
         if step not in self.decisions:
-            self.decisions[step] = self.controller.decide(step)
+            plan = self.decisions[step] = self.controller.decide(step)
+            for name, d in plan.phases.items():
+                prev = self.since.get(name)
+                if prev is None or (prev[1], prev[2]) != (d.clock_mhz, d.state.value):
+                    self.since[name] = (step, d.clock_mhz, d.state.value)
             for old in [s for s in self.decisions if s < step - 4]:
                 del self.decisions[old]
         return self.decisions[step]
@@ -259,10 +263,6 @@ class JobLoop:
                 d = decided.phases.get(p.name)
                 if d is None:
                     continue
-                key = (d.clock_mhz, d.state.value)
-                prev = self.since.get(p.name)
-                if prev is None or (prev[1], prev[2]) != key:
-                    self.since[p.name] = (step, *key)
                 phases.append(
                     api_node.PhasePlan(
                         phase=p.name,

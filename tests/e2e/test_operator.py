@@ -51,8 +51,11 @@ RESET_DEADLINE_S = 8
 def crds(dev_cluster: DevCluster) -> Iterator[None]:
     dev_cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
     dev_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/rlenergypolicies.rlenergy.io",
-        "crd/rlenergynodereports.rlenergy.io", "--timeout=60s",
+        "wait",
+        "--for=condition=Established",
+        "crd/rlenergypolicies.rlenergy.io",
+        "crd/rlenergynodereports.rlenergy.io",
+        "--timeout=60s",
     )
     wait_until(
         lambda: dev_cluster.kubectl("get", "rlep", "-A", check=False).returncode == 0,
@@ -119,7 +122,9 @@ def operator(
     try:
         yield op
         # Let the operator lift its finalizers before it stops (no Terminating leftovers).
-        dev_cluster.kubectl("delete", "rlep", "--all", "-n", namespace, "--timeout=60s", check=False)
+        dev_cluster.kubectl(
+            "delete", "rlep", "--all", "-n", namespace, "--timeout=60s", check=False
+        )
     finally:
         op.stop()
     assert "Traceback (most recent call last)" not in op.output(), op.output()[-4000:]
@@ -179,7 +184,9 @@ def test_each_sample_gets_ready_and_one_daemonset_serves_them(
     for name in names:
         status = wait_until(
             lambda n=name: (
-                s if _condition(s := _status(dev_cluster, namespace, n), "Ready").get("status") == "True"
+                s
+                if _condition(s := _status(dev_cluster, namespace, n), "Ready").get("status")
+                == "True"
                 else None
             ),
             timeout=60,
@@ -201,12 +208,21 @@ def test_each_sample_gets_ready_and_one_daemonset_serves_them(
     pod = dss[0]["spec"]["template"]["spec"]
     term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     sec = pod["containers"][0]["securityContext"]
-    assert sec["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]} and sec["privileged"] is False
+    assert (
+        sec["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+        and sec["privileged"] is False
+    )
     wait_until(
-        lambda: get_json(dev_cluster, "ds", dss[0]["metadata"]["name"], "-n", namespace)
-        .get("status", {}).get("desiredNumberScheduled") == 3,
+        lambda: (
+            get_json(dev_cluster, "ds", dss[0]["metadata"]["name"], "-n", namespace)
+            .get("status", {})
+            .get("desiredNumberScheduled")
+            == 3
+        ),
         timeout=60,
         what="agent DaemonSet scheduled on the 3 GPU nodes",
     )
@@ -226,7 +242,11 @@ def _write_reports(cluster: DevCluster, ns: str, reports: list[api_node.NodeRepo
         for r in reports
     ]
     cluster.kubectl(
-        "apply", "--server-side", "--field-manager=sim-agent", "-f", "-",
+        "apply",
+        "--server-side",
+        "--field-manager=sim-agent",
+        "-f",
+        "-",
         input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
     )
 
@@ -237,7 +257,9 @@ def _report_energy(reports: list[api_node.NodeReport]) -> tuple[float, int, floa
     steps: dict[int, float] = {}
     for rep in reports:
         for rec in rep.steps:
-            joules += sum(p.energy_joules or 0.0 for p in rec.phases) + (rec.idle_energy_joules or 0.0)
+            joules += sum(p.energy_joules or 0.0 for p in rec.phases) + (
+                rec.idle_energy_joules or 0.0
+            )
             steps[rec.step] = rec.workload.valid_tokens
     return joules, len(steps), sum(steps.values())
 
@@ -248,7 +270,11 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
 ):
     name = "sim-grpo"
     dev_cluster.kubectl(
-        "apply", "-n", namespace, "-f", "-",
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
         input=_policy(name, controller={"warmupSteps": 2, "trialSteps": 4}),
     )
     wait_until(
@@ -277,7 +303,12 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
             operator.start()
         if operator.proc is not None and operator.proc.poll() is None:
             status = wait_until(
-                lambda: (s if (s := _status(dev_cluster, namespace, name)).get("plan", {}).get("step", -1) >= step else None),
+                lambda: (
+                    s
+                    if (s := _status(dev_cluster, namespace, name)).get("plan", {}).get("step", -1)
+                    >= step
+                    else None
+                ),
                 timeout=60,
                 interval=0.1,
                 what=f"plan for step {step}",
@@ -292,7 +323,9 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
     SimNodes(name, steps, publish, window=64).run(plan_for)
     final = wait_until(
         lambda: (
-            s if (s := _status(dev_cluster, namespace, name)).get("totals", {}).get("throughStep") == steps - 1
+            s
+            if (s := _status(dev_cluster, namespace, name)).get("totals", {}).get("throughStep")
+            == steps - 1
             else None
         ),
         timeout=60,
@@ -306,7 +339,10 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
     assert totals["measuredJoules"] == pytest.approx(joules, rel=1e-9)
     assert totals["validTokens"] == pytest.approx(tokens)
     assert totals["missedSteps"] == 0 and totals["unknownEnergySteps"] == 0
-    assert totals["savingPercent"] > 0 and totals["predictedDefaultJoules"] > totals["comparedMeasuredJoules"]
+    assert (
+        totals["savingPercent"] > 0
+        and totals["predictedDefaultJoules"] > totals["comparedMeasuredJoules"]
+    )
     for ph in final["phases"]:
         assert "percent" in ph["saving"], ph
         assert ph["energyPerValidTokenJoules"] > 0
@@ -315,7 +351,9 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
     # The plan changed after warm-up: trials with probe clocks or locked clocks appeared.
     states = {p["state"] for plan in plans for p in plan["phases"]}
     assert "warmup" in states and "trial" in states, states
-    assert any(p.get("probeClocksMHz") or p.get("clockMHz") for plan in plans for p in plan["phases"])
+    assert any(
+        p.get("probeClocksMHz") or p.get("clockMHz") for plan in plans for p in plan["phases"]
+    )
     events = dev_cluster.kubectl(
         "get", "events", "-n", namespace, "--field-selector", "reason=PlanChanged", "-o", "name"
     ).stdout.split()
@@ -326,7 +364,9 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
     assert "job loop rebuilt" in operator.output()
     assert operator.starts == 2
     lags.sort()
-    print(f"status lag after a report write: median {lags[len(lags) // 2]:.2f} s, max {lags[-1]:.2f} s")
+    print(
+        f"status lag after a report write: median {lags[len(lags) // 2]:.2f} s, max {lags[-1]:.2f} s"
+    )
     assert lags[len(lags) // 2] < 5
 
 
@@ -347,18 +387,31 @@ def test_finalizer_waits_for_reset_acks_or_the_deadline(
         dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=_policy(name))
     for name in ("acked", "silent"):
         wait_until(
-            lambda n=name: _condition(_status(dev_cluster, namespace, n), "Ready").get("status") == "True",
+            lambda n=name: (
+                _condition(_status(dev_cluster, namespace, n), "Ready").get("status") == "True"
+            ),
             timeout=60,
             what=f"{name} Ready",
         )
-    _write_reports(dev_cluster, namespace, [_report("acked", "kwok-gpu-0", False), _report("silent", "kwok-gpu-0", False)])
+    _write_reports(
+        dev_cluster,
+        namespace,
+        [_report("acked", "kwok-gpu-0", False), _report("silent", "kwok-gpu-0", False)],
+    )
     ds = get_json(dev_cluster, "ds", "-n", namespace)["items"]
     assert len(ds) == 1
 
     # 1. acknowledged reset: held until the agent acknowledges, then released.
     dev_cluster.kubectl("delete", "rlep", "acked", "-n", namespace, "--wait=false")
     status = wait_until(
-        lambda: (s if _condition(s := _status(dev_cluster, namespace, "acked"), "Progressing").get("reason") == "ResettingClocks" else None),
+        lambda: (
+            s
+            if _condition(s := _status(dev_cluster, namespace, "acked"), "Progressing").get(
+                "reason"
+            )
+            == "ResettingClocks"
+            else None
+        ),
         timeout=30,
         what="ResettingClocks",
     )
@@ -369,24 +422,39 @@ def test_finalizer_waits_for_reset_acks_or_the_deadline(
     t0 = time.monotonic()
     _write_reports(dev_cluster, namespace, [_report("acked", "kwok-gpu-0", True)])
     wait_until(
-        lambda: dev_cluster.kubectl("get", "rlep", "acked", "-n", namespace, check=False).returncode != 0,
+        lambda: (
+            dev_cluster.kubectl("get", "rlep", "acked", "-n", namespace, check=False).returncode
+            != 0
+        ),
         timeout=30,
         what="acked policy gone",
     )
     print(f"finalizer lifted {time.monotonic() - t0:.1f} s after the reset acknowledgement")
-    assert len(get_json(dev_cluster, "ds", "-n", namespace)["items"]) == 1, "another policy needs it"
+    assert len(get_json(dev_cluster, "ds", "-n", namespace)["items"]) == 1, (
+        "another policy needs it"
+    )
 
     # 2. never acknowledged: released at the deadline with Degraded + a Warning event.
     t0 = time.monotonic()
     dev_cluster.kubectl("delete", "rlep", "silent", "-n", namespace, "--wait=false")
     wait_until(
-        lambda: dev_cluster.kubectl("get", "rlep", "silent", "-n", namespace, check=False).returncode != 0,
+        lambda: (
+            dev_cluster.kubectl("get", "rlep", "silent", "-n", namespace, check=False).returncode
+            != 0
+        ),
         timeout=RESET_DEADLINE_S + 30,
         what="silent policy gone after the deadline",
     )
     assert time.monotonic() - t0 >= RESET_DEADLINE_S - 1
     events = dev_cluster.kubectl(
-        "get", "events", "-n", namespace, "--field-selector", "reason=ResetDeadlineExceeded", "-o", "name"
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "reason=ResetDeadlineExceeded",
+        "-o",
+        "name",
     ).stdout.split()
     assert events
     wait_until(

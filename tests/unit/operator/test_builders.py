@@ -1,0 +1,133 @@
+"""Pure builders (rlenergy_operator.builders) and the operator settings.
+
+We test these aspects:
+* the node-agent DaemonSet: GPU nodes only, tolerates the nvidia.com/gpu taint, CAP_SYS_ADMIN
+  only (not privileged, everything else dropped), NODE_NAME from the downward API;
+* conditions keep lastTransitionTime while their status holds;
+* merge patches: nothing when nothing changed, deletions as null, lists replaced;
+* plan change detection and the Event text; node summary and the Progressing/Degraded logic;
+* settings: env prefix, units; kopf tuned for status storage, our finalizer and peering name
+  (field cases #16, #17, #20).
+"""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+from rlenergy_operator import builders, settings
+
+from rlenergy.api import node as api_node
+from rlenergy.api.v1alpha1 import status as api_status
+
+
+def test_agent_daemonset():
+    cfg = settings.OperatorConfig(namespace="ops", agent_image="img:1")
+    ds = builders.agent_daemonset(cfg)
+    assert ds["metadata"] == {
+        "name": "rlenergy-node-agent",
+        "namespace": "ops",
+        "labels": builders.AGENT_LABELS,
+    }
+    pod = ds["spec"]["template"]["spec"]
+    assert (
+        ds["spec"]["selector"]["matchLabels"].items()
+        <= ds["spec"]["template"]["metadata"]["labels"].items()
+    )
+    expr = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ][0]["matchExpressions"][0]
+    assert expr == {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    (c,) = pod["containers"]
+    assert c["image"] == "img:1"
+    assert c["securityContext"]["privileged"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "priorityClassName" not in pod
+
+
+def test_condition_transition_time():
+    first = builders.condition("Ready", True, "AgentsDeployed", "ok", generation=1, now="t1")
+    same = builders.condition(
+        "Ready", True, "AgentsDeployed", "still", generation=2, now="t2", previous=[first]
+    )
+    flipped = builders.condition(
+        "Ready", False, "InvalidSpec", "bad", generation=3, now="t3", previous=[same]
+    )
+    assert same["lastTransitionTime"] == "t1" and flipped["lastTransitionTime"] == "t3"
+    assert flipped["observedGeneration"] == 3 and flipped["status"] == "False"
+    merged = builders.merge_conditions(
+        [flipped], [builders.condition("Degraded", False, "AsExpected", "", generation=3, now="t")]
+    )
+    assert [c["type"] for c in merged] == ["Ready", "Degraded"]
+
+
+def test_merge_patch():
+    old = {"a": {"x": 1, "y": 2}, "l": [1, 2], "k": 3}
+    assert builders.merge_patch(old, {"a": {"x": 1, "y": 2}, "l": [1, 2]}) == {}
+    assert builders.merge_patch(old, {"a": {"x": 1}, "l": [2]}) == {"a": {"y": None}, "l": [2]}
+    assert builders.merge_patch(None, {"a": 1}) == {"a": 1}
+
+
+def _plan(clock: int | None, state: str = "locked") -> api_node.ClockPlan:
+    return api_node.ClockPlan(
+        step=5, phases=[api_node.PhasePlan(phase="generation", clock_mhz=clock, state=state)]
+    )
+
+
+def test_plan_changed_and_description():
+    old = _plan(1410).model_dump(by_alias=True)
+    assert not builders.plan_changed(old, _plan(1410))
+    assert builders.plan_changed(old, _plan(1320))
+    assert builders.plan_changed(None, _plan(1320))
+    assert builders.describe_plan(_plan(None, "warmup")) == "step 5: generation default (warmup)"
+
+
+def test_node_summary_and_conditions():
+    reps = [
+        api_node.NodeReport(policy_name="p", node_name="a", gpus=[api_node.GpuStatus(uuid="G1")]),
+        api_node.NodeReport(
+            policy_name="p",
+            node_name="b",
+            gpus=[api_node.GpuStatus(uuid="G2", condition="lost", reason="Xid 79")],
+        ),
+    ]
+    nodes = builders.node_summary(reps)
+    assert (nodes.ready, nodes.total) == (1, 2)
+    assert [e.reason for e in nodes.errors] == ["GPULost", "NoUsableGPU"]
+    assert builders.degraded_condition(nodes, True, True)[:2] == (True, "NodeErrors")
+    ok = api_status.NodesStatus(ready=1, total=1)
+    assert builders.degraded_condition(ok, False, True)[:2] == (True, "NoClockTable")
+    assert builders.degraded_condition(ok, True, True)[0] is False
+    ph = lambda n, s: api_status.PhaseStatus(name=n, state=s)  # noqa: E731
+    assert builders.progress_condition([ph("generation", "trial"), ph("training", "locked")])[
+        :2
+    ] == (True, "SelectingClocks")
+    assert builders.progress_condition([ph("generation", "locked")])[1] == "ClocksLocked"
+    assert builders.progress_condition([ph("generation", "observe")])[1] == "Observing"
+
+
+def test_settings_from_env(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RLENERGY_OPERATOR_RECONCILE_INTERVAL_S", "0.5")
+    monkeypatch.setenv("RLENERGY_OPERATOR_NAMESPACE", "x")
+    cfg = settings.OperatorConfig()
+    assert cfg.reconcile_interval_s == 0.5 and cfg.namespace == "x"
+    monkeypatch.setenv("RLENERGY_OPERATOR_RESET_DEADLINE_S", "-1")
+    with pytest.raises(ValueError):
+        settings.OperatorConfig()
+
+
+def test_kopf_is_tuned_for_status_storage_our_finalizer_and_peering():
+    ks = kopf.OperatorSettings()
+    settings.configure_kopf(ks, settings.OperatorConfig())
+    # Case #16/#17: progress and diff base in the declared status.kopf, not annotations (GitOps).
+    assert isinstance(ks.persistence.progress_storage, kopf.StatusProgressStorage)
+    assert isinstance(ks.persistence.diffbase_storage, kopf.StatusDiffBaseStorage)
+    assert ks.persistence.finalizer == "rlenergy.io/reset-clocks"
+    # Case #20: a peering name of our own, an explicit priority.
+    assert ks.peering.name == "rlenergy-operator" and ks.peering.priority == 100
+    assert ks.execution.default_backoff == 5.0
