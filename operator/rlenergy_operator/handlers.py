@@ -21,7 +21,6 @@ from typing import Any
 
 import kopf
 import pydantic
-from kubernetes.client import exceptions as k8s_errors
 
 from rlenergy import errors
 from rlenergy.api import node as api_node
@@ -101,7 +100,7 @@ def policy_reconcile(
         return
     try:
         action = kube.ensure_daemonset(builders.agent_daemonset(CFG))
-    except k8s_errors.ApiException as exc:
+    except kube.ApiError as exc:
         raise kopf.TemporaryError(
             f"node-agent DaemonSet {CFG.namespace}/{CFG.agent_daemonset_name}: "
             f"{exc.status} {exc.reason}",
@@ -177,7 +176,7 @@ def policy_loop(
         return  # policy_reconcile reported it
     try:
         raw = kube.node_reports(namespace, name)
-    except k8s_errors.ApiException as exc:
+    except kube.ApiError as exc:
         raise kopf.TemporaryError(
             f"listing node reports: {exc.status} {exc.reason}", delay=CFG.retry_delay_s
         ) from exc
@@ -302,7 +301,7 @@ def policy_delete(
         patch.status["plan"] = reset.model_dump(by_alias=True, exclude_none=True)
     try:
         raw = kube.node_reports(namespace, name)
-    except k8s_errors.ApiException as exc:
+    except kube.ApiError as exc:
         raise kopf.TemporaryError(
             f"listing node reports: {exc.status} {exc.reason}", delay=2
         ) from exc
@@ -362,7 +361,7 @@ def policy_delete(
             logger.info(
                 "no policy left: deleted DaemonSet %s/%s", CFG.namespace, CFG.agent_daemonset_name
             )
-    except k8s_errors.ApiException as exc:
+    except kube.ApiError as exc:
         raise kopf.TemporaryError(
             f"DaemonSet clean-up: {exc.status} {exc.reason}", delay=2
         ) from exc

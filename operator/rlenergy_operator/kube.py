@@ -16,6 +16,9 @@ from kubernetes.client import exceptions as k8s_errors
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy.api.v1alpha1 import policy as api_policy
 
+ApiError = k8s_errors.ApiException
+"""What every function here raises on an API failure (``.status``, ``.reason``)."""
+
 
 @functools.cache
 def _api() -> kubernetes.client.ApiClient:
