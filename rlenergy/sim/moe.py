@@ -347,12 +347,108 @@ class RolloutResult:
     active_workers_min: int
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeStepModel:
+    """The simulator's decode-step time model (implements ``base.StepCostModel``).
+
+    One function gives the time of a decode step from each active worker's attention batch
+    (running responses, context tokens) and resident experts, so the simulated truth and the
+    cost-aware release guard agree by construction: the guard's only error is its length
+    prediction (a deployment would fit this model to measured step times instead).
+
+    Worker time ``max(memory_w / HBM bandwidth, 2 x active params x running_w / (peak x
+    DECODE_MFU))`` with ``memory_w = dense + context_w x kv_bytes_per_token + experts_w x
+    touched x expert_bytes`` and ``touched = 1 - (1 - k / E) ** tokens`` (uniform top-k routing
+    of the group's running tokens); step time ``max_w`` of it plus ``2 x layers`` all-to-alls
+    over the active workers (``Fabric.all_to_all_s``). Every term is [MODEL] unless sourced in
+    ``MoeModel`` / ``Fabric``.
+
+    Attributes:
+        config: the EP group (model, GPU, experts, fabric).
+    """
+
+    config: RolloutConfig
+
+    @property
+    def _bandwidth(self) -> float:
+        return models.get_sku(self.config.gpu).memory_bandwidth_tbps * 1e12
+
+    @property
+    def _flops(self) -> float:
+        return models.get_sku(self.config.gpu).dense_bf16_tflops * 1e12 * DECODE_MFU
+
+    def steps_s(
+        self,
+        running: IntArray,
+        context_tokens: FloatArray,
+        experts: IntArray,
+        growth_steps: int = 1,
+    ) -> FloatArray:
+        """Times of ``growth_steps`` consecutive decode steps of a fixed batch, s.
+
+        Between two completion (or admission, preemption, release) events the batch is
+        constant and every running response's context grows by one token per step, so step
+        ``j`` (0-based) sees ``context_w + j x running_w`` context tokens on worker ``w``.
+
+        Args:
+            running: running responses per active worker, shape ``(n_active,)``.
+            context_tokens: context tokens (prompt + generated) of those responses per active
+                worker at the first step, tokens, shape ``(n_active,)``.
+            experts: experts resident per active worker, shape ``(n_active,)``.
+            growth_steps: consecutive steps to time (>= 1).
+
+        Returns:
+            Step times, s, shape ``(growth_steps,)``.
+        """
+        cfg = self.config
+        model = cfg.model
+        tokens = int(running.sum())
+        touched = 1.0 - (1.0 - model.experts_per_token / cfg.experts) ** tokens
+        fixed = model.dense_bytes + experts.astype(np.float64) * (touched * cfg.expert_bytes)
+        kvb = float(model.kv_bytes_per_token)
+        j = np.arange(growth_steps, dtype=np.float64)[:, None]
+        mem = fixed[None, :] + (context_tokens[None, :] + j * running[None, :]) * kvb
+        compute = 2.0 * model.active_params * running.astype(np.float64) / self._flops
+        worker_t = np.maximum(mem / self._bandwidth, compute[None, :]).max(axis=1)
+        payload = model.experts_per_token * model.hidden_size * 2
+        a2a = (
+            2
+            * model.num_layers
+            * cfg.fabric.all_to_all_s(len(running), int(running.max(initial=0)), payload)
+        )
+        out: FloatArray = worker_t + a2a
+        return out
+
+    def decode_step_s(self, workers: Sequence[base.WorkerState]) -> float:
+        """One decode step taken by exactly ``workers`` (``base.StepCostModel``), s."""
+        kvb = self.config.model.kv_bytes_per_token
+        running = np.asarray([w.running for w in workers], dtype=np.int64)
+        ctx = np.asarray([w.kv_bytes / kvb for w in workers], dtype=np.float64)
+        experts = np.asarray([len(w.experts) for w in workers], dtype=np.int64)
+        return float(self.steps_s(running, ctx, experts)[0])
+
+    def copy_s(self, moves: Sequence[base.ExpertMove]) -> float:
+        """Expert copies done one after the other, s (NVLink inside a node, RDMA across)."""
+        fabric = self.config.fabric
+        return sum(
+            fabric.copy_s(
+                self.config.expert_bytes,
+                m.source // fabric.gpus_per_node == m.target // fabric.gpus_per_node,
+            )
+            for m in moves
+        )
+
+
 class _Round:
     """A release round in flight in the simulator (ack arrival per rank)."""
 
     def __init__(self, decision: base.ReleaseDecision, ack_at_step: Mapping[int, int]) -> None:
         self.round = protocol.ReleaseRound(decision)
         self.ack_at_step = dict(ack_at_step)
+
+
+PLAN_RETRY_STEPS = 64
+"""Decode steps before the planner is asked again after it released nobody [MODEL]."""
 
 
 def simulate_rollout(
@@ -363,24 +459,41 @@ def simulate_rollout(
     predictions: Sequence[float] | None = None,
     dropped_acks: Mapping[int, frozenset[int]] | None = None,
     check_every_step: bool = True,
+    guard: bool = True,
+    coarse: bool = True,
 ) -> RolloutResult:
     """Decode one batch under ``policy`` and check the invariants at every decode step.
+
+    Event-driven: a decode step on which something discrete happens (a response finishes, is
+    admitted or preempted, a release round acks, commits or aborts, the planner is asked) is
+    simulated on its own; the quiet steps between two such events, where the batch is constant
+    and only contexts grow, are advanced together (``coarse=True``): their times come from
+    ``DecodeStepModel.steps_s`` in one vectorised call, and the invariants are evaluated in
+    closed form for every one of them (hosted experts do not change between events; KV grows
+    linearly, so the first overflowing step is computed, not sampled). ``coarse=False`` steps
+    one at a time; both give the same result up to float summation order.
 
     Args:
         config: the EP group.
         batch: the responses; both policies must get the same batch.
         policy: ``baseline`` or ``flexfloor``.
-        predictions: predicted response length per response, tokens (FlexFloor placement and
-            memory reservation); ``None``: every response predicted at the batch median.
+        predictions: predicted response length per response, tokens (FlexFloor placement,
+            memory reservation and the guard's horizon); ``None``: every response predicted at
+            the batch median.
         dropped_acks: fault injection: decision id -> ranks whose ack never arrives (the
             round must abort at its deadline and the group stay whole).
         check_every_step: run the invariant checks on every decode step (tests, bench).
+        guard: FlexFloor only: give the planner the cost-aware guard (``DecodeStepModel``);
+            ``False`` releases whenever the rule allows (the previous behaviour, for
+            comparison).
+        coarse: advance quiet decode steps together (see above).
 
     Returns:
         The result, with its invariant-violation counters.
 
     Raises:
-        InvalidInputError: unknown policy, or inputs of different lengths.
+        InvalidInputError: unknown policy, inputs of different lengths, or a response whose
+            prompt alone does not fit its worker.
     """
     if policy not in ("baseline", "flexfloor"):
         raise errors.InvalidInputError("policy", f"unknown policy {policy!r}")
@@ -388,10 +501,7 @@ def simulate_rollout(
     if len(batch.prompt_tokens) != n or len(batch.prompt_ids) != n:
         raise errors.InvalidInputError("batch", "prompt ids, prompt tokens and lengths differ")
     layout = config.layout()
-    model = config.model
-    sku = models.get_sku(config.gpu)
-    bandwidth = sku.memory_bandwidth_tbps * 1e12
-    flops = sku.dense_bf16_tflops * 1e12 * DECODE_MFU
+    step_model = DecodeStepModel(config)
     kvb = layout.kv_bytes_per_token
     workers = config.workers
     experts_of = config.initial_experts()
@@ -423,7 +533,7 @@ def simulate_rollout(
     finish_s = [0.0] * workers
     release_s = [-1.0] * workers
     worker_done = [False] * workers
-    planner = release.FlexFloorPlanner(layout)
+    planner = release.FlexFloorPlanner(layout, step_model if guard else None)
     rounds: _Round | None = None
     decision_id = 0
     retry_at_step = 0
@@ -435,7 +545,6 @@ def simulate_rollout(
     committed = aborted = moves_made = preemptions = 0
     min_active = workers
     all_experts = set(range(config.experts))
-    payload = model.experts_per_token * model.hidden_size * 2
     drop = dropped_acks or {}
     order = np.argsort(worker_of, kind="stable")  # queue order: placement order per worker
 
@@ -473,6 +582,23 @@ def simulate_rollout(
             else:
                 blocked.add(w)
 
+    def admissible() -> bool:
+        """Would ``admit`` admit anything now (the head of some worker's queue fits)?"""
+        if not queued.any():
+            return False
+        kv = kv_bytes_per_worker()
+        counts = np.bincount(worker_of[running], minlength=workers)
+        seen: set[int] = set()
+        for i in order[queued[order]]:
+            w = int(worker_of[i])
+            if w in seen:
+                continue
+            seen.add(w)
+            need = float((prompts[i] + 1) * kvb)
+            if counts[w] < MAX_RUNNING_PER_WORKER and kv[w] + need <= kv_capacity(w):
+                return True
+        return False
+
     def preempt_for_growth() -> None:
         nonlocal preemptions
         kv = kv_bytes_per_worker()
@@ -492,10 +618,13 @@ def simulate_rollout(
     def worker_states() -> list[base.WorkerState]:
         kv = kv_bytes_per_worker()
         unfinished = np.bincount(worker_of[~done], minlength=workers)
+        n_running = np.bincount(worker_of[running], minlength=workers)
         remaining = np.clip(predicted - generated, 1.0, None)
         remaining_kv = np.bincount(
             worker_of[~done], weights=remaining[~done] * kvb, minlength=workers
         )
+        remaining_steps = np.zeros(workers)
+        np.maximum.at(remaining_steps, worker_of[~done], remaining[~done])
         return [
             base.WorkerState(
                 worker=w,
@@ -503,10 +632,58 @@ def simulate_rollout(
                 unfinished=int(unfinished[w]),
                 kv_bytes=int(kv[w]),
                 kv_reserved_bytes=int(remaining_kv[w]),
+                running=int(n_running[w]),
+                remaining_steps=float(remaining_steps[w]),
             )
             for w in range(workers)
             if active[w]
         ]
+
+    def batch_shape(active_ranks: list[int]) -> tuple[IntArray, FloatArray, IntArray]:
+        run_idx = np.flatnonzero(running)
+        n_w = np.bincount(worker_of[run_idx], minlength=workers)
+        ctx_w = np.bincount(
+            worker_of[run_idx], weights=(prompts[run_idx] + generated[run_idx]), minlength=workers
+        )
+        experts_w = np.asarray([len(experts_of[w]) for w in active_ranks], dtype=np.int64)
+        return n_w[active_ranks], ctx_w[active_ranks].astype(np.float64), experts_w
+
+    def quiet_steps(active_ranks: list[int]) -> int:
+        """Decode steps from now on which nothing discrete can happen (see docstring)."""
+        if rounds is not None or not running.any():
+            return 0
+        run_idx = np.flatnonzero(running)
+        quiet = int((lengths[run_idx] - generated[run_idx]).min()) - 1  # next finish: singly
+        if policy == "flexfloor" and any(active[w] and worker_done[w] for w in range(workers)):
+            quiet = min(quiet, retry_at_step - step - 1)  # the planner is asked at retry
+        if quiet <= 0 or admissible():
+            return 0
+        kv = kv_bytes_per_worker()
+        n_w = np.bincount(worker_of[run_idx], minlength=workers)
+        for w in range(workers):
+            if n_w[w]:
+                # Preemption check of quiet step j: kv + j x running x kvb > capacity.
+                quiet = min(quiet, int((kv_capacity(w) - kv[w]) // (n_w[w] * kvb)))
+        return max(quiet, 0)
+
+    def check_invariants(active_ranks: list[int], count: int) -> None:
+        """Count violations over ``count`` steps with this batch (contexts growing)."""
+        nonlocal unavailable, overflow
+        hosted: set[int] = set()
+        for w in active_ranks:
+            hosted |= experts_of[w]
+        if hosted != all_experts:
+            unavailable += count
+        kv = kv_bytes_per_worker()
+        n_w = np.bincount(worker_of[running], minlength=workers)
+        first_bad = count  # first 0-based step of the run with some worker over memory
+        for w in active_ranks:
+            cap = kv_capacity(w)
+            if kv[w] > cap:
+                first_bad = 0
+            elif n_w[w]:
+                first_bad = min(first_bad, int((cap - kv[w]) // (n_w[w] * kvb)) + 1)
+        overflow += max(count - first_bad, 0)
 
     for w in range(workers):
         if not (worker_of == w).any():
@@ -523,41 +700,10 @@ def simulate_rollout(
                 "batch", "a response cannot be admitted on its worker (prompt larger than memory)"
             )
         if check_every_step:
-            hosted: set[int] = set()
-            for w in active_ranks:
-                hosted |= experts_of[w]
-            if hosted != all_experts:
-                unavailable += 1
-            kv = kv_bytes_per_worker()
-            for w in active_ranks:
-                if layout.dense_bytes + len(experts_of[w]) * layout.expert_bytes + kv[w] > (
-                    layout.worker_memory_bytes
-                ):
-                    overflow += 1
-                    break
+            check_invariants(active_ranks, 1)
         # --- time of this decode step -------------------------------------------------------
         run_idx = np.flatnonzero(running)
-        n_w = np.bincount(worker_of[run_idx], minlength=workers)
-        ctx_w = np.bincount(
-            worker_of[run_idx], weights=(prompts[run_idx] + generated[run_idx]), minlength=workers
-        )
-        total_tokens = int(run_idx.size)
-        touched = 1.0 - (1.0 - model.experts_per_token / config.experts) ** total_tokens
-        worker_t = 0.0
-        for w in active_ranks:
-            mem = (
-                layout.dense_bytes
-                + ctx_w[w] * kvb
-                + len(experts_of[w]) * touched * layout.expert_bytes
-            )
-            t = max(mem / bandwidth, 2.0 * model.active_params * n_w[w] / flops)
-            worker_t = max(worker_t, t)
-        a2a = (
-            2
-            * model.num_layers
-            * config.fabric.all_to_all_s(len(active_ranks), int(max(n_w[active_ranks])), payload)
-        )
-        dt = worker_t + a2a
+        dt = float(step_model.steps_s(*batch_shape(active_ranks))[0])
         # --- advance -----------------------------------------------------------------------
         generated[run_idx] += 1
         finished = run_idx[generated[run_idx] >= lengths[run_idx]]
@@ -573,53 +719,64 @@ def simulate_rollout(
                     worker_done[w] = True
                     finish_s[w] = time_s
         idle_after += dt * sum(1 for w in active_ranks if worker_done[w])
-        if policy != "flexfloor":
+        if policy == "flexfloor":
+            # --- FlexFloor release ----------------------------------------------------------
+            if rounds is not None:
+                r = rounds.round
+                for rank, at in rounds.ack_at_step.items():
+                    if step >= at and rank not in drop.get(r.decision.decision_id, frozenset()):
+                        r.ack(rank, r.decision.decision_id)
+                status = r.advance(step)
+                if status is protocol.RoundStatus.ABORTED:
+                    aborted += 1
+                    rounds = None
+                    retry_at_step = step + config.timing.ack_window_steps
+                elif status is protocol.RoundStatus.COMMITTED and step >= r.decision.apply_at_step:
+                    for move in r.decision.moves:
+                        experts_of[move.target].add(move.expert)
+                    moves_made += len(r.decision.moves)
+                    # The copies run before the apply step; conservatively charge them as a
+                    # stall of the whole group (they share HBM and links with decoding) [MODEL].
+                    stall = step_model.copy_s(r.decision.moves)
+                    time_s += stall
+                    occupied += stall * len(active_ranks)
+                    for w in r.decision.release:
+                        active[w] = False
+                        release_s[w] = time_s
+                    committed += 1
+                    rounds = None
+            if rounds is None and step >= retry_at_step:
+                candidates = [w for w in range(workers) if active[w] and worker_done[w]]
+                if candidates and not done.all():
+                    plan = planner.plan(worker_states(), step)
+                    if plan.release:
+                        decision = protocol.make_decision(
+                            plan,
+                            decision_id=decision_id,
+                            active_before=tuple(w for w in range(workers) if active[w]),
+                            step=step,
+                            timing=config.timing,
+                        )
+                        decision_id += 1
+                        rounds = _Round(decision, {w: step + 1 for w in decision.active_before})
+                    else:
+                        retry_at_step = step + PLAN_RETRY_STEPS  # wait for the batch to change
+        if not coarse or done.all():
             continue
-        # --- FlexFloor release --------------------------------------------------------------
-        if rounds is not None:
-            r = rounds.round
-            for rank, at in rounds.ack_at_step.items():
-                if step >= at and rank not in drop.get(r.decision.decision_id, frozenset()):
-                    r.ack(rank, r.decision.decision_id)
-            status = r.advance(step)
-            if status is protocol.RoundStatus.ABORTED:
-                aborted += 1
-                rounds = None
-                retry_at_step = step + config.timing.ack_window_steps
-            elif status is protocol.RoundStatus.COMMITTED and step >= r.decision.apply_at_step:
-                stall = 0.0
-                for move in r.decision.moves:
-                    experts_of[move.target].add(move.expert)
-                    same = move.source // config.fabric.gpus_per_node == (
-                        move.target // config.fabric.gpus_per_node
-                    )
-                    stall += config.fabric.copy_s(layout.expert_bytes, same)
-                moves_made += len(r.decision.moves)
-                # The copies run before the apply step; conservatively charge them as a stall
-                # of the whole group (they share HBM and links with decoding) [MODEL].
-                time_s += stall
-                occupied += stall * len(active_ranks)
-                for w in r.decision.release:
-                    active[w] = False
-                    release_s[w] = time_s
-                committed += 1
-                rounds = None
-        if rounds is None and step >= retry_at_step:
-            candidates = [w for w in range(workers) if active[w] and worker_done[w]]
-            if candidates:
-                plan = planner.plan(worker_states(), step)
-                if plan.release:
-                    decision = protocol.make_decision(
-                        plan,
-                        decision_id=decision_id,
-                        active_before=tuple(w for w in range(workers) if active[w]),
-                        step=step,
-                        timing=config.timing,
-                    )
-                    decision_id += 1
-                    rounds = _Round(decision, {w: step + 1 for w in decision.active_before})
-                else:
-                    retry_at_step = step + 64  # wait for KV to drain on survivors [MODEL]
+        # --- quiet steps until the next event, all at once --------------------------------
+        active_ranks = [w for w in range(workers) if active[w]]
+        quiet = quiet_steps(active_ranks)
+        if quiet <= 0:
+            continue
+        if check_every_step:
+            check_invariants(active_ranks, quiet)
+        dts = step_model.steps_s(*batch_shape(active_ranks), growth_steps=quiet)
+        span = float(dts.sum())
+        generated[running] += quiet
+        time_s += span
+        step += quiet
+        occupied += span * len(active_ranks)
+        idle_after += span * sum(1 for w in active_ranks if worker_done[w])
     wall = time_s
     rel = tuple(wall if r < 0 else r for r in release_s)
     return RolloutResult(

@@ -141,6 +141,11 @@ class WorkerState:
         kv_bytes: KV cache in use now, bytes.
         kv_reserved_bytes: predicted further KV growth of its unfinished responses, bytes (the
             planner keeps this free when it moves experts onto the worker).
+        running: responses the worker decodes in the current decode step (its attention
+            batch); the cost-aware guard's step-time model reads it.
+        remaining_steps: predicted decode steps until the worker's last unfinished response
+            ends (0 when it has none), from the length predictor; the guard's horizon is the
+            largest value over the group.
     """
 
     worker: int
@@ -148,6 +153,8 @@ class WorkerState:
     unfinished: int
     kv_bytes: int
     kv_reserved_bytes: int = 0
+    running: int = 0
+    remaining_steps: float = 0.0
 
     def free_bytes(self, layout: MoeLayout) -> int:
         """Memory the worker can still give to migrated experts, bytes (may be < 0)."""
@@ -182,6 +189,9 @@ class RefusalReason(enum.Enum):
     """An expert would have no replica among the survivors and no survivor has room for it."""
     UNKNOWN_WORKER = "UnknownWorker"
     """The worker is not in the active set."""
+    OCCUPANCY_WOULD_RISE = "OccupancyWouldRise"
+    """The release is allowed by the rule but the step-time model predicts more occupied
+    GPU-seconds for the rest of the rollout step with it than without it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,12 +212,18 @@ class ReleasePlan:
         moves: expert copies onto survivors, applied before the release step.
         refused: candidates that may not leave, each with its reason.
         active_after: the active worker set after the release, ascending.
+        predicted_keep_gpu_s: with a ``StepCostModel``: predicted occupied GPU-seconds for the
+            rest of the rollout step if nobody leaves, GPU-s; ``None`` without one.
+        predicted_gpu_s: with a ``StepCostModel``: the same prediction with this plan applied
+            (copy stall included), GPU-s; ``None`` without one.
     """
 
     release: tuple[int, ...]
     moves: tuple[ExpertMove, ...]
     refused: tuple[Refusal, ...]
     active_after: tuple[int, ...]
+    predicted_keep_gpu_s: float | None = None
+    predicted_gpu_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +255,24 @@ class ReleaseDecision:
         """The EP group from ``apply_at_step`` on, if the release commits."""
         gone = set(self.release)
         return tuple(w for w in self.active_before if w not in gone)
+
+
+class StepCostModel(Protocol):
+    """Predicts what one decode step of an EP group costs (pure; injected into the planner).
+
+    The planner calls it on hypothetical groups (the workers left after a release, with the
+    experts copied onto them), so it must depend only on its arguments: no I/O, no clock.
+    ``rlenergy.sim.moe.DecodeStepModel`` is the simulator's implementation; a deployment
+    fits one to its engine's measured decode-step times.
+    """
+
+    def decode_step_s(self, workers: Sequence[WorkerState]) -> float:
+        """Wall time of one decode step taken by exactly ``workers``, s (> 0)."""
+        ...
+
+    def copy_s(self, moves: Sequence[ExpertMove]) -> float:
+        """Stall of the whole group while ``moves`` are copied before the apply step, s."""
+        ...
 
 
 class ReleasePlanner(Protocol):

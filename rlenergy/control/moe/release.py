@@ -11,7 +11,17 @@ Release rule (DESIGN section 4): a worker may leave the EP group only when
    unfinished responses are predicted to still need) holds it.
 
 ``FlexFloorPlanner.plan`` greedily releases every finished worker that passes the rule, in an
-order that needs the fewest expert copies first, and returns the copies to make. ``check``
+order that needs the fewest expert copies first, and returns the copies to make.
+
+Cost-aware guard (with a ``base.StepCostModel``): the rule says when a release is *safe*, not
+when it *pays*. A released worker's experts move to survivors, whose memory-bound decode steps
+then read more expert weights, and the copies stall the group. So for each prefix of the
+greedy order the planner predicts the occupied GPU-seconds for the rest of the rollout step,
+``copy_s(moves) x |before| + H x |after| x decode_step_s(after)``, against keeping the group,
+``H x |before| x decode_step_s(before)``, where ``H`` is the predicted remaining decode steps
+(largest ``WorkerState.remaining_steps``; the batch is taken as it is now, a first-order
+forecast). It releases the cheapest prefix only if it is strictly cheaper than keeping;
+the workers it holds back are refused with ``OccupancyWouldRise``. ``check``
 answers for an explicit request and says why a refused worker may not go. The step-synchronous
 commit of a plan (same decode step on every rank, deadline, abort) is
 ``rlenergy.control.moe.protocol``.
@@ -45,10 +55,15 @@ class FlexFloorPlanner:
 
     Args:
         layout: the group's memory layout and ``minActiveWorkers``.
+        cost_model: decode-step time model for the cost-aware guard; ``None`` releases
+            whenever the rule allows (no guard).
     """
 
-    def __init__(self, layout: base.MoeLayout) -> None:
+    def __init__(
+        self, layout: base.MoeLayout, cost_model: base.StepCostModel | None = None
+    ) -> None:
         self.layout = layout
+        self.cost_model = cost_model
 
     def plan(self, workers: Sequence[base.WorkerState], step: int) -> base.ReleasePlan:
         """Release every finished worker that the rule allows at decode ``step``.
@@ -58,7 +73,10 @@ class FlexFloorPlanner:
             step: the decode step (informational; planning depends only on ``workers``).
 
         Returns:
-            The release plan; busy workers are neither released nor listed as refused.
+            The release plan; busy workers are neither released nor listed as refused. With a
+            cost model, only the prefix of the greedy order that lowers the predicted occupied
+            GPU-seconds (strictly) is released, the rest refused with ``OccupancyWouldRise``,
+            and the plan carries both predictions.
 
         Raises:
             InvalidInputError: a worker rank appears twice.
@@ -68,7 +86,87 @@ class FlexFloorPlanner:
         # Fewest sole-hosted expert bytes first, then lowest rank: cheap releases go first.
         hosts = base.expert_hosts(workers)
         finished.sort(key=lambda w: (sum(1 for e in w.experts if len(hosts[e]) == 1), w.worker))
-        return self._plan(workers, [w.worker for w in finished])
+        order = [w.worker for w in finished]
+        if self.cost_model is None:
+            return self._plan(workers, order)
+        return self._plan_guarded(workers, order)
+
+    def predicted_occupied_gpu_s(
+        self,
+        workers: Sequence[base.WorkerState],
+        release: Sequence[int] = (),
+        moves: Sequence[base.ExpertMove] = (),
+    ) -> float:
+        """Predicted occupied GPU-seconds for the rest of the step if ``release`` leaves now.
+
+        ``copy_s(moves) x |workers| + H x |after| x decode_step_s(after)`` with ``H`` the
+        largest ``remaining_steps`` (decode steps) and ``after`` the survivors holding the
+        copied experts.
+
+        Raises:
+            InvalidInputError: no cost model was given, or ``release`` empties the group.
+        """
+        if self.cost_model is None:
+            raise errors.InvalidInputError("cost_model", "the planner has no step-time model")
+        horizon = max((w.remaining_steps for w in workers), default=0.0)
+        gone = set(release)
+        gained: dict[int, set[int]] = {}
+        for move in moves:
+            gained.setdefault(move.target, set()).add(move.expert)
+        after = [
+            dataclasses.replace(w, experts=w.experts | gained.get(w.worker, set()))
+            if w.worker in gained
+            else w
+            for w in workers
+            if w.worker not in gone
+        ]
+        if not after:
+            raise errors.InvalidInputError("release", "a release may not empty the EP group")
+        stall = self.cost_model.copy_s(moves) * len(workers) if moves else 0.0
+        return stall + horizon * len(after) * self.cost_model.decode_step_s(after)
+
+    def _plan_guarded(
+        self, workers: Sequence[base.WorkerState], order: list[int]
+    ) -> base.ReleasePlan:
+        snapshots: list[tuple[tuple[int, ...], tuple[base.ExpertMove, ...], tuple[int, ...]]] = []
+        full = self._plan(workers, order, snapshots)
+        keep = self.predicted_occupied_gpu_s(workers)
+        best: tuple[float, int] = (keep, -1)
+        for k, (released, moves, _) in enumerate(snapshots):
+            cost = self.predicted_occupied_gpu_s(workers, released, moves)
+            if cost < best[0]:
+                best = (cost, k)
+        cost, k = best
+        chosen: tuple[int, ...] = snapshots[k][0] if k >= 0 else ()
+        held = [r for r in order if r in set(full.release) and r not in set(chosen)]
+        refused = list(full.refused) + [
+            base.Refusal(
+                r,
+                base.RefusalReason.OCCUPANCY_WOULD_RISE,
+                f"releasing worker {r} would not lower the predicted occupied GPU-seconds for "
+                f"the rest of the step ({keep:.3g} GPU-s keeping the group, {cost:.3g} with "
+                "the best allowed release)",
+            )
+            for r in held
+        ]
+        if k < 0:
+            return base.ReleasePlan(
+                release=(),
+                moves=(),
+                refused=tuple(refused),
+                active_after=tuple(sorted(w.worker for w in workers)),
+                predicted_keep_gpu_s=keep,
+                predicted_gpu_s=keep,
+            )
+        released, moves, survivors = snapshots[k]
+        return base.ReleasePlan(
+            release=tuple(sorted(released)),
+            moves=moves,
+            refused=tuple(refused),
+            active_after=survivors,
+            predicted_keep_gpu_s=keep,
+            predicted_gpu_s=cost,
+        )
 
     def check(
         self, workers: Sequence[base.WorkerState], release: Iterable[int]
@@ -84,7 +182,13 @@ class FlexFloorPlanner:
         """
         return self._plan(workers, list(release))
 
-    def _plan(self, workers: Sequence[base.WorkerState], candidates: list[int]) -> base.ReleasePlan:
+    def _plan(
+        self,
+        workers: Sequence[base.WorkerState],
+        candidates: list[int],
+        snapshots: list[tuple[tuple[int, ...], tuple[base.ExpertMove, ...], tuple[int, ...]]]
+        | None = None,
+    ) -> base.ReleasePlan:
         by_rank = {w.worker: w for w in workers}
         if len(by_rank) != len(workers):
             raise errors.InvalidInputError("workers", "a worker rank appears twice")
@@ -102,6 +206,10 @@ class FlexFloorPlanner:
             refusal = self._try_release(rank, by_rank, state, floor, set(candidates))
             if refusal is None:
                 released.append(rank)
+                if snapshots is not None:
+                    snapshots.append(
+                        (tuple(released), tuple(state.moves), tuple(sorted(state.survivors)))
+                    )
             else:
                 refused.append(refusal)
         return base.ReleasePlan(
