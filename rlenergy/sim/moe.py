@@ -461,6 +461,7 @@ def simulate_rollout(
     check_every_step: bool = True,
     guard: bool = True,
     coarse: bool = True,
+    residual: predictor.ResidualLength | None = None,
 ) -> RolloutResult:
     """Decode one batch under ``policy`` and check the invariants at every decode step.
 
@@ -487,6 +488,8 @@ def simulate_rollout(
             ``False`` releases whenever the rule allows (the previous behaviour, for
             comparison).
         coarse: advance quiet decode steps together (see above).
+        residual: remaining-length model for responses past their prediction (the guard's
+            horizon); ``None``: such a response is expected to end at the next step.
 
     Returns:
         The result, with its invariant-violation counters.
@@ -620,11 +623,19 @@ def simulate_rollout(
         unfinished = np.bincount(worker_of[~done], minlength=workers)
         n_running = np.bincount(worker_of[running], minlength=workers)
         remaining = np.clip(predicted - generated, 1.0, None)
+        if residual is not None:
+            over = np.flatnonzero(~done & (generated >= predicted))
+            for i in over:
+                remaining[i] = residual.remaining(float(predicted[i]), float(generated[i]))
         remaining_kv = np.bincount(
             worker_of[~done], weights=remaining[~done] * kvb, minlength=workers
         )
         remaining_steps = np.zeros(workers)
         np.maximum.at(remaining_steps, worker_of[~done], remaining[~done])
+        left = np.flatnonzero(~done)
+        profile: list[list[float]] = [[] for _ in range(workers)]
+        for i in left[np.argsort(worker_of[left], kind="stable")]:
+            profile[int(worker_of[i])].append(float(remaining[i]))
         return [
             base.WorkerState(
                 worker=w,
@@ -634,6 +645,7 @@ def simulate_rollout(
                 kv_reserved_bytes=int(remaining_kv[w]),
                 running=int(n_running[w]),
                 remaining_steps=float(remaining_steps[w]),
+                remaining_profile=tuple(profile[w]),
             )
             for w in range(workers)
             if active[w]

@@ -401,7 +401,13 @@ def run_scenario(scenario: Scenario) -> ScenarioResult:
         base_results.append(moe.simulate_rollout(config, batch, policy="baseline"))
         preds = [p.length_tokens for p in predictor.predict(batch.prompt_ids)]
         ff_results.append(
-            moe.simulate_rollout(config, batch, policy="flexfloor", predictions=preds)
+            moe.simulate_rollout(
+                config,
+                batch,
+                policy="flexfloor",
+                predictions=preds,
+                residual=predictor.residual(),
+            )
         )
         predictor.observe_step(batch.prompt_ids, batch.lengths_tokens)
     warm = slice(STEPS_PER_EPOCH, None)

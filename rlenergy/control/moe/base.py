@@ -146,6 +146,9 @@ class WorkerState:
         remaining_steps: predicted decode steps until the worker's last unfinished response
             ends (0 when it has none), from the length predictor; the guard's horizon is the
             largest value over the group.
+        remaining_profile: predicted remaining decode steps of each unfinished response on
+            the worker (any order); lets the guard forecast how the batch shrinks. Empty:
+            the batch is taken as constant for ``remaining_steps``.
     """
 
     worker: int
@@ -155,6 +158,7 @@ class WorkerState:
     kv_reserved_bytes: int = 0
     running: int = 0
     remaining_steps: float = 0.0
+    remaining_profile: tuple[float, ...] = ()
 
     def free_bytes(self, layout: MoeLayout) -> int:
         """Memory the worker can still give to migrated experts, bytes (may be < 0)."""

@@ -14,6 +14,7 @@ the trainer SDK.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import math
@@ -34,6 +35,42 @@ class LengthPrediction:
 
     length_tokens: float
     from_history: bool
+
+
+class ResidualLength:
+    """Expected remaining decode steps of a response, from one step's observed lengths.
+
+    A response still running below its predicted length has ``predicted - generated`` steps
+    left. One that ran past its prediction has, by the empirical distribution of the latest
+    finished step, ``E[L - generated | L > generated]`` left (the mean residual life; in a
+    heavy tail it grows with ``generated``), at least 1. Pure; used for the release guard's
+    horizon [MODEL: the latest step's lengths stand in for this step's; drift ignored].
+
+    Args:
+        lengths_tokens: response lengths of a finished step, tokens (any order, >= 1).
+
+    Raises:
+        InvalidInputError: no length.
+    """
+
+    def __init__(self, lengths_tokens: Sequence[float]) -> None:
+        if not lengths_tokens:
+            raise errors.InvalidInputError("lengths_tokens", "need at least one length")
+        self._sorted = sorted(float(x) for x in lengths_tokens)
+        suffix = [0.0] * (len(self._sorted) + 1)
+        for i in range(len(self._sorted) - 1, -1, -1):
+            suffix[i] = suffix[i + 1] + self._sorted[i]
+        self._suffix = suffix
+
+    def remaining(self, predicted_tokens: float, generated_tokens: float) -> float:
+        """Expected decode steps left for one response (>= 1)."""
+        if generated_tokens < predicted_tokens:
+            return max(predicted_tokens - generated_tokens, 1.0)
+        i = bisect.bisect_right(self._sorted, generated_tokens)
+        count = len(self._sorted) - i
+        if count == 0:
+            return 1.0
+        return max(self._suffix[i] / count - generated_tokens, 1.0)
 
 
 class LengthPredictor:
@@ -108,6 +145,10 @@ class LengthPredictor:
             else:
                 out.append(LengthPrediction(fallback, False))
         return tuple(out)
+
+    def residual(self) -> ResidualLength | None:
+        """Remaining-length model from the latest observed step; ``None`` before any step."""
+        return ResidualLength(self._latest_sorted) if self._latest_sorted else None
 
     def fallback_length_tokens(self) -> float:
         """Prediction for an unseen prompt: the quantile of the latest step, tokens."""

@@ -17,11 +17,14 @@ Cost-aware guard (with a ``base.StepCostModel``): the rule says when a release i
 when it *pays*. A released worker's experts move to survivors, whose memory-bound decode steps
 then read more expert weights, and the copies stall the group. So for each prefix of the
 greedy order the planner predicts the occupied GPU-seconds for the rest of the rollout step,
-``copy_s(moves) x |before| + H x |after| x decode_step_s(after)``, against keeping the group,
-``H x |before| x decode_step_s(before)``, where ``H`` is the predicted remaining decode steps
-(largest ``WorkerState.remaining_steps``; the batch is taken as it is now, a first-order
-forecast). It releases the cheapest prefix only if it is strictly cheaper than keeping;
-the workers it holds back are refused with ``OccupancyWouldRise``. ``check``
+``copy_s(moves) x |before| + sum_seg len(seg) x |after| x decode_step_s(after at seg)``,
+against keeping the group, ``sum_seg len(seg) x |before| x decode_step_s(before at seg)``.
+The segments cut the predicted remaining decode steps at the predicted ends of the unfinished
+responses (``WorkerState.remaining_profile``, at most ``FORECAST_SEGMENTS`` cuts), so the
+forecast batch shrinks as responses are predicted to end (fewer tokens, fewer touched experts,
+less KV); neither branch assumes further releases. It releases the cheapest prefix only if it
+is strictly cheaper than keeping; the workers it holds back are refused with
+``OccupancyWouldRise``. ``check``
 answers for an explicit request and says why a refused worker may not go. The step-synchronous
 commit of a plan (same decode step on every rank, deadline, abort) is
 ``rlenergy.control.moe.protocol``.
@@ -108,7 +111,6 @@ class FlexFloorPlanner:
         """
         if self.cost_model is None:
             raise errors.InvalidInputError("cost_model", "the planner has no step-time model")
-        horizon = max((w.remaining_steps for w in workers), default=0.0)
         gone = set(release)
         gained: dict[int, set[int]] = {}
         for move in moves:
@@ -123,7 +125,11 @@ class FlexFloorPlanner:
         if not after:
             raise errors.InvalidInputError("release", "a release may not empty the EP group")
         stall = self.cost_model.copy_s(moves) * len(workers) if moves else 0.0
-        return stall + horizon * len(after) * self.cost_model.decode_step_s(after)
+        total = stall
+        for start, length in _forecast_segments(workers):
+            group = [_at(w, start, self.layout.kv_bytes_per_token) for w in after]
+            total += length * len(after) * self.cost_model.decode_step_s(group)
+        return total
 
     def _plan_guarded(
         self, workers: Sequence[base.WorkerState], order: list[int]
@@ -295,6 +301,59 @@ class FlexFloorPlanner:
                 moves[i] = dataclasses.replace(move, source=earlier.source)
         state.moves.extend(moves)
         return None
+
+
+FORECAST_SEGMENTS = 16
+"""Most segments the guard's forecast cuts the remaining decode steps into (cost of a plan
+grows linearly with it; the forecast is piecewise constant per segment) [MODEL]."""
+
+
+def _forecast_segments(workers: Sequence[base.WorkerState]) -> list[tuple[float, float]]:
+    """``(start, length)`` in decode steps of the forecast segments of the rest of the step.
+
+    Cuts at the predicted ends of the unfinished responses (``remaining_profile``, else the
+    worker's ``remaining_steps``), thinned to ``FORECAST_SEGMENTS`` evenly spaced order
+    statistics; the last cut is the predicted end of the step.
+    """
+    ends: list[float] = []
+    for w in workers:
+        ends.extend(w.remaining_profile or ((w.remaining_steps,) if w.remaining_steps else ()))
+    ends = sorted(e for e in ends if e > 0)
+    if not ends:
+        return []
+    if len(ends) > FORECAST_SEGMENTS:
+        last = len(ends) - 1
+        ends = [ends[round(i * last / (FORECAST_SEGMENTS - 1))] for i in range(FORECAST_SEGMENTS)]
+    cuts = sorted(set(ends))
+    out = []
+    start = 0.0
+    for cut in cuts:
+        out.append((start, cut - start))
+        start = cut
+    return out
+
+
+def _at(worker: base.WorkerState, start: float, kv_bytes_per_token: int) -> base.WorkerState:
+    """The worker's forecast batch ``start`` decode steps from now (no further release).
+
+    Responses predicted to end by ``start`` are gone; the rest keep running (at most as many
+    as run now, when some are queued); each survivor's context grew by ``start`` tokens.
+    """
+    if start <= 0:
+        return worker
+    profile = worker.remaining_profile
+    if not profile:
+        alive = worker.running if worker.remaining_steps > start else 0
+    else:
+        alive = sum(1 for r in profile if r > start)
+        if worker.running:
+            alive = min(alive, worker.running)
+    if worker.running:
+        per_response = worker.kv_bytes / worker.running
+    else:
+        per_response = 0.0
+    kv = alive * (per_response + start * kv_bytes_per_token)
+    return dataclasses.replace(worker, running=alive, kv_bytes=int(kv))
 
 
 def minimum_workers_for_scale(layout: base.MoeLayout) -> int:
