@@ -525,6 +525,26 @@ def simulate_rollout(
     else:
         placed = placement.place_by_length(list(predicted), list(batch.prompt_tokens), budgets, kvb)
         worker_of = np.asarray(placed.worker_of, dtype=np.int64)
+        if guard:
+            # Placement half of the guard: keep verl's even placement (releases still allowed)
+            # when concentrating the predicted-long responses is forecast not to pay.
+            even = placement.place_even(n, workers)
+            shards = [frozenset(e) for e in experts_of]
+            pred_list = [float(x) for x in predicted]
+            concentrated = placement.forecast_occupied_gpu_s(
+                placed.worker_of,
+                pred_list,
+                batch.prompt_tokens,
+                shards,
+                layout,
+                step_model,
+                elastic=True,
+            )
+            spread = placement.forecast_occupied_gpu_s(
+                even, pred_list, batch.prompt_tokens, shards, layout, step_model, elastic=True
+            )
+            if spread <= concentrated:
+                worker_of = np.asarray(even, dtype=np.int64)
 
     queued = np.ones(n, dtype=bool)
     running = np.zeros(n, dtype=bool)

@@ -174,19 +174,51 @@ def _clipped_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
 
 
 def fit_lognormal(
-    mean_tokens: float, max_tokens: float, n: int, clip_ratio: float | None
+    mean_tokens: float,
+    max_tokens: float,
+    n: int,
+    clip_ratio: float | None,
+    *,
+    min_tokens: float | None = None,
+    limit_tokens: float | None = None,
 ) -> tuple[float, float]:
-    """Fit ``ln L ~ N(mu, sigma^2)`` clipped at ``max_tokens`` to a step's mean and max.
+    """Fit ``ln L ~ N(mu, sigma^2)`` clipped at ``max_tokens`` to a step's mean and max (or min).
 
     The logged max anchors a quantile: ``1 - clip_ratio`` when responses hit the limit and the
     clip ratio is logged, else the expected maximum of ``n`` draws (``1 - 1 / (n + 1)``);
     ``sigma`` is then solved (bisection) so the clipped mean equals the logged mean.
+
+    When the max *is* the run's limit (``max_tokens >= limit_tokens``) and no clip ratio is
+    logged, the max is a censoring point, not an order statistic: some unknown share of the
+    responses was truncated there. The logged min then anchors the lower quantile instead
+    (``ln min = mu - z sigma`` with ``z`` the expected minimum of ``n`` draws), and ``sigma``
+    is solved so the mean clipped at the limit equals the logged mean; the implied clip share
+    follows from the fit (verl#3727's Qwen3-VL-30B-A3B step: mean 11,018, min 665, max =
+    limit 30,000 gives sigma 0.82 and 6.4 % at the limit).
 
     Returns:
         ``(mu, sigma)`` of the log length (natural log of tokens).
     """
     if max_tokens <= mean_tokens * 1.0001:
         return math.log(max(mean_tokens, 1.0)), 1e-3
+    if (
+        clip_ratio is None
+        and min_tokens is not None
+        and limit_tokens is not None
+        and max_tokens >= limit_tokens
+        and 1.0 < min_tokens < mean_tokens
+    ):
+        z_min = statistics.NormalDist().inv_cdf(1.0 - 1.0 / (n + 1))
+        log_min = math.log(min_tokens)
+        lo, hi = 1e-3, 4.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if _clipped_lognormal_mean(log_min + mid * z_min, mid, max_tokens) > mean_tokens:
+                hi = mid
+            else:
+                lo = mid
+        sigma = (lo + hi) / 2
+        return log_min + sigma * z_min, sigma
     q = 1.0 - 1.0 / (n + 1)
     if clip_ratio is not None and 0 < clip_ratio < 0.5:
         q = 1.0 - clip_ratio
@@ -250,7 +282,14 @@ def make_batches(scenario: Scenario) -> tuple[list[moe.RolloutBatch], int]:
     batches = []
     for k, idx in enumerate(picks):
         st = stats[int(idx)]
-        mu, sigma = fit_lognormal(st.mean_tokens, st.max_tokens, n, st.clip_ratio)
+        mu, sigma = fit_lognormal(
+            st.mean_tokens,
+            st.max_tokens,
+            n,
+            st.clip_ratio,
+            min_tokens=st.min_tokens,
+            limit_tokens=st.max_response_tokens,
+        )
         chunk = (k % STEPS_PER_EPOCH) * prompts_per_step
         pid = np.repeat(np.arange(chunk, chunk + prompts_per_step), group)
         z = math.sqrt(rho) * prompt_effect[pid] + math.sqrt(1 - rho) * rng.standard_normal(n)
@@ -276,7 +315,11 @@ def make_batches(scenario: Scenario) -> tuple[list[moe.RolloutBatch], int]:
 
 @dataclasses.dataclass(frozen=True)
 class PolicyTotals:
-    """One policy summed over the simulated steps."""
+    """One policy summed over the simulated steps.
+
+    ``finish_min_over_max`` is the mean over steps of the earliest worker's finish time over
+    the latest's (verl logs the same ratio as ``timing_s/generation_timing/min`` / ``max``).
+    """
 
     policy: str
     wall_s: float
@@ -291,6 +334,7 @@ class PolicyTotals:
     expert_unavailable_steps: int
     memory_overflow_steps: int
     incomplete_responses: int
+    finish_min_over_max: float = 1.0
 
     @property
     def tokens_per_occupied_gpu_s(self) -> float:
@@ -323,6 +367,9 @@ def _totals(policy: str, results: Sequence[moe.RolloutResult]) -> PolicyTotals:
         expert_unavailable_steps=sum(r.expert_unavailable_steps for r in results),
         memory_overflow_steps=sum(r.memory_overflow_steps for r in results),
         incomplete_responses=sum(r.incomplete_responses for r in results),
+        finish_min_over_max=statistics.fmean(
+            min(r.finish_s) / max(r.finish_s) if max(r.finish_s) > 0 else 1.0 for r in results
+        ),
     )
 
 
@@ -356,6 +403,7 @@ class ScenarioResult:
                 f.generation_throughput_tokens_per_s, b.generation_throughput_tokens_per_s
             ),
             "baseline_idle_after_finish_fraction": b.idle_after_finish_fraction,
+            "baseline_worker_finish_min_over_max": b.finish_min_over_max,
             "flexfloor_idle_after_finish_fraction": f.idle_after_finish_fraction,
             "expert_unavailable_steps": b.expert_unavailable_steps + f.expert_unavailable_steps,
             "memory_overflow_steps": b.memory_overflow_steps + f.memory_overflow_steps,

@@ -13,6 +13,12 @@ worker's budget is still assigned (to the worker with the most budget left) but 
 ``place_even`` is the verl baseline: ``DataProto.chunk`` splits the batch into equal contiguous
 chunks, one per rollout worker, in dataset order (a GRPO group stays on one worker).
 
+Concentrating long responses is not free: the worker holding them reads more KV per decode
+step, and every rank waits for the slowest at the all-to-all. ``forecast_occupied_gpu_s``
+predicts a placement's occupied GPU-seconds from the predicted lengths and a
+``base.StepCostModel``, so a caller can keep the even placement when concentration does not
+pay (the placement half of the cost-aware guard).
+
 Pure and deterministic (ties broken by response index).
 """
 
@@ -24,6 +30,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from rlenergy import errors
+from rlenergy.control.moe import base
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,3 +158,129 @@ def place_even(n_responses: int, workers: int) -> tuple[int, ...]:
         raise errors.InvalidInputError("workers", "need at least one rollout worker")
     chunk = math.ceil(n_responses / workers) if n_responses else 1
     return tuple(min(i // chunk, workers - 1) for i in range(n_responses))
+
+
+FORECAST_SEGMENTS = 16
+"""Segments the placement forecast cuts the predicted rollout into (piecewise constant) [MODEL]."""
+
+
+def forecast_occupied_gpu_s(
+    worker_of: Sequence[int],
+    predicted_tokens: Sequence[float],
+    prompt_tokens: Sequence[int],
+    experts_of: Sequence[frozenset[int]],
+    layout: base.MoeLayout,
+    cost_model: base.StepCostModel,
+    *,
+    elastic: bool,
+) -> float:
+    """Predicted occupied GPU-seconds of a placement, from predicted lengths only, GPU-s.
+
+    The rollout is cut at ``FORECAST_SEGMENTS`` order statistics of the predicted lengths; in
+    a segment starting ``t`` decode steps in, a worker runs the responses predicted longer
+    than ``t`` (context ``prompt + t`` each). ``elastic=False`` keeps every worker for the
+    whole rollout (the verl baseline); ``elastic=True`` keeps only workers with a running
+    response, topped up to ``layout.release_floor()`` by the lowest idle ranks, and spreads
+    the experts of the others over them round-robin, provided the kept workers' memory left
+    after their responses' predicted peak KV holds those experts (else nobody leaves in that
+    segment, as the release rule would refuse). A worker whose responses' predicted peak KV
+    is ``x`` times its KV budget runs them in ``x`` waves: its responses' spans are stretched
+    ``x``-fold and ``1/x`` of them run at a time. The copies are not charged [MODEL].
+
+    Args:
+        worker_of: worker rank per response, shape ``(n,)``.
+        predicted_tokens: predicted response length per response, tokens, shape ``(n,)``.
+        prompt_tokens: prompt length per response, tokens, shape ``(n,)``.
+        experts_of: resident experts per worker at the start, shape ``(workers,)``.
+        layout: the group's memory layout (KV bytes per token, floor).
+        cost_model: the decode-step time model.
+        elastic: whether finished workers leave the group.
+
+    Returns:
+        The forecast, GPU-s (0 for an empty batch).
+
+    Raises:
+        InvalidInputError: inputs of different lengths.
+    """
+    n = len(worker_of)
+    if len(predicted_tokens) != n or len(prompt_tokens) != n:
+        raise errors.InvalidInputError("placement", "need one prediction and prompt per response")
+    if n == 0:
+        return 0.0
+    workers = len(experts_of)
+    kvb = layout.kv_bytes_per_token
+    # A worker whose responses' predicted peak KV exceeds its KV budget runs them in waves
+    # (the engine queues the rest): stretch its responses by that over-subscription [MODEL].
+    demand = [0.0] * workers
+    for i in range(n):
+        demand[worker_of[i]] += (prompt_tokens[i] + predicted_tokens[i]) * kvb
+    stretch = [
+        max(
+            1.0,
+            demand[w]
+            / max(
+                layout.worker_memory_bytes
+                - layout.dense_bytes
+                - len(experts_of[w]) * layout.expert_bytes,
+                1,
+            ),
+        )
+        for w in range(workers)
+    ]
+    span = [max(float(predicted_tokens[i]), 1.0) * stretch[worker_of[i]] for i in range(n)]
+    ends = sorted(span)
+    if len(ends) > FORECAST_SEGMENTS:
+        last = len(ends) - 1
+        ends = [ends[round(i * last / (FORECAST_SEGMENTS - 1))] for i in range(FORECAST_SEGMENTS)]
+    floor = min(layout.release_floor(), workers)
+    total = 0.0
+    start = 0.0
+    for cut in sorted(set(ends)):
+        running = [0] * workers
+        context = [0.0] * workers
+        peak = [0.0] * workers  # predicted peak KV of the responses still running, tokens
+        for i in range(n):
+            if span[i] > start:
+                w = worker_of[i]
+                running[w] += 1
+                context[w] += prompt_tokens[i] + start / stretch[w]
+                peak[w] += prompt_tokens[i] + predicted_tokens[i]
+        for w in range(workers):
+            if stretch[w] > 1.0:  # one wave runs at a time
+                running[w] = math.ceil(running[w] / stretch[w])
+                context[w] /= stretch[w]
+                peak[w] /= stretch[w]
+        group = list(range(workers))
+        held: dict[int, set[int]] = {w: set(experts_of[w]) for w in group}
+        if elastic:
+            busy = [w for w in range(workers) if running[w]]
+            idle = [w for w in range(workers) if not running[w]]
+            kept = sorted(busy + idle[: max(floor - len(busy), 0)])
+            gone = [e for w in range(workers) if w not in kept for e in sorted(experts_of[w])]
+            free = sum(
+                layout.worker_memory_bytes
+                - layout.dense_bytes
+                - len(experts_of[w]) * layout.expert_bytes
+                - peak[w] * kvb
+                for w in kept
+            )
+            # The release rule copies experts only into memory the survivors' predicted KV
+            # leaves free; without room, the finished workers stay (as the planner refuses).
+            if free >= len(gone) * layout.expert_bytes:
+                group = kept
+                held = {w: set(experts_of[w]) for w in group}
+                for k, expert in enumerate(gone):
+                    held[group[k % len(group)]].add(expert)
+        states = [
+            base.WorkerState(
+                worker=w,
+                experts=frozenset(held[w]),
+                unfinished=running[w],
+                kv_bytes=int(context[w] * kvb),
+                running=running[w],
+            )
+            for w in group
+        ]
+        total += (cut - start) * len(group) * cost_model.decode_step_s(states)
+        start = cut
+    return total
