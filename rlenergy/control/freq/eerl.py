@@ -58,6 +58,9 @@ CARRY_BLOCKS = 12
 INFO_GAIN = 0.01
 """Keep trialling (up to 3 x trialSteps) while the confidence margin costs more than this share
 of energy per token [heuristic]."""
+ASYNC_MIN_HISTORY = 8
+"""Plain steps of pool-time history before a pool's threshold is relaxed: the max of two
+pools depends on their joint spread, which two warm-up steps cannot show [heuristic]."""
 ASYNC_SLACK = 0.05
 """Extra throughput margin kept on the non-bottleneck pool in async mode [heuristic]:
 per-step noise makes max(pool times) exceed both means."""
@@ -471,6 +474,21 @@ class PhaseController:
     def _check_locked(
         self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
     ) -> None:
+        fit, clock = self.fit, self.locked_clock_mhz
+        if fit is not None and clock is not None:
+            z = self.ctl.confidence_z
+            if fit.throughput_lower_bound(clock, z) < self.threshold + LOCK_MARGIN:
+                # The threshold rose (async slack shrank): step up to what the model supports.
+                choice, _ = self._choose()
+                self.retrial_reasons.append(
+                    f"threshold {self.threshold:.3f}: {clock} -> {choice} MHz"
+                )
+                self.locked_clock_mhz = choice
+                self._monitor = probe.RatioStats()
+                self.selections += 1
+                return
+            if self.threshold < self.settings.min_throughput_ratio:
+                self._refine_locked()  # async slack grew: the model may allow a lower clock
         mon = self._monitor
         if mon.n >= self.ctl.min_blocks and self._upper(mon) < self.threshold:
             failed = self.locked_clock_mhz or 0
@@ -611,7 +629,7 @@ class EERLController:
         >= theta + ASYNC_SLACK / 25, where the other pools run at their thresholds.
         """
         hist = self._pool_times
-        if len(hist) < 2:
+        if len(hist) < ASYNC_MIN_HISTORY:
             return
         theta = min(pc.settings.min_throughput_ratio for pc in self.phases.values())
         totals = {name: sum(h[name] for h in hist) for name in self.phases}
@@ -620,8 +638,6 @@ class EERLController:
         order = sorted(self.phases, key=lambda n: n != bottleneck)
         for name in order:
             pc = self.phases[name]
-            if pc.state is not base.PhaseState.TRIAL or pc._round_steps > 0:
-                continue
             if name == bottleneck:
                 # The slower pool sets the step time; keep a margin for the step-to-step max().
                 pc.threshold = min(1.0, pc.settings.min_throughput_ratio + ASYNC_SLACK / 10)
@@ -638,6 +654,8 @@ class EERLController:
                 if base_total / total >= theta + ASYNC_SLACK / 25:
                     need = min(need, r)
                     break
+            if need < pc.threshold - 1e-9:
+                pc.floor_mhz = 0  # floors were measured against the stricter threshold
             pc.threshold = need
 
     def summary(self) -> Mapping[str, Mapping[str, object]]:
