@@ -149,3 +149,69 @@ def test_cli_bad_input_exits_2_with_one_line(argv, capsys):
     assert cli.main(["rollout-sim", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("rlenergy: error:") and "\n" not in err
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 600), min_size=1, max_size=60),
+    workers=st.integers(1, 8),
+    noise=st.floats(0.0, 1.0),
+    guard=st.booleans(),
+)
+def test_property_event_driven_equals_step_by_step(lengths, workers, noise, guard):
+    # Advancing quiet decode steps together gives the per-step result (float order aside),
+    # invariant counters included.
+    config = moe.RolloutConfig(model=MODEL, workers=workers)
+    rng = np.random.default_rng(len(lengths) + workers)
+    preds = [max(1.0, x * math.exp(noise * rng.standard_normal())) for x in lengths]
+    for policy, p in (("baseline", None), ("flexfloor", preds)):
+        fine = moe.simulate_rollout(
+            config, batch(lengths), policy=policy, predictions=p, guard=guard, coarse=False
+        )
+        coarse = moe.simulate_rollout(
+            config, batch(lengths), policy=policy, predictions=p, guard=guard, coarse=True
+        )
+        assert coarse.decode_steps == fine.decode_steps
+        assert coarse.releases_committed == fine.releases_committed
+        assert coarse.expert_unavailable_steps == fine.expert_unavailable_steps == 0
+        assert coarse.memory_overflow_steps == fine.memory_overflow_steps == 0
+        assert coarse.incomplete_responses == fine.incomplete_responses == 0
+        assert coarse.occupied_gpu_s == pytest.approx(fine.occupied_gpu_s, rel=1e-9)
+        assert coarse.wall_s == pytest.approx(fine.wall_s, rel=1e-9)
+        assert coarse.idle_after_finish_gpu_s == pytest.approx(
+            fine.idle_after_finish_gpu_s, rel=1e-9, abs=1e-12
+        )
+
+
+def test_event_driven_preemption_matches_step_by_step():
+    # 235B on 16 x H100 with long prompts: KV growth forces preemptions inside quiet spans.
+    config = moe.RolloutConfig(model=moe.MOE_MODELS["qwen3-235b-a22b"], workers=16)
+    lengths = [3000] * 64 + [50] * 64
+    fine = moe.simulate_rollout(config, batch(lengths, 2000), policy="baseline", coarse=False)
+    coarse = moe.simulate_rollout(config, batch(lengths, 2000), policy="baseline")
+    assert coarse.preemptions == fine.preemptions
+    assert coarse.decode_steps == fine.decode_steps
+    assert coarse.occupied_gpu_s == pytest.approx(fine.occupied_gpu_s, rel=1e-9)
+
+
+def test_min_anchored_fit_when_the_max_is_the_limit():
+    # verl#3727: mean 11,018, min 665, max = limit 30,000, no clip ratio logged.
+    mu, sigma = rollout_report.fit_lognormal(
+        11018.0, 30000.0, 1024, None, min_tokens=665.0, limit_tokens=30000.0
+    )
+    assert rollout_report._clipped_lognormal_mean(mu, sigma, 30000.0) == pytest.approx(
+        11018.0, rel=1e-3
+    )
+    z = rollout_report.statistics.NormalDist().inv_cdf(1 - 1 / 1025)
+    assert math.exp(mu - z * sigma) == pytest.approx(665.0, rel=1e-6)
+
+
+def test_calibrated_scenario_runs_fast_with_zero_violations():
+    config = moe.RolloutConfig(model=MODEL, gpu="h200", workers=16)
+    scenario = rollout_report.Scenario(
+        trace="samples:verl3727-qwen3vl-30b-a3b-gspo", config=config, steps=1
+    )
+    out = rollout_report.run_scenario(scenario).to_json()
+    assert out["expert_unavailable_steps"] == out["memory_overflow_steps"] == 0
+    assert out["incomplete_responses"] == 0
+    assert 0.0 < out["baseline_worker_finish_min_over_max"] <= 1.0
