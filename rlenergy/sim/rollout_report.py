@@ -28,12 +28,21 @@ from rlenergy.sim import moe, traces
 
 PROMPT_SHARE_OF_LOG_VARIANCE = 0.5
 """Share of a response's log-length variance that belongs to its prompt (repeats across
-epochs); the rest is per-sample noise [MODEL: no public per-prompt length log at hand]."""
+epochs); the rest is per-sample noise [MODEL]. Qualitative support only: RollPacker
+("Mitigating Long-Tail Rollouts for Fast, Synchronous RL Post-Training", 2025) finds the
+long tail concentrated in a small fraction of prompts, which it re-batches as "long
+prompts"; DARTS (arXiv 2605.30859) finds large intra-prompt long tails (same prompt, very
+different lengths). No public per-prompt length log across epochs is at
+hand, so the split is a mid-point, not a measurement; the FlexFloor gain moves with it (with
+exact predictions the shipped traces reach x1.3-x1.8 per warm step, see docs/flexfloor.md)."""
 
 STEPS_PER_EPOCH = 4
 """Simulated steps per dataset epoch: prompts recur every 4 steps, so steps after the first
-four have one or more epochs of history [MODEL: short epochs keep the run small; a real epoch
-is longer, which changes only how many cold steps there are]."""
+four have one or more epochs of history [MODEL: short epochs keep the run small]. A real epoch
+is much longer (e.g. 17k prompts at 128 per step: about 130 steps) and long-reasoning runs
+often see each prompt only 1-3 times, so the share of cold steps (quantile fallback, no
+per-prompt history) is far larger than here: the ``warm`` ratios are an upper bound on what a
+real run's first epoch sees."""
 
 PROMPT_TOKENS_SIGMA = 0.3
 """Lognormal spread of prompt lengths around the logged mean [MODEL]."""
