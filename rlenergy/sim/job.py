@@ -330,7 +330,7 @@ def run_job(
             phase_energy_j=energies,
             clocks_mhz={p: d.clock_mhz for p, d in plan.phases.items()},
             states={p: d.state.value for p, d in plan.phases.items()},
-            probing={p: bool(d.probe_clocks_mhz) for p, d in plan.phases.items()},
+            probing={p: d.probing for p, d in plan.phases.items()},
         )
         results.append(result)
         if callable(on_step):

@@ -95,6 +95,8 @@ class PhaseDecision:
             these clocks (``None`` = default governor) instead of ``clock_mhz``.
         probe_slice_s: slice length for the probe, s.
         reason: one line for humans (status, logs).
+        step_probe: this whole step is one slice of a probe block spanning steps (phases too
+            short to slice); ``clock_mhz`` is the slice's clock.
     """
 
     clock_mhz: int | None
@@ -102,6 +104,12 @@ class PhaseDecision:
     probe_clocks_mhz: tuple[int | None, ...] = ()
     probe_slice_s: float = 0.0
     reason: str = ""
+    step_probe: bool = False
+
+    @property
+    def probing(self) -> bool:
+        """The step runs a probe for this phase (in-phase slices or a whole-step slice)."""
+        return bool(self.probe_clocks_mhz) or self.step_probe
 
 
 @dataclasses.dataclass(frozen=True)

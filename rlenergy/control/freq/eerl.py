@@ -48,8 +48,9 @@ from rlenergy.control.freq import base, predictor, probe
 INDIFFERENCE = 0.004
 """Half-width of a confidence interval below which a straddling candidate is decided by its
 mean (a 0.4 % throughput difference is below what a user can see) [heuristic]."""
-MIN_SLICE_S = 0.05
-"""Shortest in-phase probe slice, s: a few decode iterations, so token counts mean something."""
+MIN_SLICE_S = 0.025
+"""Shortest in-phase probe slice, s: a few decode iterations of a small model; the agent
+switches clocks in about 3 ms (bench/agent.py), well inside a slice."""
 LOCK_MARGIN = 0.002
 """Throughput margin on a lock above the threshold: trial slices at low clocks cost some
 throughput, and the threshold holds for the whole run, trials included [heuristic]."""
@@ -219,7 +220,10 @@ class PhaseController:
             if self._step_probe:
                 # Whole-step slices: finish the current block before anything else.
                 return base.PhaseDecision(
-                    self._step_probe[0], state, reason=f"step trial {self._step_probe_clock} MHz"
+                    self._step_probe[0],
+                    state,
+                    reason=f"step trial {self._step_probe_clock} MHz",
+                    step_probe=True,
                 )
             active = self._probe_clocks(max(n_slices // probe.BLOCK, 1))
             extending = self._round_steps >= self.ctl.trial_steps
@@ -237,7 +241,10 @@ class PhaseController:
                 self._step_probe_clock = active[0]
                 self._step_probe = list(probe.block_schedule(active[:1]))
                 return base.PhaseDecision(
-                    self._step_probe[0], state, reason=f"step trial {active[0]} MHz"
+                    self._step_probe[0],
+                    state,
+                    reason=f"step trial {active[0]} MHz",
+                    step_probe=True,
                 )
             return base.PhaseDecision(
                 None,
@@ -569,10 +576,7 @@ class EERLController:
                 if n != name
             )
             decisions[name] = pc.decide(allow, allow and not others_first_pass)
-        if any(
-            d.probe_clocks_mhz or (d.state is base.PhaseState.TRIAL and d.clock_mhz is not None)
-            for d in decisions.values()
-        ):
+        if any(d.probing for d in decisions.values()):
             self.trial_steps += 1
         return base.Plan(step, decisions)
 
