@@ -189,6 +189,11 @@ class PhaseController:
             )
 
     @property
+    def round_steps(self) -> float:
+        """Trial steps spent in the current selection round (whole-step probes count 1/8)."""
+        return self._round_steps
+
+    @property
     def f_default_mhz(self) -> int:
         """Clock the default governor runs this phase at (read back in warm-up), MHz."""
         return self.default_clock_mhz or self.settings.max_clock_mhz
@@ -571,7 +576,7 @@ class EERLController:
         for name, pc in self.phases.items():
             # Extended trials only while no other phase still needs its first trial steps.
             others_first_pass = any(
-                o.state is base.PhaseState.TRIAL and o._round_steps < self.settings.trial_steps
+                o.state is base.PhaseState.TRIAL and o.round_steps < self.settings.trial_steps
                 for n, o in self.phases.items()
                 if n != name
             )
