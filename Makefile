@@ -10,6 +10,7 @@ GPU ?= h100-sxm
 MODE ?= sync
 
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
+.PHONY: images images-lock test-images
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +51,19 @@ bench-rollout: $(STAMP)
 ## Node agent on the stand-in NVML (gcc builds it into build/): signal->clock latency, RSS, energy error.
 bench-agent: $(STAMP)
 	$(PY) bench/agent.py
+
+## OCI image archives of the operator and the node agent, no container engine (docs/images.md):
+## build/images/rl-energy-{operator,agent}.oci.tar; cached, reproducible; needs root. FORCE=1 rebuilds.
+images: $(STAMP)
+	PYTHON=$(PY) bash hack/build-images.sh build
+
+## Re-pin the images' dependencies (hack/images/requirements-*.txt) from PyPI.
+images-lock: $(STAMP)
+	PYTHON=$(PY) bash hack/build-images.sh lock
+
+## Smoke test of the image archives in a chroot (not part of `make test`: the build takes minutes).
+test-images: images
+	$(PY) -m pytest -q -m images tests/images
 
 clean:
 	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache
