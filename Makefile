@@ -11,6 +11,7 @@ MODE ?= sync
 
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
+.PHONY: bench-scale test-chaos
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +52,15 @@ bench-rollout: $(STAMP)
 ## Node agent on the stand-in NVML (gcc builds it into build/): signal->clock latency, RSS, energy error.
 bench-agent: $(STAMP)
 	$(PY) bench/agent.py
+
+## Operator at scale: 250 and 1,000 KWOK GPU nodes x 8 GPUs, 20 policies, simulated agents
+## (RSS, status lag, API requests/s, conflicts; docs/scale-and-chaos.md). ~15 min on 2 cores.
+bench-scale: $(STAMP) bins
+	$(PY) bench/scale.py
+
+## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
+test-chaos: $(STAMP) bins
+	$(PY) -m pytest -q -m chaos tests/chaos
 
 ## OCI image archives of the operator and the node agent, no container engine (docs/images.md):
 ## build/images/rl-energy-{operator,agent}.oci.tar; cached, reproducible; needs root. FORCE=1 rebuilds.

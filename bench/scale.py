@@ -1,0 +1,631 @@
+"""Scale benchmark: the operator against 250 and 1,000 KWOK GPU nodes x 8 GPUs.
+
+What runs:
+
+* the dev cluster (etcd, kube-apiserver, KCM, scheduler, KWOK) on 127.0.0.1;
+* the real operator as a subprocess (``python -m rlenergy_operator --standalone``);
+* 20 ``RLEnergyPolicy`` objects, each governing a job spread over ``nodes / 20`` nodes;
+* the node agents simulated in this process: every node has its own
+  ``rlenergy_agent.kube.ReportWriter`` (the agent's real report writer: one report object per
+  policy and node, created once, then merge-patched once per RL step), and each policy's agents
+  read ``status.plan`` through the agent's real ``PlanWatcher`` (``--pollers`` watchers per
+  policy, staggered over the agent's 2 s poll period; a real fleet has one per node, see the
+  extrapolated poll load in the output). The step records come from the simulator
+  (``rlenergy.sim``: one simulated 8-GPU node per job, every node reports that node's record).
+
+What it prints per scale point: operator peak RSS, status lag (last node report of a step
+written -> a watch on the policies shows ``status.totals.throughStep`` >= that step) p50/p99,
+plan propagation (last report of a step written -> every simulated agent of the policy holds
+the plan for the next step) p50/p99, API requests per second by verb and resource over the RL
+steps (delta of ``apiserver_request_total`` from the API server's /metrics), 409 conflicts,
+report writes per node per RL step. Targets (DESIGN.md section 7): operator RSS <= 300 MB,
+status lag p99 <= 5 s, at most one write per node per RL step, zero unresolved conflicts.
+
+Bounded: a few RL steps per point; every wait has a deadline. Usage:
+``python bench/scale.py [--points 250,1000] [--steps 5] [--policies 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from rlenergy_agent import kube as agent_kube
+
+from rlenergy.api import node as api_node
+from rlenergy.control.freq import base
+from rlenergy.devcluster import DevCluster
+from rlenergy.sim import job as sim_job
+from rlenergy.sim import models, workload
+
+ROOT = Path(__file__).resolve().parents[1]
+GPUS_PER_NODE = 8
+GROUP, VERSION, POLICIES = "rlenergy.io", "v1alpha1", "rlenergypolicies"
+PLAN_POLL_S = 2.0  # the agent's default RLENERGY_AGENT_PLAN_POLL_S
+RECONCILE_S = 2.0  # the operator's default RLENERGY_OPERATOR_RECONCILE_INTERVAL_S
+WINDOW = 32  # the agent's MAX_STEPS_KEPT
+TARGET_RSS_MB, TARGET_LAG_P99_S = 300.0, 5.0
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process, KiB."""
+    cur = peak = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            cur = int(line.split()[1])
+        elif line.startswith("VmHWM:"):
+            peak = int(line.split()[1])
+    return cur, peak
+
+
+_METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def request_counts(cluster: DevCluster) -> collections.Counter[tuple[str, str, str]]:
+    """``apiserver_request_total`` as (verb, resource[/subresource], code) -> count."""
+    text = cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout
+    out: collections.Counter[tuple[str, str, str]] = collections.Counter()
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group("labels")))
+        res = labels.get("resource", "")
+        if labels.get("subresource"):
+            res += "/" + labels["subresource"]
+        out[(labels.get("verb", ""), res, labels.get("code", ""))] += int(float(m.group("value")))
+    return out
+
+
+def plan_to_decisions(plan: api_node.ClockPlan) -> base.Plan:
+    """The agent's reading of a published plan (as in tests/unit/operator/sim_nodes.py)."""
+    phases = {}
+    for p in plan.phases:
+        clock = p.clock_mhz if plan.enforce else None
+        probe = tuple(p.probe_clocks_mhz) if plan.enforce else ()
+        phases[p.phase] = base.PhaseDecision(
+            clock, base.PhaseState(p.state), probe, p.probe_slice_seconds, p.reason
+        )
+    return base.Plan(plan.step, phases)
+
+
+class Operator:
+    """The operator subprocess."""
+
+    def __init__(self, cluster: DevCluster, log: Path, namespace: str) -> None:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "RLENERGY_OPERATOR_NAMESPACE": namespace,
+            "RLENERGY_OPERATOR_RESET_DEADLINE_S": "30",
+            "RLENERGY_OPERATOR_RETRY_DELAY_S": "1",
+        }
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rlenergy_operator", "--standalone", "--all-namespaces"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(ROOT),
+            )
+        self.peak_kib = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self.peak_kib = max(self.peak_kib, rss_kib(self.proc.pid)[1])
+            except OSError:
+                return
+
+    def rss_mb(self) -> tuple[float, float]:
+        cur, peak = rss_kib(self.proc.pid)
+        self.peak_kib = max(self.peak_kib, peak)
+        return cur / 1024, self.peak_kib / 1024
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+class PolicyWatch:
+    """One watch on the namespace's policies: when each (policy, throughStep) was first seen."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.seen: dict[tuple[str, int], float] = {}
+        self.plans: dict[tuple[str, int], float] = {}
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            w = kubernetes.watch.Watch()
+            try:
+                for ev in w.stream(
+                    self.api.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    POLICIES,
+                    timeout_seconds=20,
+                ):
+                    now = time.monotonic()
+                    obj = ev["object"]
+                    name = obj["metadata"]["name"]
+                    st = obj.get("status") or {}
+                    through = int((st.get("totals") or {}).get("throughStep", -1))
+                    step = int((st.get("plan") or {}).get("step", -1))
+                    with self.lock:
+                        self.seen.setdefault((name, through), now)
+                        self.plans.setdefault((name, step), now)
+                    if self._stop.is_set():
+                        break
+            except Exception as exc:  # noqa: BLE001 - urllib3 errors too; the watch restarts
+                if not self._stop.is_set():
+                    print(f"  (policy watch restarted: {exc!r})", file=sys.stderr)
+                time.sleep(1)
+            finally:
+                w.stop()
+
+    def first_seen(self, name: str, step: int) -> float | None:
+        with self.lock:
+            times = [t for (n, s), t in self.seen.items() if n == name and s >= step]
+        return min(times) if times else None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class FleetJob:
+    """One policy's RL job over its nodes; the simulated agents of those nodes."""
+
+    def __init__(
+        self,
+        bench: Point,
+        name: str,
+        nodes: list[str],
+        steps: int,
+        seed: int,
+        pollers: int,
+    ) -> None:
+        self.bench = bench
+        self.name = name
+        self.nodes = nodes
+        self.sku = models.get_sku("h100-sxm")
+        replay = workload.synthetic(steps, seed=seed, num_gpus=GPUS_PER_NODE)
+        self.job = sim_job.Job(replay, self.sku, "sync", seed=seed)
+        ns = bench.namespace
+        self.writers = {n: agent_kube.ReportWriter(bench.api, ns, name, n) for n in nodes}
+        self.watchers = [agent_kube.PlanWatcher(bench.api, ns, name) for _ in range(pollers)]
+        self.records: list[api_node.StepRecord] = []
+        self.last_write: dict[int, float] = {}
+        self.plan: api_node.ClockPlan | None = None
+        self.propagation: list[float] = []
+        self.error: BaseException | None = None
+        clocks = list(self.sku.supported_sm_clocks_mhz())
+        self._gpus = {
+            n: [
+                api_node.GpuStatus(
+                    uuid=f"GPU-{n}-{i:02d}",
+                    name="NVIDIA H100 80GB HBM3",
+                    supported_clocks_mhz=clocks,
+                )
+                for i in range(GPUS_PER_NODE)
+            ]
+            for n in nodes
+        }
+
+    # ----- the agents' report side ---------------------------------------------------------
+    def report(self, node: str, *, ack: bool = False) -> api_node.NodeReport:
+        gpus = self._gpus[node]
+        if ack:
+            gpus = [g.model_copy(update={"reset_acknowledged": True}) for g in gpus]
+        recs = self.records[-WINDOW:]
+        return api_node.NodeReport(
+            policy_name=self.name,
+            node_name=node,
+            gpus=gpus,
+            steps=recs,
+            last_step=recs[-1].step if recs else -1,
+            measured_joules_total=sum(
+                p.energy_joules or 0.0 for r in self.records for p in r.phases
+            ),
+        )
+
+    def write_all(self, *, ack: bool = False) -> float:
+        """Every node writes its report (thread pool); returns when the last write finished."""
+        futs = [
+            self.bench.pool.submit(self.writers[n].write, self.report(n, ack=ack))
+            for n in self.nodes
+        ]
+        for f in futs:
+            f.result()
+        return time.monotonic()
+
+    # ----- the agents' plan side -----------------------------------------------------------
+    def wait_plan(self, step: int, *, deadline_s: float = 120.0) -> api_node.ClockPlan:
+        """Poll like the agents (staggered over the poll period) until all hold ``step``'s plan."""
+        start = time.monotonic()
+        have: dict[int, api_node.ClockPlan] = {}
+        k = len(self.watchers)
+        next_poll = [start + i * PLAN_POLL_S / k for i in range(k)]
+        while len(have) < k:
+            now = time.monotonic()
+            if now - start > deadline_s:
+                raise TimeoutError(f"{self.name}: no plan for step {step} in {deadline_s:.0f} s")
+            i = min(range(k), key=lambda j: next_poll[j] if j not in have else float("inf"))
+            time.sleep(max(0.0, next_poll[i] - now))
+            exists, plan = self.watchers[i].poll()
+            next_poll[i] += PLAN_POLL_S
+            if exists and plan is not None and plan.step >= step:
+                have[i] = plan
+        return have[k - 1]
+
+    # ----- the job -------------------------------------------------------------------------
+    def decide(self, step: int) -> base.Plan:
+        plan = self.wait_plan(step)
+        if step > 0:
+            self.propagation.append(time.monotonic() - self.last_write[step - 1])
+        self.plan = plan
+        return plan_to_decisions(plan.model_copy(update={"step": step}))
+
+    def observe(self, obs: base.StepObservation) -> None:
+        w = obs.workload
+        rec = api_node.StepRecord(
+            step=obs.step,
+            workload=api_node.TokenWorkloadReport(
+                samples=w.samples,
+                response_tokens=w.response_tokens,
+                prompt_tokens=w.prompt_tokens,
+                valid_tokens=w.valid_tokens,
+                mean_context_tokens=w.mean_context_tokens,
+            ),
+            phases=[
+                api_node.PhaseWindowReport(
+                    phase=ph.phase,
+                    duration_seconds=ph.duration_s,
+                    energy_joules=ph.energy_j,
+                    requested_clock_mhz=ph.requested_clock_mhz,
+                    applied_clock_mhz=ph.applied_clock_mhz,
+                    slowdown=ph.slowdown,
+                    slices=[
+                        api_node.SliceReport(
+                            clock_mhz=s.clock_mhz,
+                            duration_seconds=s.duration_s,
+                            progress=s.progress,
+                            energy_joules=s.energy_j,
+                        )
+                        for s in ph.slices
+                    ],
+                    error=ph.error,
+                )
+                for ph in obs.phases.values()
+            ],
+            idle_energy_joules=0.0,
+        )
+        self.records.append(rec)
+        self.last_write[obs.step] = self.write_all()
+
+    def run(self) -> None:
+        try:
+            sim_job.run_job(self.job, self)  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - reported by the point
+            self.error = exc
+
+
+class Point:
+    """One scale point: policies over ``nodes`` nodes in a fresh namespace."""
+
+    def __init__(
+        self,
+        cluster: DevCluster,
+        api: Any,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        *,
+        namespace: str,
+        nodes: list[str],
+        policies: int,
+        steps: int,
+        pollers: int,
+    ) -> None:
+        self.cluster = cluster
+        self.api = api
+        self.pool = pool
+        self.namespace = namespace
+        self.nodes = nodes
+        self.steps = steps
+        per = len(nodes) // policies
+        self.jobs = [
+            FleetJob(self, f"job-{i:02d}", nodes[i * per : (i + 1) * per], steps, 11 + i, pollers)
+            for i in range(policies)
+        ]
+
+    def create(self) -> None:
+        self.cluster.kubectl("create", "namespace", self.namespace)
+        items = [
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "RLEnergyPolicy",
+                "metadata": {"name": j.name, "namespace": self.namespace},
+                "spec": {
+                    "selector": {"matchLabels": {"app": j.name}},
+                    "controller": {"warmupSteps": 1, "trialSteps": 2},
+                },
+            }
+            for j in self.jobs
+        ]
+        self.cluster.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
+
+    def run(self) -> dict[str, Any]:
+        watch = PolicyWatch(self.api, self.namespace)
+        try:
+            self.create()
+            # Agents start: each writes its first report (GPUs and clock tables) at once.
+            t0 = time.monotonic()
+            for j in self.jobs:
+                j.wait_plan(0)
+            for j in self.jobs:
+                j.write_all()
+            initial_s = time.monotonic() - t0
+            before = request_counts(self.cluster)
+            t_start = time.monotonic()
+            threads = [threading.Thread(target=j.run, name=j.name) for j in self.jobs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=900)
+            # The last step's status.
+            for j in self.jobs:
+                deadline = time.monotonic() + 60
+                while watch.first_seen(j.name, self.steps - 1) is None:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.1)
+            elapsed = time.monotonic() - t_start
+            after = request_counts(self.cluster)
+            errors = [f"{j.name}: {j.error!r}" for j in self.jobs if j.error is not None]
+            lags: list[float] = []
+            missing = 0
+            for j in self.jobs:
+                for step, t_write in j.last_write.items():
+                    seen = watch.first_seen(j.name, step)
+                    if seen is None:
+                        missing += 1
+                    else:
+                        lags.append(max(0.0, seen - t_write))
+            prop = [p for j in self.jobs for p in j.propagation]
+            return {
+                "nodes": len(self.nodes),
+                "gpus": len(self.nodes) * GPUS_PER_NODE,
+                "policies": len(self.jobs),
+                "steps": self.steps,
+                "initial_s": initial_s,
+                "elapsed_s": elapsed,
+                "lags": lags,
+                "lag_missing": missing,
+                "propagation": prop,
+                "requests": after - before,
+                "errors": errors,
+            }
+        finally:
+            watch.stop()
+
+    def teardown(self) -> float:
+        """Delete the policies; the agents acknowledge the reset plan (the finalizer's wait)."""
+        t0 = time.monotonic()
+        self.cluster.kubectl("delete", "rlep", "--all", "-n", self.namespace, "--wait=false")
+        for j in self.jobs:
+            deadline = time.monotonic() + 60
+            while True:
+                exists, plan = j.watchers[0].poll()
+                if not exists or (plan is not None and not plan.enforce):
+                    break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            if exists:
+                j.write_all(ack=True)
+        self.cluster.kubectl(
+            "wait",
+            "--for=delete",
+            "rlep",
+            "--all",
+            "-n",
+            self.namespace,
+            "--timeout=90s",
+            check=False,
+            timeout=120,
+        )
+        self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
+        return time.monotonic() - t0
+
+
+def summarize(res: dict[str, Any], op: Operator) -> list[str]:
+    cur, peak = op.rss_mb()
+    req: collections.Counter[tuple[str, str, str]] = res["requests"]
+    dt = res["elapsed_s"]
+    by: collections.Counter[tuple[str, str]] = collections.Counter()
+    conflicts = 0
+    for (verb, resource, code), n in req.items():
+        if n <= 0:
+            continue
+        by[(verb, resource)] += n
+        if code == "409":
+            conflicts += n
+    writes = sum(
+        n
+        for (verb, resource, code), n in req.items()
+        if resource == "rlenergynodereports"
+        and verb in ("PATCH", "CREATE", "UPDATE", "APPLY")
+        and code.startswith("2")
+    )
+    status_writes = sum(
+        n
+        for (verb, resource, code), n in req.items()
+        if resource == "rlenergypolicies/status"
+        and verb in ("PATCH", "UPDATE")
+        and code.startswith("2")
+    )
+    per_node_step = writes / (res["nodes"] * res["steps"])
+    lags, prop = res["lags"], res["propagation"]
+    n = res["nodes"]
+    lines = [
+        f"== {n} nodes x {GPUS_PER_NODE} GPUs ({res['gpus']} GPUs), {res['policies']} policies, "
+        f"{res['steps']} RL steps in {dt:.1f} s (agents' first reports: {res['initial_s']:.1f} s)",
+        f"  operator RSS now {cur:.0f} MB, peak {peak:.0f} MB (target <= {TARGET_RSS_MB:.0f})"
+        f"  {'OK' if peak <= TARGET_RSS_MB else 'MISSED'}",
+        f"  status lag (last report of a step -> status shows it): p50 {pct(lags, 50):.2f} s, "
+        f"p99 {pct(lags, 99):.2f} s, max {max(lags, default=float('nan')):.2f} s over {len(lags)} "
+        f"steps, {res['lag_missing']} never seen (target p99 <= {TARGET_LAG_P99_S:.0f} s)"
+        f"  {'OK' if lags and pct(lags, 99) <= TARGET_LAG_P99_S and not res['lag_missing'] else 'MISSED'}",
+        f"  plan propagation (last report of a step -> every agent holds the next plan, "
+        f"{PLAN_POLL_S:.0f} s polls): p50 {pct(prop, 50):.2f} s, p99 {pct(prop, 99):.2f} s",
+        f"  node report writes per node per RL step: {per_node_step:.2f} ({writes} writes; target "
+        f"<= 1)  {'OK' if per_node_step <= 1.0 + 1e-9 else 'MISSED'}",
+        f"  policy status writes: {status_writes} ({status_writes / (res['policies'] * res['steps']):.2f} "
+        f"per policy per step)",
+        f"  409 conflicts: {conflicts} (agents' writes retry 409; unresolved = failed writes: "
+        f"{len(res['errors'])})  {'OK' if not res['errors'] else 'MISSED'}",
+        f"  a real fleet polls status.plan once per node every {PLAN_POLL_S:.0f} s: "
+        f"{n / PLAN_POLL_S:.0f} GET/s extrapolated (simulated here with fewer pollers)",
+        "  API requests/s over the RL steps by verb and resource (top 14):",
+    ]
+    for (verb, resource), cnt in by.most_common(14):
+        lines.append(f"    {verb:<7} {resource:<34} {cnt / dt:8.2f}/s  ({cnt})")
+    for e in res["errors"]:
+        lines.append(f"  ERROR {e}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", default="250,1000", help="node counts, ascending")
+    ap.add_argument("--steps", type=int, default=5, help="RL steps per point")
+    ap.add_argument("--policies", type=int, default=20)
+    ap.add_argument("--pollers", type=int, default=4, help="plan watchers per policy")
+    ap.add_argument("--workers", type=int, default=12, help="report-writer threads")
+    args = ap.parse_args(argv)
+    points = [int(x) for x in args.points.split(",")]
+    out_lines: list[str] = []
+    t_all = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rlenergy-bench-scale-") as tmp:
+        cluster = DevCluster(startup_timeout=600)
+        with cluster:
+            t0 = time.monotonic()
+            cluster.start(nodes=points[0], gpus_per_node=GPUS_PER_NODE)
+            print(
+                f"dev cluster with {points[0]} nodes up in {time.monotonic() - t0:.0f} s",
+                flush=True,
+            )
+            cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+            cluster.kubectl(
+                "wait",
+                "--for=condition=Established",
+                "crd/rlenergypolicies.rlenergy.io",
+                "crd/rlenergynodereports.rlenergy.io",
+                "--timeout=60s",
+            )
+            cluster.kubectl("create", "namespace", "rl-energy-system")
+            cfg = kubernetes.client.Configuration()
+            kubernetes.config.load_kube_config(
+                config_file=str(cluster.kubeconfig), client_configuration=cfg
+            )
+            cfg.connection_pool_maxsize = args.workers + 8
+            api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg))
+            op = Operator(cluster, Path(tmp) / "operator.log", "rl-energy-system")
+            pool = concurrent.futures.ThreadPoolExecutor(args.workers)
+            try:
+                for k, n in enumerate(points):
+                    have = len(cluster.nodes)
+                    if n > have:
+                        t0 = time.monotonic()
+                        cluster.add_nodes(n - have, timeout=600)
+                        print(
+                            f"added {n - have} nodes in {time.monotonic() - t0:.0f} s", flush=True
+                        )
+                    point = Point(
+                        cluster,
+                        api,
+                        pool,
+                        namespace=f"scale-{n}",
+                        nodes=cluster.nodes[:n],
+                        policies=args.policies,
+                        steps=args.steps,
+                        pollers=args.pollers,
+                    )
+                    print(f"running {n} nodes ...", flush=True)
+                    res = point.run()
+                    lines = summarize(res, op)
+                    print("\n".join(lines), flush=True)
+                    out_lines += lines
+                    if k < len(points) - 1:
+                        print(
+                            f"  teardown (reset acks, finalizers) {point.teardown():.1f} s",
+                            flush=True,
+                        )
+                    if op.proc.poll() is not None:
+                        print("operator exited!", file=sys.stderr)
+                        break
+            finally:
+                pool.shutdown(wait=False, cancel_futures=True)
+                op.stop()
+                log = op.log.read_text(errors="replace")
+                tb = log.count("Traceback (most recent call last)")
+                out_lines.append(f"operator log: {len(log.splitlines())} lines, {tb} tracebacks")
+                if tb:
+                    print(log[-3000:], file=sys.stderr)
+                mem = cluster.memory()
+                out_lines.append(
+                    "control plane peak RSS: "
+                    + ", ".join(f"{k} {v[1] / 1024:.0f} MB" for k, v in mem.items())
+                )
+    out_lines.append(f"total {time.monotonic() - t_all:.0f} s")
+    print("\n".join(out_lines[-3:]))
+    summary = ROOT / "out" / "bench-scale.txt"
+    summary.parent.mkdir(exist_ok=True)
+    summary.write_text("\n".join(out_lines) + "\n")
+    print(f"summary written to {summary.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
