@@ -33,6 +33,11 @@ from rlenergy_agent import metrics, service
 
 log = logging.getLogger(__name__)
 
+MAX_BODY_BYTES = 64 * 1024
+"""Largest signal body accepted (a step's workload is a few hundred bytes); larger: 413."""
+READ_TIMEOUT_S = 10.0
+"""A caller that stalls mid-request is dropped after this long (its thread is freed)."""
+
 PodResolver = Callable[[int], service.PodRef | None]
 """Maps a caller's pid to its pod (``None``: not a pod this agent knows)."""
 
@@ -102,6 +107,7 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "rlenergy-agent"
+    timeout = READ_TIMEOUT_S
     agent: service.Agent
     resolve: PodResolver
 
@@ -130,6 +136,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         try:
             length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            self._answer(400, {"error": "bad request: Content-Length is not a number"})
+            return
+        if length < 0 or length > MAX_BODY_BYTES:
+            self.close_connection = True  # the body is not read
+            self._answer(
+                413 if length > 0 else 400,
+                {
+                    "error": f"request body too large: Content-Length {length} "
+                    f"(limit {MAX_BODY_BYTES} bytes)"
+                    if length > 0
+                    else f"bad request: negative Content-Length {length}"
+                },
+            )
+            return
+        try:
             body = json.loads(self.rfile.read(length) or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object")

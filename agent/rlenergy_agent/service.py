@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -274,14 +275,26 @@ class Agent:
                 self._observe_clocks(pod, self.gpus_of(pod)[0])
 
     def progress(self, pod: PodRef, amount: float) -> None:
-        """Add phase progress (tokens or iterations) to ``pod``'s open window."""
+        """Add phase progress (tokens or iterations) to ``pod``'s open window.
+
+        Raises:
+            SignalRefused: a negative or non-finite amount (it would poison the window).
+        """
+        if not math.isfinite(amount) or amount < 0:
+            raise SignalRefused(f"progress amount must be a finite number >= 0, got {amount}", 400)
         with self._lock:
             w = self._open.get(pod)
             if w is not None:
                 w.progress += amount
 
     def end_step(self, pod: PodRef, step: int, workload: api_node.TokenWorkloadReport) -> None:
-        """``pod`` finished RL step ``step``: close its window and file the step's workload."""
+        """``pod`` finished RL step ``step``: close its window and file the step's workload.
+
+        Raises:
+            SignalRefused: a negative step (it would make every later node report invalid).
+        """
+        if step < 0:
+            raise SignalRefused("step must be >= 0", 400)
         gpus, _ = self.gpus_of(pod)
         with self._lock:
             if gpus:
