@@ -485,12 +485,14 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
     dt = res["elapsed_s"]
     by: collections.Counter[tuple[str, str]] = collections.Counter()
     conflicts = 0
+    conflict_by: collections.Counter[str] = collections.Counter()
     for (verb, resource, code), n in req.items():
         if n <= 0:
             continue
         by[(verb, resource)] += n
         if code == "409":
             conflicts += n
+            conflict_by[f"{verb} {resource}"] += n
     writes = sum(
         n
         for (verb, resource, code), n in req.items()
@@ -524,7 +526,8 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
         f"  policy status writes: {status_writes} ({status_writes / (res['policies'] * res['steps']):.2f} "
         f"per policy per step)",
         f"  409 conflicts: {conflicts} (agents' writes retry 409; unresolved = failed writes: "
-        f"{len(res['errors'])})  {'OK' if not res['errors'] else 'MISSED'}",
+        f"{len(res['errors'])})  {'OK' if not res['errors'] else 'MISSED'}; by request: "
+        + (", ".join(f"{k} {v}" for k, v in conflict_by.most_common(5)) or "none"),
         f"  a real fleet polls status.plan once per node every {PLAN_POLL_S:.0f} s: "
         f"{n / PLAN_POLL_S:.0f} GET/s extrapolated (simulated here with fewer pollers)",
         "  API requests/s over the RL steps by verb and resource (top 14):",
