@@ -211,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
             log.error("no Kubernetes API (%s); reports and plan updates disabled", exc)
     last_poll = last_write = 0.0
+    # The first report goes out at once (the operator needs the GPUs' clock tables before the
+    # first step), and again whenever the plan changes (reset acknowledgements on deletion).
+    state_changed = True
     try:
         while not stop.wait(settings.sample_interval_s):
             now = time.monotonic()
@@ -219,18 +222,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     exists, plan = watcher.poll()
                     if not exists or plan != agent.plan:
+                        enforced = agent.plan is not None and agent.plan.enforce
                         agent.set_plan(plan)
+                        state_changed = state_changed or enforced != bool(plan and plan.enforce)
                 except Exception as exc:  # noqa: BLE001 - keep the last plan on API errors
                     log.warning("plan poll failed: %s", exc)
-            if (
-                writer is not None
-                and agent.dirty_steps
-                and (now - last_write >= settings.report_interval_s or len(agent.dirty_steps) > 1)
+            # Only finished steps count (a running step's record still changes); the set is
+            # taken before the report is built, so a step that finishes during the write
+            # stays dirty for the next one.
+            pending = agent.finished_dirty_steps() if writer is not None else set()
+            if writer is not None and (
+                state_changed
+                or (
+                    pending and (now - last_write >= settings.report_interval_s or len(pending) > 1)
+                )
             ):
                 last_write = now
                 try:
                     writer.write(agent.report())
-                    agent.dirty_steps.clear()
+                    agent.dirty_steps.difference_update(pending)
+                    state_changed = False
                 except Exception as exc:  # noqa: BLE001 - retried at the next step
                     log.warning("report write failed: %s", exc)
             agent.meter.sample()

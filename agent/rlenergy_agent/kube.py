@@ -35,8 +35,16 @@ def report_name(policy: str, node: str) -> str:
     return f"{policy}-{node}".lower()[:253]
 
 
-def load_api() -> Any:
-    """A ``CustomObjectsApi`` from the in-cluster config, else the local kubeconfig."""
+def load_api(kubeconfig: str | None = None) -> Any:
+    """A ``CustomObjectsApi`` from the in-cluster config, else the local kubeconfig.
+
+    Args:
+        kubeconfig: a kubeconfig file to use instead (local runs, tests); its own client, the
+            process-wide default configuration is left alone.
+    """
+    if kubeconfig is not None:
+        client = kubernetes.config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        return kubernetes.client.CustomObjectsApi(client)
     try:
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kubernetes.config.ConfigException:

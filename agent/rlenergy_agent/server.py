@@ -243,6 +243,11 @@ class _OpsHandler(http.server.BaseHTTPRequestHandler):
             data = metrics.render(self.agent, self.health)
             self.send_response(200)
             self.send_header("Content-Type", metrics.CONTENT_TYPE)
+        elif self.path == "/v1/plan":
+            plan = self.agent.plan
+            data = (plan.model_dump_json(by_alias=True) if plan is not None else "null").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
         elif self.path in ("/healthz", "/readyz"):
             ok = self.health() if self.path == "/healthz" else self.ready()
             data = b"ok\n" if ok else b"not ok\n"

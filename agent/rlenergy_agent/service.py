@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from rlenergy.api import node as api_node
@@ -30,6 +30,8 @@ from rlenergy_agent import energy
 log = logging.getLogger(__name__)
 
 IDLE_PHASES = frozenset({"idle", "none", ""})
+IDLE = "idle"
+"""The window name of the time between phases (energy reported as ``idleEnergyJoules``)."""
 MAX_STEPS_KEPT = 32
 """Step records kept in the report (bounded, oldest dropped)."""
 
@@ -160,6 +162,7 @@ class Agent:
         self.phase_seconds: dict[tuple[str, str], float] = {}
         self.latencies_s: list[float] = []
         self.dirty_steps: set[int] = set()
+        self.idle_j: dict[int, float | None] = {}
         self.refused = 0
 
     # ----- plan -----------------------------------------------------------------------------
@@ -236,17 +239,18 @@ class Agent:
             for u in gpus:
                 self.phase_of[u] = "idle" if phase in IDLE_PHASES else phase
                 self.pod_of[u] = pod
-            if phase not in IDLE_PHASES:
-                self._open[pod] = _Open(
-                    phase,
-                    step,
-                    mark,
-                    self._clock(),
-                    clock_mhz,
-                    [],
-                    any(r.slowdown for r in results.values()),
-                    [f"{u}: {r.error}" for u, r in results.items() if r.error],
-                )
+            # An idle signal opens an idle window too: its energy is the step's idle energy
+            # (GPUs waiting for reward or data), booked outside the phases.
+            self._open[pod] = _Open(
+                IDLE if phase in IDLE_PHASES else phase,
+                step,
+                mark,
+                self._clock(),
+                clock_mhz,
+                [],
+                any(r.slowdown for r in results.values()),
+                [f"{u}: {r.error}" for u, r in results.items() if r.error],
+            )
             return PhaseResult(gpus, results, latency, closed)
 
     def _observe_clocks(self, pod: PodRef, gpus: Sequence[str]) -> None:
@@ -320,6 +324,15 @@ class Agent:
         if w is None:
             return None
         win = self.meter.window(w.mark, end)
+        if w.phase == IDLE:
+            self.steps.setdefault(w.step, {})
+            prev = self.idle_j.get(w.step, 0.0)
+            self.idle_j[w.step] = (
+                None if prev is None or win.energy_j is None else prev + win.energy_j
+            )
+            self.dirty_steps.add(w.step)
+            self._trim()
+            return None
         sources = set(win.sources.values())
         report = api_node.PhaseWindowReport(
             phase=w.phase,
@@ -342,13 +355,31 @@ class Agent:
             if j is not None:
                 self.phase_energy_j[key] = self.phase_energy_j.get(key, 0.0) + j
             self.phase_seconds[key] = self.phase_seconds.get(key, 0.0) + win.duration_s
+        self._trim()
+        return report
+
+    def _trim(self) -> None:
         while len(self.steps) > MAX_STEPS_KEPT:
             oldest = min(self.steps)
             del self.steps[oldest]
             self.workloads.pop(oldest, None)
-        return report
+            self.idle_j.pop(oldest, None)
 
     # ----- report ---------------------------------------------------------------------------
+    def _finished(self, steps: Iterable[int]) -> set[int]:
+        newest = max(self.steps, default=-1)
+        return {s for s in steps if s in self.steps and (s in self.workloads or s < newest)}
+
+    def finished_dirty_steps(self) -> set[int]:
+        """Changed steps that are finished (a report written now carries them for good).
+
+        A step's record changes until the trainer closes it, so the writer clears only these
+        after a write; a step still running stays dirty for the write after it ends.
+        """
+        with self._lock:
+            self.dirty_steps.intersection_update(self.steps)
+            return self._finished(self.dirty_steps)
+
     def step_record(self, step: int) -> api_node.StepRecord:
         """The node's record of ``step``: one window per phase (summed over pods)."""
         with self._lock:
@@ -377,7 +408,12 @@ class Agent:
             workload = self.workloads.get(step) or api_node.TokenWorkloadReport(
                 samples=0, response_tokens=0, prompt_tokens=0, valid_tokens=0, mean_context_tokens=0
             )
-            return api_node.StepRecord(step=step, workload=workload, phases=phases)
+            return api_node.StepRecord(
+                step=step,
+                workload=workload,
+                phases=phases,
+                idle_energy_joules=self.idle_j.get(step, 0.0),
+            )
 
     def report(self) -> api_node.NodeReport:
         """The spec of this node's ``RLEnergyNodeReport``."""
@@ -404,7 +440,11 @@ class Agent:
                         condition=condition,
                         reason=reason,
                         locked_clock_mhz=ctl.applied_mhz,
-                        reset_acknowledged=self.plan is None and ctl.applied_mhz is None,
+                        # Acknowledged once nothing is locked under a plan that locks
+                        # nothing: the operator's reset plan on deletion (enforce false) or
+                        # no plan at all (the policy is gone).
+                        reset_acknowledged=(self.plan is None or not self.plan.enforce)
+                        and ctl.applied_mhz is None,
                         energy_joules_total=j or 0.0,
                         energy_source=st.source,
                         energy_known=j is not None,
@@ -417,13 +457,17 @@ class Agent:
                     total += j
                     if u not in attributed:
                         unattributed += j
-            steps = [self.step_record(s) for s in sorted(self.steps)]
+            # Only finished steps: the trainer closed them (end_step) or moved past them. The
+            # operator folds a step as soon as every node reported it, so a step still running
+            # (its generation window closed, training under way) must not appear yet.
+            done = sorted(self._finished(self.steps))
+            steps = [self.step_record(s) for s in done]
             return api_node.NodeReport(
                 policy_name=self.policy_name,
                 node_name=self.node_name,
                 gpus=gpus,
                 steps=steps,
-                last_step=max(self.steps, default=-1),
+                last_step=max(done, default=-1),
                 measured_joules_total=total,
                 unattributed_joules_total=unattributed,
             )

@@ -258,6 +258,11 @@ class StandinDriver:
         if clocks_mhz:
             g.max_sm_clock_mhz = max(clocks_mhz)
 
+    def set_power_spread(self, uuid: str, factor: float) -> None:
+        """Part-to-part power spread of one GPU from now on (power x ``factor``)."""
+        with self._lock:
+            self._sims[uuid].spread = factor
+
     def reset_counter(self, uuid: str, to_mj: int = 0) -> None:
         """Simulate a driver reload: the energy counter restarts at ``to_mj`` (case #14)."""
         with self._lock:

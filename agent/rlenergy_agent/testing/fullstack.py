@@ -1,0 +1,446 @@
+"""The whole loop on one machine: operator, node agents, stand-in NVML and a replayed verl job.
+
+``FullStack`` runs, against a real API server (the dev cluster):
+
+* the operator as a local process (``python -m rlenergy_operator --standalone``);
+* one node agent per fake GPU node as a local process (``python -m rlenergy_agent --backend
+  nvml``) whose pynvml loads the stand-in ``libnvidia-ml.so.1`` (``LD_LIBRARY_PATH``), each with
+  its own state file played by a ``StandinDriver`` (8 simulated GPUs per node);
+* a simulated trainer, one rank per node, replaying a real verl trace through the trainer SDK
+  (``rlenergy.sdk.verl.RLEnergyVerlCallback``) to the agents' Unix sockets.
+
+The trainer closes the loop: a phase lasts what the simulator says it lasts at the clock the
+agent actually locked (read back from the stand-in), divided by ``compress`` so that minutes of
+RL become a fraction of a second; the simulated GPUs' energy counters advance in real time at
+the simulator's power for that clock. The trainer advances the counters itself, on its own
+thread, so a phase boundary signalled to the agent and the truth's phase label switch happen
+between the same two counter updates: the simulator's truth per (node, step, phase) is exact
+and the agents' measured windows must match it.
+
+Before each step the trainer waits until the operator published the plan for that step and
+every agent holds it (``GET /v1/plan`` on the agent's ops port), so a run is reproducible; a
+real trainer never waits (agents apply whatever plan they hold).
+
+Callers: ``tests/e2e/test_full_stack.py`` and ``rlenergy_agent.testing.demo`` (``make demo``).
+Everything listens on and dials 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from rlenergy.sdk import trainer as sdk_trainer
+from rlenergy.sdk import verl as sdk_verl
+from rlenergy.sim import job as sim_job
+from rlenergy.sim import models, traces, workload
+from rlenergy_agent import kube
+from rlenergy_agent.testing import standin
+
+DEFAULT_TRACE = "verl-gpg-qwen2-7b-fsdp-8gpu"
+PHASES = ("generation", "training")
+TICK_S = 0.01
+"""Counter update period of the simulated GPUs while a phase runs, s."""
+
+
+def compressed_replay(
+    trace: str, sku: models.GpuSku, steps: int, num_gpus: int, longest_phase_s: float
+) -> tuple[sim_job.Job, float]:
+    """A replay of ``trace`` on ``num_gpus`` GPUs, time-compressed.
+
+    Returns:
+        (the job, the compression factor): the longer mean phase at the default governor
+        lasts ``longest_phase_s`` seconds of real time.
+    """
+    replay = workload.from_trace(traces.load_trace(trace), sku, steps)
+    full = sim_job.Job(replay, sku, "sync", num_gpus=num_gpus)
+    means = [
+        sum(full.phase_truth(s, ph, None)[0] for s in replay.steps) / len(replay.steps)
+        for ph in PHASES
+    ]
+    factor = max(means) / longest_phase_s
+
+    def squeeze(s: workload.StepWork) -> workload.StepWork:
+        return dataclasses.replace(
+            s,
+            phases=tuple(
+                dataclasses.replace(p, boost_time_s=p.boost_time_s / factor) for p in s.phases
+            ),
+            other_time_s=s.other_time_s / factor,
+        )
+
+    fast = dataclasses.replace(replay, steps=tuple(squeeze(s) for s in replay.steps))
+    return sim_job.Job(fast, sku, "sync", num_gpus=num_gpus), factor
+
+
+@dataclasses.dataclass
+class NodeAgent:
+    """One node: its simulated GPUs, its agent process and the trainer rank on it."""
+
+    node: str
+    uuids: list[str]
+    driver: standin.StandinDriver
+    socket: Path
+    log: Path
+    proc: subprocess.Popen[str] | None = None
+    metrics_port: int = 0
+    callback: sdk_verl.RLEnergyVerlCallback | None = None
+
+    def plan_step(self) -> int:
+        """The step of the plan the agent holds (-1: none)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/v1/plan"
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback only
+            plan = json.loads(resp.read())
+        return int(plan["step"]) if plan else -1
+
+    def locked_mhz(self) -> int | None:
+        """The SM clock the agent locked on this node's GPUs (None: default governor)."""
+        locks = {
+            int(self.driver.gpu(u).lock_max_mhz) if self.driver.gpu(u).locked else None
+            for u in self.uuids
+        }
+        if len(locks) != 1:
+            raise AssertionError(f"{self.node}: GPUs locked differently: {locks}")
+        return locks.pop()
+
+
+@dataclasses.dataclass
+class StepTruth:
+    """What the simulator knows about one replayed step."""
+
+    step: int
+    clocks_mhz: dict[str, int | None]
+    seconds: dict[str, float]
+    joules: dict[tuple[str, str], float]
+    """(node, phase) -> true energy over the node's GPUs, J."""
+
+
+class FullStack:
+    """Operator + 3 agents + a replayed verl job on the dev cluster.
+
+    Args:
+        kubeconfig: the dev cluster's admin kubeconfig.
+        namespace: namespace of the policy, its reports and the agent DaemonSet.
+        policy: the ``RLEnergyPolicy`` name the agents report for.
+        nodes: fake GPU node names (one agent each).
+        workdir: folder for state files, sockets and logs.
+        lib_dir: folder holding the stand-in ``libnvidia-ml.so.1``.
+        gpus_per_node: simulated GPUs per node.
+        sku: simulated GPU model.
+        python: interpreter for the operator and agent processes.
+        operator_env: extra ``RLENERGY_OPERATOR_*`` settings.
+    """
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        policy: str,
+        nodes: Sequence[str],
+        workdir: Path,
+        lib_dir: Path,
+        *,
+        gpus_per_node: int = 8,
+        sku: str = "h100-sxm",
+        python: str = sys.executable,
+        operator_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.policy = policy
+        self.workdir = workdir
+        self.lib_dir = lib_dir
+        self.sku = models.get_sku(sku)
+        self.python = python
+        self.operator_env = dict(operator_env or {})
+        self.operator: subprocess.Popen[bytes] | None = None
+        self.operator_log = workdir / "operator.log"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.agents: list[NodeAgent] = []
+        for node in nodes:
+            uuids = [f"GPU-{node}-{i:02d}" for i in range(gpus_per_node)]
+            driver = standin.StandinDriver(
+                workdir / f"nvml-{node}.state", [(u, self.sku) for u in uuids]
+            )
+            self.agents.append(
+                NodeAgent(
+                    node, uuids, driver, workdir / f"{node}.sock", workdir / f"agent-{node}.log"
+                )
+            )
+        self._api: Any = None
+        self._files: list[IO[Any]] = []
+
+    # ----- processes ------------------------------------------------------------------------
+    def start_operator(self) -> None:
+        """Start the operator (standalone, cluster-wide) as a local process."""
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "RLENERGY_OPERATOR_NAMESPACE": self.namespace,
+            "RLENERGY_OPERATOR_RECONCILE_INTERVAL_S": "0.5",
+            "RLENERGY_OPERATOR_RESET_DEADLINE_S": "30",
+            "RLENERGY_OPERATOR_RETRY_DELAY_S": "1",
+            "RLENERGY_OPERATOR_WATCH_SERVER_TIMEOUT_S": "30",
+            **self.operator_env,
+        }
+        out = self.operator_log.open("ab")
+        self._files.append(out)
+        self.operator = subprocess.Popen(
+            [self.python, "-m", "rlenergy_operator", "--standalone"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def start_agents(self, *, timeout_s: float = 60.0) -> None:
+        """Start one agent per node on the stand-in NVML; returns once each is listening."""
+        for a in self.agents:
+            pod = f"{self.namespace}/trainer-{a.node}"
+            env = {
+                **os.environ,
+                **a.driver.env(self.lib_dir),
+                "KUBECONFIG": str(self.kubeconfig),
+                "RLENERGY_AGENT_NAMESPACE": self.namespace,
+                "RLENERGY_AGENT_STATIC_PODS": json.dumps({pod: a.uuids}),
+                "RLENERGY_AGENT_DEV_CALLER_POD": pod,
+                "RLENERGY_AGENT_SAMPLE_INTERVAL_S": "0.05",
+                "RLENERGY_AGENT_PLAN_POLL_S": "0.1",
+                "RLENERGY_AGENT_REPORT_INTERVAL_S": "0.1",
+            }
+            err = a.log.open("a")
+            self._files.append(err)
+            a.proc = subprocess.Popen(
+                [
+                    self.python,
+                    "-m",
+                    "rlenergy_agent",
+                    "--node",
+                    a.node,
+                    "--backend",
+                    "nvml",
+                    "--policy",
+                    self.policy,
+                    "--socket",
+                    str(a.socket),
+                    "--state-dir",
+                    str(self.workdir / "agent-state"),
+                    "--metrics-port",
+                    "0",
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        for a in self.agents:
+            assert a.proc is not None and a.proc.stdout is not None
+            line = a.proc.stdout.readline()
+            if not line or time.monotonic() > deadline:
+                raise RuntimeError(f"agent on {a.node} did not start:\n{self.agent_output(a)}")
+            a.metrics_port = int(json.loads(line)["metricsPort"])
+            client = sdk_trainer.RLEnergyClient(str(a.socket), strict=True, timeout_s=10.0)
+            a.callback = sdk_verl.RLEnergyVerlCallback(client)
+
+    def agent_output(self, a: NodeAgent) -> str:
+        """The agent's log so far."""
+        return a.log.read_text(errors="replace") if a.log.exists() else ""
+
+    def stop_agents(self) -> None:
+        """SIGTERM every agent (each resets its locks on the way out)."""
+        for a in self.agents:
+            if a.callback is not None:
+                a.callback.client.close()
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGTERM)
+        for a in self.agents:
+            if a.proc is not None:
+                try:
+                    a.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    a.proc.kill()
+                    a.proc.wait(timeout=5)
+                if a.proc.stdout is not None:
+                    a.proc.stdout.close()
+
+    def stop_operator(self) -> None:
+        """SIGTERM the operator."""
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.terminate()
+            try:
+                self.operator.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+                self.operator.wait(timeout=5)
+
+    def close(self) -> None:
+        """Stop everything this object started and unmap the state files."""
+        self.stop_agents()
+        self.stop_operator()
+        for a in self.agents:
+            a.driver.close()
+        for f in self._files:
+            f.close()
+
+    def __enter__(self) -> FullStack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- plan synchronisation -------------------------------------------------------------
+    def policy_status(self) -> dict[str, Any]:
+        """The policy's ``status`` (empty when the policy is missing)."""
+        if self._api is None:
+            self._api = kube.load_api(str(self.kubeconfig))
+        try:
+            obj = self._api.get_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.POLICY_PLURAL, self.policy
+            )
+        except kube.ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return dict(obj.get("status") or {})
+
+    def node_reports(self) -> list[dict[str, Any]]:
+        """The policy's ``RLEnergyNodeReport`` objects as the API server holds them."""
+        if self._api is None:
+            self._api = kube.load_api(str(self.kubeconfig))
+        listing = self._api.list_namespaced_custom_object(
+            kube.GROUP, kube.VERSION, self.namespace, kube.REPORT_PLURAL
+        )
+        return [
+            i
+            for i in listing.get("items", [])
+            if i.get("spec", {}).get("policyName") == self.policy
+        ]
+
+    def wait_plan(self, step: int, timeout_s: float = 60.0) -> None:
+        """Wait until the operator planned ``step`` and every agent holds that plan."""
+        deadline = time.monotonic() + timeout_s
+        while (self.policy_status().get("plan") or {}).get("step", -1) < step:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no plan for step {step} after {timeout_s} s; status "
+                    f"{json.dumps(self.policy_status())[:3000]}; reports (step, last, phases): "
+                    + "; ".join(
+                        f"{r['spec']['nodeName']}: last {r['spec'].get('lastStep')} "
+                        + str([(x["step"], len(x["phases"])) for x in r["spec"].get("steps", [])])
+                        for r in self.node_reports()
+                    )
+                )
+            time.sleep(0.05)
+        for a in self.agents:
+            while a.plan_step() < step:
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"agent on {a.node} never took the plan of step {step}")
+                time.sleep(0.02)
+
+    def _check_alive(self) -> None:
+        if self.operator is not None and self.operator.poll() is not None:
+            raise RuntimeError(f"the operator exited ({self.operator.returncode})")
+        for a in self.agents:
+            if a.proc is not None and a.proc.poll() is not None:
+                raise RuntimeError(f"agent on {a.node} exited:\n{self.agent_output(a)[-3000:]}")
+
+    # ----- the trainer ----------------------------------------------------------------------
+    def _run_for(self, seconds: float) -> None:
+        """Let ``seconds`` of real time pass with the GPUs' counters advancing."""
+        start = last = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now > last:
+                for a in self.agents:
+                    a.driver.advance(now - last)
+                last = now
+            left = start + seconds - now
+            if left <= 0:
+                return
+            time.sleep(min(TICK_S, left))
+
+    def _set_work(self, kind: models.PhaseKind, label: str) -> None:
+        for a in self.agents:
+            a.driver.set_work(a.uuids, kind, label)
+
+    def run_trainer(
+        self,
+        job: sim_job.Job,
+        *,
+        on_step: Callable[[StepTruth], None] | None = None,
+        sync_plan: bool = True,
+    ) -> list[StepTruth]:
+        """Replay every step of ``job`` through the SDK, one rank per node.
+
+        Args:
+            job: the (time-compressed) job; its ``num_gpus`` should be nodes x GPUs per node.
+            on_step: called after each step with its truth.
+            sync_plan: wait for the operator's plan of each step before it starts.
+
+        Returns:
+            The simulator's truth per step.
+        """
+        every = [u for a in self.agents for u in a.uuids]
+        spread = dict(zip(every, job.power_spread, strict=False))
+        for a in self.agents:
+            for u in a.uuids:
+                a.driver.set_power_spread(u, spread.get(u, 1.0))
+        out: list[StepTruth] = []
+        for step in job.replay.steps:
+            s = step.index
+            if sync_plan:
+                self.wait_plan(s)
+            truth = StepTruth(s, {}, {}, {})
+            for phase in PHASES:
+                for a in self.agents:
+                    assert a.callback is not None
+                    if phase == "generation":
+                        a.callback.on_generation_start(s)
+                    else:
+                        a.callback.on_training_start(s)
+                clocks = [a.locked_mhz() for a in self.agents]
+                seconds = max(job.phase_truth(step, phase, c)[0] for c in clocks)
+                label = f"{phase}-{s}"
+                self._set_work(step.phase(phase).kind, label)
+                self._run_for(seconds)
+                truth.clocks_mhz[phase] = clocks[0]
+                truth.seconds[phase] = seconds
+                for a in self.agents:
+                    assert a.callback is not None
+                    if phase == "generation":
+                        a.callback.on_generation_end(s)
+                    else:
+                        a.callback.on_step_end(
+                            s, verl_metrics(step), valid_tokens=step.workload.valid_tokens
+                        )
+                self._set_work("idle", f"idle-{s}")
+                for a in self.agents:
+                    truth.joules[(a.node, phase)] = sum(a.driver.truth_j(u, label) for u in a.uuids)
+                if phase == "generation":
+                    self._run_for(step.other_time_s)  # reward, advantages: GPUs near idle
+            out.append(truth)
+            if on_step is not None:
+                on_step(truth)
+        return out
+
+
+def verl_metrics(step: workload.StepWork) -> dict[str, float]:
+    """The verl step metrics for the step's token workload (what ``on_step_end`` reads)."""
+    w = step.workload
+    samples = max(w.samples, 1)
+    return {
+        "batch_size": float(w.samples),
+        "response_length/mean": w.response_tokens / samples,
+        "prompt_length/mean": w.prompt_tokens / samples,
+    }
