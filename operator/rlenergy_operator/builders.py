@@ -41,6 +41,9 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
                 "name": "RLENERGY_AGENT_NODE_NAME",
                 "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
             },
+            {"name": "RLENERGY_AGENT_METRICS_HOST", "value": "0.0.0.0"},  # noqa: S104 - probes
+            {"name": "RLENERGY_AGENT_METRICS_PORT", "value": str(cfg.agent_metrics_port)},
+            {"name": "RLENERGY_AGENT_STATE_DIR", "value": "/var/lib/rlenergy"},
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
         ],
@@ -50,8 +53,8 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             "periodSeconds": 10,
         },
         "resources": {
-            "requests": {"cpu": "10m", "memory": "48Mi"},
-            "limits": {"memory": "96Mi"},
+            "requests": {"cpu": cfg.agent_cpu_request, "memory": cfg.agent_memory_request},
+            "limits": {"memory": cfg.agent_memory_limit},
         },
         "securityContext": {
             "privileged": False,
@@ -64,7 +67,8 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
                 "name": "pod-resources",
                 "mountPath": "/var/lib/kubelet/pod-resources",
                 "readOnly": True,
-            }
+            },
+            {"name": "state", "mountPath": "/var/lib/rlenergy"},
         ],
     }
     pod_spec: dict[str, Any] = {
@@ -82,13 +86,21 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
                 }
             }
         },
-        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": (
+            [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+            if cfg.agent_tolerate_gpu_taint
+            else []
+        ),
         "containers": [container],
         "volumes": [
             {
                 "name": "pod-resources",
-                "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"},
-            }
+                "hostPath": {"path": cfg.agent_pod_resources_dir, "type": "Directory"},
+            },
+            {
+                "name": "state",
+                "hostPath": {"path": cfg.agent_state_dir, "type": "DirectoryOrCreate"},
+            },
         ],
         "terminationGracePeriodSeconds": 30,
     }

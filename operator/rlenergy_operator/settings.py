@@ -8,6 +8,8 @@ relies on (see docs/operator.md and the field cases in the comments).
 from __future__ import annotations
 
 import logging
+import os
+import zlib
 
 import kopf
 import pydantic
@@ -38,6 +40,21 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """priorityClassName of the agent pods; empty = none. Default empty."""
     agent_metrics_port: int = pydantic.Field(9402, ge=1, le=65535)
     """Container port of the agent's /metrics and /healthz. Default 9402."""
+    agent_tolerate_gpu_taint: bool = True
+    """Tolerate the ``nvidia.com/gpu`` NoSchedule taint of GPU nodes. Default true; without it
+    no agent schedules on tainted GPU nodes (the policy reports it as Degraded)."""
+    agent_state_dir: str = pydantic.Field("/var/lib/rlenergy", min_length=1)
+    """hostPath of the agent's lock record and energy totals. Default /var/lib/rlenergy."""
+    agent_pod_resources_dir: str = pydantic.Field(
+        "/var/lib/kubelet/pod-resources", min_length=1
+    )
+    """hostPath of the kubelet's pod-resources socket folder (mounted read-only)."""
+    agent_cpu_request: str = "10m"
+    """CPU request of the agent container. Default 10m."""
+    agent_memory_request: str = "48Mi"
+    """Memory request of the agent container. Default 48Mi."""
+    agent_memory_limit: str = "96Mi"
+    """Memory limit of the agent container (the agent stays under 60 MB). Default 96Mi."""
     reconcile_interval_s: float = pydantic.Field(2.0, gt=0)
     """Seconds between job-loop passes per policy (reads node reports, writes status).
     Default 2 s, so status lags the reports by at most about 2 s plus one API round trip."""
@@ -48,14 +65,24 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """Seconds before a failed handler is retried. Default 5 s."""
     peering_name: str = "rlenergy-operator"
     """kopf peering object name (not kopf's ``default``, field case #20)."""
-    priority: int = 100
-    """kopf peering priority of this replica; the lower-priority replica pauses. Default 100."""
+    priority: int = 0
+    """kopf peering priority of this replica; the lower-priority replica pauses. Default 0:
+    derived from the pod name (``HOSTNAME``), so the replicas of one Deployment differ."""
     request_timeout_s: float = pydantic.Field(30.0, gt=0)
     """Timeout of one API request, s. Default 30 s."""
     watch_server_timeout_s: int = pydantic.Field(300, gt=0)
     """Server-side watch timeout, s (the watch reconnects after it). Default 300 s."""
     post_events: bool = True
     """Post Kubernetes Events for plan changes and errors. Default true."""
+
+
+def peering_priority(pod_name: str) -> int:
+    """A stable kopf peering priority in [100, 1099] derived from the pod name.
+
+    Replicas of one Deployment get different priorities, so exactly one is active (with equal
+    priorities kopf only warns and both would run).
+    """
+    return 100 + zlib.crc32(pod_name.encode()) % 1000
 
 
 def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None:
@@ -71,7 +98,7 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
     )
     # Peering (field case #20): our own name and an explicit priority.
     settings.peering.name = cfg.peering_name
-    settings.peering.priority = cfg.priority
+    settings.peering.priority = cfg.priority or peering_priority(os.environ.get("HOSTNAME", ""))
     # Short retries instead of kopf's 60 s default.
     settings.execution.default_backoff = cfg.retry_delay_s
     settings.networking.request_timeout = cfg.request_timeout_s

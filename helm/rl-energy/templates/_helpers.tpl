@@ -42,3 +42,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
+
+{{/* Name of the node agent's ServiceAccount. */}}
+{{- define "rl-energy.agentServiceAccountName" -}}
+{{- printf "%s-agent" (include "rl-energy.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

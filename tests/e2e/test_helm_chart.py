@@ -1,0 +1,170 @@
+"""The Helm chart: value combinations, schema, no hooks, CRDs identical to the generated ones,
+the agent DaemonSet the operator renders from the chart's configuration, and per-component
+RBAC on the real API server (``kubectl auth can-i``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlenergy.devcluster import K8S_VERSION, DevCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "rl-energy"
+KUBE = K8S_VERSION.lstrip("v")
+
+COMBINATIONS = {
+    "defaults": [],
+    "no-gpu-toleration": ["--set", "agent.tolerateGpuTaint=false"],
+    "monitoring": [
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.podMonitor.enabled=true",
+        "--set", "grafanaDashboard.enabled=false",
+    ],
+    "local-operator": ["--set", "operator.replicas=0"],
+    "priority-class": ["--set", "agent.priorityClassName=system-node-critical"],
+}  # fmt: skip
+
+
+def _template(cluster: DevCluster, *args: str) -> list[dict[str, Any]]:
+    res = cluster.helm(
+        "template", "rl", str(CHART), "--namespace", "rl-energy-system", "--kube-version", KUBE,
+        *args,
+    )  # fmt: skip
+    return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+def test_chart_crds_are_the_generated_ones():
+    generated = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    shipped = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    assert shipped == generated
+    for name in generated:
+        assert (CHART / "crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
+            f"helm/rl-energy/crds/{name} differs from crds/{name}: cp crds/*.yaml helm/rl-energy/crds/"
+        )
+
+
+def test_helm_lint_strict(dev_cluster: DevCluster):
+    for args in COMBINATIONS.values():
+        res = dev_cluster.helm("lint", "--strict", str(CHART), *args)
+        assert "0 chart(s) failed" in res.stdout
+
+
+@pytest.mark.parametrize("combo", sorted(COMBINATIONS))
+def test_template_renders_without_hooks(dev_cluster: DevCluster, combo: str):
+    docs = _template(dev_cluster, *COMBINATIONS[combo])
+    for d in docs:
+        annotations = d["metadata"].get("annotations") or {}
+        assert not any(k.startswith("helm.sh/hook") for k in annotations), d["metadata"]
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    assert deploy["spec"]["replicas"] == (0 if combo == "local-operator" else 2)
+    pod = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert pod["livenessProbe"] and pod["readinessProbe"] and pod["resources"]["limits"]
+    kinds = {d["kind"] for d in docs}
+    assert ("ServiceMonitor" in kinds) == (combo == "monitoring")
+    assert ("PodMonitor" in kinds) == (combo == "monitoring")
+
+
+def test_bad_values_fail_with_their_path(dev_cluster: DevCluster):
+    for args, path in [
+        (["--set", "agent.metricsPort=x"], "/agent/metricsPort"),
+        (["--set", "operator.replicas=-1"], "/operator/replicas"),
+        (["--set", "agent.stateDir=relative"], "/agent/stateDir"),
+        (["--set", "agent.unknownKey=1"], "/agent"),
+    ]:
+        res = dev_cluster.helm("template", "rl", str(CHART), *args, check=False)
+        assert res.returncode != 0 and path in res.stderr, res.stderr
+
+
+def test_notes_warn_without_the_gpu_toleration(dev_cluster: DevCluster, namespace: str):
+    dev_cluster.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+    res = dev_cluster.helm(
+        "install", "notes", str(CHART), "-n", namespace, "--dry-run", "--set",
+        "agent.tolerateGpuTaint=false",
+    )  # fmt: skip
+    assert "WARNING: agent.tolerateGpuTaint=false" in res.stdout
+    assert "--set agent.tolerateGpuTaint=true" in res.stdout
+
+
+def test_operator_renders_the_charts_agent_settings(
+    dev_cluster: DevCluster, monkeypatch: pytest.MonkeyPatch
+):
+    from rlenergy_operator import builders, settings
+
+    args = [
+        "--set", "agent.image.repository=registry.example/agent", "--set", "agent.image.tag=9.9",
+        "--set", "agent.priorityClassName=system-node-critical", "--set", "agent.metricsPort=9500",
+        "--set", "agent.stateDir=/srv/rlenergy", "--set", "agent.resources.limits.memory=80Mi",
+    ]  # fmt: skip
+    docs = _template(dev_cluster, *args)
+    cm = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")
+    )
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"][0]["configMapRef"]["name"] == cm["metadata"]["name"]
+    for key, value in cm["data"].items():
+        monkeypatch.setenv(key, value)
+    ds = builders.agent_daemonset(settings.OperatorConfig())
+    assert ds["metadata"]["namespace"] == "rl-energy-system"
+    pod = ds["spec"]["template"]["spec"]
+    agent = pod["containers"][0]
+    assert agent["image"] == "registry.example/agent:9.9"
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["serviceAccountName"] == "rl-rl-energy-agent"
+    assert agent["ports"][0]["containerPort"] == 9500
+    assert {"name": "RLENERGY_AGENT_METRICS_PORT", "value": "9500"} in agent["env"]
+    assert agent["resources"]["limits"]["memory"] == "80Mi"
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert paths == {"state": "/srv/rlenergy", "pod-resources": "/var/lib/kubelet/pod-resources"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    sec = agent["securityContext"]
+    assert sec["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert sec["privileged"] is False and sec["readOnlyRootFilesystem"] is True
+    monkeypatch.setenv("RLENERGY_OPERATOR_AGENT_TOLERATE_GPU_TAINT", "false")
+    assert (
+        builders.agent_daemonset(settings.OperatorConfig())["spec"]["template"]["spec"][
+            "tolerations"
+        ]
+        == []
+    )
+
+
+def test_helm_install_and_least_privilege_rbac(dev_cluster: DevCluster, namespace: str):
+    dev_cluster.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+    release = "rbac"
+    dev_cluster.helm(
+        "install", release, str(CHART), "-n", namespace, "--set", "operator.replicas=0",
+        "--wait", "--timeout", "60s",
+    )  # fmt: skip
+    try:
+        op = f"system:serviceaccount:{namespace}:{release}-rl-energy"
+        agent = f"system:serviceaccount:{namespace}:{release}-rl-energy-agent"
+
+        def can(who: str, *args: str) -> bool:
+            res = dev_cluster.kubectl("auth", "can-i", *args, f"--as={who}", check=False)
+            return res.stdout.strip() == "yes"
+
+        assert can(op, "patch", "rlenergypolicies.rlenergy.io/status", "-A")
+        assert can(op, "watch", "rlenergynodereports.rlenergy.io", "-A")
+        assert can(op, "create", "daemonsets.apps", "-n", namespace)
+        assert can(op, "patch", "clusterkopfpeerings.kopf.dev")
+        assert not can(op, "create", "daemonsets.apps", "-n", "default")
+        assert not can(op, "get", "secrets", "-n", namespace)
+        assert not can(op, "create", "rlenergynodereports.rlenergy.io", "-A")
+        assert can(agent, "create", "rlenergynodereports.rlenergy.io", "-n", "default")
+        assert can(agent, "patch", "rlenergynodereports.rlenergy.io", "-n", "default")
+        assert can(agent, "get", "rlenergypolicies.rlenergy.io", "-n", "default")
+        assert can(agent, "list", "pods", "-A")
+        assert not can(agent, "patch", "rlenergypolicies.rlenergy.io", "-A")
+        assert not can(agent, "patch", "rlenergypolicies.rlenergy.io/status", "-A")
+        assert not can(agent, "get", "secrets", "-A")
+        assert not can(agent, "create", "daemonsets.apps", "-n", namespace)
+    finally:
+        dev_cluster.helm("uninstall", release, "-n", namespace, "--wait")
