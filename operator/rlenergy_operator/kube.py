@@ -8,16 +8,39 @@ the handler turns them into ``kopf.TemporaryError``.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import kubernetes
+import urllib3
 from kubernetes.client import exceptions as k8s_errors
 
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy.api.v1alpha1 import policy as api_policy
 
 ApiError = k8s_errors.ApiException
-"""What every function here raises on an API failure (``.status``, ``.reason``)."""
+"""What every function here raises on an API failure (``.status``, ``.reason``); an API server
+that cannot be reached (restart, network) is one too, with status 0."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _unreachable_is_api_error(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Turn transport errors into ``ApiError(status=0)``.
+
+    Connection refused or reset while the API server restarts: handlers then retry them like
+    any API failure (a TemporaryError, no traceback).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(status=0, reason=f"API server unreachable: {exc}") from exc
+
+    return wrapper
 
 
 @functools.cache
@@ -29,6 +52,7 @@ def _api() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient()
 
 
+@_unreachable_is_api_error
 def ensure_daemonset(body: dict[str, Any]) -> str:
     """Create or patch the DaemonSet to ``body``: ``created``, ``updated`` or ``unchanged``."""
     apps = kubernetes.client.AppsV1Api(_api())
@@ -68,6 +92,7 @@ def _subset(want: Any, live: Any) -> bool:
     return bool(want == live)
 
 
+@_unreachable_is_api_error
 def delete_daemonset(namespace: str, name: str) -> bool:
     """Delete the DaemonSet; False when it was already gone."""
     apps = kubernetes.client.AppsV1Api(_api())
@@ -80,6 +105,7 @@ def delete_daemonset(namespace: str, name: str) -> bool:
     return True
 
 
+@_unreachable_is_api_error
 def live_policies() -> list[dict[str, Any]]:
     """Every RLEnergyPolicy in the cluster that is not being deleted."""
     api = kubernetes.client.CustomObjectsApi(_api())
@@ -93,6 +119,7 @@ def live_policies() -> list[dict[str, Any]]:
     ]
 
 
+@_unreachable_is_api_error
 def node_reports(namespace: str, policy_name: str) -> list[dict[str, Any]]:
     """The RLEnergyNodeReports of one policy (selected on ``spec.policyName``)."""
     api = kubernetes.client.CustomObjectsApi(_api())

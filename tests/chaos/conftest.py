@@ -73,8 +73,10 @@ def chaos_cluster() -> Iterator[DevCluster]:
         yield cluster
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def restarts(chaos_cluster: DevCluster) -> Iterator[Restarts]:
+    # Session scope: a restarted component serves the rest of the session (stopped before the
+    # cluster is).
     r = Restarts(chaos_cluster)
     yield r
     r.stop()
