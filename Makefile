@@ -21,10 +21,21 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The main job on the embedded simulator (no cluster, no GPU).
+## The full stack on this machine (no GPU, no Docker): dev cluster + helm install + operator and
+## 3 node agents on the stand-in NVML + a verl trace through the SDK; `make demo SIM_ONLY=1` or
+## `make demo-sim` runs only the embedded simulator.
+ifeq ($(SIM_ONLY),1)
+demo: demo-sim
+else
 demo: $(STAMP)
 	@mkdir -p out
-	$(VENV)/bin/rlenergy simulate --trace $(TRACE) --gpu $(GPU) --mode $(MODE) --plot out/demo.png
+	$(PY) -m rlenergy_agent.testing.demo --trace $(TRACE) --plot out/demo.png
+endif
+
+## The main job on the embedded simulator only (no cluster, no GPU).
+demo-sim: $(STAMP)
+	@mkdir -p out
+	$(VENV)/bin/rlenergy simulate --trace $(TRACE) --gpu $(GPU) --mode $(MODE) --plot out/demo-sim.png
 
 ## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy.
 bins:
