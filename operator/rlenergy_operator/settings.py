@@ -30,7 +30,7 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """Namespace of the node-agent DaemonSet (the operator's own). Default rl-energy-system."""
     agent_daemonset_name: str = pydantic.Field("rlenergy-node-agent", min_length=1)
     """Name of the single node-agent DaemonSet of the cluster. Default rlenergy-node-agent."""
-    agent_image: str = "ghcr.io/rl-energy/rlenergy-agent:0.1.0"
+    agent_image: str = "ghcr.io/rl-energy/rl-energy-agent:0.1.0"
     """Node-agent container image (the Helm chart passes its own). Default the 0.1.0 image."""
     agent_image_pull_policy: str = "IfNotPresent"
     """imagePullPolicy of the agent container. Default IfNotPresent."""
