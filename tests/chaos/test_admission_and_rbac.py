@@ -98,7 +98,6 @@ def test_fuzzed_policy_specs_are_accepted_or_refused_with_the_field_named(
         return
     err = res.stderr
     assert "InternalError" not in err and "Internal error" not in err, err
-    assert "invalid" in err.lower() or "Invalid value" in err or "Unsupported value" in err, err
     assert "spec." in err, f"refusal does not name the field: {err}"
 
 
