@@ -187,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    agent.start_prober()
     signals.start()
     ops.start()
     log.info(
@@ -254,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         signals.stop()
         ops.stop()
+        agent.stop_prober()
         agent.actuator.reset_all("agent shutdown")
         agent.meter.sample()
         agent.meter.save()

@@ -182,7 +182,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     },
                 )
             elif self.path == "/v1/progress":
-                self.agent.progress(pod, float(body["amount"]))
+                # {"total": x}: cumulative progress of the current phase (preferred: probe
+                # slices interpolate it); {"amount": x}: work done since the last report.
+                if "total" in body:
+                    self.agent.progress_total(pod, float(body["total"]))
+                else:
+                    self.agent.progress(pod, float(body["amount"]))
                 self._answer(200, {"pod": str(pod)})
             elif self.path == "/v1/step":
                 workload = api_node.TokenWorkloadReport.model_validate(body["workload"])

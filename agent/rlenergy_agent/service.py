@@ -8,6 +8,16 @@ step's windows become one ``StepRecord`` for the node report. Energy of GPUs no 
 booked to an explicit ``unattributed`` bucket. Utilisation never changes the declared phase
 (case #27).
 
+In-phase probes (EE-RL trials, ``rlenergy.control.freq.probe``): when the plan entry of a phase
+has ``probeClocksMHz``, the phase runs as slices of ``probeSliceSeconds`` cycling through those
+clocks (``None`` = default governor). The first slice's clock is applied by the phase signal
+itself (same latency path); the prober (``probe_tick``, on its own thread in the agent process)
+switches the lock at each later slice boundary through the idempotent actuator, samples instant
+power a few times per slice (energy = mean power x slice time; counter deltas between the
+boundaries when instant power fails), and the window keeps the trainer's cumulative progress
+log, interpolated at the boundaries when the window closes. The closed window reports the
+slices in order, the partial last one included.
+
 Callers: ``rlenergy_agent.server`` (signals), ``rlenergy_agent.__main__`` (lifecycle),
 ``rlenergy_agent.metrics`` (``snapshot``).
 """
@@ -34,6 +44,13 @@ IDLE = "idle"
 """The window name of the time between phases (energy reported as ``idleEnergyJoules``)."""
 MAX_STEPS_KEPT = 32
 """Step records kept in the report (bounded, oldest dropped)."""
+POWER_SAMPLES_PER_SLICE = 4
+"""Instant-power reads per probe slice, spread evenly over it (the energy counter updates only
+every 20-100 ms, too coarse for slices of a few tens of ms)."""
+PROBER_IDLE_WAIT_S = 1.0
+"""The prober thread's wait when no probe runs (a phase signal wakes it at once)."""
+MAX_PROGRESS_LOG = 100_000
+"""Progress reports kept per probed window (a runaway caller cannot grow it without bound)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +106,64 @@ class SignalRefused(Exception):
 
 
 @dataclasses.dataclass
+class _Slice:
+    """One finished probe slice (progress is filled in when the window closes)."""
+
+    clock_mhz: int | None
+    start_s: float
+    end_s: float
+    energy_j: float | None
+
+
+@dataclasses.dataclass
+class _Probe:
+    """The slicing state of a probed window.
+
+    Attributes:
+        schedule: slice clocks, cycled (``None`` = default governor).
+        slice_s: planned slice length, s.
+        index: the current slice's position in the phase (0-based).
+        start_s: when the current slice started (its clock applied), s.
+        start_mark: counter totals at the current slice's start (fallback energy).
+        power_w: sum over samples of the instant power summed over the window's GPUs, W.
+        power_n: samples in ``power_w``.
+        power_failed: an instant-power read failed in this slice (use counter deltas).
+        next_sample_s: when the next power sample is due, s.
+        done: finished slices.
+    """
+
+    schedule: tuple[int | None, ...]
+    slice_s: float
+    start_s: float
+    start_mark: energy.Mark
+    next_sample_s: float
+    index: int = 0
+    power_w: float = 0.0
+    power_n: int = 0
+    power_failed: bool = False
+    done: list[_Slice] = dataclasses.field(default_factory=list)
+
+    @property
+    def clock_mhz(self) -> int | None:
+        """The current slice's clock."""
+        return self.schedule[self.index % len(self.schedule)]
+
+    @property
+    def boundary_s(self) -> float:
+        """When the current slice ends."""
+        return self.start_s + self.slice_s
+
+    def begin(self, t_s: float, mark: energy.Mark) -> None:
+        """Start a slice at ``t_s``."""
+        self.start_s = t_s
+        self.start_mark = mark
+        self.power_w = 0.0
+        self.power_n = 0
+        self.power_failed = False
+        self.next_sample_s = t_s + 0.5 * self.slice_s / POWER_SAMPLES_PER_SLICE
+
+
+@dataclasses.dataclass
 class _Open:
     """An open phase window of one pod."""
 
@@ -101,6 +176,11 @@ class _Open:
     slowdown: bool
     errors: list[str]
     progress: float = 0.0
+    gpus: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    probe: _Probe | None = None
+    progress_log: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    """(time s, cumulative progress) reports, kept while the window is probed."""
 
 
 @dataclasses.dataclass
@@ -164,6 +244,10 @@ class Agent:
         self.dirty_steps: set[int] = set()
         self.idle_j: dict[int, float | None] = {}
         self.refused = 0
+        self.probe_switches = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._prober: threading.Thread | None = None
 
     # ----- plan -----------------------------------------------------------------------------
     def set_plan(self, plan: api_node.ClockPlan | None) -> None:
@@ -171,13 +255,14 @@ class Agent:
         with self._lock:
             self.plan = plan
             if plan is None or not plan.enforce:
+                for w in self._open.values():
+                    w.probe = None  # a running probe must not lock again
                 self.actuator.release(list(self.actuator.gpus), "policy removed or observe")
 
-    def _clock_for(self, phase: str) -> int | None:
-        if self.plan is None or not self.plan.enforce:
+    def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
+        if self.plan is None or not self.plan.enforce or phase in IDLE_PHASES:
             return None
-        entry = self.plan.for_phase(phase)
-        return entry.clock_mhz if entry is not None else None
+        return self.plan.for_phase(phase)
 
     # ----- signals --------------------------------------------------------------------------
     def gpus_of(self, pod: PodRef) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -226,8 +311,13 @@ class Agent:
         if step < 0:
             raise SignalRefused("step must be >= 0", 400)
         with self._lock:
-            clock_mhz = None if phase in IDLE_PHASES else self._clock_for(phase)
-            results = {u: self.actuator.apply(u, clock_mhz, owner_uuids=devices) for u in gpus}
+            entry = self._entry_for(phase)
+            clock_mhz = entry.clock_mhz if entry is not None else None
+            probing = (
+                entry is not None and bool(entry.probe_clocks_mhz) and entry.probe_slice_seconds > 0
+            )
+            first = entry.probe_clocks_mhz[0] if entry is not None and probing else clock_mhz
+            results = {u: self.actuator.apply(u, first, owner_uuids=devices) for u in gpus}
             latency = self._clock() - t0
             self.latencies_s.append(latency)
             if len(self.latencies_s) > 10_000:
@@ -241,17 +331,29 @@ class Agent:
                 self.pod_of[u] = pod
             # An idle signal opens an idle window too: its energy is the step's idle energy
             # (GPUs waiting for reward or data), booked outside the phases.
-            self._open[pod] = _Open(
+            now = self._clock()
+            w = _Open(
                 IDLE if phase in IDLE_PHASES else phase,
                 step,
                 mark,
-                self._clock(),
+                now,
                 clock_mhz,
                 [],
                 any(r.slowdown for r in results.values()),
                 [f"{u}: {r.error}" for u, r in results.items() if r.error],
+                gpus=gpus,
+                devices=tuple(devices),
             )
-            return PhaseResult(gpus, results, latency, closed)
+            if probing and entry is not None:
+                w.probe = _Probe(
+                    tuple(entry.probe_clocks_mhz), entry.probe_slice_seconds, now, mark, now
+                )
+                w.probe.begin(now, mark)
+                w.progress_log.append((now, 0.0))
+            self._open[pod] = w
+        if probing:
+            self._wake.set()
+        return PhaseResult(gpus, results, latency, closed)
 
     def _observe_clocks(self, pod: PodRef, gpus: Sequence[str]) -> None:
         """Read back the SM clock of a pod's busy GPUs into its open window (lowest wins)."""
@@ -290,6 +392,137 @@ class Agent:
             w = self._open.get(pod)
             if w is not None:
                 w.progress += amount
+                self._log_progress(w)
+
+    def progress_total(self, pod: PodRef, total: float) -> None:
+        """Set the cumulative progress of ``pod``'s current phase (tokens or iterations so far).
+
+        Cumulative reports lose nothing when one is dropped, and a probed window interpolates
+        them at its slice boundaries.
+
+        Raises:
+            SignalRefused: a negative or non-finite total.
+        """
+        if not math.isfinite(total) or total < 0:
+            raise SignalRefused(f"progress total must be a finite number >= 0, got {total}", 400)
+        with self._lock:
+            w = self._open.get(pod)
+            if w is not None:
+                w.progress = total
+                self._log_progress(w)
+
+    def _log_progress(self, w: _Open) -> None:
+        if w.probe is not None and len(w.progress_log) < MAX_PROGRESS_LOG:
+            w.progress_log.append((self._clock(), w.progress))
+
+    # ----- in-phase probes ------------------------------------------------------------------
+    def probe_tick(self) -> float | None:
+        """Switch probe slices that are due and take due power samples.
+
+        Returns:
+            When the next slice boundary or power sample is due (this clock), or ``None`` when
+            no window is probed.
+        """
+        with self._lock:
+            now = self._clock()
+            due: float | None = None
+            for w in self._open.values():
+                p = w.probe
+                if p is None:
+                    continue
+                if now >= p.boundary_s:
+                    self._next_slice(w, p)
+                elif now >= p.next_sample_s:
+                    self._sample_power(w, p)
+                    p.next_sample_s += p.slice_s / POWER_SAMPLES_PER_SLICE
+                    if p.power_n >= POWER_SAMPLES_PER_SLICE:
+                        p.next_sample_s = math.inf
+                nxt = min(p.boundary_s, p.next_sample_s)
+                due = nxt if due is None else min(due, nxt)
+            return due
+
+    def _sample_power(self, w: _Open, p: _Probe) -> None:
+        total = 0.0
+        for u in w.gpus:
+            try:
+                total += self.actuator.gpus[u].instant_power_mw() / 1000.0
+            except errors.GpuError:
+                p.power_failed = True
+                return
+        p.power_w += total
+        p.power_n += 1
+
+    def _finish_slice(self, w: _Open, p: _Probe, end_s: float, mark: energy.Mark) -> None:
+        duration = max(end_s - p.start_s, 0.0)
+        energy_j: float | None
+        if p.power_n and not p.power_failed:
+            energy_j = p.power_w / p.power_n * duration
+        else:
+            energy_j = self.meter.window(p.start_mark, mark).energy_j
+        p.done.append(_Slice(p.clock_mhz, p.start_s, end_s, energy_j))
+
+    def _next_slice(self, w: _Open, p: _Probe) -> None:
+        nxt = p.schedule[(p.index + 1) % len(p.schedule)]
+        results = [self.actuator.apply(u, nxt, owner_uuids=w.devices) for u in w.gpus]
+        now = self._clock()  # the new clock is in effect from here
+        mark = self.meter.mark(w.gpus)
+        self._finish_slice(w, p, now, mark)
+        p.index += 1
+        p.begin(now, mark)
+        self.probe_switches += 1
+        w.slowdown = w.slowdown or any(r.slowdown for r in results)
+        for r in results:
+            if r.error and len(w.errors) < 8:
+                w.errors.append(f"{r.uuid}: {r.error}")
+
+    def _slice_reports(self, w: _Open, p: _Probe) -> list[api_node.SliceReport]:
+        log_t = [t for t, _ in w.progress_log]
+        log_p = [v for _, v in w.progress_log]
+
+        def at(t: float) -> float:
+            return _interpolate(log_t, log_p, t)
+
+        out = []
+        for sl in p.done:
+            progress = max(at(sl.end_s) - at(sl.start_s), 0.0)
+            out.append(
+                api_node.SliceReport(
+                    clock_mhz=sl.clock_mhz,
+                    duration_seconds=sl.end_s - sl.start_s,
+                    progress=progress,
+                    energy_joules=None if sl.energy_j is None else max(sl.energy_j, 0.0),
+                )
+            )
+        return out
+
+    def start_prober(self) -> None:
+        """Run ``probe_tick`` on a thread, waking at each due boundary or sample."""
+        if self._prober is not None:
+            return
+        self._stop.clear()
+
+        def run() -> None:
+            while not self._stop.is_set():
+                self._wake.clear()
+                try:
+                    due = self.probe_tick()
+                except Exception:  # noqa: BLE001 - the prober must outlive one bad tick
+                    log.exception("probe tick failed")
+                    due = None
+                wait = PROBER_IDLE_WAIT_S if due is None else max(due - self._clock(), 0.0)
+                if wait > 0:
+                    self._wake.wait(wait)
+
+        self._prober = threading.Thread(target=run, name="prober", daemon=True)
+        self._prober.start()
+
+    def stop_prober(self) -> None:
+        """Stop the prober thread."""
+        if self._prober is not None:
+            self._stop.set()
+            self._wake.set()
+            self._prober.join(timeout=5)
+            self._prober = None
 
     def end_step(self, pod: PodRef, step: int, workload: api_node.TokenWorkloadReport) -> None:
         """``pod`` finished RL step ``step``: close its window and file the step's workload.
@@ -334,6 +567,11 @@ class Agent:
             self._trim()
             return None
         sources = set(win.sources.values())
+        slices: list[api_node.SliceReport] = []
+        if w.probe is not None:
+            self._finish_slice(w, w.probe, end.t_s, end)
+            w.progress_log.append((end.t_s, w.progress))
+            slices = self._slice_reports(w, w.probe)
         report = api_node.PhaseWindowReport(
             phase=w.phase,
             duration_seconds=win.duration_s,
@@ -347,6 +585,7 @@ class Agent:
             low_confidence=win.low_confidence,
             gpu_energy_joules=dict(win.per_gpu_j),
             progress=w.progress,
+            slices=slices,
         )
         self.steps.setdefault(w.step, {}).setdefault(w.phase, []).append(report)
         self.dirty_steps.add(w.step)
@@ -402,6 +641,7 @@ class Agent:
                             "incomplete": any(w.incomplete for w in windows),
                             "gpu_energy_joules": per_gpu,
                             "progress": sum(w.progress for w in windows),
+                            "slices": [s for w in windows for s in w.slices],
                         }
                     )
                 )
@@ -471,3 +711,24 @@ class Agent:
                 measured_joules_total=total,
                 unattributed_joules_total=unattributed,
             )
+
+
+def _interpolate(ts: Sequence[float], values: Sequence[float], t: float) -> float:
+    """Piecewise-linear value of a cumulative log at ``t`` (clamped to its ends)."""
+    if not ts:
+        return 0.0
+    if t <= ts[0]:
+        return values[0]
+    if t >= ts[-1]:
+        return values[-1]
+    lo, hi = 0, len(ts) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ts[mid] <= t:
+            lo = mid
+        else:
+            hi = mid
+    span = ts[hi] - ts[lo]
+    if span <= 0:
+        return values[hi]
+    return values[lo] + (values[hi] - values[lo]) * (t - ts[lo]) / span

@@ -5,7 +5,7 @@ how much work it did, and the step's token workload::
 
     client = RLEnergyClient()
     with client.phase("generation", step=12):
-        ...  # rollout; client.progress(decoded_tokens) now and then
+        ...  # rollout; client.progress_total(iterations_so_far) every few tens of ms
     client.phase("training", step=12)
     client.end_step(12, samples=256, response_tokens=..., prompt_tokens=..., valid_tokens=...)
 
@@ -161,8 +161,19 @@ class RLEnergyClient:
         return _PhaseContext(self, step)
 
     def progress(self, amount: float) -> None:
-        """Report work done in the current phase (decoded tokens, trained tokens)."""
+        """Report work done in the current phase since the last report (tokens)."""
         self._post("/v1/progress", {"amount": amount})
+
+    def progress_total(self, total: float) -> None:
+        """Report the cumulative work done in the current phase so far.
+
+        The unit is the phase's: decode iterations (or decoded tokens) for generation, trained
+        tokens for training. During an EE-RL trial the agent runs the phase as short slices at
+        different clocks and interpolates these reports at the slice boundaries, so report
+        often (every few tens of ms, e.g. every decode iteration batch) and once more right
+        before the phase ends. A dropped report loses nothing (the next one carries the total).
+        """
+        self._post("/v1/progress", {"total": total})
 
     def end_step(
         self,

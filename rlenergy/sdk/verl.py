@@ -38,6 +38,14 @@ class RLEnergyVerlCallback:
         """Tokens decoded since the last call (rollout progress)."""
         self.client.progress(decoded_tokens)
 
+    def on_phase_progress(self, done: float) -> None:
+        """Cumulative work of the current phase so far.
+
+        Decode iterations in rollout, trained tokens in the update; call every few tens of ms
+        and right before the phase ends (probe slices interpolate it).
+        """
+        self.client.progress_total(done)
+
     def on_generation_end(self, step: int) -> None:
         """Rollout done; the GPUs wait (reward, data movement) until training starts."""
         self.client.phase("idle", step=step)

@@ -9,7 +9,7 @@ nodes' records of a step into one observation:
 * energy of a phase = sum over nodes (unknown if any node's is unknown: never 0);
 * duration of a phase = the slowest node (the step waits for it);
 * applied clock = lowest over nodes; slowdown and errors if any node saw one;
-* probe slices are aligned by index: energy and progress summed, duration the longest;
+* probe slices are concatenated node by node (a probe block never mixes nodes; see ``_slices``);
 * the token workload is job-level (the trainer SDK reports it); the first node's is used.
 
 A step is *complete* when every ready node that is expected to report it did: a node is
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from rlenergy.api import node as api_node
 from rlenergy.api import workload as api_workload
-from rlenergy.control.freq import base
+from rlenergy.control.freq import base, probe
 
 USABLE = frozenset({"ok", "measureOnly", "degraded"})
 """GPU conditions that still measure energy."""
@@ -119,19 +119,28 @@ def _sum(values: Sequence[float | None]) -> float | None:
 
 
 def _slices(windows: Sequence[api_node.PhaseWindowReport]) -> tuple[base.ProbeSlice, ...]:
-    if not all(w.slices for w in windows):
-        return ()
-    out = []
-    for i in range(min(len(w.slices) for w in windows)):
-        parts = [w.slices[i] for w in windows]
-        out.append(
+    """Every node's probe slices, one node after the other (node order).
+
+    Each node switches clocks on its own timer, so slices of different nodes neither start nor
+    end together and a node may run more or fewer of them: slices are never merged across
+    nodes, and a Thue-Morse block (8 consecutive slices) must come from one node. Every node
+    but the last that has slices is cut to whole blocks (its schedule starts a block at slice
+    0, so a trailing partial block can never complete), so no block spans two nodes.
+    """
+    lists = [list(w.slices) for w in windows if w.slices]
+    out: list[base.ProbeSlice] = []
+    for n, parts in enumerate(lists):
+        if n < len(lists) - 1:
+            parts = parts[: len(parts) - len(parts) % probe.BLOCK]
+        out += [
             base.ProbeSlice(
-                clock_mhz=parts[0].clock_mhz,
-                duration_s=max(p.duration_seconds for p in parts),
-                progress=sum(p.progress for p in parts),
-                energy_j=_sum([p.energy_joules for p in parts]),
+                clock_mhz=p.clock_mhz,
+                duration_s=p.duration_seconds,
+                progress=p.progress,
+                energy_j=p.energy_joules,
             )
-        )
+            for p in parts
+        ]
     return tuple(out)
 
 

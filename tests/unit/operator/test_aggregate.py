@@ -91,7 +91,9 @@ def test_sums_max_min_and_unknown_energy():
     assert unknown.energy_j is None
 
 
-def test_slices_align_by_index():
+def test_slices_concatenate_node_by_node():
+    # Nodes switch on their own timers: slices are never merged across nodes; every node but
+    # the last is cut to whole probe blocks so no block spans two nodes.
     s = [
         api_node.SliceReport(clockMHz=c, durationSeconds=0.1, progress=10.0, energyJoules=1.0)
         for c in (1500, None)
@@ -99,8 +101,8 @@ def test_slices_align_by_index():
     a = report("a", [rec(0, slices=s)])
     b = report("b", [rec(0, slices=s[:1])])
     gen = aggregate.job_step(0, [a, b]).observation.phases["generation"]
-    assert len(gen.slices) == 1
-    assert gen.slices[0].progress == 20.0 and gen.slices[0].energy_j == 2.0
+    assert len(gen.slices) == 1  # a's two slices are no whole block; b (last) keeps its one
+    assert gen.slices[0].progress == 10.0 and gen.slices[0].energy_j == 1.0
 
 
 def test_missing_phase_window_is_an_error_not_zero():

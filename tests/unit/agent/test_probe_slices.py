@@ -1,0 +1,297 @@
+"""In-phase probe slices: the agent follows ``probeClocksMHz`` slice by slice on the stand-in,
+meters each slice (instant power, counter fallback), interpolates the trainer's cumulative
+progress at the boundaries, and the operator's aggregation feeds the slices to EE-RL."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_support import DriverFactory
+from rlenergy_agent import actuator, energy, server, service
+from rlenergy_agent.nvml import backend
+from rlenergy_agent.testing import standin
+
+from rlenergy.api import node as api_node
+from rlenergy.control.freq import aggregate, probe
+from rlenergy.sdk import trainer
+from rlenergy.sim import models
+
+POD = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
+H100 = models.get_sku("h100-sxm")
+SLICE_S = 0.05
+SCHEDULE = probe.block_schedule([1395, 1200])
+CONTEXT = 2000.0
+
+
+def _plan(
+    schedule: tuple[int | None, ...] = SCHEDULE, slice_s: float = SLICE_S
+) -> api_node.ClockPlan:
+    return api_node.ClockPlan(
+        step=0,
+        phases=[
+            api_node.PhasePlan(
+                phase="generation",
+                clockMHz=None,
+                state="trial",
+                probeClocksMHz=list(schedule),
+                probeSliceSeconds=slice_s,
+            ),
+            api_node.PhasePlan(phase="training", clockMHz=None, state="locked"),
+        ],
+    )
+
+
+def _agent(drv: standin.StandinDriver, *, virtual: bool = True) -> service.Agent:
+    found = backend.discover()
+    caps = {u: g.probe() for u, g in found.gpus.items()}
+    act = actuator.Actuator(found.gpus, actuator.LockStateFile(None))
+    act.start(persistence={u: c.persistence for u, c in caps.items()})
+    sources = {
+        u: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
+        for u, c in caps.items()
+    }
+    clock = (lambda: drv.virtual_s) if virtual else time.monotonic
+    meter = energy.EnergyMeter(found.gpus, sources, clock=clock)
+    meter.sample()
+    agent = service.Agent(
+        "node-1", "pol", act, meter, service.StaticPodMap({POD: list(drv.uuids)}), clock=clock
+    )
+    agent.set_plan(_plan())
+    return agent
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        yield Path(d)
+
+
+def _rate(clock_mhz: float) -> float:
+    """Decode iterations per second at an effective clock (the simulator's time model)."""
+    return 1000.0 / H100.time_factor("generation", clock_mhz, CONTEXT)
+
+
+def _locked(drv: standin.StandinDriver) -> int | None:
+    locks = {int(drv.gpu(u).lock_max_mhz) if drv.gpu(u).locked else None for u in drv.uuids}
+    assert len(locks) == 1, locks
+    return locks.pop()
+
+
+def _run_probed_phase(
+    drv: standin.StandinDriver, agent: service.Agent, client: trainer.RLEnergyClient, seconds: float
+) -> tuple[dict[int, float], list[int | None]]:
+    """Run generation for ``seconds`` of virtual time; progress follows the locked clock.
+
+    Returns:
+        (true energy per slice index, the lock seen during each slice index).
+    """
+    dt = 0.002
+    done = 0.0
+    truth: dict[int, float] = {}
+    locks: dict[int, int | None] = {}
+    while drv.virtual_s < seconds - 1e-9:
+        k = agent.probe_switches
+        locks.setdefault(k, _locked(drv))
+        assert _locked(drv) == locks[k], "the lock changed inside a slice"
+        before = sum(drv.truth_j(u) for u in drv.uuids)
+        clock = drv.clock_mhz(drv.uuids[0])
+        drv.advance(dt)
+        truth[k] = truth.get(k, 0.0) + sum(drv.truth_j(u) for u in drv.uuids) - before
+        done += _rate(clock) * dt
+        agent.probe_tick()
+        client.progress_total(done)
+    return truth, [locks[k] for k in sorted(locks)]
+
+
+def test_probe_plan_runs_the_phase_as_metered_slices(
+    make_driver: DriverFactory, short_tmp: Path
+) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv)
+    sock = short_tmp / "agent.sock"
+    srv = server.SignalServer(sock, agent, lambda pid: POD if pid == os.getpid() else None)
+    srv.start()
+    try:
+        client = trainer.RLEnergyClient(str(sock), strict=True)
+        client.phase("generation", step=0)
+        assert _locked(drv) == SCHEDULE[0]  # the first slice's clock comes with the signal
+        drv.set_work(drv.uuids, "generation", "gen")
+        length = len(SCHEDULE) * SLICE_S + 0.021  # two blocks and a partial slice
+        truth, locks = _run_probed_phase(drv, agent, client, length)
+        drv.set_work(drv.uuids, "training", "train")
+        client.phase("training", step=0)
+        assert _locked(drv) is None
+        assert agent.probe_tick() is None  # nothing is probed any more
+        client.end_step(0, samples=1, response_tokens=1, prompt_tokens=1, valid_tokens=1)
+        client.close()
+    finally:
+        srv.stop()
+
+    assert locks == [*SCHEDULE, SCHEDULE[0]]  # the locks followed the schedule
+    rec = agent.report().steps[0]
+    gen = next(p for p in rec.phases if p.phase == "generation")
+    train = next(p for p in rec.phases if p.phase == "training")
+    assert train.slices == []
+    slices = gen.slices
+    assert [s.clock_mhz for s in slices] == [*SCHEDULE, SCHEDULE[0]]
+    for s in slices[:-1]:
+        assert s.duration_seconds == pytest.approx(SLICE_S, abs=0.0025)
+    assert slices[-1].duration_seconds == pytest.approx(0.021, abs=0.0025)  # partial, reported
+    assert sum(s.duration_seconds for s in slices) == pytest.approx(gen.duration_seconds, rel=1e-9)
+    # Progress: cumulative reports interpolated at the boundaries add up, and each slice's rate
+    # is the rate of its clock.
+    assert sum(s.progress for s in slices) == pytest.approx(gen.progress, rel=1e-9)
+    for s in slices[:-1]:
+        f = H100.effective_clock_mhz("generation", s.clock_mhz)
+        assert s.progress / s.duration_seconds == pytest.approx(_rate(f), rel=0.02)
+    # Energy: instant-power samples per slice match the truth of the slice.
+    for k, s in enumerate(slices[:-1]):
+        assert s.energy_joules == pytest.approx(truth[k], rel=0.03), k
+    assert gen.energy_joules is not None
+    total = sum(s.energy_joules or 0.0 for s in slices)
+    assert total == pytest.approx(gen.energy_joules, rel=0.02)
+    # The controller reads two blocks with the paired throughput and power ratios.
+    blocks, _ = probe.blocks_from_slices(
+        [
+            base_slice
+            for base_slice in aggregate.job_step(0, [agent.report()])
+            .observation.phases["generation"]
+            .slices
+        ]
+    )
+    assert [b[0] for b in blocks] == [1395, 1200]
+    f_default = H100.effective_clock_mhz("generation", None)
+    for clock, thr, power in blocks:
+        want = _rate(H100.effective_clock_mhz("generation", clock)) / _rate(f_default)
+        assert thr == pytest.approx(want, rel=0.01)
+        assert power is not None and power < 1.0
+    assert blocks[1][1] < blocks[0][1] < 1.0
+
+
+def test_instant_power_failure_falls_back_to_counter_deltas(
+    make_driver: DriverFactory, short_tmp: Path
+) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv)
+    for u in drv.uuids:
+        drv.gpu(u).fail_instant = standin.NOT_SUPPORTED
+    sock = short_tmp / "agent.sock"
+    srv = server.SignalServer(sock, agent, lambda pid: POD if pid == os.getpid() else None)
+    srv.start()
+    try:
+        client = trainer.RLEnergyClient(str(sock), strict=True)
+        client.phase("generation", step=0)
+        drv.set_work(drv.uuids, "generation", "gen")
+        truth, _ = _run_probed_phase(drv, agent, client, 8 * SLICE_S)
+        drv.set_work(drv.uuids, "idle", "idle")
+        client.phase("idle", step=0)
+        client.close()
+    finally:
+        srv.stop()
+    slices = agent.steps[0]["generation"][0].slices
+    assert len(slices) >= 8
+    for k, s in enumerate(slices[:8]):
+        assert s.energy_joules == pytest.approx(truth[k], rel=0.03), k
+
+
+def test_policy_removal_mid_probe_stops_switching(make_driver: DriverFactory) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv)
+    agent.phase(POD, "generation", 0)
+    drv.set_work(drv.uuids, "generation", "gen")
+    for _ in range(30):
+        drv.advance(0.005)
+        agent.probe_tick()
+    assert agent.probe_switches >= 2
+    agent.set_plan(None)
+    assert _locked(drv) is None
+    for _ in range(60):
+        drv.advance(0.005)
+        agent.probe_tick()
+    assert _locked(drv) is None, "a probe locked again after the policy went"
+    agent.phase(POD, "idle", 0)
+    assert agent.steps[0]["generation"][0].slices == []
+
+
+def test_prober_thread_switches_on_time(make_driver: DriverFactory) -> None:
+    drv = make_driver(2)
+    agent = _agent(drv, virtual=False)
+    slice_s = 0.02
+    agent.set_plan(_plan(probe.block_schedule([1395]), slice_s))
+    agent.start_prober()
+    try:
+        res = agent.phase(POD, "generation", 0)
+        assert res.latency_s < 0.05
+        time.sleep(16 * slice_s + 0.01)
+        agent.phase(POD, "idle", 0)
+    finally:
+        agent.stop_prober()
+    slices = agent.steps[0]["generation"][0].slices
+    assert 15 <= len(slices) <= 18, [s.duration_seconds for s in slices]
+    assert statistics.median(s.duration_seconds for s in slices[:-1]) == pytest.approx(
+        slice_s, abs=0.004
+    )
+    assert [s.clock_mhz for s in slices[:8]] == list(probe.block_schedule([1395]))
+
+
+def _window(node_slices: list[tuple[int | None, float, float]]) -> api_node.PhaseWindowReport:
+    return api_node.PhaseWindowReport(
+        phase="generation",
+        durationSeconds=sum(d for _, d, _ in node_slices),
+        energyJoules=100.0,
+        slices=[
+            api_node.SliceReport(clockMHz=c, durationSeconds=d, progress=p, energyJoules=d * 500)
+            for c, d, p in node_slices
+        ],
+    )
+
+
+def _report(node: str, window: api_node.PhaseWindowReport) -> api_node.NodeReport:
+    return api_node.NodeReport(
+        policyName="pol",
+        nodeName=node,
+        gpus=[api_node.GpuStatus(uuid=f"GPU-{node}")],
+        lastStep=0,
+        steps=[
+            api_node.StepRecord(
+                step=0,
+                workload=api_node.TokenWorkloadReport(
+                    samples=1,
+                    responseTokens=1,
+                    promptTokens=1,
+                    validTokens=1,
+                    meanContextTokens=1,
+                ),
+                phases=[window],
+            )
+        ],
+    )
+
+
+def test_aggregation_keeps_blocks_within_one_node() -> None:
+    # Node a: one block at 1395 MHz (candidate rate 0.9), then six slices of the next block
+    # (the phase ended there). Node b: two blocks at 1395 MHz (candidate rate 0.8) and differs
+    # in length, so slices cannot be aligned by index. A block made of a's six trailing slices
+    # and b's first two would match the Thue-Morse pattern; it must not be formed.
+    sched = probe.block_schedule([1395])
+
+    def slices(rate: float, n: int) -> list[tuple[int | None, float, float]]:
+        return [(c, 0.05, 0.05 * (rate if c is not None else 1.0)) for c in (sched * 3)[:n]]
+
+    reports = [
+        _report("b", _window(slices(0.8, 16))),
+        _report("a", _window(slices(0.9, 14))),
+    ]
+    obs = aggregate.job_step(0, reports).observation.phases["generation"]
+    blocks, _ = probe.blocks_from_slices(obs.slices)
+    assert [round(thr, 6) for _, thr, _ in blocks] == [0.9, 0.8, 0.8]
+    # A node without slices does not hide the others' slices.
+    reports.append(_report("c", _window([])))
+    obs = aggregate.job_step(0, reports).observation.phases["generation"]
+    assert len(probe.blocks_from_slices(obs.slices)[0]) == 3
