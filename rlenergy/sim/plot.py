@@ -35,7 +35,7 @@ def plot_report(rep: sim_report.SimulationReport, path: Path) -> Path:
         if trial:
             ax1.scatter(trial, [sku.max_sm_clock_mhz + 20] * len(trial), marker="|", s=40)
     ax1.set_ylabel("SM clock (MHz)")
-    ax1.set_title(f"EE-RL on {rep.trace} ({rep.gpu}, {rep.mode}): | = probe step (trial or monitor)")
+    ax1.set_title(f"EE-RL on {rep.trace} ({rep.gpu}, {rep.mode}): | = probe step")
     ax1.legend(loc="lower left")
     ax1.grid(alpha=0.3)
     online_kj: list[float] = []
