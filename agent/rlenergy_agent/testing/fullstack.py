@@ -9,13 +9,18 @@
 * a simulated trainer, one rank per node, replaying a real verl trace through the trainer SDK
   (``rlenergy.sdk.verl.RLEnergyVerlCallback``) to the agents' Unix sockets.
 
-The trainer closes the loop: a phase lasts what the simulator says it lasts at the clock the
-agent actually locked (read back from the stand-in), divided by ``compress`` so that minutes of
-RL become a fraction of a second; the simulated GPUs' energy counters advance in real time at
-the simulator's power for that clock. The trainer advances the counters itself, on its own
-thread, so a phase boundary signalled to the agent and the truth's phase label switch happen
-between the same two counter updates: the simulator's truth per (node, step, phase) is exact
-and the agents' measured windows must match it.
+The trainer closes the loop the way ``rlenergy.sim.job`` runs a phase: each rank's work
+fraction advances, tick by tick, at ``1 / time_factor`` of the SM clock its GPUs actually run
+(the lock the agent holds right now, read back from the stand-in), so a probed phase's progress
+follows the agent's slice-by-slice locks; the rank reports its cumulative progress to the agent
+every tick (``progress_total``) and signals the end of the phase when its work is done (ranks
+end a probed phase at slightly different times, like rollout workers). Time is divided by
+``compress`` so that minutes of RL become about a second per phase, long enough for in-phase
+probes (EE-RL slices need phases of at least 8 x 25 ms); the simulated GPUs' energy counters
+advance in real time at the simulator's power for the running clock. The trainer advances the
+counters itself, on its own thread, so a phase boundary signalled to the agent and the truth's
+phase label switch happen between the same two counter updates: the simulator's truth per
+(node, step, phase) is exact and the agents' measured windows must match it.
 
 Before each step the trainer waits until the operator published the plan for that step and
 every agent holds it (``GET /v1/plan`` on the agent's ops port), so a run is reproducible; a
@@ -49,7 +54,13 @@ from rlenergy_agent.testing import standin
 DEFAULT_TRACE = "verl-gpg-qwen2-7b-fsdp-8gpu"
 PHASES = ("generation", "training")
 TICK_S = 0.01
-"""Counter update period of the simulated GPUs while a phase runs, s."""
+"""Counter update period of the simulated GPUs between phases, s."""
+PHASE_TICK_S = 0.003
+"""Counter update and progress report period while a phase runs, s (probe slices are 25 ms
+or longer; the clock is read back every tick)."""
+LONGEST_PHASE_S = 1.5
+"""Real seconds of the longer mean phase at the default governor (about 0.55 s of generation
+and 1.5 s of training on the default trace: two and six probe blocks per trial step)."""
 
 
 def compressed_replay(
@@ -119,9 +130,12 @@ class StepTruth:
 
     step: int
     clocks_mhz: dict[str, int | None]
+    """Lock at the phase's start on the first node (a probe's first slice)."""
     seconds: dict[str, float]
     joules: dict[tuple[str, str], float]
     """(node, phase) -> true energy over the node's GPUs, J."""
+    locks_seen: dict[str, set[int | None]] = dataclasses.field(default_factory=dict)
+    """Every lock a phase ran under on any node (more than one: the phase was probed)."""
 
 
 class FullStack:
@@ -409,22 +423,12 @@ class FullStack:
                         a.callback.on_generation_start(s)
                     else:
                         a.callback.on_training_start(s)
-                clocks = [a.locked_mhz() for a in self.agents]
-                seconds = max(job.phase_truth(step, phase, c)[0] for c in clocks)
+                truth.clocks_mhz[phase] = self.agents[0].locked_mhz()
                 label = f"{phase}-{s}"
                 self._set_work(step.phase(phase).kind, label)
-                self._run_for(seconds)
-                truth.clocks_mhz[phase] = clocks[0]
+                seconds, seen = self._run_phase(job, step, phase, label)
                 truth.seconds[phase] = seconds
-                for a in self.agents:
-                    assert a.callback is not None
-                    if phase == "generation":
-                        a.callback.on_generation_end(s)
-                    else:
-                        a.callback.on_step_end(
-                            s, verl_metrics(step), valid_tokens=step.workload.valid_tokens
-                        )
-                self._set_work("idle", f"idle-{s}")
+                truth.locks_seen[phase] = seen
                 for a in self.agents:
                     truth.joules[(a.node, phase)] = sum(a.driver.truth_j(u, label) for u in a.uuids)
                 if phase == "generation":
@@ -433,6 +437,76 @@ class FullStack:
             if on_step is not None:
                 on_step(truth)
         return out
+
+    def _run_phase(
+        self, job: sim_job.Job, step: workload.StepWork, phase: str, label: str
+    ) -> tuple[float, set[int | None]]:
+        """Run one phase on every rank until each finished its work (``sim.job._run_phase``).
+
+        Per tick, a rank's work fraction advances by ``dt / T(f)``, ``T(f)`` the phase time at
+        the lowest clock its GPUs run now; its cumulative progress (the phase's tokens along
+        the phase's progress shape) goes to the agent. A rank that is done reports its final
+        progress, signals the phase end and idles its GPUs.
+
+        Returns:
+            (the phase's time, the slowest rank, s; every lock seen on any node).
+        """
+        pw = step.phase(phase)
+        tokens = step.workload.phase_tokens(phase)
+        times: dict[float, float] = {}
+
+        def phase_time(clock: float) -> float:
+            if clock not in times:
+                times[clock] = job.phase_truth(step, phase, clock)[0]
+            return times[clock]
+
+        work = {a.node: 0.0 for a in self.agents}
+        last_clock: dict[str, float] = {}
+        seen: set[int | None] = set()
+        start = last = time.monotonic()
+        running = list(self.agents)
+        while running:
+            time.sleep(PHASE_TICK_S)
+            now = time.monotonic()
+            dt = now - last
+            last = now
+            finished = []
+            for a in self.agents:
+                # Clocks in effect over the tick: read before the counters advance. A read
+                # racing the stand-in's lock write can see a half-written lock (0 MHz): the
+                # tick then keeps the clock of the previous one.
+                if a in running:
+                    clock = min(a.driver.clock_mhz(u) for u in a.uuids)
+                    if clock < self.sku.min_sm_clock_mhz:
+                        clock = last_clock.get(a.node, float(self.sku.max_sm_clock_mhz))
+                    last_clock[a.node] = clock
+                    seen.add(_lock_of(a))
+                a.driver.advance(dt)
+                if a not in running:
+                    continue
+                work[a.node] += dt / phase_time(clock)
+                assert a.callback is not None
+                done = min(work[a.node], 1.0)
+                a.callback.on_phase_progress(tokens * (1.0 - (1.0 - done) ** pw.progress_shape))
+                if work[a.node] >= 1.0:
+                    finished.append(a)
+            for a in finished:
+                assert a.callback is not None
+                if phase == "generation":
+                    a.callback.on_generation_end(step.index)
+                else:
+                    a.callback.on_step_end(
+                        step.index, verl_metrics(step), valid_tokens=step.workload.valid_tokens
+                    )
+                a.driver.set_work(a.uuids, "idle", f"idle-{step.index}")
+                running.remove(a)
+        return last - start, seen
+
+
+def _lock_of(a: NodeAgent) -> int | None:
+    """The lock on a node's first GPU (GPUs may differ for an instant while the agent switches)."""
+    g = a.driver.gpu(a.uuids[0])
+    return int(g.lock_max_mhz) if g.locked else None
 
 
 def verl_metrics(step: workload.StepWork) -> dict[str, float]:

@@ -287,7 +287,10 @@ class StandinDriver:
         sim = self._sims[uuid]
         if sim.kind == "idle":
             return float(sim.sku.min_sm_clock_mhz)
-        lock = float(g.lock_max_mhz) if g.locked else None
+        # A reset clears ``locked`` before the lock values: a read racing it can see
+        # ``locked`` with a zero lock, which means the default governor.
+        max_lock = int(g.lock_max_mhz)
+        lock = float(max_lock) if g.locked and max_lock else None
         clock = sim.sku.effective_clock_mhz(sim.kind, lock)
         if g.clock_cap_mhz:
             clock = min(clock, float(g.clock_cap_mhz))
