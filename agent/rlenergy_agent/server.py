@@ -185,7 +185,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 # {"total": x}: cumulative progress of the current phase (preferred: probe
                 # slices interpolate it); {"amount": x}: work done since the last report.
                 if "total" in body:
-                    self.agent.progress_total(pod, float(body["total"]))
+                    at = body.get("atMonotonicSeconds")
+                    self.agent.progress_total(
+                        pod, float(body["total"]), None if at is None else float(at)
+                    )
                 else:
                     self.agent.progress(pod, float(body["amount"]))
                 self._answer(200, {"pod": str(pod)})

@@ -49,6 +49,8 @@ POWER_SAMPLES_PER_SLICE = 4
 every 20-100 ms, too coarse for slices of a few tens of ms)."""
 PROBER_IDLE_WAIT_S = 1.0
 """The prober thread's wait when no probe runs (a phase signal wakes it at once)."""
+MAX_REPORT_AGE_S = 0.5
+"""A progress report's own timestamp is trusted when at most this old on arrival, s."""
 MAX_PROGRESS_LOG = 100_000
 """Progress reports kept per probed window (a runaway caller cannot grow it without bound)."""
 
@@ -137,6 +139,7 @@ class _Probe:
     start_s: float
     start_mark: energy.Mark
     next_sample_s: float
+    origin_s: float = 0.0
     index: int = 0
     power_w: float = 0.0
     power_n: int = 0
@@ -150,8 +153,12 @@ class _Probe:
 
     @property
     def boundary_s(self) -> float:
-        """When the current slice ends."""
-        return self.start_s + self.slice_s
+        """When the current slice ends.
+
+        Boundaries lie on a fixed grid from the phase start, so a late switch shortens the next
+        slice instead of shifting every later one.
+        """
+        return self.origin_s + (self.index + 1) * self.slice_s
 
     def begin(self, t_s: float, mark: energy.Mark) -> None:
         """Start a slice at ``t_s``."""
@@ -346,7 +353,7 @@ class Agent:
             )
             if probing and entry is not None:
                 w.probe = _Probe(
-                    tuple(entry.probe_clocks_mhz), entry.probe_slice_seconds, now, mark, now
+                    tuple(entry.probe_clocks_mhz), entry.probe_slice_seconds, now, mark, now, now
                 )
                 w.probe.begin(now, mark)
                 w.progress_log.append((now, 0.0))
@@ -394,11 +401,19 @@ class Agent:
                 w.progress += amount
                 self._log_progress(w)
 
-    def progress_total(self, pod: PodRef, total: float) -> None:
+    def progress_total(self, pod: PodRef, total: float, at_s: float | None = None) -> None:
         """Set the cumulative progress of ``pod``'s current phase (tokens or iterations so far).
 
         Cumulative reports lose nothing when one is dropped, and a probed window interpolates
         them at its slice boundaries.
+
+        Args:
+            pod: the authenticated caller.
+            total: progress of the phase so far.
+            at_s: when the trainer measured it (``CLOCK_MONOTONIC``, shared by the processes
+                of a node); taken only when it lies within ``MAX_REPORT_AGE_S`` before now and
+                after the previous report, else the arrival time is used. It keeps the
+                request's transit and queueing out of the slice boundaries.
 
         Raises:
             SignalRefused: a negative or non-finite total.
@@ -409,11 +424,16 @@ class Agent:
             w = self._open.get(pod)
             if w is not None:
                 w.progress = total
-                self._log_progress(w)
+                self._log_progress(w, at_s)
 
-    def _log_progress(self, w: _Open) -> None:
-        if w.probe is not None and len(w.progress_log) < MAX_PROGRESS_LOG:
-            w.progress_log.append((self._clock(), w.progress))
+    def _log_progress(self, w: _Open, at_s: float | None = None) -> None:
+        if w.probe is None or len(w.progress_log) >= MAX_PROGRESS_LOG:
+            return
+        now = self._clock()
+        t = now
+        if at_s is not None and math.isfinite(at_s) and now - MAX_REPORT_AGE_S <= at_s <= now:
+            t = max(at_s, w.progress_log[-1][0] if w.progress_log else w.started_s)
+        w.progress_log.append((t, w.progress))
 
     # ----- in-phase probes ------------------------------------------------------------------
     def probe_tick(self) -> float | None:

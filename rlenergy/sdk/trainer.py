@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import socket
+import time
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -173,7 +174,9 @@ class RLEnergyClient:
         often (every few tens of ms, e.g. every decode iteration batch) and once more right
         before the phase ends. A dropped report loses nothing (the next one carries the total).
         """
-        self._post("/v1/progress", {"total": total})
+        # The measurement time (CLOCK_MONOTONIC, shared by the node's processes) keeps the
+        # request's transit out of the agent's slice boundaries.
+        self._post("/v1/progress", {"total": total, "atMonotonicSeconds": time.monotonic()})
 
     def end_step(
         self,

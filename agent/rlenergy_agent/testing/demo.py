@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
             cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(sample))
             stack.start_agents()
             job, factor = fullstack.compressed_replay(
-                args.trace, stack.sku, args.steps, num_gpus=24, longest_phase_s=fullstack.LONGEST_PHASE_S
+                args.trace,
+                stack.sku,
+                args.steps,
+                num_gpus=24,
+                longest_phase_s=fullstack.LONGEST_PHASE_S,
             )
             _say(
                 f"replaying {args.trace} ({args.steps} steps, time x1/{factor:.0f}) through "

@@ -55,7 +55,7 @@ DEFAULT_TRACE = "verl-gpg-qwen2-7b-fsdp-8gpu"
 PHASES = ("generation", "training")
 TICK_S = 0.01
 """Counter update period of the simulated GPUs between phases, s."""
-PHASE_TICK_S = 0.003
+PHASE_TICK_S = 0.004
 """Counter update and progress report period while a phase runs, s (probe slices are 25 ms
 or longer; the clock is read back every tick)."""
 LONGEST_PHASE_S = 1.5
@@ -423,7 +423,7 @@ class FullStack:
                         a.callback.on_generation_start(s)
                     else:
                         a.callback.on_training_start(s)
-                truth.clocks_mhz[phase] = self.agents[0].locked_mhz()
+                truth.clocks_mhz[phase] = _lock_of(self.agents[0])
                 label = f"{phase}-{s}"
                 self._set_work(step.phase(phase).kind, label)
                 seconds, seen = self._run_phase(job, step, phase, label)

@@ -295,3 +295,22 @@ def test_aggregation_keeps_blocks_within_one_node() -> None:
     reports.append(_report("c", _window([])))
     obs = aggregate.job_step(0, reports).observation.phases["generation"]
     assert len(probe.blocks_from_slices(obs.slices)[0]) == 3
+
+
+def test_progress_timestamps_keep_transit_out_of_slices(make_driver: DriverFactory) -> None:
+    drv = make_driver(1)
+    agent = _agent(drv)
+    agent.set_plan(_plan(probe.block_schedule([1395]), 0.1))
+    agent.phase(POD, "generation", 0)
+    for _ in range(4):
+        drv.advance(0.05)
+        agent.probe_tick()
+    # Both reports arrive at t = 0.2; the first was measured at the boundary t = 0.1, the
+    # second carries a timestamp from another clock (ignored: arrival time).
+    agent.progress_total(POD, 100.0, at_s=0.1)
+    agent.progress_total(POD, 100.0, at_s=1e6)
+    agent.phase(POD, "idle", 0)
+    slices = agent.steps[0]["generation"][0].slices
+    assert [s.duration_seconds for s in slices] == pytest.approx([0.1, 0.1, 0.0], abs=1e-9)
+    assert slices[0].progress == pytest.approx(100.0)
+    assert slices[1].progress == pytest.approx(0.0, abs=1e-9)
