@@ -174,6 +174,7 @@ def test_the_samples_pass_admission(dev_cluster: DevCluster, crds: None):
 
 
 # ----- samples get Ready ---------------------------------------------------------------------
+@pytest.mark.timeout(600)
 def test_each_sample_gets_ready_and_one_daemonset_serves_them(
     dev_cluster: DevCluster, operator: Operator, namespace: str
 ):
@@ -189,7 +190,7 @@ def test_each_sample_gets_ready_and_one_daemonset_serves_them(
                 == "True"
                 else None
             ),
-            timeout=60,
+            timeout=120,
             what=f"{name} Ready",
         )
         obj = get_json(dev_cluster, "rlep", name, "-n", namespace)
@@ -223,7 +224,7 @@ def test_each_sample_gets_ready_and_one_daemonset_serves_them(
             .get("desiredNumberScheduled")
             == 3
         ),
-        timeout=60,
+        timeout=120,
         what="agent DaemonSet scheduled on the 3 GPU nodes",
     )
     table = dev_cluster.kubectl("get", "rlep", "-n", namespace).stdout
@@ -279,7 +280,7 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
     )
     wait_until(
         lambda: _condition(_status(dev_cluster, namespace, name), "Ready").get("status") == "True",
-        timeout=60,
+        timeout=120,
         what="Ready",
     )
     steps = 24
@@ -309,7 +310,7 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
                     >= step
                     else None
                 ),
-                timeout=60,
+                timeout=120,
                 interval=0.1,
                 what=f"plan for step {step}",
             )
@@ -328,7 +329,7 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
             == steps - 1
             else None
         ),
-        timeout=60,
+        timeout=120,
         what="all steps accounted",
     )
     totals = final["totals"]
@@ -379,7 +380,7 @@ def _report(policy: str, node: str, ack: bool) -> api_node.NodeReport:
     )
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_finalizer_waits_for_reset_acks_or_the_deadline(
     dev_cluster: DevCluster, operator: Operator, namespace: str
 ):
@@ -390,7 +391,7 @@ def test_finalizer_waits_for_reset_acks_or_the_deadline(
             lambda n=name: (
                 _condition(_status(dev_cluster, namespace, n), "Ready").get("status") == "True"
             ),
-            timeout=60,
+            timeout=120,
             what=f"{name} Ready",
         )
     _write_reports(
@@ -464,7 +465,7 @@ def test_finalizer_waits_for_reset_acks_or_the_deadline(
     )
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(360)
 def test_deleting_a_namespace_with_a_policy_completes(
     dev_cluster: DevCluster, operator: Operator, namespace: str
 ):
@@ -472,13 +473,13 @@ def test_deleting_a_namespace_with_a_policy_completes(
     dev_cluster.kubectl("create", "namespace", ns)
     wait_until(
         lambda: dev_cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
-        timeout=60,
+        timeout=120,
         what="default SA",
     )
     dev_cluster.kubectl("apply", "-n", ns, "-f", "-", input=_policy("doomed"))
     wait_until(
         lambda: _condition(_status(dev_cluster, ns, "doomed"), "Ready").get("status") == "True",
-        timeout=60,
+        timeout=120,
         what="Ready",
     )
     _write_reports(dev_cluster, ns, [_report("doomed", "kwok-gpu-1", False)])
