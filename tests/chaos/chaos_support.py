@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from rlenergy_agent.testing import standin
@@ -42,21 +42,8 @@ CRDS = ROOT / "crds"
 GPUS_PER_AGENT = 2
 PHASE_S = 0.35
 RESET_DEADLINE_S = 25
-T = TypeVar("T")
-
-
-def wait_until(
-    probe: Callable[[], T | None], *, timeout: float = 60, interval: float = 0.25, what: str = ""
-) -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what or probe}")
-        time.sleep(interval)
+# One polling helper for the e2e and chaos suites (tests/ is a namespace package on pythonpath).
+from tests.e2e.e2e_support import wait_until  # noqa: E402
 
 
 # ----- control-plane faults --------------------------------------------------------------------
