@@ -51,7 +51,7 @@ class Unpacked:
 
 def _require_tools() -> None:
     if os.geteuid() != 0:
-        pytest.skip("the image smoke test needs root (chroot)")
+        pytest.fail("the image smoke test needs root (chroot): run `sudo make test-images`")
     for tool in ("umoci", "skopeo", "chroot"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} not found: run `make images` (installs mmdebstrap, umoci, skopeo)")
@@ -238,7 +238,7 @@ def test_agent_without_nvml_names_the_toolkit(images: dict[str, Unpacked]) -> No
 def test_agent_standin_nvml(images: dict[str, Unpacked], tmp_path: Path) -> None:
     """The stand-in libnvidia-ml copied where the toolkit would inject the real one."""
     if shutil.which("gcc") is None:
-        pytest.skip("gcc missing: cannot build the stand-in libnvidia-ml")
+        pytest.fail("gcc missing: cannot build the stand-in libnvidia-ml; run `apt-get install -y gcc`")
     from rlenergy_agent.testing import standin
 
     from rlenergy.sim import models
