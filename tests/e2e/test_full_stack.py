@@ -4,12 +4,16 @@ What runs (``rlenergy_agent.testing.fullstack``): the CRDs applied to the dev cl
 operator as a local process, one agent per fake GPU node as a local process on the stand-in
 ``libnvidia-ml.so.1`` (pynvml loads it through ``LD_LIBRARY_PATH``; 8 simulated H100 GPUs per
 node), and a simulated trainer, one rank per node, replaying a real verl trace
-(``verl-gpg-qwen2-7b-fsdp-8gpu``, time-compressed) through ``RLEnergyVerlCallback`` to the
-agents' sockets. The agents write their ``RLEnergyNodeReport``s and follow ``status.plan``.
+(``verl-gpg-qwen2-7b-fsdp-8gpu``, time-compressed to about 0.55 s of generation and 1.5 s of
+training per step) through ``RLEnergyVerlCallback`` to the agents' sockets. Each rank's phase
+progress follows the clock its node's agent actually locked, slice by slice, and is reported to
+the agent as it goes. The agents write their ``RLEnergyNodeReport``s and follow
+``status.plan``, EE-RL trials included (in-phase probe slices).
 
 We check: the policy's status gets per-phase savings and totals and ``kubectl get rlep`` shows
-the saving; totals equal the sum of the node reports; every measured phase energy of every node
-and step is within 1 % of the simulator's truth; after the policy is deleted the finalizer is
+the saving; the agents ran the trials' probe slices and generation locks a clock below max with
+a positive saving and a throughput ratio near its threshold (``THROUGHPUT_TOLERANCE``); totals
+equal the sum of the node reports; every measured phase energy of every node and step is within 1 % of the simulator's truth; after the policy is deleted the finalizer is
 lifted on the agents' reset acknowledgements (not the deadline) and every GPU is back at its
 default clocks.
 """
@@ -34,6 +38,11 @@ CRDS = ROOT / "crds"
 SAMPLE = CRDS / "samples" / "sync-job.yaml"
 STEPS = 40
 ENERGY_TOLERANCE = 0.01
+THROUGHPUT_TOLERANCE = 0.04
+"""Allowed shortfall of generation's measured throughput ratio below its threshold: trial
+slices at low clocks, about 20 ms of signalling per 0.6 s phase that the windows count, and the
+default-governor model's prediction error (measured 0.927 vs 0.95 at a 1515 MHz lock, whose
+true ratio is 0.961)."""
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +60,7 @@ def crds(dev_cluster: DevCluster) -> Iterator[None]:
 
 def _policy() -> dict[str, Any]:
     body = yaml.safe_load(SAMPLE.read_text())
-    body["spec"]["controller"] = {"warmupSteps": 2, "trialSteps": 2}
+    body["spec"]["controller"] = {"warmupSteps": 4, "trialSteps": 4}
     return dict(body)
 
 
@@ -93,7 +102,11 @@ def test_full_stack_savings_run(
             what="policy Ready",
         )
         job, factor = fullstack.compressed_replay(
-            fullstack.DEFAULT_TRACE, stack.sku, STEPS, num_gpus=24, longest_phase_s=0.15
+            fullstack.DEFAULT_TRACE,
+            stack.sku,
+            STEPS,
+            num_gpus=24,
+            longest_phase_s=fullstack.LONGEST_PHASE_S,
         )
         started = time.monotonic()
         truths = stack.run_trainer(job, on_step=collect)
@@ -130,32 +143,48 @@ def test_full_stack_savings_run(
         assert totals["measuredJoules"] == pytest.approx(joules, rel=1e-9)
         tokens = sum(s.workload.valid_tokens for s in job.replay.steps)
         assert totals["validTokens"] == pytest.approx(tokens)
-        # The saving is what the status says it is: predicted default minus measured. Its sign
-        # is not asserted: the agent runs EE-RL trials as whole-step probes only (in-phase
-        # probe slices, plan.probeClocksMHz, are not implemented yet), which on 40 steps
-        # lands within a few percent of zero.
+        # The saving is what the status says it is: predicted default minus measured.
         assert totals["savedJoules"] == pytest.approx(
             totals["predictedDefaultJoules"] - totals["comparedMeasuredJoules"], rel=1e-6
         )
-        assert "savingPercent" in totals, totals
         phases = {p["name"]: p for p in final["phases"]}
+        thresholds = {p["name"]: p["minThroughputRatio"] for p in policy["spec"]["phases"]}
         for phase in fullstack.PHASES:
             assert "percent" in phases[phase]["saving"], phases[phase]
             assert phases[phase]["measuredJoules"] > 0
             assert phases[phase]["state"] in ("trial", "locked"), phases[phase]
         assert final["nodes"]["ready"] == 3 and final["nodes"]["total"] == 3
-        # The plan reached the GPUs: probes and locks were applied through NVML.
+        # The agents ran in-phase probes: phases ran under several locks (trial slices).
+        probed = {ph: sum(len(t.locks_seen[ph]) > 1 for t in truths) for ph in fullstack.PHASES}
+        assert probed["generation"] >= 2, probed
+        # EE-RL resolved generation's trials and locked a clock below max, through NVML.
+        gen = phases["generation"]
+        max_mhz = stack.sku.max_sm_clock_mhz
+        assert gen["state"] == "locked" and gen["clockMHz"] is not None, gen
+        assert gen["clockMHz"] < max_mhz, gen
+        assert truths[-1].clocks_mhz["generation"] == gen["clockMHz"], truths[-1]
+        assert gen["saving"]["percent"] > 0, gen
+        assert gen["throughputRatio"] >= thresholds["generation"] - THROUGHPUT_TOLERANCE, gen
+        # Not asserted yet: training's throughput ratio and the job's total saving. Training
+        # locks near max (1890-1905 MHz) but its default-governor time model predicts ~4 %
+        # below the true default time, so its status ratio reads ~0.91 and its saving < 0.
         clocks = {ph: [t.clocks_mhz[ph] for t in truths] for ph in fullstack.PHASES}
-        assert any(c is not None for ph in clocks.values() for c in ph), clocks
         print(clocks)
+        print(probed)
         table = dev_cluster.kubectl("get", "rlep", name, "-n", namespace).stdout.splitlines()
         col = table[0].index("SAVING %")
         assert table[1][col:].split()[0] not in ("<none>", ""), table
         print(
             f"\nfull stack: {STEPS} steps replayed in {replay_s:.1f} s (time x1/{factor:.0f}); "
-            f"saving {totals['savingPercent']:.2f} %; max phase energy error "
+            f"saving {totals['savingPercent']:.2f} % (throughput ratio "
+            f"{totals['throughputRatio']:.4f}); max phase energy error "
             f"{max(errors) * 100:.4f} %; "
-            + "; ".join(f"{ph} {phases[ph]['saving'].get('percent')} %" for ph in fullstack.PHASES)
+            + "; ".join(
+                f"{ph} {phases[ph]['state']} {phases[ph]['clockMHz']} MHz saving "
+                f"{phases[ph]['saving'].get('percent')} % throughput ratio "
+                f"{phases[ph]['throughputRatio']}"
+                for ph in fullstack.PHASES
+            )
         )
         print("\n".join(table))
 
