@@ -351,11 +351,8 @@ def _predict(
     workload: api_workload.TokenWorkload,
 ) -> tuple[float | None, float | None]:
     """(energy J, time s) the default governor would have needed for this phase window."""
-    if ph.error is not None:
+    if pc is None:
+        if ph.error is None and ph.requested_clock_mhz is None and not ph.slices:
+            return ph.energy_j, ph.duration_s
         return None, None
-    if ph.requested_clock_mhz is None and not ph.slices:
-        return ph.energy_j, ph.duration_s
-    if pc is None or not pc.default_model.ready:
-        return None, None
-    tokens = workload.phase_tokens(ph.phase)
-    return pc.default_model.energy_fit()(tokens), pc.default_model.time_fit()(tokens)
+    return pc.default_equivalent(ph, workload)

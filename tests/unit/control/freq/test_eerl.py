@@ -141,3 +141,26 @@ def test_settings_come_from_the_policy() -> None:
     assert isinstance(
         config.build_controller(spec, SKU.supported_sm_clocks_mhz()), eerl.EERLController
     )
+
+
+def test_default_equivalent_uses_the_paired_probe_fit() -> None:
+    from rlenergy.api import workload as api_workload
+    from rlenergy.control.freq import probe
+
+    settings = config.phase_settings(
+        api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
+    )[0]
+    pc = eerl.PhaseController(settings, eerl.ControllerSettings())
+    pc.fit = probe.PhaseModelFit(
+        u=0.1, u_stderr=0.001, beta=0.5, f_max_mhz=1980, f_default_mhz=1980, blocks=10
+    )
+    wl = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)
+    locked = base.PhaseObservation("generation", 10.0, 3000.0, 1410)
+    energy, time_s = pc.default_equivalent(locked, wl)
+    assert time_s == pytest.approx(10.0 * pc.fit.throughput_ratio(1410))
+    assert energy == pytest.approx(3000.0 / pc.fit.energy_ratio(1410))
+    assert energy > 3000.0 and time_s < 10.0  # the default governor costs more energy, less time
+    default = base.PhaseObservation("generation", 9.0, 4000.0, None)
+    assert pc.default_equivalent(default, wl) == (4000.0, 9.0)
+    failed = base.PhaseObservation("generation", 9.0, 4000.0, 1410, error="GpuLostError")
+    assert pc.default_equivalent(failed, wl) == (None, None)
