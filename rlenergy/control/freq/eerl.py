@@ -155,6 +155,7 @@ class PhaseController:
         self._last_slowdown = False
         self._previous_lock_mhz: int | None = None
         self._was_step_probe = False
+        self._lock_threshold = settings.min_throughput_ratio
         self._lock_feature = 0.0
         self._lock_slowdown = False
         self._slowdowns = 0
@@ -461,6 +462,7 @@ class PhaseController:
 
     def _lock(self, clock: int | None, feature: float, slowdown: bool) -> None:
         self.locked_clock_mhz = clock
+        self._lock_threshold = self.threshold
         self._previous_lock_mhz = clock
         self.state = base.PhaseState.LOCKED
         self.selections += 1
@@ -489,13 +491,15 @@ class PhaseController:
         fit, clock = self.fit, self.locked_clock_mhz
         if fit is not None and clock is not None:
             z = self.ctl.confidence_z
-            if fit.throughput_lower_bound(clock, z) < self.threshold + LOCK_MARGIN:
+            moved = abs(self.threshold - self._lock_threshold) > 1e-9
+            if moved and fit.throughput_lower_bound(clock, z) < self.threshold + LOCK_MARGIN:
                 # The threshold rose (async slack shrank): step up to what the model supports.
                 choice, _ = self._choose()
                 self.retrial_reasons.append(
                     f"threshold {self.threshold:.3f}: {clock} -> {choice} MHz"
                 )
                 self.locked_clock_mhz = choice
+                self._lock_threshold = self.threshold
                 self._monitor = probe.RatioStats()
                 self.selections += 1
                 return
@@ -614,15 +618,8 @@ class EERLController:
         if self.settings.async_mode:
             self._update_async_thresholds()
         allow = self._trial_budget_left(step)
-        decisions = {}
-        for name, pc in self.phases.items():
-            # Extended trials only while no other phase still needs its first trial steps.
-            others_first_pass = any(
-                o.state is base.PhaseState.TRIAL and o.round_steps < self.settings.trial_steps
-                for n, o in self.phases.items()
-                if n != name
-            )
-            decisions[name] = pc.decide(allow, allow and not others_first_pass)
+        # Extended trials share the same budget; phases probe in the same steps.
+        decisions = {name: pc.decide(allow, allow) for name, pc in self.phases.items()}
         if any(d.probing for d in decisions.values()):
             self.trial_steps += 1
         return base.Plan(step, decisions)
