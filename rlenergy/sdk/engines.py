@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlenergy import errors
 from rlenergy.api import rollout as api
+from rlenergy.sdk import http
 
 
 class _HttpEngine:
@@ -64,31 +63,10 @@ class _HttpEngine:
         return self._active
 
     def _post(self, path: str, body: Mapping[str, Any] | None) -> Any:
-        data = json.dumps(body or {}).encode()
-        request = urllib.request.Request(
-            self.base_url + path,
-            data=data,
-            method="POST",
-            headers={"Content-Type": "application/json"},
+        reply = http.post_json(
+            self.base_url + path, json.dumps(body or {}).encode(), self._timeout_s
         )
-        try:
-            with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:200]
-            if 400 <= exc.code < 500:
-                raise errors.PermanentError(
-                    f"{self.base_url}{path}: HTTP {exc.code}: {detail}"
-                ) from None
-            raise errors.RetryableError(
-                f"{self.base_url}{path}: HTTP {exc.code}: {detail}"
-            ) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise errors.RetryableError(f"{self.base_url}{path}: {exc}") from None
-        try:
-            return json.loads(payload) if payload.strip() else {}
-        except json.JSONDecodeError:
-            raise errors.RetryableError(f"{self.base_url}{path}: response is not JSON") from None
+        return {} if reply is None else reply
 
     def _scaling(self) -> bool:
         state = self._post(self.status_path, None)

@@ -17,15 +17,13 @@ engine's group is either ``activeAfter`` or exactly ``activeBefore``. Endpoint p
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any, TypeVar
 
 import pydantic
 
 from rlenergy import errors
 from rlenergy.api import rollout as api
+from rlenergy.sdk import http
 
 
 class RolloutClient:
@@ -42,27 +40,7 @@ class RolloutClient:
 
     def _post(self, path: str, message: pydantic.BaseModel) -> Any:
         body = message.model_dump_json(by_alias=True).encode()
-        request = urllib.request.Request(
-            self.base_url + path,
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:200]
-            cls = errors.PermanentError if 400 <= exc.code < 500 else errors.RetryableError
-            raise cls(f"{self.base_url}{path}: HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise errors.RetryableError(f"{self.base_url}{path}: {exc}") from None
-        if not payload.strip():
-            return None
-        try:
-            return json.loads(payload)
-        except json.JSONDecodeError:
-            raise errors.RetryableError(f"{self.base_url}{path}: reply is not JSON") from None
+        return http.post_json(self.base_url + path, body, self.timeout_s)
 
     def request_placement(self, request: api.PlacementRequest) -> api.PlacementResponse:
         """Ask where each response of a batch decodes.
