@@ -71,7 +71,7 @@ bench-scale: $(STAMP) bins
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins
-	$(PY) -m pytest -q -m chaos tests/chaos
+	$(PY) -m pytest -q -m chaos tests/chaos tests/e2e/test_operator.py
 
 ## OCI image archives of the operator and the node agent, no container engine (docs/images.md):
 ## build/images/rl-energy-{operator,agent}.oci.tar; cached, reproducible; needs root. FORCE=1 rebuilds.

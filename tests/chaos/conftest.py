@@ -28,7 +28,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     wanted = "chaos" in (config.getoption("markexpr") or "")
     keep, drop = [], []
     for item in items:
-        if CHAOS_DIR in Path(str(item.fspath)).resolve().parents:
+        in_suite = CHAOS_DIR in Path(str(item.fspath)).resolve().parents
+        if in_suite or item.get_closest_marker("chaos") is not None:
             item.add_marker(pytest.mark.chaos)
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
