@@ -46,7 +46,7 @@ import kubernetes
 from rlenergy_agent import kube as agent_kube
 
 from rlenergy.api import node as api_node
-from rlenergy.control.freq import base
+from rlenergy.control.freq import aggregate, base
 from rlenergy.devcluster import DevCluster
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import models, workload
@@ -98,16 +98,7 @@ def request_counts(cluster: DevCluster) -> collections.Counter[tuple[str, str, s
     return out
 
 
-def plan_to_decisions(plan: api_node.ClockPlan) -> base.Plan:
-    """The agent's reading of a published plan (as in tests/unit/operator/sim_nodes.py)."""
-    phases = {}
-    for p in plan.phases:
-        clock = p.clock_mhz if plan.enforce else None
-        probe = tuple(p.probe_clocks_mhz) if plan.enforce else ()
-        phases[p.phase] = base.PhaseDecision(
-            clock, base.PhaseState(p.state), probe, p.probe_slice_seconds, p.reason
-        )
-    return base.Plan(plan.step, phases)
+plan_to_decisions = aggregate.plan_decisions
 
 
 class Operator:

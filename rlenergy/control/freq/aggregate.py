@@ -212,3 +212,18 @@ def supported_clocks(reports: Sequence[api_node.NodeReport]) -> tuple[int, ...]:
     if not tables:
         return ()
     return tuple(sorted(frozenset.intersection(*tables), reverse=True))
+
+
+def plan_decisions(plan: api_node.ClockPlan) -> base.Plan:
+    """An agent's reading of a published ``ClockPlan``: observe mode never sets a clock.
+
+    Callers: the simulated node agents of the operator tests and of ``bench/scale.py``.
+    """
+    phases = {}
+    for p in plan.phases:
+        clock = p.clock_mhz if plan.enforce else None
+        probe_clocks = tuple(p.probe_clocks_mhz) if plan.enforce else ()
+        phases[p.phase] = base.PhaseDecision(
+            clock, base.PhaseState(p.state), probe_clocks, p.probe_slice_seconds, p.reason
+        )
+    return base.Plan(plan.step, phases)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlenergy.api import node as api_node
-from rlenergy.control.freq import base
+from rlenergy.control.freq import aggregate, base
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import models, workload
 
@@ -21,16 +21,7 @@ NODES = ("kwok-gpu-0", "kwok-gpu-1", "kwok-gpu-2")
 GPUS_PER_NODE = 8
 
 
-def plan_to_decisions(plan: api_node.ClockPlan) -> base.Plan:
-    """The agent's reading of a published plan."""
-    phases = {}
-    for p in plan.phases:
-        clock = p.clock_mhz if plan.enforce else None
-        probe = tuple(p.probe_clocks_mhz) if plan.enforce else ()
-        phases[p.phase] = base.PhaseDecision(
-            clock, base.PhaseState(p.state), probe, p.probe_slice_seconds, p.reason
-        )
-    return base.Plan(plan.step, phases)
+plan_to_decisions = aggregate.plan_decisions
 
 
 class _PlanPolicy:
