@@ -136,4 +136,9 @@ class SimNodes:
         return out
 
     def run(self, plan_for: Callable[[int], api_node.ClockPlan]) -> None:
+        # Like the agent (rlenergy_agent.__main__), every node reports its GPUs before the
+        # first step: the operator counts a step complete over the nodes it can see, so a node
+        # whose report first appears with step 0 could otherwise miss that step (a LIST between
+        # two creates of the same publish).
+        self.publish(self.reports())
         sim_job.run_job(self.job, _PlanPolicy(self, plan_for))
