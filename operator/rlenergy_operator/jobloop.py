@@ -32,6 +32,7 @@ from rlenergy.api import workload as api_workload
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import aggregate, base, config, eerl
+from rlenergy.sim import models as sim_models
 
 
 @dataclasses.dataclass
@@ -90,6 +91,8 @@ class JobLoop:
         self.decisions: dict[int, base.Plan] = {}
         self.since: dict[str, tuple[int, int | None, str]] = {}
         self.replayed = 0
+        self.gpu_name: str | None = None
+        self.last_workload: api_workload.TokenWorkload | None = None
 
     # ----- restore -----------------------------------------------------------------------
     @classmethod
@@ -151,6 +154,8 @@ class JobLoop:
             return False
         self.clocks_mhz = clocks
         self.controller = config.build_controller(self.spec, clocks)
+        names = sorted({g.name for rep in reports for g in rep.gpus if g.name})
+        self.gpu_name = names[0] if len(names) == 1 else None
         return True
 
     def _decide(self, step: int) -> base.Plan:
@@ -190,6 +195,7 @@ class JobLoop:
         self._decide(obs.step)
         if account:
             self._account(job)
+        self.last_workload = obs.workload
         self.controller.observe(obs)
         self._decide(obs.step + 1)
 
@@ -295,9 +301,11 @@ class JobLoop:
             retrials = s.get("retrials") or []
             threshold = s.get("threshold", p.min_throughput_ratio)
             saved = pa.predicted_j - pa.compared_measured_j
+            advice = {} if enforce else self._recommend(p)
             out.append(
                 api_status.PhaseStatus.model_validate(
                     {
+                        **advice,
                         "name": p.name,
                         "state": state,
                         "clockMHz": clock if state == "locked" else None,
@@ -322,6 +330,39 @@ class JobLoop:
                 )
             )
         return out
+
+    def _recommend(self, phase: api_policy.PhaseSpec) -> dict[str, object]:
+        """Observe mode: the GPU model's clock for ``phase`` (status fields, camelCase).
+
+        Observe mode never changes clocks, so nothing but the default governor is measured;
+        the recommendation is the SKU model's prior (``rlenergy.sim.models``), labelled so.
+        """
+        if self.controller is None or self.last_workload is None:
+            return {"recommendationBasis": "waiting for a complete step with a clock table"}
+        if phase.name not in ("generation", "training"):
+            return {"recommendationBasis": f"no GPU model for a custom phase {phase.name!r}"}
+        sku = sim_models.sku_for_nvml_name(self.gpu_name or "")
+        if sku is None:
+            gpus = self.gpu_name or "mixed or unnamed GPUs"
+            return {"recommendationBasis": f"no GPU model for {gpus}"}
+        pc = self.controller.phases.get(phase.name)
+        clocks = pc.settings.allowed_mhz if pc is not None else self.clocks_mhz
+        kind: sim_models.PhaseKind = "generation" if phase.name == "generation" else "training"
+        est = sim_models.estimate_best_clock(
+            sku,
+            kind,
+            phase.min_throughput_ratio,
+            self.last_workload.mean_context_tokens,
+            clocks,
+        )
+        basis = f"{sku.key} [MODEL] phase curves at the newest step's tokens, not measured"
+        if est is None:
+            return {"recommendationBasis": f"{basis}: no clock keeps the threshold"}
+        return {
+            "recommendedClockMHz": est.clock_mhz,
+            "estimatedSavingPercent": round(100.0 * (1.0 - est.energy_ratio), 2),
+            "recommendationBasis": basis,
+        }
 
     def totals(self) -> api_status.Totals:
         """Job totals (the restart checkpoint included)."""

@@ -113,6 +113,68 @@ class GpuSku(_Frozen):
         return min(target, self.power_capped_clock_mhz(kind))
 
 
+class ClockEstimate(_Frozen):
+    """A clock the SKU model prefers for one phase, and what the model expects of it.
+
+    Attributes:
+        clock_mhz: SM clock to lock, MHz.
+        throughput_ratio: model phase throughput at the clock / at the default governor.
+        energy_ratio: model phase energy at the clock / at the default governor (same work).
+    """
+
+    clock_mhz: int
+    throughput_ratio: float
+    energy_ratio: float
+
+
+def estimate_best_clock(
+    sku: GpuSku,
+    kind: PhaseKind,
+    min_throughput_ratio: float,
+    mean_context_tokens: float,
+    clocks_mhz: tuple[int, ...] | list[int],
+) -> ClockEstimate | None:
+    """The model's most energy-efficient clock that keeps ``min_throughput_ratio``.
+
+    A prior, not a measurement: it applies this SKU's [MODEL] phase curves (module docstring)
+    to the default governor (boost capped by the power limit) and to every clock in
+    ``clocks_mhz``. Observe mode reports it as a recommendation; enforce mode measures instead.
+
+    Args:
+        sku: the GPU model.
+        kind: ``generation`` or ``training`` (``idle`` has no clock effect: None).
+        min_throughput_ratio: least throughput vs the default governor, in (0, 1].
+        mean_context_tokens: mean context length of the phase (generation's memory share).
+        clocks_mhz: candidate SM clocks, MHz.
+
+    Returns:
+        The estimate, or None when no candidate below the default clock keeps the ratio.
+    """
+    if kind == "idle":
+        return None
+    f_def = sku.effective_clock_mhz(kind, None)
+    t_def = sku.time_factor(kind, f_def, mean_context_tokens)
+    e_def = sku.power_w(kind, f_def) * t_def
+    best: ClockEstimate | None = None
+    for clock in clocks_mhz:
+        f = sku.effective_clock_mhz(kind, clock)
+        if f >= f_def:
+            continue
+        t = sku.time_factor(kind, f, mean_context_tokens)
+        thr, energy = t_def / t, sku.power_w(kind, f) * t / e_def
+        if thr >= min_throughput_ratio and (best is None or energy < best.energy_ratio):
+            best = ClockEstimate(clock_mhz=int(clock), throughput_ratio=thr, energy_ratio=energy)
+    return best
+
+
+def sku_for_nvml_name(name: str) -> GpuSku | None:
+    """The SKU whose NVML device name is ``name`` (case-insensitive), if the catalog has it."""
+    for sku in catalog().skus.values():
+        if sku.nvml_name.lower() == name.strip().lower():
+            return sku
+    return None
+
+
 class ReferenceGpu(_Frozen):
     """A GPU that a trace was recorded on (used for rescaling phase times only)."""
 

@@ -77,7 +77,23 @@ class PhaseStatus(_Status):
     recommended_clock_mhz: int | None = Field(
         None,
         alias="recommendedClockMHz",
-        description="Observe mode: the clock the controller would lock, MHz.",
+        description=(
+            "Observe mode: the clock the GPU model prefers for this phase under "
+            "minThroughputRatio, MHz (a model prior; enforce mode measures instead)."
+        ),
+    )
+    estimated_saving_percent: float | None = Field(
+        None,
+        alias="estimatedSavingPercent",
+        description=(
+            "Observe mode: phase energy saving the GPU model expects at recommendedClockMHz, "
+            "% of the default governor's (a [MODEL] estimate, not a measurement)."
+        ),
+    )
+    recommendation_basis: str | None = Field(
+        None,
+        alias="recommendationBasis",
+        description="Observe mode: where recommendedClockMHz comes from, or why there is none.",
     )
     min_throughput_ratio: float | None = Field(
         None,

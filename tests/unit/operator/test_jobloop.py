@@ -120,6 +120,35 @@ def test_observe_mode_never_asks_for_a_clock():
         assert plan.enforce is False
         assert all(p.clock_mhz is None and not p.probe_clocks_mhz for p in plan.phases)
     assert loop.totals().saved_joules == pytest.approx(0.0, abs=1e-6)
+    # It still recommends: the GPU model's clock per phase, labelled as a model estimate.
+    phases = {p.name: p for p in loop.phase_status()}
+    gen, train = phases["generation"], phases["training"]
+    assert gen.recommended_clock_mhz and train.recommended_clock_mhz
+    assert gen.recommended_clock_mhz < train.recommended_clock_mhz < 1980  # decode is memory bound
+    for ph in (gen, train):
+        assert ph.clock_mhz is None and ph.state == "observe"
+        assert ph.estimated_saving_percent is not None and 0 < ph.estimated_saving_percent < 50
+        assert "h100-sxm [MODEL]" in (ph.recommendation_basis or "")
+
+
+def test_observe_mode_says_why_it_cannot_recommend():
+    spec = policy.parse_policy(
+        {
+            "selector": {"matchLabels": {"a": "b"}},
+            "controller": {"mode": "observe"},
+            "phases": [{"name": "generation"}, {"name": "reward"}],
+        }
+    )
+    loop = jobloop.JobLoop(spec, 1)
+    assert "waiting" in (loop.phase_status()[0].recommendation_basis or "")
+    loop, _ = _run(4, spec)
+    reward = {p.name: p for p in loop.phase_status()}["reward"]
+    assert reward.recommended_clock_mhz is None
+    assert "custom phase 'reward'" in (reward.recommendation_basis or "")
+    loop.gpu_name = "NVIDIA A100-SXM4-80GB"
+    gen = {p.name: p for p in loop.phase_status()}["generation"]
+    assert gen.recommended_clock_mhz is None
+    assert "no GPU model for NVIDIA A100" in (gen.recommendation_basis or "")
 
 
 def test_unknown_energy_is_not_zero():

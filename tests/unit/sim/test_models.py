@@ -1,6 +1,8 @@
 """GPU SKU models: clock tables, default governor, phase curves (calibration/README.md)."""
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from rlenergy.sim import models
 
@@ -65,3 +67,35 @@ def test_every_sku_parameter_line_has_a_source_or_model_label() -> None:
         value = stripped.split(":", 1)[1].split("#")[0].strip() if ":" in stripped else ""
         if value and not value.startswith('"') and any(ch.isdigit() for ch in value):
             assert "#" in stripped, f"constant without a source or [MODEL] label: {stripped}"
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(
+    sku=st.sampled_from(["h100-sxm", "h200", "b200"]),
+    kind=st.sampled_from(["generation", "training"]),
+    threshold=st.floats(0.5, 0.99),
+    ctx=st.floats(64, 32768),
+)
+def test_the_model_estimate_keeps_the_threshold_and_relaxing_it_never_costs_energy(
+    sku, kind, threshold, ctx
+):
+    gpu = models.get_sku(sku)
+    clocks = gpu.supported_sm_clocks_mhz()
+    est = models.estimate_best_clock(gpu, kind, threshold, ctx, clocks)
+    assert est is not None  # the top clock below the default keeps any threshold <= 0.99
+    assert est.throughput_ratio >= threshold and est.energy_ratio < 1.0
+    assert est.clock_mhz in clocks
+    looser = models.estimate_best_clock(gpu, kind, threshold - 0.1, ctx, clocks)
+    assert looser is not None and looser.energy_ratio <= est.energy_ratio
+    assert looser.clock_mhz <= est.clock_mhz
+
+
+def test_the_model_estimate_refuses_what_no_clock_can_keep():
+    gpu = models.get_sku("h100-sxm")
+    assert (
+        models.estimate_best_clock(gpu, "training", 1.0, 1024, gpu.supported_sm_clocks_mhz())
+        is None
+    )
+    assert models.estimate_best_clock(gpu, "idle", 0.9, 1024, gpu.supported_sm_clocks_mhz()) is None
+    assert models.sku_for_nvml_name(" nvidia h100 80gb hbm3 ") is gpu
+    assert models.sku_for_nvml_name("NVIDIA A100-SXM4-80GB") is None
