@@ -37,9 +37,11 @@ demo-sim: $(STAMP)
 	@mkdir -p out
 	$(VENV)/bin/rlenergy simulate --trace $(TRACE) --gpu $(GPU) --mode $(MODE) --plot out/demo-sim.png
 
-## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy.
+## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy,
+## and Debian's prometheus (apt-get download; for the Prometheus e2e test) into the same bin dir.
 bins:
 	bash hack/controlplane-bins.sh
+	bash hack/prometheus-bin.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlenergy operator agent tests bench

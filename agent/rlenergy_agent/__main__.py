@@ -222,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 last_poll = now
                 try:
                     exists, plan = watcher.poll()
+                    agent.saving_ratio = watcher.saving_ratio
                     if not exists or plan != agent.plan:
                         enforced = agent.plan is not None and agent.plan.enforce
                         agent.set_plan(plan)

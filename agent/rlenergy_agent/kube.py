@@ -160,9 +160,11 @@ class PlanWatcher:
         self.api = api
         self.namespace = namespace
         self.policy = policy
+        self.saving_ratio: dict[str, float] = {}
+        """From the last poll: the status' saving / 100 per phase, ``""`` for the job's total."""
 
     def poll(self) -> tuple[bool, api_node.ClockPlan | None]:
-        """(policy exists, its plan or ``None``).
+        """(policy exists, its plan or ``None``); updates ``saving_ratio`` from the status.
 
         Raises:
             kubernetes.client.exceptions.ApiException: any error but 404.
@@ -173,10 +175,30 @@ class PlanWatcher:
             )
         except ApiException as exc:
             if exc.status == 404:
+                self.saving_ratio = {}
                 return False, None
             raise
-        plan = (obj.get("status") or {}).get("plan")
+        status = obj.get("status") or {}
+        self.saving_ratio = saving_ratios(status)
+        plan = status.get("plan")
         return True, api_node.ClockPlan.model_validate(plan) if plan else None
+
+
+def saving_ratios(status: dict[str, Any]) -> dict[str, float]:
+    """The saving ratios of a policy status: phase -> ``saving.percent`` / 100.
+
+    ``""`` -> ``totals.savingPercent`` / 100; what the status leaves out (not computable yet)
+    is left out.
+    """
+    out: dict[str, float] = {}
+    for p in status.get("phases") or []:
+        percent = (p.get("saving") or {}).get("percent")
+        if p.get("name") and isinstance(percent, int | float):
+            out[str(p["name"])] = float(percent) / 100.0
+    total = (status.get("totals") or {}).get("savingPercent")
+    if isinstance(total, int | float):
+        out[""] = float(total) / 100.0
+    return out
 
 
 def pod_uid_lookup(node: str, max_age_s: float = 10.0) -> Callable[[str, str], str]:

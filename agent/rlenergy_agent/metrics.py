@@ -5,6 +5,9 @@ The only module importing ``prometheus_client``. Names use base units: ``_joules
 ``phase``. ``rlenergy_agent_gpu_phase_info`` exports the declared phase per GPU so idle-GPU
 watchdogs can exempt intentional waits (case #27); rejected and missing energy samples are
 counted (cases #10, #14); ``rlenergy_agent_nvml_up`` falls to 0 when every GPU fails (case #11).
+Idle windows (between phases of a step) count under ``phase="idle"``, so the phase energies sum
+to the step energy the policy status accounts. The saving ratios are the operator's (the policy
+status, read with the plan): an agent cannot predict the default governor's energy.
 """
 
 from __future__ import annotations
@@ -83,7 +86,18 @@ class AgentCollector(Collector):
             labels=["gpu_uuid"],
         )
         tokens = CounterMetricFamily(
-            "rlenergy_agent_valid_tokens", "Valid tokens the trainer reported, count."
+            "rlenergy_agent_valid_tokens",
+            "Valid tokens of the steps ended here (each node reports its job's tokens), count.",
+        )
+        saving = GaugeMetricFamily(
+            "rlenergy_agent_saving_ratio",
+            "Saving vs the predicted default governor per phase, from the policy status (the "
+            "operator's figure; absent until computable), ratio.",
+            labels=["phase"],
+        )
+        job_saving = GaugeMetricFamily(
+            "rlenergy_agent_job_saving_ratio",
+            "The job's saving vs the predicted default governor, from the policy status, ratio.",
         )
         with a._lock:  # noqa: SLF001 - one consistent snapshot
             for (u, phase), j in a.phase_energy_j.items():
@@ -106,9 +120,15 @@ class AgentCollector(Collector):
                 name, ns = _pod_labels(a.pod_of.get(u))
                 info.add_metric([u, name, ns, a.phase_of.get(u, "idle")], 1.0)
                 condition.add_metric([u, ctl.condition, ctl.reason], 1.0)
-            tokens.add_metric([], sum(w.valid_tokens for w in a.workloads.values()))
+            tokens.add_metric([], a.valid_tokens_total)
+            for phase, ratio in sorted(a.saving_ratio.items()):
+                if phase:
+                    saving.add_metric([phase], ratio)
+                else:
+                    job_saving.add_metric([], ratio)
             latencies = list(a.latencies_s)
         yield from (energy, seconds, total, clock, info, condition, rejected, missing, tokens)
+        yield from (saving, job_saving)
         lat = GaugeMetricFamily(
             "rlenergy_agent_phase_signal_latency_seconds",
             "Phase signal received to clocks applied, s (recent signals).",

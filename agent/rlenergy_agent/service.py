@@ -246,7 +246,12 @@ class Agent:
         self.phase_of: dict[str, str] = {u: "idle" for u in actuator.gpus}
         self.pod_of: dict[str, PodRef | None] = {u: None for u in actuator.gpus}
         self.phase_energy_j: dict[tuple[str, str], float] = {}
+        """(GPU, phase) -> energy of every closed window, J; idle windows under ``idle``."""
         self.phase_seconds: dict[tuple[str, str], float] = {}
+        self.valid_tokens_total = 0.0
+        """Valid tokens of every step ended here (a counter: not trimmed with the records)."""
+        self.saving_ratio: dict[str, float] = {}
+        """The policy status' saving / 100 per phase (``""``: the job), for /metrics."""
         self.latencies_s: list[float] = []
         self.dirty_steps: set[int] = set()
         self.idle_j: dict[int, float | None] = {}
@@ -557,6 +562,8 @@ class Agent:
             if gpus:
                 self._observe_clocks(pod, gpus)
                 self._close(pod, self.meter.mark(gpus))
+            old = self.workloads.get(step)
+            self.valid_tokens_total += workload.valid_tokens - (old.valid_tokens if old else 0.0)
             self.workloads[step] = workload
             self.dirty_steps.add(step)
 
@@ -583,6 +590,7 @@ class Agent:
             self.idle_j[w.step] = (
                 None if prev is None or win.energy_j is None else prev + win.energy_j
             )
+            self._count(win)
             self.dirty_steps.add(w.step)
             self._trim()
             return None
@@ -609,13 +617,17 @@ class Agent:
         )
         self.steps.setdefault(w.step, {}).setdefault(w.phase, []).append(report)
         self.dirty_steps.add(w.step)
+        self._count(win, w.phase)
+        self._trim()
+        return report
+
+    def _count(self, win: energy.Window, phase: str = IDLE) -> None:
+        """Add a closed window to the per-GPU phase counters of /metrics."""
         for u, j in win.per_gpu_j.items():
-            key = (u, w.phase)
+            key = (u, phase)
             if j is not None:
                 self.phase_energy_j[key] = self.phase_energy_j.get(key, 0.0) + j
             self.phase_seconds[key] = self.phase_seconds.get(key, 0.0) + win.duration_s
-        self._trim()
-        return report
 
     def _trim(self) -> None:
         while len(self.steps) > MAX_STEPS_KEPT:

@@ -323,3 +323,54 @@ def test_report_writer_creates_then_patches_with_backoff(make_driver: DriverFact
     with pytest.raises(ApiException):
         writer.write(agent.report())
     assert writer.writes == 2
+
+
+def test_metrics_count_idle_energy_and_tokens_past_the_kept_records(
+    make_driver: DriverFactory,
+) -> None:
+    """Phase energies (idle windows included) add up to the GPUs' whole energy, and the valid
+    token counter keeps counting when old step records are trimmed from the report."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    drv = make_driver(2)
+    agent = _agent(drv, {POD_A: list(drv.uuids)})
+    steps = service.MAX_STEPS_KEPT + 8
+    tokens = api_node.TokenWorkloadReport(
+        samples=8, responseTokens=800, promptTokens=80, validTokens=700, meanContextTokens=110
+    )
+    for step in range(steps):
+        for phase, seconds in (("generation", 2.0), ("idle", 0.5), ("training", 3.0)):
+            agent.phase(POD_A, phase, step)
+            drv.advance(seconds)
+            agent.meter.sample()
+        agent.phase(POD_A, "idle", step)
+        drv.advance(0.25)
+        agent.end_step(POD_A, step, tokens)
+    agent.end_step(POD_A, steps - 1, tokens)  # a repeated end of a step is not counted twice
+    agent.saving_ratio = kube.saving_ratios(
+        {
+            "phases": [
+                {"name": "generation", "saving": {"percent": 12.5}},
+                {"name": "training", "saving": {}},
+            ],
+            "totals": {"savingPercent": -1.25},
+        }
+    )
+    assert len(agent.report().steps) <= service.MAX_STEPS_KEPT < steps
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics.render(agent).decode())
+        for s in f.samples
+    }
+    energy_by_phase: dict[str, float] = {}
+    for (name, labels), value in samples.items():
+        if name == "rlenergy_agent_gpu_phase_energy_joules_total":
+            phase = dict(labels)["phase"]
+            energy_by_phase[phase] = energy_by_phase.get(phase, 0.0) + value
+    assert set(energy_by_phase) == {"generation", "idle", "training"}
+    whole = sum(t for u in drv.uuids if (t := agent.meter.total_j(u)) is not None)
+    assert sum(energy_by_phase.values()) == pytest.approx(whole, rel=1e-9)
+    assert samples[("rlenergy_agent_valid_tokens_total", ())] == steps * 700
+    assert samples[("rlenergy_agent_saving_ratio", (("phase", "generation"),))] == 0.125
+    assert ("rlenergy_agent_saving_ratio", (("phase", "training"),)) not in samples
+    assert samples[("rlenergy_agent_job_saving_ratio", ())] == -0.0125
