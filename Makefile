@@ -47,6 +47,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check rlenergy operator agent tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 
 ## The full test suite: lint, unit, then end-to-end against the real control plane.
 test: $(STAMP) bins lint

@@ -11,8 +11,12 @@ validation refuse unknown fields instead). CEL rules come from the models'
 
 Usage::
 
-    python -m rlenergy.api.crdgen            # write crds/*.yaml
-    python -m rlenergy.api.crdgen --check    # exit 1 when crds/ differs (CI, unit test)
+    python -m rlenergy.api.crdgen            # write crds/*.yaml and docs/reference/crds.md
+    python -m rlenergy.api.crdgen --check    # exit 1 when either differs (CI, unit test)
+
+With the default ``--out crds`` it also writes the CRD reference page
+(``rlenergy.api.docgen``), so one command keeps the CRDs and their docs in step; ``--docs PATH``
+picks another page, ``--no-docs`` skips it.
 
 Also the ``rlenergy-crdgen`` console script. Callers: developers, CI, ``tests/unit/api``.
 """
@@ -345,19 +349,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlenergy-crdgen", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="crds", help="output directory (default: crds)")
     parser.add_argument("--check", action="store_true", help="exit 1 when files are out of date")
+    parser.add_argument(
+        "--docs",
+        default=None,
+        help="CRD reference page to write too (default: docs/reference/crds.md with --out crds)",
+    )
+    parser.add_argument("--no-docs", action="store_true", help="do not write the reference page")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    docs: Path | None = None
+    if not args.no_docs and (args.docs is not None or args.out == "crds"):
+        docs = Path(args.docs or "docs/reference/crds.md")
+    # docgen renders from this module's schemas; imported here to keep the import one-way.
+    from rlenergy.api import docgen
+
     if args.check:
-        stale = drift(out)
-        for name in stale:
-            print(
-                f"rlenergy-crdgen: {out / name} is out of date; run python -m rlenergy.api.crdgen"
-            )
+        stale = [str(out / name) for name in drift(out)]
+        if docs is not None and docgen.drift(docs):
+            stale.append(str(docs))
+        for path in stale:
+            print(f"rlenergy-crdgen: {path} is out of date; run python -m rlenergy.api.crdgen")
         return 1 if stale else 0
     out.mkdir(parents=True, exist_ok=True)
     for name, text in render().items():
         (out / name).write_text(text)
         print(f"wrote {out / name}")
+    if docs is not None:
+        docs.parent.mkdir(parents=True, exist_ok=True)
+        docs.write_text(docgen.render())
+        print(f"wrote {docs}")
     return 0
 
 
