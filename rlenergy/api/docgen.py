@@ -204,9 +204,12 @@ def _cell(text: str) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ") or "—"
 
 
-def _code_cell(text: str) -> str:
-    # Backslashes inside a code span are literal in Markdown; only pipes need escaping.
-    return text.replace("|", "\\|")
+def _code(text: str) -> str:
+    # Inside a code span Python-Markdown's tables keep a pipe literal (an escaped one would show
+    # its backslash), so the text goes in as it is; only a backtick would end the span.
+    if "`" in text:
+        raise ValueError(f"docgen: a backtick in {text!r} would end the code span")
+    return f"`{text}`"
 
 
 def _table(rows: Sequence[FieldRow]) -> list[str]:
@@ -215,10 +218,10 @@ def _table(rows: Sequence[FieldRow]) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        default = f"`{_code_cell(r.default)}`" if r.default else "—"
-        constraints = _code_cell(r.constraints) if r.constraints else "—"
+        default = _code(r.default) if r.default else "—"
+        constraints = r.constraints or "—"
         out.append(
-            f"| `{r.path}` | {_code_cell(r.type)} | {_cell(r.unit)} | {default} | "
+            f"| `{r.path}` | {r.type} | {_cell(r.unit)} | {default} | "
             f"{'yes' if r.required else 'no'} | {constraints} | {_cell(r.description)} |"
         )
     return out
@@ -227,16 +230,10 @@ def _table(rows: Sequence[FieldRow]) -> list[str]:
 def _rules(rows: Sequence[RuleRow]) -> list[str]:
     if not rows:
         return []
-    out = [
-        "",
-        "Rules the API server checks at admission (CEL, `x-kubernetes-validations`):",
-        "",
-        "| Object | Field named in the error | Message | Rule |",
-        "| --- | --- | --- | --- |",
-    ]
+    out = ["", "Rules the API server checks at admission (CEL, `x-kubernetes-validations`):", ""]
     for r in rows:
-        field = f"`{r.path}{r.field_path}`" if r.field_path else "—"
-        out.append(f"| `{r.path}` | {field} | {_cell(r.message)} | `{_code_cell(r.rule)}` |")
+        field = f" (the error names `{r.path}{r.field_path}`)" if r.field_path else ""
+        out.append(f"* `{r.path}`{field}: {r.message}. Rule: {_code(r.rule)}")
     return out
 
 
@@ -248,7 +245,7 @@ def _columns(crd: dict[str, Any]) -> list[str]:
     for col in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
         wide = " (`-o wide` only)" if col.get("priority") else ""
         out.append(
-            f"| {col['name'].upper()} | {col['type']} | `{_code_cell(col['jsonPath'])}` | "
+            f"| {col['name'].upper()} | {col['type']} | {_code(col['jsonPath'])} | "
             f"{_cell(col.get('description', ''))}{wide} |"
         )
     return out

@@ -65,11 +65,7 @@ def test_every_schema_field_is_documented_once():
     assert len(policy_paths) > 60 and len(report_paths) > 30
     policy_part, report_part = text.split("## RLEnergyNodeReport")
     for part, paths in ((policy_part, policy_paths), (report_part, report_paths)):
-        field_rows = [
-            line
-            for line in part.splitlines()
-            if line.startswith("| `") and line.replace("\\|", "").count("|") == 8
-        ]
+        field_rows = [line for line in part.splitlines() if line.startswith("| `")]
         documented = [line.split("`")[1] for line in field_rows]
         assert sorted(documented) == sorted(paths)
         assert len(set(documented)) == len(documented)
@@ -126,18 +122,34 @@ def test_every_cel_rule_is_listed():
     messages = _rules(crdgen.policy_crd()) + _rules(crdgen.nodereport_crd())
     assert len(messages) >= 8
     for message in messages:
-        assert docgen._cell(message) in text, message
+        assert f": {message}. Rule: `" in text, message
 
 
-def test_pipes_in_patterns_and_rules_do_not_split_table_cells():
+def _cells(line: str) -> list[str]:
+    """Table cells of a Markdown row as Python-Markdown splits it: not at an escaped pipe, nor
+    at a pipe inside a code span."""
+    cells, cur, in_code, prev = [], "", False, ""
+    for ch in line.strip()[1:-1]:
+        if ch == "`":
+            in_code = not in_code
+        if ch == "|" and not in_code and prev != "\\":
+            cells.append(cur)
+            cur = ""
+        else:
+            cur += ch
+        prev = ch
+    return [*cells, cur]
+
+
+def test_every_table_row_has_its_columns():
     lines = docgen.render().splitlines()
-    fields = [line for line in lines if line.startswith(("| `spec.", "| `status."))]
-    patterns = [line for line in fields if "pattern `" in line]
-    ors = [line for line in fields if "\\|\\|" in line]
-    assert patterns and ors
-    for line in fields:
-        # a field row has 7 cells (8 unescaped pipes), a rule row 4 (5 pipes)
-        assert line.replace("\\|", "").count("|") in (8, 5), line
+    for line in lines:
+        if line.startswith("| `"):
+            assert len(_cells(line)) == 7, line
+        elif line.startswith("| ") and not line.startswith("| ---"):
+            assert len(_cells(line)) in (7, 4), line  # field header 7, printer columns 4
+    rules = [line for line in lines if line.startswith("* `")]
+    assert any("||" in line for line in rules)  # CEL rules with pipes live in a list
 
 
 def test_crdgen_writes_and_checks_the_page_too(tmp_path: Path):
