@@ -49,9 +49,11 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 
-## The full test suite: lint, unit, then end-to-end against the real control plane.
+## The full test suite: lint, unit, end-to-end against the real control plane, then the chaos
+## suite (tests/chaos: its own dev cluster, fault injection; also alone as `make test-chaos`).
 test: $(STAMP) bins lint
 	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m chaos tests/chaos
 
 unit: $(STAMP)
 	$(PY) -m pytest -q -m 'not e2e'
@@ -74,7 +76,7 @@ bench-scale: $(STAMP) bins
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins
-	$(PY) -m pytest -q -m chaos tests/chaos tests/e2e/test_operator.py
+	$(PY) -m pytest -q -m chaos tests/chaos
 
 ## OCI image archives of the operator and the node agent, no container engine (docs/images.md):
 ## build/images/rl-energy-{operator,agent}.oci.tar; cached, reproducible; needs root. FORCE=1 rebuilds.

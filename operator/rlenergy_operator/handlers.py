@@ -27,6 +27,7 @@ from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy_operator import builders, jobloop, kube
+from rlenergy_operator import reports as node_reports
 from rlenergy_operator import settings as op_settings
 
 CFG = op_settings.OperatorConfig()
@@ -174,24 +175,22 @@ def policy_loop(
         parsed = _parse(spec)
     except errors.InvalidInputError:
         return  # policy_reconcile reported it
+    loop: jobloop.JobLoop | None = memo.get("loop")
+    rebuild = loop is None or loop.generation != generation
+    cache = memo.get("reports")
+    if cache is None:
+        cache = memo["reports"] = node_reports.ReportCache(
+            kube.node_report_versions, kube.node_report
+        )
     try:
-        raw = kube.node_reports(namespace, name)
+        # Only records after the checkpoint are parsed; a rebuild replays every record.
+        after = -1 if rebuild or loop is None else loop.account.through_step
+        reports = cache.refresh(namespace, name, after, logger)
     except kube.ApiError as exc:
         raise kopf.TemporaryError(
             f"listing node reports: {exc.status} {exc.reason}", delay=CFG.retry_delay_s
         ) from exc
-    reports: list[api_node.NodeReport] = []
-    for item in raw:
-        try:
-            reports.append(api_node.NodeReport.model_validate(item.get("spec") or {}))
-        except pydantic.ValidationError as exc:
-            logger.warning(
-                "skipping malformed node report %s: %s",
-                item["metadata"]["name"],
-                exc.errors()[0]["msg"],
-            )
     current = api_status.RLEnergyPolicyStatus.model_validate(dict(status))
-    loop: jobloop.JobLoop | None = memo.get("loop")
     if loop is None or loop.generation != generation:
         loop = jobloop.JobLoop.restore(parsed, generation, current, reports)
         memo["loop"] = loop

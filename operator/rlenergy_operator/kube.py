@@ -132,3 +132,43 @@ def node_reports(namespace: str, policy_name: str) -> list[dict[str, Any]]:
     )
     items: list[dict[str, Any]] = listing.get("items", [])
     return items
+
+
+_METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
+@_unreachable_is_api_error
+def node_report_versions(namespace: str, policy_name: str) -> dict[str, str]:
+    """Name -> ``resourceVersion`` of a policy's RLEnergyNodeReports (metadata only).
+
+    The API server answers with ``PartialObjectMetadataList`` (no specs), so a pass that finds
+    nothing changed costs one small request instead of every report's step records.
+    """
+    api = kubernetes.client.CustomObjectsApi(_api())
+    listing = api.list_namespaced_custom_object(
+        api_nodereport.GROUP,
+        api_nodereport.VERSION,
+        namespace,
+        api_nodereport.PLURAL,
+        field_selector=f"spec.policyName={policy_name}",
+        _headers={"Accept": _METADATA_LIST},
+    )
+    return {
+        str(item["metadata"]["name"]): str(item["metadata"]["resourceVersion"])
+        for item in (listing or {}).get("items") or []  # an empty metadata list says null
+    }
+
+
+@_unreachable_is_api_error
+def node_report(namespace: str, name: str) -> tuple[str, dict[str, Any]] | None:
+    """``(resourceVersion, spec)`` of one RLEnergyNodeReport; None when it does not exist."""
+    api = kubernetes.client.CustomObjectsApi(_api())
+    try:
+        obj = api.get_namespaced_custom_object(
+            api_nodereport.GROUP, api_nodereport.VERSION, namespace, api_nodereport.PLURAL, name
+        )
+    except k8s_errors.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return str(obj["metadata"]["resourceVersion"]), dict(obj.get("spec") or {})

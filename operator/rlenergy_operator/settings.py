@@ -72,6 +72,10 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """Timeout of one API request, s. Default 30 s."""
     watch_server_timeout_s: int = pydantic.Field(300, gt=0)
     """Server-side watch timeout, s (the watch reconnects after it). Default 300 s."""
+    handler_workers: int = pydantic.Field(16, ge=1, le=256)
+    """Threads that run handlers (kopf ``execution.max_workers``). Each policy's job-loop pass
+    waits on the API (report GETs, the status patch), so 20 policies need more threads than
+    kopf's default of CPUs + 4. Default 16."""
     post_events: bool = True
     """Post Kubernetes Events for plan changes and errors. Default true."""
 
@@ -107,6 +111,7 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
     settings.watching.server_timeout = cfg.watch_server_timeout_s
     settings.watching.client_timeout = cfg.watch_server_timeout_s + 30
     settings.watching.connect_timeout = 5
+    settings.execution.max_workers = cfg.handler_workers
     settings.posting.enabled = cfg.post_events
     # Logger records become Events only from WARNING up; plan changes are posted explicitly.
     settings.posting.level = logging.WARNING

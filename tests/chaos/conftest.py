@@ -23,8 +23,8 @@ DEFAULT_TIMEOUT = 300
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The chaos suite takes longer than `make test` allows on 2 cores: it runs only when asked
-    # for (`-m chaos`, i.e. `make test-chaos`).
+    # The chaos suite runs in its own pytest session (`-m chaos`: the second half of
+    # `make test`, or `make test-chaos` alone), so its dev cluster never overlaps the e2e one.
     wanted = "chaos" in (config.getoption("markexpr") or "")
     keep, drop = [], []
     for item in items:

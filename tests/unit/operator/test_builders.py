@@ -131,3 +131,4 @@ def test_kopf_is_tuned_for_status_storage_our_finalizer_and_peering():
     # Case #20: a peering name of our own, an explicit priority.
     assert ks.peering.name == "rlenergy-operator" and ks.peering.priority == 100
     assert ks.execution.default_backoff == 5.0
+    assert ks.execution.max_workers == 16  # 20 policies' passes wait on the API at once

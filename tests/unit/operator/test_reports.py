@@ -1,0 +1,131 @@
+"""Reading node reports pass after pass (rlenergy_operator.reports).
+
+We test these aspects:
+* trimming keeps exactly what the loop needs: for every step after the checkpoint, a trimmed
+  report gives the same step state and the same job-level step as the full report;
+* the cache fetches a report only when its resourceVersion changed, refetches everything for a
+  restore, forgets deleted reports and skips a malformed one without failing the pass.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rlenergy_operator import reports
+
+from rlenergy.api import node as api_node
+from rlenergy.control.freq import aggregate
+
+LOG = logging.getLogger("test")
+
+
+def _record(step: int) -> dict:
+    return {
+        "step": step,
+        "workload": {
+            "samples": 1,
+            "responseTokens": 10.0,
+            "promptTokens": 1.0,
+            "validTokens": 10.0,
+            "meanContextTokens": 5.0,
+        },
+        "phases": [{"phase": "generation", "durationSeconds": 1.0, "energyJoules": 2.0 + step}],
+        "idleEnergyJoules": 0.0,
+    }
+
+
+def _spec(node: str, steps: list[int], last: int | None = None) -> dict:
+    return {
+        "policyName": "p",
+        "nodeName": node,
+        "gpus": [{"uuid": f"GPU-{node}", "supportedClocksMHz": [1980, 990]}],
+        "steps": [_record(s) for s in steps],
+        "lastStep": max(steps, default=-1) if last is None else last,
+    }
+
+
+node_steps = st.lists(st.integers(0, 30), max_size=12, unique=True).map(sorted)
+
+
+@settings(max_examples=200, deadline=None)
+@given(nodes=st.lists(node_steps, min_size=1, max_size=4), after=st.integers(-1, 30))
+def test_trimmed_reports_decide_every_later_step_like_the_full_ones(nodes, after):
+    full = [api_node.NodeReport.model_validate(_spec(f"n{i}", s)) for i, s in enumerate(nodes)]
+    trimmed = [
+        api_node.NodeReport.model_validate(reports.trim_steps(_spec(f"n{i}", s), after))
+        for i, s in enumerate(nodes)
+    ]
+    for step in range(after + 1, 33):
+        state = aggregate.step_state(step, full)
+        assert aggregate.step_state(step, trimmed) is state, step
+        if state is aggregate.StepState.COMPLETE:
+            assert aggregate.job_step(step, trimmed) == aggregate.job_step(step, full)
+
+
+def test_trim_keeps_the_oldest_record_and_everything_after_the_checkpoint():
+    spec = _spec("a", [3, 4, 5, 6, 7])
+    assert [r["step"] for r in reports.trim_steps(spec, 5)["steps"]] == [3, 6, 7]
+    assert reports.trim_steps(spec, -1) == spec
+    assert [r["step"] for r in spec["steps"]] == [3, 4, 5, 6, 7]  # the input is not changed
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.objects: dict[str, tuple[str, dict]] = {}
+        self.gets: list[str] = []
+
+    def put(self, name: str, spec: dict) -> None:
+        rv = str(int(self.objects.get(name, ("0", {}))[0]) + 1)
+        self.objects[name] = (rv, spec)
+
+    def versions(self, namespace: str, policy: str) -> dict[str, str]:
+        return {n: rv for n, (rv, _) in self.objects.items()}
+
+    def get(self, namespace: str, name: str):
+        self.gets.append(name)
+        return self.objects.get(name)
+
+
+def test_the_cache_fetches_only_changed_reports():
+    api = FakeApi()
+    api.put("p.a", _spec("a", [0, 1]))
+    api.put("p.b", _spec("b", [0, 1]))
+    cache = reports.ReportCache(api.versions, api.get)
+    got = cache.refresh("ns", "p", -1, LOG)
+    assert [r.node_name for r in got] == ["a", "b"] and api.gets == ["p.a", "p.b"]
+    assert [r.step for r in got[0].steps] == [0, 1]
+    api.gets.clear()
+    assert len(cache.refresh("ns", "p", 1, LOG)) == 2 and api.gets == []  # nothing changed
+    api.put("p.a", _spec("a", [0, 1, 2]))
+    got = cache.refresh("ns", "p", 1, LOG)
+    assert api.gets == ["p.a"]
+    assert [r.step for r in got[0].steps] == [0, 2]  # oldest + after the checkpoint
+    assert [r.step for r in got[1].steps] == [0, 1]  # cached: a superset is still correct
+    api.gets.clear()
+    got = cache.refresh("ns", "p", -1, LOG)  # a restore needs every record again
+    assert sorted(api.gets) == ["p.a"] and [r.step for r in got[0].steps] == [0, 1, 2]
+
+
+def test_the_cache_forgets_deleted_reports_and_skips_malformed_ones(caplog):
+    api = FakeApi()
+    api.put("p.a", _spec("a", [0]))
+    api.put("p.b", {"policyName": "p"})  # no nodeName
+    cache = reports.ReportCache(api.versions, api.get)
+    with caplog.at_level(logging.WARNING):
+        got = cache.refresh("ns", "p", -1, LOG)
+    assert [r.node_name for r in got] == ["a"]
+    assert "skipping malformed node report p.b" in caplog.text
+    api.gets.clear()
+    cache.refresh("ns", "p", -1, LOG)
+    assert api.gets == []  # the malformed version is not fetched again
+    del api.objects["p.a"]
+    assert [r.node_name for r in cache.refresh("ns", "p", -1, LOG)] == []
+
+    def vanishing(namespace: str, name: str):
+        return None  # deleted between the listing and the GET
+
+    api.put("p.c", _spec("c", [0]))
+    gone = reports.ReportCache(api.versions, vanishing)
+    assert gone.refresh("ns", "p", -1, LOG) == []
