@@ -75,42 +75,70 @@ class ClockPlan(_Wire):
 class TokenWorkloadReport(_Wire):
     """The step's token workload as the trainer SDK reported it (job level)."""
 
-    samples: int = Field(ge=0)
-    response_tokens: float = Field(alias="responseTokens", ge=0)
-    prompt_tokens: float = Field(alias="promptTokens", ge=0)
-    valid_tokens: float = Field(alias="validTokens", ge=0)
-    mean_context_tokens: float = Field(alias="meanContextTokens", ge=0)
+    samples: int = Field(ge=0, description="Samples (responses) in the step's batch.")
+    response_tokens: float = Field(
+        alias="responseTokens", ge=0, description="Response tokens generated in the step."
+    )
+    prompt_tokens: float = Field(
+        alias="promptTokens", ge=0, description="Prompt tokens of the step's samples."
+    )
+    valid_tokens: float = Field(
+        alias="validTokens",
+        ge=0,
+        description="Valid training tokens: response tokens of samples that reach the update.",
+    )
+    mean_context_tokens: float = Field(
+        alias="meanContextTokens", ge=0, description="Mean prompt + response tokens per sample."
+    )
 
 
 class SliceReport(_Wire):
     """One probe slice on this node (energy summed over the node's GPUs of the job)."""
 
-    clock_mhz: int | None = Field(None, alias="clockMHz")
-    duration_seconds: float = Field(alias="durationSeconds", ge=0)
+    clock_mhz: int | None = Field(
+        None, alias="clockMHz", description="SM clock of the slice, MHz; null = default governor."
+    )
+    duration_seconds: float = Field(
+        alias="durationSeconds", ge=0, description="Length of the slice, s."
+    )
     progress: float = Field(
         ge=0, description="Work done in the slice, in the SDK's unit for the phase."
     )
-    energy_joules: float | None = Field(None, alias="energyJoules", ge=0)
+    energy_joules: float | None = Field(
+        None, alias="energyJoules", ge=0, description="Energy of the slice, J; null = unknown."
+    )
 
 
 class PhaseWindowReport(_Wire):
     """One phase window of one step on this node."""
 
-    phase: str
-    duration_seconds: float = Field(alias="durationSeconds", ge=0)
+    phase: str = Field(description="Phase name as the trainer SDK signalled it.")
+    duration_seconds: float = Field(
+        alias="durationSeconds", ge=0, description="Length of the window, s."
+    )
     energy_joules: float | None = Field(
         None,
         alias="energyJoules",
         ge=0,
         description="Counter deltas summed over the node's GPUs; null = unknown.",
     )
-    requested_clock_mhz: int | None = Field(None, alias="requestedClockMHz")
-    applied_clock_mhz: int | None = Field(None, alias="appliedClockMHz")
+    requested_clock_mhz: int | None = Field(
+        None,
+        alias="requestedClockMHz",
+        description="SM clock the plan asked for, MHz; null = default governor.",
+    )
+    applied_clock_mhz: int | None = Field(
+        None,
+        alias="appliedClockMHz",
+        description="Lowest SM clock read back on the window's GPUs after the switch, MHz.",
+    )
     slowdown: bool = Field(
         False, description="A power/thermal clock-event reason held the clock down."
     )
-    slices: list[SliceReport] = Field(default_factory=list)
-    error: str | None = None
+    slices: list[SliceReport] = Field(
+        default_factory=list, description="Probe slices of an in-phase trial, in order."
+    )
+    error: str | None = Field(None, description="Errors in the window (NVML calls), for humans.")
     energy_source: str | None = Field(
         None,
         alias="energySource",
@@ -137,9 +165,11 @@ class PhaseWindowReport(_Wire):
 class StepRecord(_Wire):
     """One RL step as seen by one node."""
 
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, description="RL step number, as the trainer SDK reported it.")
     workload: TokenWorkloadReport
-    phases: list[PhaseWindowReport] = Field(default_factory=list)
+    phases: list[PhaseWindowReport] = Field(
+        default_factory=list, description="Phase windows of the step on this node, in order."
+    )
     idle_energy_joules: float | None = Field(
         None,
         alias="idleEnergyJoules",
@@ -155,9 +185,15 @@ class GpuStatus(_Wire):
     """One GPU on the node."""
 
     uuid: str = Field(description="GPU UUID (never an index).")
-    name: str = ""
-    condition: GpuCondition = "ok"
-    reason: str = ""
+    name: str = Field("", description="GPU product name (NVML).")
+    condition: GpuCondition = Field(
+        "ok",
+        description="ok; measureOnly (energy measured, clocks not controlled); degraded "
+        "(telemetry partly unavailable); lost.",
+    )
+    reason: str = Field(
+        "", description="Why the condition is not ok, e.g. NoPermission, ClockListUnavailable."
+    )
     locked_clock_mhz: int | None = Field(
         None, alias="lockedClockMHz", description="Current lock; null = default."
     )
@@ -166,7 +202,9 @@ class GpuStatus(_Wire):
         alias="resetAcknowledged",
         description="Clocks returned to the default governor after policy removal.",
     )
-    energy_joules_total: float = Field(0.0, alias="energyJoulesTotal", ge=0)
+    energy_joules_total: float = Field(
+        0.0, alias="energyJoulesTotal", ge=0, description="Running energy total of the GPU, J."
+    )
     supported_clocks_mhz: list[int] = Field(
         default_factory=list,
         alias="supportedClocksMHz",
@@ -189,14 +227,23 @@ class GpuStatus(_Wire):
 class NodeReport(_Wire):
     """Spec of an ``RLEnergyNodeReport``: one per policy and node, written by that node's agent."""
 
-    policy_name: str = Field(alias="policyName")
-    node_name: str = Field(alias="nodeName")
-    gpus: list[GpuStatus] = Field(default_factory=list)
+    policy_name: str = Field(
+        alias="policyName", description="RLEnergyPolicy of this report (same namespace)."
+    )
+    node_name: str = Field(alias="nodeName", description="Node whose agent writes this report.")
+    gpus: list[GpuStatus] = Field(
+        default_factory=list, description="The node's GPUs, one entry per physical GPU."
+    )
     steps: list[StepRecord] = Field(
         default_factory=list, description="Most recent step records (bounded), oldest first."
     )
     last_step: int = Field(-1, alias="lastStep", description="Newest step reported (-1: none).")
-    measured_joules_total: float = Field(0.0, alias="measuredJoulesTotal", ge=0)
+    measured_joules_total: float = Field(
+        0.0,
+        alias="measuredJoulesTotal",
+        ge=0,
+        description="Sum of energyJoulesTotal over the node's GPUs whose energy is known, J.",
+    )
     unattributed_joules_total: float = Field(
         0.0,
         alias="unattributedJoulesTotal",
