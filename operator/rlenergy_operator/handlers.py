@@ -26,7 +26,7 @@ from rlenergy import errors
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
-from rlenergy_operator import builders, jobloop, kube
+from rlenergy_operator import builders, jobloop, kube, scheduling
 from rlenergy_operator import reports as node_reports
 from rlenergy_operator import settings as op_settings
 
@@ -215,7 +215,10 @@ def policy_loop(
         if loop.controller is not None
         else (True, "WaitingForReports", "no complete RL step with a clock table reported yet")
     )
-    deg = builders.degraded_condition(nodes, loop.controller is not None, bool(reports))
+    # No agent can schedule (policy_agents_check) explains everything else: it goes first.
+    deg = memo.get("agents_unschedulable") or builders.degraded_condition(
+        nodes, loop.controller is not None, bool(reports)
+    )
     conds = builders.merge_conditions(
         previous,
         [
@@ -263,6 +266,32 @@ def policy_loop(
         is None
     ):
         kopf.event(body, type="Warning", reason=deg[1], message=deg[2])
+
+
+@kopf.timer(*RESOURCE, interval=CFG.agent_check_interval_s, idle=None)
+def policy_agents_check(meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Whether the node agents can schedule; what blocks them feeds ``policy_loop``'s Degraded.
+
+    One read of the DaemonSet; only when it schedules no agent, the GPU nodes and their taints.
+    """
+    if meta.get("deletionTimestamp"):
+        return
+    try:
+        ds = kube.read_daemonset(CFG.namespace, CFG.agent_daemonset_name)
+        scheduled = int(((ds or {}).get("status") or {}).get("desiredNumberScheduled") or 0)
+        nodes = (
+            kube.labelled_nodes(f"{builders.GPU_PRESENT_LABEL}=true")
+            if ds is not None and scheduled == 0
+            else []
+        )
+    except kube.ApiError as exc:
+        logger.warning("agent scheduling check: %s %s", exc.status, exc.reason)
+        return  # keep the last finding
+    template = builders.agent_daemonset(CFG)["spec"]["template"]["spec"]
+    found = scheduling.agents_unschedulable(ds, template.get("tolerations") or [], nodes)
+    if found != memo.get("agents_unschedulable"):
+        logger.log(logging.WARNING if found else logging.INFO, "%s", found or "agents schedule")
+    memo["agents_unschedulable"] = found
 
 
 @kopf.on.delete(*RESOURCE)

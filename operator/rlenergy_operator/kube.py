@@ -106,6 +106,28 @@ def delete_daemonset(namespace: str, name: str) -> bool:
 
 
 @_unreachable_is_api_error
+def read_daemonset(namespace: str, name: str) -> dict[str, Any] | None:
+    """The DaemonSet as a plain dict (``metadata``, ``spec``, ``status``); None when missing."""
+    apps = kubernetes.client.AppsV1Api(_api())
+    try:
+        ds = apps.read_namespaced_daemon_set(name, namespace)
+    except k8s_errors.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    out: dict[str, Any] = _api().sanitize_for_serialization(ds)
+    return out
+
+
+@_unreachable_is_api_error
+def labelled_nodes(selector: str) -> list[dict[str, Any]]:
+    """The nodes matching the label ``selector`` as plain dicts (``metadata``, ``spec``)."""
+    core = kubernetes.client.CoreV1Api(_api())
+    nodes = core.list_node(label_selector=selector).items
+    return [dict(_api().sanitize_for_serialization(n)) for n in nodes]
+
+
+@_unreachable_is_api_error
 def live_policies() -> list[dict[str, Any]]:
     """Every RLEnergyPolicy in the cluster that is not being deleted."""
     api = kubernetes.client.CustomObjectsApi(_api())

@@ -55,6 +55,9 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """Memory request of the agent container. Default 48Mi."""
     agent_memory_limit: str = "96Mi"
     """Memory limit of the agent container (the agent stays under 60 MB). Default 96Mi."""
+    agent_check_interval_s: float = pydantic.Field(10.0, gt=0)
+    """Seconds between checks, per policy, that the node agents can schedule: one read of the
+    DaemonSet; the GPU nodes' taints only when it schedules no agent. Default 10 s."""
     reconcile_interval_s: float = pydantic.Field(2.0, gt=0)
     """Seconds between job-loop passes per policy (reads node reports, writes status).
     Default 2 s, so status lags the reports by at most about 2 s plus one API round trip."""
@@ -113,5 +116,10 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
     settings.watching.connect_timeout = 5
     settings.execution.max_workers = cfg.handler_workers
     settings.posting.enabled = cfg.post_events
+    # A timer still running when its policy is deleted (the job loop runs every few seconds)
+    # held the finalizer for kopf's cancellation polling, 60 s by default: wait up to 5 s for
+    # it to end (handlers take well under a second), then poll every 2 s.
+    settings.background.instant_exit_timeout = 5.0
+    settings.background.cancellation_polling = 2.0
     # Logger records become Events only from WARNING up; plan changes are posted explicitly.
     settings.posting.level = logging.WARNING

@@ -157,6 +157,8 @@ def test_helm_install_and_least_privilege_rbac(dev_cluster: DevCluster, namespac
         assert can(op, "patch", "clusterkopfpeerings.kopf.dev")
         assert not can(op, "create", "daemonsets.apps", "-n", "default")
         assert not can(op, "get", "secrets", "-n", namespace)
+        assert can(op, "list", "nodes")  # their taints, when no agent schedules
+        assert not can(op, "patch", "nodes")
         assert not can(op, "create", "rlenergynodereports.rlenergy.io", "-A")
         assert can(agent, "create", "rlenergynodereports.rlenergy.io", "-n", "default")
         assert can(agent, "patch", "rlenergynodereports.rlenergy.io", "-n", "default")
