@@ -1,10 +1,15 @@
 """FlexFloor MoE rollout benchmark: every shipped step trace, baseline vs FlexFloor.
 
-Usage: ``python bench/rollout.py [--steps N] [--workers W] [--heavy-tail F] [--json]``
-(``make bench-rollout``). Prints one row per trace and a worst-case line; exits 1 when an
-invariant is violated (expert unavailable, memory overflow, incomplete response). The issue's
-target (tokens per occupied GPU-s >= 1.65 on every trace) is reported, not enforced: the
-numbers are what the simulator measures.
+Usage: ``python bench/rollout.py [--steps N] [--workers W] [--heavy-tail F]
+[--prompt-share S] [--prompt-persistence C] [--exact-lengths] [--json]`` (``make bench-rollout``). Prints one row
+per trace, then the calibrated verl#3727 scenario in three deployment shapes of its 16 GPUs,
+and a worst-case line; exits 1 when an invariant is violated (expert unavailable, memory
+overflow, incomplete response). The issue's target (tokens per occupied GPU-s >= 1.65 on every
+trace) is reported, not enforced: the numbers are what the simulator measures.
+
+``--calibrate`` instead prints the fit of ``rollout_report.PROMPT_SHARE_OF_LOG_VARIANCE``: the
+baseline's engine finish spread (min/max, mean/max) on verl#3727 as logged (independent
+engines) for a grid of prompt shares, against the logged 0.584 / 0.742.
 """
 
 from __future__ import annotations
@@ -31,6 +36,65 @@ LOGGED_FINISH_MIN_OVER_MAX = 654.3160400390625 / 1120.2144775390625
 """verl#3727 ``timing_s/generation_timing/min`` / ``max``: the fastest rollout worker's time
 over the slowest's in the logged step (0.584)."""
 
+LOGGED_FINISH_MEAN_OVER_MAX = 831.413818359375 / 1120.2144775390625
+"""verl#3727 ``timing_s/generate_sequences`` (verl averages it over the ranks) / ``max``
+(0.742): one minus it, 0.258, is the logged share of rollout GPU time after a rank's own
+responses were done, with every rank waiting at the step barrier."""
+
+CALIBRATED_SHAPES: tuple[tuple[int, int, str], ...] = (
+    (16, 1, "16 engines x 1 GPU (as logged: independent engines, no EP)"),
+    (2, 8, "2 EP groups x 8 (EP inside each NVLink node) [MODEL]"),
+    (1, 16, "1 EP group x 16"),
+)
+"""Deployment shapes of verl#3727's 16 GPUs for the calibrated scenario: (replicas, EP ranks
+per replica, label). The log does not state the rollout's parallelism; its per-rank timing
+spread fits independent engines (``--calibrate``)."""
+
+
+def calibrate(seeds: int) -> int:
+    """Print the prompt-share fit against verl#3727's logged engine finish spread."""
+    console = Console(width=170)
+    table = Table(
+        title=(
+            f"prompt share of log-length variance vs verl#3727 engine finish spread "
+            f"(logged min/max {LOGGED_FINISH_MIN_OVER_MAX:.3f}, mean/max "
+            f"{LOGGED_FINISH_MEAN_OVER_MAX:.3f}); mean of {seeds} seeds"
+        )
+    )
+    for col in ("engines", "prompt share", "min/max", "mean/max", "squared error"):
+        table.add_column(col, justify="right")
+    for replicas, workers in ((16, 1), (8, 2)):
+        config = moe.RolloutConfig(
+            model=moe.MOE_MODELS["qwen3-30b-a3b"], gpu="h200", workers=workers
+        )
+        for share in (0.0, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.7, 0.9):
+            lows, means = [], []
+            for seed in range(seeds):
+                scenario = rollout_report.Scenario(
+                    trace=f"samples:{CALIBRATED_SAMPLE}",
+                    config=config,
+                    steps=1,
+                    seed=seed,
+                    replicas=replicas,
+                    prompt_share=share,
+                )
+                low, mean = rollout_report.replica_finish_spread(scenario)
+                lows.append(low)
+                means.append(mean)
+            low, mean = sum(lows) / seeds, sum(means) / seeds
+            err = (low - LOGGED_FINISH_MIN_OVER_MAX) ** 2 + (
+                mean - LOGGED_FINISH_MEAN_OVER_MAX
+            ) ** 2
+            table.add_row(
+                f"{replicas} x {workers} GPU",
+                f"{share:.2f}",
+                f"{low:.3f}",
+                f"{mean:.3f}",
+                f"{err:.5f}",
+            )
+    console.print(table)
+    return 0
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,26 +108,58 @@ def main() -> int:
     parser.add_argument(
         "--no-calibrated", action="store_true", help="skip the calibrated MoE scenario"
     )
+    parser.add_argument(
+        "--prompt-persistence",
+        type=float,
+        default=rollout_report.PROMPT_PERSISTENCE,
+        help="correlation of a prompt's length effect between epochs [MODEL]",
+    )
+    parser.add_argument(
+        "--prompt-share",
+        type=float,
+        default=rollout_report.PROMPT_SHARE_OF_LOG_VARIANCE,
+        help="share of log-length variance per prompt (default: fitted to verl#3727)",
+    )
+    parser.add_argument(
+        "--exact-lengths", action="store_true", help="FlexFloor gets the true lengths (bound)"
+    )
+    parser.add_argument("--calibrate", action="store_true", help="print the prompt-share fit")
+    parser.add_argument("--seeds", type=int, default=6, help="seeds for --calibrate")
     args = parser.parse_args()
+    if args.calibrate:
+        return calibrate(args.seeds)
     names = args.traces or list(traces.packaged_trace_names())
     config = moe.RolloutConfig(model=moe.MOE_MODELS[args.model], gpu=args.gpu, workers=args.workers)
     rows = []
     for name in names:
         scenario = rollout_report.Scenario(
-            trace=name, config=config, steps=args.steps, heavy_tail_fraction=args.heavy_tail
-        )
-        rows.append(rollout_report.run_scenario(scenario).to_json())
-    if not args.no_calibrated:
-        calibrated = moe.RolloutConfig(
-            model=moe.MOE_MODELS["qwen3-30b-a3b"], gpu="h200", workers=16
-        )
-        scenario = rollout_report.Scenario(
-            trace=f"samples:{CALIBRATED_SAMPLE}",
-            config=calibrated,
+            trace=name,
+            config=config,
             steps=args.steps,
             heavy_tail_fraction=args.heavy_tail,
+            prompt_persistence=args.prompt_persistence,
+            prompt_share=args.prompt_share,
+            exact_lengths=args.exact_lengths,
         )
         rows.append(rollout_report.run_scenario(scenario).to_json())
+    calibrated_rows = []
+    if not args.no_calibrated:
+        for replicas, workers, _ in CALIBRATED_SHAPES:
+            calibrated = moe.RolloutConfig(
+                model=moe.MOE_MODELS["qwen3-30b-a3b"], gpu="h200", workers=workers
+            )
+            scenario = rollout_report.Scenario(
+                trace=f"samples:{CALIBRATED_SAMPLE}",
+                config=calibrated,
+                steps=args.steps,
+                heavy_tail_fraction=args.heavy_tail,
+                replicas=replicas,
+                prompt_persistence=args.prompt_persistence,
+                prompt_share=args.prompt_share,
+                exact_lengths=args.exact_lengths,
+            )
+            calibrated_rows.append(rollout_report.run_scenario(scenario).to_json())
+        rows.extend(calibrated_rows)
     violations = sum(
         r["expert_unavailable_steps"] + r["memory_overflow_steps"] + r["incomplete_responses"]
         for r in rows
@@ -75,17 +171,21 @@ def main() -> int:
     table = Table(
         title=(
             f"FlexFloor vs verl-style rollout: {args.model}, {args.workers} x {args.gpu} "
-            "(calibrated row: 16 x h200), "
-            f"{args.steps} steps, heavy tail {args.heavy_tail}"
+            "(calibrated rows: 16 x h200 as replicas x EP ranks), "
+            f"{args.steps} steps, heavy tail {args.heavy_tail}, prompt share "
+            f"{args.prompt_share}, persistence {args.prompt_persistence}"
+            f"{', exact lengths' if args.exact_lengths else ''}"
         )
     )
     for col in (
         "trace",
+        "pool",
         "tokens/occ. GPU-s",
         "warm",
         "gen. throughput",
         "baseline idle after finish",
         "baseline finish min/max",
+        "mean/max",
         "FF min workers",
         "releases (aborted)",
         "violations",
@@ -95,11 +195,13 @@ def main() -> int:
         ff = r["flexfloor"]
         table.add_row(
             r["trace"],
+            f"{r['replicas']} x {r['workers']}",
             f"x{r['tokens_per_occupied_gpu_s_ratio']:.3f}",
             f"x{r.get('warm_tokens_per_occupied_gpu_s_ratio', float('nan')):.3f}",
             f"x{r['generation_throughput_ratio']:.3f}",
             f"{r['baseline_idle_after_finish_fraction']:.3f}",
             f"{r['baseline_worker_finish_min_over_max']:.3f}",
+            f"{r['baseline_worker_finish_mean_over_max']:.3f}",
             str(ff["active_workers_min"]),
             f"{ff['releases_committed']} ({ff['releases_aborted']})",
             str(
@@ -116,13 +218,13 @@ def main() -> int:
         f"{worst['tokens_per_occupied_gpu_s_ratio']:.3f} (target >= {TARGET_RATIO}: "
         f"{met}/{len(rows)} traces meet it); invariant violations: {violations}"
     )
-    if not args.no_calibrated:
-        cal = rows[-1]
+    for (_, _, label), cal in zip(CALIBRATED_SHAPES, calibrated_rows, strict=True):
         console.print(
-            f"calibrated {CALIBRATED_SAMPLE} (16 x h200, 64 responses per rank): baseline "
-            f"idle-after-finish {cal['baseline_idle_after_finish_fraction']:.3f} (paper: about "
-            f"1/3); worker finish min/max {cal['baseline_worker_finish_min_over_max']:.3f} "
-            f"(logged: {LOGGED_FINISH_MIN_OVER_MAX:.3f})"
+            f"calibrated {CALIBRATED_SAMPLE}, {label}: baseline idle-after-finish "
+            f"{cal['baseline_idle_after_finish_fraction']:.3f} (logged 1 - mean/max "
+            f"{1 - LOGGED_FINISH_MEAN_OVER_MAX:.3f}; paper: about 1/3); worker finish min/max "
+            f"{cal['baseline_worker_finish_min_over_max']:.3f} (logged "
+            f"{LOGGED_FINISH_MIN_OVER_MAX:.3f})"
         )
     return 1 if violations else 0
 

@@ -2,10 +2,13 @@
 
 Response lengths come from a trace's per-step ``response_length/{mean,min,max}`` (and
 ``clip_ratio`` where logged): each simulated step draws from a lognormal fitted to that step
-(``fit_lognormal``) clipped to ``[min, max]``, optionally with a synthetic heavy tail. Prompts
-recur across epochs with a per-prompt length tendency, so the FlexFloor predictor has a real
-history to learn from; the first epoch runs on its quantile fallback. Both policies decode the
-identical batches (``rlenergy.sim.moe``).
+(``fit_lognormal``) clipped to ``[min, max]``, optionally with a synthetic heavy tail. A
+response's log length is a per-prompt effect (``PROMPT_SHARE_OF_LOG_VARIANCE`` of the variance,
+fitted to verl#3727's logged per-rank finish spread) plus per-sample noise; prompts recur every
+``STEPS_PER_EPOCH`` steps and their effect drifts between epochs (``PROMPT_PERSISTENCE``
+[MODEL]), so the FlexFloor predictor has a history of known quality to learn from; the first
+epoch runs on its quantile fallback. Both policies decode the identical batches on a pool of
+``Scenario.replicas`` independent EP groups (``rlenergy.sim.moe.simulate_pool``).
 
 Callers: the CLI ``rlenergy rollout-sim`` and ``bench/rollout.py``.
 """
@@ -26,15 +29,30 @@ import numpy as np
 from rlenergy import errors
 from rlenergy.sim import moe, traces
 
-PROMPT_SHARE_OF_LOG_VARIANCE = 0.5
-"""Share of a response's log-length variance that belongs to its prompt (repeats across
-epochs); the rest is per-sample noise [MODEL]. Qualitative support only: RollPacker
-("Mitigating Long-Tail Rollouts for Fast, Synchronous RL Post-Training", 2025) finds the
-long tail concentrated in a small fraction of prompts, which it re-batches as "long
-prompts"; DARTS (arXiv 2605.30859) finds large intra-prompt long tails (same prompt, very
-different lengths). No public per-prompt length log across epochs is at
-hand, so the split is a mid-point, not a measurement; the FlexFloor gain moves with it (with
-exact predictions the shipped traces reach x1.3-x1.8 per warm step, see docs/flexfloor.md)."""
+PROMPT_SHARE_OF_LOG_VARIANCE = 0.25
+"""Share of a response's log-length variance that belongs to its prompt (shared by the
+responses of one GRPO group in a step); the rest is per-sample noise. Fitted, not assumed:
+verl#3727 (the calibrated MoE step) logs the per-rank generation times, fastest / mean /
+slowest 654 / 831 / 1,120 s (``timing_s/generation_timing/min``, ``timing_s/generate_sequences``
+as the rank mean, ``generation_timing/max``): min/max 0.584, mean/max 0.742. That run's ranks
+are independent engines: 8 lock-stepped 2-GPU groups reach at most 0.59 / 0.83 even at a
+share of 0.9, one 16-rank EP group 0.95 / 1.0. Simulating it as independent engines
+(16 engines of one H200 each [MODEL: TP 1], 64 responses per engine, this module's lognormal
+fit, ``moe.DecodeStepModel`` per engine; ``bench/rollout.py --calibrate``) gives, mean of 6
+seeds, min/max / mean/max 0.596 / 0.799 at 0.2, 0.569 / 0.781 at 0.25, 0.547 / 0.766 at 0.3,
+0.504 / 0.740 at 0.4, 0.463 / 0.720 at 0.5: 0.25 is the least-squares fit (one logged step, so
++-0.1 is within its noise). The previous value 0.5 was a mid-point; RollPacker (2025) and
+DARTS (arXiv 2605.30859) support prompt-level tails and large intra-prompt spread only
+qualitatively."""
+
+PROMPT_PERSISTENCE = 0.7
+"""Correlation of a prompt's length effect (its offset in log length) between two consecutive
+epochs, i.e. how well last epoch's lengths of a prompt predict this epoch's [MODEL]. The
+policy changes between epochs, so a prompt's tendency drifts; no public per-prompt length log
+across epochs was at hand to measure it. 0.7 is the middle of the range 0.5 / 0.7 / 0.9 that
+docs/flexfloor.md reports side by side (``--prompt-persistence``); it was not chosen for the
+result. Before this constant the generator reused the identical prompt effect every epoch
+(persistence 1.0)."""
 
 STEPS_PER_EPOCH = 4
 """Simulated steps per dataset epoch: prompts recur every 4 steps, so steps after the first
@@ -255,6 +273,14 @@ class Scenario:
         heavy_tail_fraction: share of responses replaced by a synthetic Pareto tail reaching
             the run's length limit (0: lengths from the trace fit only).
         seed: random seed (identical inputs for both policies by construction).
+        replicas: independent EP groups (engine replicas) of ``config.workers`` ranks each;
+            the pool has ``replicas x workers`` GPUs (``moe.simulate_pool``).
+        prompt_persistence: correlation of a prompt's length effect between consecutive
+            epochs (``PROMPT_PERSISTENCE``).
+        prompt_share: share of the log-length variance that is per prompt
+            (``PROMPT_SHARE_OF_LOG_VARIANCE``).
+        exact_lengths: give FlexFloor the true lengths instead of the predictor's (an upper
+            bound on what prediction can give; not a deployable policy).
     """
 
     trace: str
@@ -262,10 +288,20 @@ class Scenario:
     steps: int = 12
     heavy_tail_fraction: float = 0.0
     seed: int = 0
+    replicas: int = 1
+    prompt_persistence: float = PROMPT_PERSISTENCE
+    prompt_share: float = PROMPT_SHARE_OF_LOG_VARIANCE
+    exact_lengths: bool = False
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise errors.InvalidInputError("--steps", "must be >= 1")
+        if self.replicas < 1:
+            raise errors.InvalidInputError("--replicas", "must be >= 1")
+        if not 0.0 <= self.prompt_persistence <= 1.0:
+            raise errors.InvalidInputError("--prompt-persistence", "must be within [0, 1]")
+        if not 0.0 <= self.prompt_share <= 1.0:
+            raise errors.InvalidInputError("--prompt-share", "must be within [0, 1]")
         if not 0.0 <= self.heavy_tail_fraction < 1.0:
             raise errors.InvalidInputError("--heavy-tail", "must be within [0, 1)")
 
@@ -285,11 +321,18 @@ def make_batches(scenario: Scenario) -> tuple[list[moe.RolloutBatch], int]:
     prompts_per_step = max(1, n // group)
     n = prompts_per_step * group
     dataset = prompts_per_step * STEPS_PER_EPOCH
-    prompt_effect = rng.standard_normal(dataset)
     prompt_scale = rng.lognormal(0.0, PROMPT_TOKENS_SIGMA, dataset)
-    rho = PROMPT_SHARE_OF_LOG_VARIANCE
+    rho = scenario.prompt_share
+    c = scenario.prompt_persistence
+    # A prompt's length effect per epoch: AR(1) across epochs (unit variance every epoch).
+    effects = [rng.standard_normal(dataset)]
     batches = []
     for k, idx in enumerate(picks):
+        epoch = k // STEPS_PER_EPOCH
+        while len(effects) <= epoch:
+            fresh = rng.standard_normal(dataset)
+            effects.append(c * effects[-1] + math.sqrt(1.0 - c * c) * fresh)
+        prompt_effect = effects[epoch]
         st = stats[int(idx)]
         mu, sigma = fit_lognormal(
             st.mean_tokens,
@@ -327,7 +370,9 @@ class PolicyTotals:
     """One policy summed over the simulated steps.
 
     ``finish_min_over_max`` is the mean over steps of the earliest worker's finish time over
-    the latest's (verl logs the same ratio as ``timing_s/generation_timing/min`` / ``max``).
+    the latest's (verl logs the same ratio as ``timing_s/generation_timing/min`` / ``max``);
+    ``finish_mean_over_max`` the same with the workers' mean finish time (verl:
+    ``timing_s/generate_sequences``, the rank mean, over ``generation_timing/max``).
     """
 
     policy: str
@@ -344,6 +389,7 @@ class PolicyTotals:
     memory_overflow_steps: int
     incomplete_responses: int
     finish_min_over_max: float = 1.0
+    finish_mean_over_max: float = 1.0
 
     @property
     def tokens_per_occupied_gpu_s(self) -> float:
@@ -379,6 +425,10 @@ def _totals(policy: str, results: Sequence[moe.RolloutResult]) -> PolicyTotals:
         finish_min_over_max=statistics.fmean(
             min(r.finish_s) / max(r.finish_s) if max(r.finish_s) > 0 else 1.0 for r in results
         ),
+        finish_mean_over_max=statistics.fmean(
+            statistics.fmean(r.finish_s) / max(r.finish_s) if max(r.finish_s) > 0 else 1.0
+            for r in results
+        ),
     )
 
 
@@ -401,6 +451,11 @@ class ScenarioResult:
             "model": self.scenario.config.model.key,
             "gpu": self.scenario.config.gpu,
             "workers": self.scenario.config.workers,
+            "replicas": self.scenario.replicas,
+            "gpus": self.scenario.config.workers * self.scenario.replicas,
+            "prompt_share": self.scenario.prompt_share,
+            "prompt_persistence": self.scenario.prompt_persistence,
+            "exact_lengths": self.scenario.exact_lengths,
             "experts": self.scenario.config.experts,
             "expert_floor": self.expert_floor,
             "steps": self.scenario.steps,
@@ -413,6 +468,7 @@ class ScenarioResult:
             ),
             "baseline_idle_after_finish_fraction": b.idle_after_finish_fraction,
             "baseline_worker_finish_min_over_max": b.finish_min_over_max,
+            "baseline_worker_finish_mean_over_max": b.finish_mean_over_max,
             "flexfloor_idle_after_finish_fraction": f.idle_after_finish_fraction,
             "expert_unavailable_steps": b.expert_unavailable_steps + f.expert_unavailable_steps,
             "memory_overflow_steps": b.memory_overflow_steps + f.memory_overflow_steps,
@@ -455,15 +511,26 @@ def run_scenario(scenario: Scenario) -> ScenarioResult:
     predictor = moe.predictor_for(max_response)
     base_results, ff_results = [], []
     for batch in batches:
-        base_results.append(moe.simulate_rollout(config, batch, policy="baseline"))
-        preds = [p.length_tokens for p in predictor.predict(batch.prompt_ids)]
+        base_results.append(
+            moe.simulate_pool(config, batch, replicas=scenario.replicas, policy="baseline")
+        )
+        if scenario.exact_lengths:
+            preds = [float(x) for x in batch.lengths_tokens]
+            sigma = [0.0] * len(preds)
+        else:
+            made = predictor.predict(batch.prompt_ids)
+            preds = [p.length_tokens for p in made]
+            sigma = [predictor.log_error_sigma(p.from_history) or 0.0 for p in made]
         ff_results.append(
-            moe.simulate_rollout(
+            moe.simulate_pool(
                 config,
                 batch,
+                replicas=scenario.replicas,
                 policy="flexfloor",
                 predictions=preds,
                 residual=predictor.residual(),
+                prediction_log_sigma=sigma,
+                max_length_tokens=float(max_response),
             )
         )
         predictor.observe_step(batch.prompt_ids, batch.lengths_tokens)
@@ -479,6 +546,35 @@ def run_scenario(scenario: Scenario) -> ScenarioResult:
     )
 
 
+def replica_finish_spread(scenario: Scenario) -> tuple[float, float]:
+    """Baseline finish spread over the scenario's replicas (engines), mean over its steps.
+
+    An engine's time is its slowest rank's (``max`` of ``finish_s`` over the replica's
+    ranks), which is what verl logs per rank when every rank runs its own engine
+    (``timing_s/generation_timing/{min,max}``, ``timing_s/generate_sequences`` the mean).
+    Used to fit ``PROMPT_SHARE_OF_LOG_VARIANCE`` (``bench/rollout.py --calibrate``).
+
+    Returns:
+        ``(min / max, mean / max)`` of the engines' finish times.
+    """
+    batches, _ = make_batches(scenario)
+    g = scenario.config.workers
+    lows, means = [], []
+    for batch in batches:
+        result = moe.simulate_pool(
+            scenario.config,
+            batch,
+            replicas=scenario.replicas,
+            policy="baseline",
+            check_every_step=False,
+        )
+        ends = [max(result.finish_s[r * g : (r + 1) * g]) for r in range(scenario.replicas)]
+        top = max(ends)
+        lows.append(min(ends) / top if top > 0 else 1.0)
+        means.append(statistics.fmean(ends) / top if top > 0 else 1.0)
+    return statistics.fmean(lows), statistics.fmean(means)
+
+
 def render(result: ScenarioResult) -> Any:
     """A rich table: both policies side by side, then the ratios and invariant counters."""
     from rich.table import Table
@@ -487,7 +583,8 @@ def render(result: ScenarioResult) -> Any:
     cfg = result.scenario.config
     table = Table(
         title=(
-            f"MoE rollout {result.scenario.trace}: {cfg.model.key}, {cfg.workers} x {cfg.gpu}, "
+            f"MoE rollout {result.scenario.trace}: {cfg.model.key}, "
+            f"{result.scenario.replicas} x {cfg.workers} x {cfg.gpu}, "
             f"{cfg.experts} experts (floor {result.expert_floor}), {result.scenario.steps} steps"
         )
     )
@@ -545,7 +642,15 @@ def add_arguments(parser: Any) -> None:
         default="verl-grpo-uitars15-7b-gui-agent-8gpu",
         help="packaged step trace, or samples:<sample_id> for a logged MoE step",
     )
-    parser.add_argument("--workers", type=int, default=8, help="EP rollout workers (GPUs)")
+    parser.add_argument(
+        "--workers", type=int, default=8, help="EP rollout workers (GPUs) per replica"
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="independent engine replicas (EP groups of --workers each)",
+    )
     parser.add_argument("--experts", type=int, default=None, help="experts (default: model's)")
     parser.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(moe.MOE_MODELS))
     parser.add_argument("--gpu", default="h100-sxm", choices=sorted(moe.GPU_MEMORY_GB))
@@ -553,6 +658,23 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--steps", type=int, default=8, help="rollout steps to simulate")
     parser.add_argument(
         "--heavy-tail", type=float, default=0.0, help="share of synthetic heavy-tail responses"
+    )
+    parser.add_argument(
+        "--prompt-persistence",
+        type=float,
+        default=PROMPT_PERSISTENCE,
+        help="correlation of a prompt's length effect between epochs [MODEL]",
+    )
+    parser.add_argument(
+        "--prompt-share",
+        type=float,
+        default=PROMPT_SHARE_OF_LOG_VARIANCE,
+        help="share of log-length variance per prompt (fitted to verl#3727)",
+    )
+    parser.add_argument(
+        "--exact-lengths",
+        action="store_true",
+        help="FlexFloor gets the true lengths (upper bound, not deployable)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -581,6 +703,10 @@ def main(args: Any) -> int:
         steps=args.steps,
         heavy_tail_fraction=args.heavy_tail,
         seed=args.seed,
+        replicas=args.replicas,
+        prompt_persistence=args.prompt_persistence,
+        prompt_share=args.prompt_share,
+        exact_lengths=args.exact_lengths,
     )
     result = run_scenario(scenario)
     if args.json:

@@ -17,7 +17,9 @@ Concentrating long responses is not free: the worker holding them reads more KV 
 step, and every rank waits for the slowest at the all-to-all. ``forecast_occupied_gpu_s``
 predicts a placement's occupied GPU-seconds from the predicted lengths and a
 ``base.StepCostModel``, so a caller can keep the even placement when concentration does not
-pay (the placement half of the cost-aware guard).
+pay (the placement half of the cost-aware guard); ``expected_occupied_gpu_s`` averages that
+forecast over the predictor's measured error, because a worker's time is set by the longest
+of its (noisy) lengths, which point predictions hide.
 
 Pure and deterministic (ties broken by response index).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Sequence
 from typing import Literal
 
@@ -176,14 +179,20 @@ def forecast_occupied_gpu_s(
 ) -> float:
     """Predicted occupied GPU-seconds of a placement, from predicted lengths only, GPU-s.
 
-    The rollout is cut at ``FORECAST_SEGMENTS`` order statistics of the predicted lengths; in
-    a segment starting ``t`` decode steps in, a worker runs the responses predicted longer
-    than ``t`` (context ``prompt + t`` each). ``elastic=False`` keeps every worker for the
-    whole rollout (the verl baseline); ``elastic=True`` keeps only workers with a running
-    response, topped up to ``layout.release_floor()`` by the lowest idle ranks, and spreads
-    the experts of the others over them round-robin, provided the kept workers' memory left
-    after their responses' predicted peak KV holds those experts (else nobody leaves in that
-    segment, as the release rule would refuse). A worker whose responses' predicted peak KV
+    The rollout is cut at ``FORECAST_SEGMENTS`` order statistics of the predicted lengths and
+    at each worker's predicted last end (when it may leave); in a segment starting ``t``
+    decode steps in, a worker runs the responses predicted longer than ``t`` (context
+    ``prompt + t`` each). ``elastic=False`` keeps every worker for the whole rollout (the verl
+    baseline); ``elastic=True`` keeps the workers with a running response, topped up to
+    ``layout.release_floor()`` by the lowest idle ranks, plus the fewest further idle ranks
+    (lowest first) needed for the kept workers' memory left after their responses' predicted
+    peak KV to hold the experts of the idle workers that leave (as the release rule refuses
+    a release without that room; all idle workers stay when even that fails), and spreads
+    those experts over the kept workers round-robin. (Before: all idle workers stayed
+    whenever the busy ones could not hold every idle worker's experts, and only the 16
+    order statistics cut the rollout, which overstated a concentrated placement's occupancy
+    up to 2.3-fold with exact lengths and made the guard keep verl's even placement.) A
+    worker whose responses' predicted peak KV
     is ``x`` times its KV budget runs them in ``x`` waves: its responses' spans are stretched
     ``x``-fold and ``1/x`` of them run at a time. The copies are not charged [MODEL].
 
@@ -232,7 +241,17 @@ def forecast_occupied_gpu_s(
     if len(ends) > FORECAST_SEGMENTS:
         last = len(ends) - 1
         ends = [ends[round(i * last / (FORECAST_SEGMENTS - 1))] for i in range(FORECAST_SEGMENTS)]
+    # Cut also where each worker's last response is predicted to end: that is when a release
+    # becomes possible, so a long last segment does not hide it.
+    last_end = [0.0] * workers
+    for i in range(n):
+        last_end[worker_of[i]] = max(last_end[worker_of[i]], span[i])
+    ends.extend(e for e in last_end if e > 0)
     floor = min(layout.release_floor(), workers)
+    budget = [
+        layout.worker_memory_bytes - layout.dense_bytes - len(experts_of[w]) * layout.expert_bytes
+        for w in range(workers)
+    ]
     total = 0.0
     start = 0.0
     for cut in sorted(set(ends)):
@@ -255,19 +274,20 @@ def forecast_occupied_gpu_s(
         if elastic:
             busy = [w for w in range(workers) if running[w]]
             idle = [w for w in range(workers) if not running[w]]
-            kept = sorted(busy + idle[: max(floor - len(busy), 0)])
-            gone = [e for w in range(workers) if w not in kept for e in sorted(experts_of[w])]
-            free = sum(
-                layout.worker_memory_bytes
-                - layout.dense_bytes
-                - len(experts_of[w]) * layout.expert_bytes
-                - peak[w] * kvb
-                for w in kept
-            )
+            kept = busy + idle[: max(floor - len(busy), 0)]
+            spare = idle[max(floor - len(busy), 0) :]
             # The release rule copies experts only into memory the survivors' predicted KV
-            # leaves free; without room, the finished workers stay (as the planner refuses).
-            if free >= len(gone) * layout.expert_bytes:
-                group = kept
+            # leaves free: keep the fewest further idle workers (lowest ranks first) whose
+            # room, with that of the busy ones, holds the experts of those that leave; as
+            # the planner does, part of the idle workers may leave when not all can.
+            while True:
+                gone = [e for w in spare for e in sorted(experts_of[w])]
+                free = sum(budget[w] - peak[w] * kvb for w in kept)
+                if free >= len(gone) * layout.expert_bytes or not spare:
+                    break
+                kept.append(spare.pop(0))
+            if spare:
+                group = sorted(kept)
                 held = {w: set(experts_of[w]) for w in group}
                 for k, expert in enumerate(gone):
                     held[group[k % len(group)]].add(expert)
@@ -284,3 +304,57 @@ def forecast_occupied_gpu_s(
         total += (cut - start) * len(group) * cost_model.decode_step_s(states)
         start = cut
     return total
+
+
+FORECAST_DRAWS = 4
+"""Length draws ``expected_occupied_gpu_s`` averages over [MODEL: enough to see the expected
+maximum of a worker's noisy lengths; more cost time in the simulator]."""
+
+
+def expected_occupied_gpu_s(
+    worker_of: Sequence[int],
+    predicted_tokens: Sequence[float],
+    log_sigma: Sequence[float],
+    prompt_tokens: Sequence[int],
+    experts_of: Sequence[frozenset[int]],
+    layout: base.MoeLayout,
+    cost_model: base.StepCostModel,
+    *,
+    elastic: bool,
+    max_tokens: float | None = None,
+    draws: int = FORECAST_DRAWS,
+    seed: int = 0,
+) -> float:
+    """``forecast_occupied_gpu_s`` averaged over the predictions' error, GPU-s.
+
+    Point predictions hide that a worker's time is set by the *longest* of its responses: a
+    worker holding many responses predicted equal will, with noisy predictions, hold one
+    that runs much longer. Each draw takes ``predicted x exp(sigma x z)`` per response (``z``
+    standard normal, ``sigma`` the predictor's log error for that response,
+    ``LengthPredictor.log_error_sigma``), clipped to ``[1, max_tokens]``; the same draws
+    serve every placement compared (common random numbers, fixed ``seed``: deterministic).
+    With every ``sigma`` 0 this is ``forecast_occupied_gpu_s``.
+
+    Raises:
+        InvalidInputError: inputs of different lengths or ``draws < 1``.
+    """
+    n = len(predicted_tokens)
+    if len(log_sigma) != n:
+        raise errors.InvalidInputError("log_sigma", "need one error sigma per prediction")
+    if draws < 1:
+        raise errors.InvalidInputError("draws", "must be >= 1")
+    if not any(sg > 0 for sg in log_sigma):
+        draws = 1
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(draws):
+        lengths = []
+        for i in range(n):
+            x = predicted_tokens[i] * math.exp(log_sigma[i] * rng.gauss(0.0, 1.0))
+            if max_tokens is not None:
+                x = min(x, max_tokens)
+            lengths.append(max(x, 1.0))
+        total += forecast_occupied_gpu_s(
+            worker_of, lengths, prompt_tokens, experts_of, layout, cost_model, elastic=elastic
+        )
+    return total / draws

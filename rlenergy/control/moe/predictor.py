@@ -6,7 +6,10 @@ responses in its last ``history_epochs`` appearances, and corrects for drift of 
 distribution (RL response lengths grow or shrink during training): a prompt's log offset from
 the step mean at the time it was seen is added to the latest step's mean log length. A prompt
 never seen before gets the ``fallback_quantile`` of the latest step's lengths, or
-``default_length_tokens`` before any step was observed.
+``default_length_tokens`` before any step was observed. Each observed step also scores what
+the predictor would have said for it: the root mean square of ``ln(actual / predicted)``, kept
+separately for history-based and fallback predictions (``log_error_sigma``), tells a caller
+how far to trust a prediction (the placement guard forecasts over that spread).
 
 Pure and deterministic; callers: ``rlenergy.control.moe.placement`` inputs, the simulator and
 the trainer SDK.
@@ -104,6 +107,7 @@ class LengthPredictor:
         self._offsets: dict[Hashable, collections.deque[float]] = {}
         self._latest_log_mean: float | None = None
         self._latest_sorted: tuple[float, ...] = ()
+        self._log_error: dict[bool, float] = {}
 
     def observe_step(self, prompt_ids: Sequence[Hashable], lengths_tokens: Sequence[float]) -> None:
         """Record one finished rollout step: response ``i`` answered prompt ``prompt_ids[i]``.
@@ -122,6 +126,12 @@ class LengthPredictor:
             if not length >= 1:
                 raise errors.InvalidInputError("lengths_tokens", f"length {length} < 1 token")
             logs.append(math.log(length))
+        squared: dict[bool, list[float]] = {True: [], False: []}
+        for pred, log_len in zip(self.predict(prompt_ids), logs, strict=True):
+            squared[pred.from_history].append((log_len - math.log(pred.length_tokens)) ** 2)
+        for kind, errs in squared.items():
+            if errs:
+                self._log_error[kind] = math.sqrt(sum(errs) / len(errs))
         step_mean = sum(logs) / len(logs)
         per_prompt: dict[Hashable, list[float]] = {}
         for pid, log_len in zip(prompt_ids, logs, strict=True):
@@ -145,6 +155,16 @@ class LengthPredictor:
             else:
                 out.append(LengthPrediction(fallback, False))
         return tuple(out)
+
+    def log_error_sigma(self, from_history: bool) -> float | None:
+        """RMS of ``ln(actual / predicted)`` over the latest step that had such predictions.
+
+        ``from_history`` selects history-based or fallback predictions; with no history-based
+        prediction scored yet, the fallback's value stands in. ``None`` before any step.
+        """
+        if from_history in self._log_error:
+            return self._log_error[from_history]
+        return self._log_error.get(False)
 
     def residual(self) -> ResidualLength | None:
         """Remaining-length model from the latest observed step; ``None`` before any step."""

@@ -5,7 +5,12 @@ We test these aspects:
   active host, never overflow memory (property);
 * a rank that misses the ack deadline aborts the round and the group stays whole;
 * the lognormal fit reproduces a step's mean; the CLI prints the documented JSON keys and
-  refuses bad input with exit code 2.
+  refuses bad input with exit code 2;
+* a pool of independent replicas: one replica is exactly ``simulate_rollout``; the baseline
+  charges every GPU until the slowest replica ends (step barrier), FlexFloor frees a replica
+  when its responses are done; invariants hold in every replica (property);
+* the prompt-effect generator: persistence across epochs and the per-prompt share behave as
+  documented.
 """
 
 from __future__ import annotations
@@ -215,3 +220,128 @@ def test_calibrated_scenario_runs_fast_with_zero_violations():
     assert out["expert_unavailable_steps"] == out["memory_overflow_steps"] == 0
     assert out["incomplete_responses"] == 0
     assert 0.0 < out["baseline_worker_finish_min_over_max"] <= 1.0
+
+
+def test_pool_of_one_replica_is_simulate_rollout():
+    config = moe.RolloutConfig(model=MODEL, workers=4)
+    lengths = [300, 20, 40, 900, 10, 70, 55, 5]
+    preds = [float(x) for x in lengths]
+    for policy, p in (("baseline", None), ("flexfloor", preds)):
+        one = moe.simulate_rollout(config, batch(lengths), policy=policy, predictions=p)
+        pool = moe.simulate_pool(config, batch(lengths), replicas=1, policy=policy, predictions=p)
+        assert pool == one
+
+
+def test_pool_baseline_waits_for_the_slowest_replica_flexfloor_frees_finished_ones():
+    config = moe.RolloutConfig(model=MODEL, workers=2)
+    # Replica 0 gets the long responses (even contiguous chunks), replica 1 short ones.
+    lengths = [1500] * 4 + [30] * 4
+    preds = [float(x) for x in lengths]
+    base = moe.simulate_pool(config, batch(lengths), replicas=2, policy="baseline")
+    ff = moe.simulate_pool(
+        config, batch(lengths), replicas=2, policy="flexfloor", predictions=preds
+    )
+    halves = [
+        moe.simulate_rollout(config, batch(lengths[:4]), policy="baseline"),
+        moe.simulate_rollout(config, batch(lengths[4:]), policy="baseline"),
+    ]
+    wall = max(h.wall_s for h in halves)
+    assert base.wall_s == pytest.approx(wall)
+    assert base.occupied_gpu_s == pytest.approx(4 * wall)  # 2 replicas x 2 GPUs, whole wall
+    short_wait = 2 * (wall - halves[1].wall_s)
+    assert base.idle_after_finish_gpu_s == pytest.approx(
+        halves[0].idle_after_finish_gpu_s + halves[1].idle_after_finish_gpu_s + short_wait
+    )
+    assert all(r == pytest.approx(wall) for r in base.release_s)
+    assert ff.occupied_gpu_s < base.occupied_gpu_s
+    assert max(ff.release_s[2:]) < wall  # the short replica left before the long one ended
+    for r in (base, ff):
+        assert r.tokens == sum(lengths) and r.incomplete_responses == 0
+        assert r.expert_unavailable_steps == 0 and r.memory_overflow_steps == 0
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40),
+    replicas=st.integers(1, 4),
+    workers=st.integers(1, 4),
+)
+def test_property_pool_invariants(lengths, replicas, workers):
+    config = moe.RolloutConfig(model=MODEL, workers=workers)
+    preds = [float(x) for x in reversed(lengths)]
+    for policy, p in (("baseline", None), ("flexfloor", preds)):
+        r = moe.simulate_pool(
+            config, batch(lengths), replicas=replicas, policy=policy, predictions=p
+        )
+        assert r.incomplete_responses == 0 and r.tokens == sum(lengths)
+        assert r.expert_unavailable_steps == 0 and r.memory_overflow_steps == 0
+        assert len(r.finish_s) == len(r.release_s) == replicas * workers
+        assert 0.0 <= r.idle_after_finish_gpu_s <= r.occupied_gpu_s + 1e-9
+
+
+def test_pool_refuses_zero_replicas():
+    config = moe.RolloutConfig(model=MODEL, workers=2)
+    with pytest.raises(moe.errors.InvalidInputError):
+        moe.simulate_pool(config, batch([5]), replicas=0, policy="baseline")
+
+
+def _prompt_means(scenario):
+    batches, _ = rollout_report.make_batches(scenario)
+    out = []
+    for b in batches:
+        logs = {}
+        for pid, length in zip(b.prompt_ids, b.lengths_tokens, strict=True):
+            logs.setdefault(pid, []).append(math.log(length))
+        out.append({p: float(np.mean(v)) for p, v in logs.items()})
+    return out
+
+
+@pytest.mark.parametrize("persistence", [0.0, 1.0])
+def test_prompt_persistence_across_epochs(persistence):
+    # Same prompts every STEPS_PER_EPOCH steps; correlation of their mean log length between
+    # epoch 0 and epoch 1 follows the persistence (GRPO groups of 8 average the noise).
+    config = moe.RolloutConfig(model=MODEL, workers=4)
+    scenario = rollout_report.Scenario(
+        trace="samples:verl3727-qwen3vl-30b-a3b-gspo",
+        config=config,
+        steps=2 * rollout_report.STEPS_PER_EPOCH,
+        prompt_persistence=persistence,
+        prompt_share=0.9,
+    )
+    means = _prompt_means(scenario)
+    k = rollout_report.STEPS_PER_EPOCH
+    pairs = [(means[0][p], means[k][p]) for p in means[0]]
+    corr = float(np.corrcoef(np.asarray(pairs).T)[0, 1])
+    if persistence == 1.0:
+        assert corr > 0.8
+    else:
+        assert abs(corr) < 0.35
+
+
+def test_cli_refuses_bad_persistence_and_replicas(capsys):
+    assert cli.main(["rollout-sim", "--prompt-persistence", "1.5"]) == 2
+    assert cli.main(["rollout-sim", "--replicas", "0"]) == 2
+    capsys.readouterr()
+
+
+def test_cli_replicas_and_exact_lengths_json(capsys):
+    code = cli.main(
+        [
+            "rollout-sim",
+            "--trace",
+            "verl-ppo-qwen25-7b-gsm8k-16gpu",
+            "--workers",
+            "2",
+            "--replicas",
+            "2",
+            "--steps",
+            "1",
+            "--exact-lengths",
+            "--json",
+        ]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["replicas"] == 2 and out["gpus"] == 4 and out["exact_lengths"] is True
+    assert 0.0 <= out["baseline_worker_finish_mean_over_max"] <= 1.0
+    assert out["expert_unavailable_steps"] == out["memory_overflow_steps"] == 0

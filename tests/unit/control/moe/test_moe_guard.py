@@ -5,7 +5,12 @@ We test these aspects:
   says survivors slow down more than the released GPU saves, and granted when it pays;
 * property: the guarded plan never predicts more occupied GPU-seconds than keeping the group,
   releases a subset of the unguarded plan, and keeps every expert hosted;
-* the residual-length model (mean residual life past a prediction) and the placement forecast.
+* the residual-length model (mean residual life past a prediction) and the placement forecast;
+* the placement forecast lets part of the idle workers leave when the survivors' memory holds
+  only some of their experts (as the release rule does), and averaged over the predictor's
+  error it charges a worker for the longest of its noisy lengths (so concentrating responses
+  predicted alike stops paying when predictions are poor);
+* the predictor scores its own log error per kind (history / fallback).
 """
 
 from __future__ import annotations
@@ -158,3 +163,66 @@ def test_placement_forecast_prefers_concentration_when_release_pays():
     )
     assert concentrated < spread == pytest.approx(fixed)
     assert placement.forecast_occupied_gpu_s([], [], [], shards, lay, cost, elastic=True) == 0.0
+
+
+def test_placement_forecast_partial_release_when_memory_holds_only_some_experts():
+    # 4 workers x 2 experts of 10 GB, 60 GB each (40 GB of KV room): the busy worker with
+    # 15 GB of predicted KV has room for 2 more experts, so releasing all three idle workers
+    # (6 experts) is refused, but two of them may leave when one idle worker stays (their 4
+    # experts fit the two survivors).
+    lay = base.MoeLayout(
+        num_experts=8,
+        expert_bytes=10 * GB,
+        dense_bytes=0,
+        kv_bytes_per_token=GB // 1000,
+        worker_memory_bytes=60 * GB,
+    )
+    shards = [frozenset({2 * w, 2 * w + 1}) for w in range(4)]
+    cost = LinearCost(1e-2, 0.0)
+    preds = [15000.0, 10.0, 10.0, 10.0]  # 15 GB of predicted KV on worker 0
+    prompts = [0] * 4
+    elastic = placement.forecast_occupied_gpu_s(
+        [0, 1, 2, 3], preds, prompts, shards, lay, cost, elastic=True
+    )
+    fixed = placement.forecast_occupied_gpu_s(
+        [0, 1, 2, 3], preds, prompts, shards, lay, cost, elastic=False
+    )
+    # Two workers stay after the short responses: about half of the fixed group's cost.
+    assert 0.4 * fixed < elastic < 0.6 * fixed
+
+
+def test_expected_forecast_sees_the_longest_of_noisy_lengths():
+    lay = layout(experts=4)
+    shards = [frozenset({0, 1}), frozenset({2, 3})]
+    prompts = [10] * 8
+    cost = LinearCost(1e-2, 0.0)
+    preds = [100.0] * 8
+    point = placement.expected_occupied_gpu_s(
+        [0] * 8, preds, [0.0] * 8, prompts, shards, lay, cost, elastic=True
+    )
+    assert point == pytest.approx(
+        placement.forecast_occupied_gpu_s([0] * 8, preds, prompts, shards, lay, cost, elastic=True)
+    )
+    noisy = placement.expected_occupied_gpu_s(
+        [0] * 8, preds, [1.0] * 8, prompts, shards, lay, cost, elastic=True, draws=16
+    )
+    assert noisy > 1.5 * point  # the max of 8 noisy lengths is well above their median
+    capped = placement.expected_occupied_gpu_s(
+        [0] * 8, preds, [1.0] * 8, prompts, shards, lay, cost, elastic=True, max_tokens=100.0
+    )
+    assert capped == pytest.approx(point)
+    with pytest.raises(placement.errors.InvalidInputError):
+        placement.expected_occupied_gpu_s([0], [1.0], [], [1], shards, lay, cost, elastic=True)
+
+
+def test_predictor_scores_its_log_error_per_kind():
+    import math
+
+    p = predictor.LengthPredictor(history_epochs=2, default_length_tokens=100.0)
+    assert p.log_error_sigma(True) is None and p.log_error_sigma(False) is None
+    p.observe_step(["a", "b"], [100, 400])  # scored against the default 100 (fallback)
+    fallback = math.sqrt((0.0 + math.log(4) ** 2) / 2)
+    assert p.log_error_sigma(False) == pytest.approx(fallback)
+    assert p.log_error_sigma(True) == pytest.approx(fallback)  # stands in before history
+    p.observe_step(["a", "b"], [100, 400])  # same lengths: history predicts them exactly
+    assert p.log_error_sigma(True) == pytest.approx(0.0, abs=1e-9)
