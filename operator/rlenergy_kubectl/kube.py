@@ -4,8 +4,8 @@ Reads only: ``RLEnergyPolicy`` objects (one, a namespace's, or all) and the
 ``RLEnergyNodeReport`` objects of their namespaces. The client is built from the kubeconfig
 the way kubectl builds it: ``--kubeconfig``, else ``$KUBECONFIG`` (colon-separated files are
 merged), else ``~/.kube/config``; ``--context`` or the current context; the namespace is
-``-n``, else the context's namespace, else ``default``. Every failure becomes a
-``PluginError`` whose message names what was searched and what to do.
+``-n``, else the context's namespace (in a pod: the pod's), else ``default``. Every failure
+becomes a ``PluginError`` whose message names what was searched and what to do.
 
 Callers: ``rlenergy_kubectl.cli``.
 """
@@ -27,6 +27,9 @@ from rlenergy.api.v1alpha1 import policy as api_policy
 
 REQUEST_TIMEOUT_S = 15.0
 """Per request timeout, s (connect and read)."""
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""Where a pod finds its own namespace (the default namespace in-cluster, as for kubectl)."""
 
 INSTALL_HINT = (
     "install the chart (helm install rl-energy ./helm/rl-energy -n rl-energy-system "
@@ -69,7 +72,12 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Cluste
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             cfg = kubernetes.client.Configuration()
             kubernetes.config.load_incluster_config(client_configuration=cfg)
-            return Cluster(kubernetes.client.ApiClient(cfg), "in-cluster", "default", cfg.host)
+            try:
+                with open(SERVICE_ACCOUNT_NAMESPACE) as fh:
+                    namespace = fh.read().strip() or "default"
+            except OSError:
+                namespace = "default"
+            return Cluster(kubernetes.client.ApiClient(cfg), "in-cluster", namespace, cfg.host)
         raise PluginError(
             f"no kubeconfig: {default_file} does not exist and KUBECONFIG is not set "
             "(give --kubeconfig PATH)"
