@@ -233,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # taken before the report is built, so a step that finishes during the write
             # stays dirty for the next one.
             pending = agent.finished_dirty_steps() if writer is not None else set()
+            if agent.report_due:  # a park or a dispatcher publication (FlexFloor)
+                agent.report_due = False
+                state_changed = True
             if writer is not None and (
                 state_changed
                 or (

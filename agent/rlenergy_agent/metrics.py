@@ -155,6 +155,35 @@ class AgentCollector(Collector):
         up = GaugeMetricFamily("rlenergy_agent_nvml_up", "1 when NVML answers on some GPU.")
         up.add_metric([], 1.0 if not callable(self.health) or self.health() else 0.0)
         yield up
+        yield from self._released()
+
+    def _released(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Released rollout workers (FlexFloor park): GPU time, parked state and clock."""
+        a = self.agent
+        released = CounterMetricFamily(
+            "rlenergy_agent_released_gpu_seconds",
+            "GPU time parked as a released rollout worker, ongoing park included, s.",
+            labels=["gpu_uuid"],
+        )
+        parked = GaugeMetricFamily(
+            "rlenergy_agent_gpu_parked",
+            "1 while the GPU is parked as a released rollout worker, else 0.",
+            labels=["gpu_uuid", "pod", "namespace"],
+        )
+        parked_clock = GaugeMetricFamily(
+            "rlenergy_agent_gpu_parked_clock_hertz",
+            "SM clock the park locked (the lowest supported), Hz; absent when not parked.",
+            labels=["gpu_uuid"],
+        )
+        with a._lock:  # noqa: SLF001 - one consistent snapshot
+            for u in a.actuator.controls:
+                released.add_metric([u], a.released_gpu_seconds(u))
+                p = a.parked.get(u)
+                name, ns = _pod_labels(p.pod if p is not None else a.pod_of.get(u))
+                parked.add_metric([u, name, ns], 1.0 if p is not None else 0.0)
+                if p is not None and p.clock_mhz is not None:
+                    parked_clock.add_metric([u], p.clock_mhz * 1e6)
+        yield from (released, parked, parked_clock)
 
 
 def render(agent: service.Agent, health: object = None) -> bytes:

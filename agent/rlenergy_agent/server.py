@@ -1,9 +1,10 @@
 """The agent's two listeners: the trainer signal socket and the health/metrics port.
 
-* Signals: HTTP over a Unix socket (``/v1/phase``, ``/v1/progress``, ``/v1/step``), mounted into
-  trainer pods. The caller is authenticated by the socket's peer credentials (SO_PEERCRED: the
-  kernel's pid, never a claim of the caller) mapped to its pod through the pid's cgroup (the
-  kubelet names pod cgroups ``pod<uid>``); a signal is accepted only for that pod's own GPUs.
+* Signals: HTTP over a Unix socket (``/v1/phase``, ``/v1/progress``, ``/v1/step``; FlexFloor:
+  ``/v1/park``, ``/v1/unpark``, ``/v1/rollout``), mounted into trainer pods. The caller is
+  authenticated by the socket's peer credentials (SO_PEERCRED: the kernel's pid, never a claim
+  of the caller) mapped to its pod through the pid's cgroup (the kubelet names pod cgroups
+  ``pod<uid>``); a signal is accepted only for that pod's own GPUs.
 * Health and metrics: HTTP on ``127.0.0.1`` by default: ``/metrics`` (scrape-time collection),
   ``/healthz`` (NVML answers on some GPU, case #11a), ``/readyz`` (GPUs discovered, plan known).
 
@@ -195,6 +196,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             elif self.path == "/v1/step":
                 workload = api_node.TokenWorkloadReport.model_validate(body["workload"])
                 self.agent.end_step(pod, int(body["step"]), workload)
+                self._answer(200, {"pod": str(pod)})
+            elif self.path == "/v1/park":
+                # {"step": s, "gpus": [...]}: a released rollout worker (FlexFloor).
+                parked = self.agent.park(
+                    pod, int(body["step"]), gpu_uuids=[str(g) for g in body.get("gpus", [])]
+                )
+                self._answer(
+                    200,
+                    {
+                        "pod": str(pod),
+                        "parked": {u: {"clockMHz": c} for u, c in parked.parked.items()},
+                        "already": list(parked.already),
+                        "applied": {
+                            u: {"effectiveMHz": r.effective_mhz, "error": r.error}
+                            for u, r in parked.applied.items()
+                        },
+                    },
+                )
+            elif self.path == "/v1/unpark":
+                released = self.agent.unpark(pod, gpu_uuids=[str(g) for g in body.get("gpus", [])])
+                self._answer(200, {"pod": str(pod), "releasedGpuSeconds": released})
+            elif self.path == "/v1/rollout":
+                self.agent.publish_rollout(pod, api_node.RolloutDispatch.model_validate(body))
                 self._answer(200, {"pod": str(pod)})
             else:
                 self._answer(404, {"error": f"no endpoint {self.path}"})

@@ -188,6 +188,40 @@ class _Open:
     probe: _Probe | None = None
     progress_log: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     """(time s, cumulative progress) reports, kept while the window is probed."""
+    released_gpu_s: float = 0.0
+    """GPU time of parks that ended inside this window, GPU-s."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Park:
+    """A parked GPU: a released rollout worker's, at its lowest SM clock until its step ends.
+
+    Attributes:
+        pod: the pod that parked it.
+        step: RL step of the release.
+        since_s: when it was parked (this agent's clock), s.
+        clock_mhz: the lock made (``None``: nothing written: observe plan or no clock control).
+    """
+
+    pod: PodRef
+    step: int
+    since_s: float
+    clock_mhz: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ParkResult:
+    """What one park signal did.
+
+    Attributes:
+        parked: GPUs parked by this signal, UUID -> lock made, MHz (``None``: none written).
+        already: GPUs that were parked before (idempotent: untouched).
+        applied: per UUID the actuator's result (read-back included) where a clock was set.
+    """
+
+    parked: Mapping[str, int | None]
+    already: tuple[str, ...]
+    applied: Mapping[str, act.ApplyResult]
 
 
 @dataclasses.dataclass
@@ -257,6 +291,16 @@ class Agent:
         self.idle_j: dict[int, float | None] = {}
         self.refused = 0
         self.probe_switches = 0
+        self.parked: dict[str, _Park] = {}
+        """Parked GPUs (released rollout workers), by UUID."""
+        self.released_gpu_s: dict[str, float] = {}
+        """Per GPU the time of ended parks, GPU-s (a counter; ongoing parks come on top)."""
+        self.step_released_gpu_s: dict[int, float] = {}
+        """Per RL step the time of its ended parks, GPU-s."""
+        self.dispatch: api_node.RolloutDispatch | None = None
+        """The rollout dispatcher's newest publication on this node."""
+        self.report_due = False
+        """Park state or a dispatcher publication changed: the report writer should write."""
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
@@ -269,6 +313,7 @@ class Agent:
             if plan is None or not plan.enforce:
                 for w in self._open.values():
                     w.probe = None  # a running probe must not lock again
+                self._end_parks(list(self.parked), self._clock())
                 self.actuator.release(list(self.actuator.gpus), "policy removed or observe")
 
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
@@ -329,7 +374,22 @@ class Agent:
                 entry is not None and bool(entry.probe_clocks_mhz) and entry.probe_slice_seconds > 0
             )
             first = entry.probe_clocks_mhz[0] if entry is not None and probing else clock_mhz
-            results = {u: self.actuator.apply(u, first, owner_uuids=devices) for u in gpus}
+            # A park lasts until the pod's next working phase or a later step; an idle signal
+            # of the parked step keeps the GPU parked (it waits at the lowest clock).
+            self._end_parks(
+                [
+                    u
+                    for u in gpus
+                    if (p := self.parked.get(u)) is not None
+                    and (phase not in IDLE_PHASES or step > p.step)
+                ],
+                self._clock(),
+            )
+            results = {
+                u: self.actuator.apply(u, first, owner_uuids=devices)
+                for u in gpus
+                if u not in self.parked
+            }
             latency = self._clock() - t0
             self.latencies_s.append(latency)
             if len(self.latencies_s) > 10_000:
@@ -374,7 +434,7 @@ class Agent:
             return
         for u in gpus:
             ctl = self.actuator.controls.get(u)
-            if ctl is None or ctl.condition == "lost":
+            if ctl is None or ctl.condition == "lost" or u in self.parked:
                 continue
             gpu = self.actuator.gpus[u]
             try:
@@ -488,7 +548,11 @@ class Agent:
 
     def _next_slice(self, w: _Open, p: _Probe) -> None:
         nxt = p.schedule[(p.index + 1) % len(p.schedule)]
-        results = [self.actuator.apply(u, nxt, owner_uuids=w.devices) for u in w.gpus]
+        results = [
+            self.actuator.apply(u, nxt, owner_uuids=w.devices)
+            for u in w.gpus
+            if u not in self.parked
+        ]
         now = self._clock()  # the new clock is in effect from here
         mark = self.meter.mark(w.gpus)
         self._finish_slice(w, p, now, mark)
@@ -557,8 +621,14 @@ class Agent:
         """
         if step < 0:
             raise SignalRefused("step must be >= 0", 400)
-        gpus, _ = self.gpus_of(pod)
+        gpus, devices = self.gpus_of(pod)
         with self._lock:
+            # The step ends: its parks end too (un-parked to the default governor until the
+            # next phase signal applies the plan).
+            ended = [u for u, p in self.parked.items() if p.pod == pod and p.step <= step]
+            self._end_parks(ended, self._clock())
+            for u in ended:
+                self.actuator.apply(u, None, owner_uuids=devices)
             if gpus:
                 self._observe_clocks(pod, gpus)
                 self._close(pod, self.meter.mark(gpus))
@@ -572,6 +642,7 @@ class Agent:
         with self._lock:
             w = self._open.get(pod)
             gpus = [u for u, p in self.pod_of.items() if p == pod]
+            self._end_parks([u for u, p in self.parked.items() if p.pod == pod], self._clock())
             if w is not None and gpus:
                 self._close(pod, self.meter.mark(gpus))
             self.actuator.release(gpus, f"pod {pod} ended")
@@ -584,6 +655,12 @@ class Agent:
         if w is None:
             return None
         win = self.meter.window(w.mark, end)
+        now = self._clock()
+        released = w.released_gpu_s + sum(
+            max(now - max(p.since_s, w.started_s), 0.0)
+            for u in w.gpus
+            if (p := self.parked.get(u)) is not None
+        )
         if w.phase == IDLE:
             self.steps.setdefault(w.step, {})
             prev = self.idle_j.get(w.step, 0.0)
@@ -614,6 +691,8 @@ class Agent:
             gpu_energy_joules=dict(win.per_gpu_j),
             progress=w.progress,
             slices=slices,
+            gpu_seconds=win.duration_s * len(w.gpus),
+            released_gpu_seconds=min(released, win.duration_s * len(w.gpus)),
         )
         self.steps.setdefault(w.step, {}).setdefault(w.phase, []).append(report)
         self.dirty_steps.add(w.step)
@@ -634,6 +713,7 @@ class Agent:
             oldest = min(self.steps)
             del self.steps[oldest]
             self.workloads.pop(oldest, None)
+            self.step_released_gpu_s.pop(oldest, None)
             self.idle_j.pop(oldest, None)
 
     # ----- report ---------------------------------------------------------------------------
@@ -674,6 +754,8 @@ class Agent:
                             "gpu_energy_joules": per_gpu,
                             "progress": sum(w.progress for w in windows),
                             "slices": [s for w in windows for s in w.slices],
+                            "gpu_seconds": sum(w.gpu_seconds for w in windows),
+                            "released_gpu_seconds": sum(w.released_gpu_seconds for w in windows),
                         }
                     )
                 )
@@ -685,6 +767,7 @@ class Agent:
                 workload=workload,
                 phases=phases,
                 idle_energy_joules=self.idle_j.get(step, 0.0),
+                released_gpu_seconds=self.step_released_gpu_s.get(step, 0.0),
             )
 
     def report(self) -> api_node.NodeReport:
@@ -723,6 +806,7 @@ class Agent:
                         phase=self.phase_of.get(u, "idle"),
                         pod=str(self.pod_of[u]) if self.pod_of.get(u) else None,
                         supported_clocks_mhz=list(ctl.supported_mhz),
+                        parked=u in self.parked,
                     )
                 )
                 if j is not None:
@@ -742,7 +826,136 @@ class Agent:
                 last_step=max(done, default=-1),
                 measured_joules_total=total,
                 unattributed_joules_total=unattributed,
+                released_gpu_seconds_total=sum(
+                    self.released_gpu_seconds(u) for u in self.actuator.controls
+                ),
+                rollout=self.dispatch,
             )
+
+    # ----- released rollout workers (FlexFloor park) ----------------------------------------
+    def park(self, pod: PodRef, step: int, *, gpu_uuids: Sequence[str] = ()) -> ParkResult:
+        """Park ``pod``'s GPUs at their lowest supported SM clock: a released rollout worker.
+
+        The park lasts until the pod's next working phase signal or a signal of a later step
+        (the plan's clock is applied then), the end of ``step`` (``end_step``: default
+        governor), ``unpark``, the pod's end, or the plan's removal (every lock reset). Parking
+        a parked GPU does nothing (idempotent). Under an observe plan (or none) no clock is
+        written, but the released time is still accounted.
+
+        Args:
+            pod: the authenticated caller.
+            step: RL step of the release.
+            gpu_uuids: GPUs to park, each the pod's own (empty: every GPU of the pod).
+
+        Returns:
+            What was parked, with the actuator's read-back.
+
+        Raises:
+            SignalRefused: the pod holds no GPU here (404), names a GPU it does not hold
+                (403), or a negative step (400).
+        """
+        gpus, devices = self.gpus_of(pod)
+        if not gpus:
+            self.refused += 1
+            raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
+        targets = list(dict.fromkeys(self.mig_parent.get(g, g) for g in gpu_uuids)) or list(gpus)
+        foreign = [g for g in targets if g not in gpus]
+        if foreign:
+            self.refused += 1
+            raise SignalRefused(f"pod {pod} does not hold GPU(s) {', '.join(foreign)}", 403)
+        if step < 0:
+            raise SignalRefused("step must be >= 0", 400)
+        with self._lock:
+            enforce = self.plan is not None and self.plan.enforce
+            now = self._clock()
+            parked: dict[str, int | None] = {}
+            applied: dict[str, act.ApplyResult] = {}
+            already = tuple(u for u in targets if u in self.parked)
+            for u in targets:
+                if u in self.parked:
+                    continue
+                ctl = self.actuator.controls[u]
+                clock: int | None = None
+                if enforce and ctl.supported_mhz:
+                    r = applied[u] = self.actuator.apply(
+                        u, min(ctl.supported_mhz), owner_uuids=devices
+                    )
+                    clock = r.target_mhz if r.error is None and r.skipped is None else None
+                self.parked[u] = _Park(pod, step, now, clock)
+                parked[u] = clock
+            self.steps.setdefault(step, {})
+            self.report_due = self.report_due or bool(parked)
+            if parked:
+                log.info("parked %s for pod %s at step %d", ", ".join(parked), pod, step)
+            return ParkResult(parked, already, applied)
+
+    def unpark(self, pod: PodRef, *, gpu_uuids: Sequence[str] = ()) -> float:
+        """End ``pod``'s parks (all, or ``gpu_uuids``) and apply the plan's current clock.
+
+        Returns:
+            The GPU time of the parks ended, GPU-s.
+        """
+        with self._lock:
+            wanted = {self.mig_parent.get(g, g) for g in gpu_uuids}
+            ended = [
+                u for u, p in self.parked.items() if p.pod == pod and (not wanted or u in wanted)
+            ]
+            released = self._end_parks(ended, self._clock())
+            w = self._open.get(pod)
+            entry = self._entry_for(w.phase) if w is not None else None
+            clock = w.probe.clock_mhz if w is not None and w.probe is not None else None
+            if w is not None and w.probe is None and entry is not None:
+                clock = entry.clock_mhz
+            _gpus, devices = self.gpus_of(pod)
+            for u in ended:
+                self.actuator.apply(u, clock, owner_uuids=devices)
+            return released
+
+    def _end_parks(self, uuids: Iterable[str], now_s: float) -> float:
+        """Account and forget the parks of ``uuids`` (clocks are the caller's business)."""
+        total = 0.0
+        for u in list(uuids):
+            p = self.parked.pop(u, None)
+            if p is None:
+                continue
+            dt = max(now_s - p.since_s, 0.0)
+            total += dt
+            self.released_gpu_s[u] = self.released_gpu_s.get(u, 0.0) + dt
+            self.step_released_gpu_s[p.step] = self.step_released_gpu_s.get(p.step, 0.0) + dt
+            self.dirty_steps.add(p.step)
+            w = self._open.get(p.pod)
+            if w is not None and u in w.gpus:
+                w.released_gpu_s += max(now_s - max(p.since_s, w.started_s), 0.0)
+            self.report_due = True
+        return total
+
+    def released_gpu_seconds(self, uuid: str) -> float:
+        """Parked time of ``uuid`` so far, ongoing park included, GPU-s (a counter)."""
+        with self._lock:
+            p = self.parked.get(uuid)
+            ongoing = max(self._clock() - p.since_s, 0.0) if p is not None else 0.0
+            return self.released_gpu_s.get(uuid, 0.0) + ongoing
+
+    def publish_rollout(self, pod: PodRef, dispatch: api_node.RolloutDispatch) -> None:
+        """Keep the rollout dispatcher's publication for the node report (newest step wins).
+
+        Raises:
+            SignalRefused: the pod holds no GPU on this node (404), or the step is older
+                than the one already published (409).
+        """
+        gpus, _ = self.gpus_of(pod)
+        if not gpus:
+            self.refused += 1
+            raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
+        with self._lock:
+            if self.dispatch is not None and dispatch.step < self.dispatch.step:
+                raise SignalRefused(
+                    f"step {dispatch.step} is older than the published step {self.dispatch.step}",
+                    409,
+                )
+            if dispatch != self.dispatch:
+                self.dispatch = dispatch
+                self.report_due = True
 
 
 def _interpolate(ts: Sequence[float], values: Sequence[float], t: float) -> float:

@@ -3,7 +3,9 @@
 * ``policy_reconcile`` (create, update of spec, resume): validate, ensure the node-agent
   DaemonSet, record ``observedGeneration``, set conditions; resets the in-memory job loop.
 * ``policy_loop`` (timer): read the policy's node reports, fold complete steps into the
-  job-level EE-RL controller (``jobloop``), publish ``status.plan`` and the accounting.
+  job-level EE-RL controller (``jobloop``), publish ``status.plan`` and the accounting; fold
+  released rollout workers into ``status.rollout`` and resize the rollout worker set between
+  steps (``rollout``, FlexFloor).
 * ``policy_delete`` (finalizer): publish a reset plan, wait until every GPU acknowledges the
   reset (or the deadline passes, with a Degraded condition and a Warning event), then remove
   the DaemonSet when no other policy needs it.
@@ -26,7 +28,7 @@ from rlenergy import errors
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
-from rlenergy_operator import builders, jobloop, kube, scheduling
+from rlenergy_operator import builders, jobloop, kube, rollout, scheduling
 from rlenergy_operator import reports as node_reports
 from rlenergy_operator import settings as op_settings
 
@@ -249,6 +251,9 @@ def policy_loop(
         "nodes": nodes.model_dump(by_alias=True, exclude_none=True),
         "conditions": conds,
     }
+    ro = rollout.reconcile(parsed, current.rollout, reports, namespace, now)
+    if ro.status is not None:
+        new["rollout"] = ro.status.model_dump(by_alias=True, exclude_none=True)
     old = {k: status.get(k) for k in new}
     # Compare first: status-only writes cause watch events (HARNESS section 6, pitfall 4).
     diff = builders.merge_patch(old, new)
@@ -258,6 +263,8 @@ def policy_loop(
         logger.info("accounted steps %s; totals through step %d", folded, loop.account.through_step)
     if plan_changed:
         kopf.event(body, type="Normal", reason="PlanChanged", message=builders.describe_plan(plan))
+    if ro.event is not None:
+        kopf.event(body, type=ro.event[0], reason=ro.event[1], message=ro.event[2])
     if (
         deg[0]
         and next(

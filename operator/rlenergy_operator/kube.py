@@ -194,3 +194,43 @@ def node_report(namespace: str, name: str) -> tuple[str, dict[str, Any]] | None:
             return None
         raise
     return str(obj["metadata"]["resourceVersion"]), dict(obj.get("spec") or {})
+
+
+SCALE_RESOURCES: dict[str, tuple[str, str, str]] = {
+    "StatefulSet": ("apps", "v1", "statefulsets"),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+}
+"""Worker-set kinds resized through their ``/scale`` subresource: (group, version, plural)."""
+
+
+@_unreachable_is_api_error
+def scale_replicas(kind: str, namespace: str, name: str) -> int | None:
+    """``spec.replicas`` of a worker set read through its ``/scale`` subresource.
+
+    Args:
+        kind: a key of ``SCALE_RESOURCES``.
+        namespace: the worker set's namespace (the policy's).
+        name: its name.
+
+    Returns:
+        The replicas, workers; ``None`` when the object (or its kind) does not exist (404).
+    """
+    group, version, plural = SCALE_RESOURCES[kind]
+    api = kubernetes.client.CustomObjectsApi(_api())
+    try:
+        obj = api.get_namespaced_custom_object_scale(group, version, namespace, plural, name)
+    except k8s_errors.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return int(((obj or {}).get("spec") or {}).get("replicas") or 0)
+
+
+@_unreachable_is_api_error
+def set_scale_replicas(kind: str, namespace: str, name: str, replicas: int) -> None:
+    """Set ``spec.replicas`` of a worker set through its ``/scale`` subresource (merge patch)."""
+    group, version, plural = SCALE_RESOURCES[kind]
+    api = kubernetes.client.CustomObjectsApi(_api())
+    api.patch_namespaced_custom_object_scale(
+        group, version, namespace, plural, name, {"spec": {"replicas": int(replicas)}}
+    )

@@ -160,6 +160,15 @@ class PhaseWindowReport(_Wire):
     progress: float = Field(
         0.0, ge=0, description="Work the trainer SDK reported in the window (its unit)."
     )
+    gpu_seconds: float = Field(
+        0.0, alias="gpuSeconds", ge=0, description="Window time x the window's GPUs, GPU-s."
+    )
+    released_gpu_seconds: float = Field(
+        0.0,
+        alias="releasedGpuSeconds",
+        ge=0,
+        description="Part of gpuSeconds the GPUs spent parked (released rollout workers), GPU-s.",
+    )
 
 
 class StepRecord(_Wire):
@@ -175,6 +184,12 @@ class StepRecord(_Wire):
         alias="idleEnergyJoules",
         ge=0,
         description="Energy outside phase windows during the step.",
+    )
+    released_gpu_seconds: float = Field(
+        0.0,
+        alias="releasedGpuSeconds",
+        ge=0,
+        description="GPU time parked in this step as released rollout workers, GPU-s.",
     )
 
 
@@ -222,6 +237,34 @@ class GpuStatus(_Wire):
     )
     phase: str | None = Field(None, description="Current phase on this GPU (idle-watchdog hint).")
     pod: str | None = Field(None, description="namespace/name of the pod holding the GPU.")
+    parked: bool = Field(
+        False,
+        description="Parked at its lowest SM clock as a released rollout worker (FlexFloor).",
+    )
+
+
+class RolloutDispatch(_Wire):
+    """What the rollout dispatcher published through its node agent (FlexFloor).
+
+    The dispatcher (trainer side) has no Kubernetes credentials; it posts this to its node's
+    agent (``POST /v1/rollout``), which carries it in its node report. The operator reads the
+    newest one (highest ``step``) over the policy's reports: ``nextStepWorkers`` is the worker
+    count the next step needs (``releaseAction: scale``).
+    """
+
+    step: int = Field(ge=0, description="RL step the counts describe.")
+    active_workers: int = Field(
+        alias="activeWorkers", ge=0, description="Rollout workers in the EP group at the end."
+    )
+    released_workers: int = Field(
+        0, alias="releasedWorkers", ge=0, description="Workers released during the step."
+    )
+    next_step_workers: int | None = Field(
+        None,
+        alias="nextStepWorkers",
+        ge=1,
+        description="Workers the next step needs (the operator resizes the worker set).",
+    )
 
 
 class NodeReport(_Wire):
@@ -249,4 +292,13 @@ class NodeReport(_Wire):
         alias="unattributedJoulesTotal",
         ge=0,
         description="Energy of GPUs no pod holds (case #22), J.",
+    )
+    released_gpu_seconds_total: float = Field(
+        0.0,
+        alias="releasedGpuSecondsTotal",
+        ge=0,
+        description="GPU time parked as released rollout workers since the agent started, GPU-s.",
+    )
+    rollout: RolloutDispatch | None = Field(
+        None, description="The rollout dispatcher's newest publication on this node."
     )

@@ -11,13 +11,15 @@ workers) uses ``RolloutClient``:
 
 ``apply_release`` runs the engine side of a decision through an ``ElasticEngine``
 (``rlenergy.sdk.engines`` or the simulator's engine): prepare, then commit or abort, so the
-engine's group is either ``activeAfter`` or exactly ``activeBefore``. Endpoint paths are
+engine's group is either ``activeAfter`` or exactly ``activeBefore``; ``park_if_released``
+then parks a released rank's GPUs through its node agent. Endpoint paths are
 ``/v1/rollout/{placement,progress,ack}`` (JSON bodies, camelCase); stdlib ``urllib`` only.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 import pydantic
 
@@ -88,6 +90,44 @@ def apply_release(engine: api.ElasticEngine, decision: api.ReleaseDecision) -> a
         engine.abort_release(decision)
         return _outcome(decision, "Aborted", engine.active_ranks(), str(exc))
     return _outcome(decision, "Committed", active, None)
+
+
+class Parker(Protocol):
+    """What ``park_if_released`` needs of the node-agent client (``trainer.RLEnergyClient``)."""
+
+    def park(self, step: int, *, gpus: Sequence[str] = ()) -> dict[str, Any]:
+        """Park the caller's GPUs (or ``gpus``) for RL step ``step``."""
+        ...
+
+
+def park_if_released(
+    agent: Parker,
+    outcome: api.ReleaseOutcome,
+    decision: api.ReleaseDecision,
+    rank: int,
+    step: int,
+    *,
+    gpus: Sequence[str] = (),
+) -> bool:
+    """On rank ``rank``: park its GPUs when a committed release took it out of the EP group.
+
+    Args:
+        agent: the rank's node-agent client.
+        outcome: the round's outcome (only ``Committed`` parks).
+        decision: the round's decision (``release`` names the leaving ranks).
+        rank: this process's EP rank.
+        step: the RL step (the park lasts until it ends).
+        gpus: this rank's GPU UUIDs (empty: every GPU of the pod).
+
+    Returns:
+        Whether a park was sent.
+    """
+    if outcome.status != "Committed" or rank not in decision.release:
+        return False
+    if rank in outcome.active_workers:
+        return False  # the engine kept it after all: never park an active rank
+    agent.park(step, gpus=gpus)
+    return True
 
 
 def _outcome(

@@ -198,6 +198,60 @@ class RLEnergyClient:
         )
         self._post("/v1/step", {"step": step, "workload": workload.model_dump(by_alias=True)})
 
+    def park(self, step: int, *, gpus: Sequence[str] = ()) -> dict[str, Any]:
+        """Park this pod's GPUs (or ``gpus``, each the pod's own): a released rollout worker.
+
+        The agent locks them at their lowest supported SM clock until this pod's next working
+        phase, a signal of a later step, ``end_step(step)`` or ``unpark``; it reports the
+        parked GPU-seconds. Call it on the worker's ranks once a ``ReleaseDecision`` committed
+        (``rlenergy.sdk.rollout.park_if_released``).
+
+        Args:
+            step: RL step of the release.
+            gpus: GPU UUIDs to park (empty: every GPU of the pod).
+
+        Returns:
+            The agent's answer: ``parked`` (UUID -> ``{"clockMHz"}``), ``already``,
+            ``applied`` (read-back); empty when the agent was unreachable and not ``strict``.
+
+        Raises:
+            AgentRefusedError: ``strict`` and the agent refused (e.g. not your GPU).
+        """
+        body: dict[str, Any] = {"step": step}
+        if gpus:
+            body["gpus"] = list(gpus)
+        return self._post("/v1/park", body)
+
+    def unpark(self, *, gpus: Sequence[str] = ()) -> float:
+        """End this pod's parks (or those of ``gpus``) now; returns their GPU time, GPU-s."""
+        body: dict[str, Any] = {"gpus": list(gpus)} if gpus else {}
+        return float(self._post("/v1/unpark", body).get("releasedGpuSeconds", 0.0))
+
+    def publish_rollout(
+        self,
+        step: int,
+        *,
+        active_workers: int,
+        released_workers: int = 0,
+        next_step_workers: int | None = None,
+    ) -> None:
+        """Publish the dispatcher's rollout state through this node's agent (node report).
+
+        Args:
+            step: RL step the counts describe.
+            active_workers: workers in the EP group at the end of the step.
+            released_workers: workers released during the step.
+            next_step_workers: workers the next step needs; with ``releaseAction: scale`` the
+                operator resizes the worker set to it between steps (never below the floor).
+        """
+        dispatch = api_node.RolloutDispatch(
+            step=step,
+            active_workers=active_workers,
+            released_workers=released_workers,
+            next_step_workers=next_step_workers,
+        )
+        self._post("/v1/rollout", dispatch.model_dump(by_alias=True, exclude_none=True))
+
     def close(self) -> None:
         """Close the connection (reopened on the next call)."""
         if self._conn is not None:

@@ -130,6 +130,16 @@ OPERATOR_RULES = [
         "verbs": ["list", "watch"],
     },
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    {
+        "apiGroups": ["apps"],
+        "resources": ["statefulsets/scale"],
+        "verbs": ["get", "patch", "update"],
+    },
+    {
+        "apiGroups": ["leaderworkerset.x-k8s.io"],
+        "resources": ["leaderworkersets/scale"],
+        "verbs": ["get", "patch", "update"],
+    },
 ]
 OPERATOR_NS_RULES = [
     {

@@ -160,6 +160,11 @@ def test_helm_install_and_least_privilege_rbac(dev_cluster: DevCluster, namespac
         assert can(op, "list", "nodes")  # their taints, when no agent schedules
         assert not can(op, "patch", "nodes")
         assert not can(op, "create", "rlenergynodereports.rlenergy.io", "-A")
+        # FlexFloor scale: the /scale subresource of rollout worker sets, nothing more
+        assert can(op, "patch", "statefulsets.apps", "--subresource=scale", "-n", "default")
+        assert can(op, "get", "statefulsets.apps", "--subresource=scale", "-n", "default")
+        assert not can(op, "patch", "statefulsets.apps", "-n", "default")
+        assert not can(op, "delete", "statefulsets.apps", "-n", "default")
         assert can(agent, "create", "rlenergynodereports.rlenergy.io", "-n", "default")
         assert can(agent, "patch", "rlenergynodereports.rlenergy.io", "-n", "default")
         assert can(agent, "get", "rlenergypolicies.rlenergy.io", "-n", "default")

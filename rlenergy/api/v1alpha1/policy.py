@@ -347,7 +347,19 @@ class RolloutSpec(_Spec):
                     "self.releaseAction != 'scale' || has(self.workerSetRef)",
                     "releaseAction scale needs workerSetRef",
                     ".workerSetRef",
-                )
+                ),
+                _cel(
+                    "self.releaseAction != 'scale' || has(self.workerMemoryBytes)",
+                    "releaseAction scale needs workerMemoryBytes (the expert floor is "
+                    "computed from it)",
+                    ".workerMemoryBytes",
+                ),
+                _cel(
+                    "!has(self.workerMemoryBytes) || self.workerMemoryBytes >= "
+                    "(has(self.denseBytes) ? self.denseBytes : 0) + self.experts.bytesPerExpert",
+                    "workerMemoryBytes must hold denseBytes plus one expert (bytesPerExpert)",
+                    ".workerMemoryBytes",
+                ),
             ]
         }
     )
@@ -359,12 +371,32 @@ class RolloutSpec(_Spec):
     min_active_workers: int = Field(
         1, alias="minActiveWorkers", ge=1, le=4096, description="Never release below this."
     )
+    worker_memory_bytes: int | None = Field(
+        None,
+        alias="workerMemoryBytes",
+        ge=1,
+        le=2**50,
+        description=(
+            "Memory one rollout worker has for weights and KV cache, bytes (its GPUs' memory "
+            "x the engine's memory utilisation). With experts and denseBytes it sets the "
+            "expert floor, ceil(count x replicas / experts per worker); required for scale."
+        ),
+    )
+    dense_bytes: int = Field(
+        0,
+        alias="denseBytes",
+        ge=0,
+        le=2**50,
+        description="Non-expert weights every worker holds (attention, embeddings), bytes.",
+    )
     release_action: Literal["park", "scale"] = Field(
         "park",
         alias="releaseAction",
         description=(
-            "park: a released worker runs at the lowest clock or power cap; scale: shrink "
-            "the worker set between steps."
+            "park: the node agent runs a released worker's GPUs at the lowest supported SM "
+            "clock until the step ends; scale: the same, and between steps the operator "
+            "resizes workerSetRef to the count the dispatcher published, never below the "
+            "expert floor."
         ),
     )
 
@@ -372,6 +404,17 @@ class RolloutSpec(_Spec):
     def _scale(self) -> RolloutSpec:
         if self.release_action == "scale" and self.worker_set_ref is None:
             raise ValueError("releaseAction scale needs workerSetRef")
+        if self.release_action == "scale" and self.worker_memory_bytes is None:
+            raise ValueError(
+                "releaseAction scale needs workerMemoryBytes (the expert floor is computed from it)"
+            )
+        if (
+            self.worker_memory_bytes is not None
+            and self.worker_memory_bytes < self.dense_bytes + self.experts.bytes_per_expert
+        ):
+            raise ValueError(
+                "workerMemoryBytes must hold denseBytes plus one expert (bytesPerExpert)"
+            )
         return self
 
 

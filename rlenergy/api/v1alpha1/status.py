@@ -224,18 +224,99 @@ class Totals(_Status):
     )
 
 
-class RolloutStatus(_Status):
-    """MoE rollout worker release (FlexFloor)."""
+class ScaleStatus(_Status):
+    """The newest between-steps resize decision of the rollout worker set (releaseAction scale)."""
 
-    active: int = Field(0, ge=0, description="Active rollout workers.")
-    released: int = Field(0, ge=0, description="Released (parked or scaled-away) workers.")
+    for_step: int = Field(
+        alias="forStep", ge=0, description="RL step the dispatcher asked the worker count for."
+    )
+    desired: int = Field(ge=1, description="Workers the dispatcher asked for, workers.")
+    current: int = Field(ge=0, description="Replicas of the worker set when decided, workers.")
+    target: int = Field(ge=0, description="Replicas after the decision, workers.")
+    floor: int = Field(
+        ge=1, description="max(expert floor, experts.replicas, minActiveWorkers), workers."
+    )
+    reason: str = Field(
+        description=(
+            "AtTarget, ShrinkBetweenSteps, GrowBetweenSteps, ShrinkRejected, "
+            "WorkerSetNotFound or UnsupportedWorkerSet."
+        )
+    )
+    message: str = Field("", description="What happened, for humans.")
+    decided_at: str | None = Field(
+        None,
+        alias="decidedAt",
+        description="RFC 3339 time of the decision.",
+        json_schema_extra={"format": "date-time"},
+    )
+
+
+class RolloutStatus(_Status):
+    """MoE rollout worker release (FlexFloor), from the node reports and the worker set.
+
+    ``releasedGpuSeconds``, ``responseTokens`` and ``occupiedGpuSeconds`` are folded once per
+    complete RL step and checkpointed with ``throughStep`` (a restart neither loses nor double
+    counts a step).
+    """
+
+    active: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Active rollout workers: the worker set's replicas (scale), else the dispatcher's "
+            "newest published count."
+        ),
+    )
+    released: int = Field(
+        0, ge=0, description="Workers released in the dispatcher's newest published step."
+    )
     released_gpu_seconds: float = Field(
-        0.0, alias="releasedGpuSeconds", ge=0, description="GPU time released, GPU-s."
+        0.0,
+        alias="releasedGpuSeconds",
+        ge=0,
+        description="GPU time parked as released rollout workers, over the folded steps, GPU-s.",
+    )
+    parked_gpus: int = Field(
+        0, alias="parkedGpus", ge=0, description="GPUs parked now (node reports), GPUs."
+    )
+    occupied_gpu_seconds: float = Field(
+        0.0,
+        alias="occupiedGpuSeconds",
+        ge=0,
+        description=(
+            "GPU time in generation windows minus the parked part, over the folded steps, GPU-s."
+        ),
+    )
+    response_tokens: float = Field(
+        0.0,
+        alias="responseTokens",
+        ge=0,
+        description="Response tokens of the folded steps (trainer SDK), tokens.",
     )
     tokens_per_occupied_gpu_second: float | None = Field(
         None,
         alias="tokensPerOccupiedGpuSecond",
-        description="Response tokens per occupied GPU-second.",
+        description=(
+            "responseTokens / occupiedGpuSeconds, tokens per GPU-s; absent before a step "
+            "with generation time is folded."
+        ),
+    )
+    through_step: int = Field(
+        -1,
+        alias="throughStep",
+        ge=-1,
+        description="Newest step folded into the sums (-1: none); the restart checkpoint.",
+    )
+    floor: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Fewest workers a resize may leave: max(expert floor, experts.replicas, "
+            "minActiveWorkers); absent without workerMemoryBytes."
+        ),
+    )
+    scale: ScaleStatus | None = Field(
+        None, description="Newest resize decision of workerSetRef (releaseAction scale)."
     )
 
 

@@ -1,0 +1,261 @@
+"""FlexFloor actuation in the operator: ``status.rollout`` and between-steps worker-set resizing.
+
+Where the numbers come from (DESIGN section 2: agents never write the policy, the trainer has
+no Kubernetes credentials):
+
+* **released GPU time and occupancy**: each node agent parks a released rollout worker's GPUs
+  (``POST /v1/park`` from the worker's SDK) and reports per step ``releasedGpuSeconds`` and,
+  per phase window, ``gpuSeconds`` and its parked part. ``fold`` adds every complete step once
+  to ``status.rollout`` (``throughStep`` is the restart checkpoint, as ``totals.throughStep``):
+  occupied GPU time = generation ``gpuSeconds`` - parked part; tokens per occupied GPU-second =
+  the steps' response tokens / occupied GPU time.
+* **the desired worker count**: the rollout dispatcher publishes ``nextStepWorkers`` after a
+  step through its own node agent (``POST /v1/rollout``); the agent carries it in its node
+  report (``spec.rollout``). ``reconcile`` takes the newest publication (highest step) over
+  the policy's reports and, with ``releaseAction: scale``, decides once per published step
+  (``rlenergy.control.moe.scale.decide_scale``) and patches the worker set's ``/scale``
+  subresource (StatefulSet, LeaderWorkerSet). A target below the floor is refused
+  (``ShrinkRejected: ... minimum is N``) and the set is left untouched.
+
+Pure: ``layout``, ``floor``, ``newest_dispatch``, ``fold``. I/O (through ``kube``):
+``reconcile``. Callers: ``rlenergy_operator.handlers.policy_loop``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from rlenergy import errors
+from rlenergy.api import node as api_node
+from rlenergy.api.v1alpha1 import policy as api_policy
+from rlenergy.api.v1alpha1 import status as api_status
+from rlenergy.control.freq import aggregate
+from rlenergy.control.moe import base as moe_base
+from rlenergy.control.moe import scale
+from rlenergy_operator import kube
+
+ROLLOUT_PHASE = "generation"
+"""The phase whose windows are rollout (occupied GPU time)."""
+
+
+def layout(spec: api_policy.RolloutSpec) -> moe_base.MoeLayout | None:
+    """The planner's memory layout of one rollout worker; ``None`` without workerMemoryBytes.
+
+    Raises:
+        InvalidInputError: a worker cannot hold the dense weights and one expert.
+    """
+    if spec.worker_memory_bytes is None:
+        return None
+    return moe_base.MoeLayout(
+        num_experts=spec.experts.count,
+        expert_bytes=spec.experts.bytes_per_expert,
+        dense_bytes=spec.dense_bytes,
+        kv_bytes_per_token=0,
+        worker_memory_bytes=spec.worker_memory_bytes,
+        min_active_workers=spec.min_active_workers,
+    )
+
+
+def floor(spec: api_policy.RolloutSpec) -> int | None:
+    """Fewest workers a resize may leave (``scale.worker_set_floor``), workers.
+
+    Returns:
+        ``None`` without ``workerMemoryBytes`` (the expert floor is then unknown).
+
+    Raises:
+        InvalidInputError: a worker cannot hold the dense weights and one expert.
+    """
+    lay = layout(spec)
+    return None if lay is None else scale.worker_set_floor(lay, spec.experts.replicas)
+
+
+def newest_dispatch(reports: Sequence[api_node.NodeReport]) -> api_node.RolloutDispatch | None:
+    """The dispatcher's newest publication over the reports (highest step; ties: node name)."""
+    found = [(r.rollout.step, r.node_name, r.rollout) for r in reports if r.rollout is not None]
+    if not found:
+        return None
+    return max(found, key=lambda t: (t[0], t[1]))[2]
+
+
+def fold(
+    previous: api_status.RolloutStatus | None, reports: Sequence[api_node.NodeReport]
+) -> api_status.RolloutStatus:
+    """Add every complete step after ``previous.throughStep`` to the rollout sums.
+
+    Steps are folded in order and only when complete over the ready nodes
+    (``aggregate.step_state``); a lost step moves the checkpoint without adding anything.
+
+    Args:
+        previous: the status so far (``None``: nothing folded yet).
+        reports: the policy's node reports.
+
+    Returns:
+        The sums, ratio and ``throughStep``; ``active``, ``released``, ``parkedGpus`` from the
+        newest publication and the reports' GPUs (``floor`` and ``scale`` are left as they
+        were: ``reconcile`` sets them).
+    """
+    prev = previous or api_status.RolloutStatus()
+    released_s = prev.released_gpu_seconds
+    occupied_s = prev.occupied_gpu_seconds
+    tokens = prev.response_tokens
+    through = prev.through_step
+    for step in aggregate.known_steps(reports):
+        if step <= through:
+            continue
+        state = aggregate.step_state(step, reports)
+        if state is aggregate.StepState.PENDING:
+            break
+        through = step
+        if state is aggregate.StepState.LOST:
+            continue
+        recs = aggregate.records(step, reports)
+        released_s += sum(r.released_gpu_seconds for r in recs)
+        occupied_s += sum(
+            max(w.gpu_seconds - w.released_gpu_seconds, 0.0)
+            for r in recs
+            for w in r.phases
+            if w.phase == ROLLOUT_PHASE
+        )
+        tokens += max((r.workload.response_tokens for r in recs), default=0.0)
+    dispatch = newest_dispatch(reports)
+    return prev.model_copy(
+        update={
+            "active": dispatch.active_workers if dispatch is not None else prev.active,
+            "released": dispatch.released_workers if dispatch is not None else prev.released,
+            "released_gpu_seconds": released_s,
+            "parked_gpus": sum(g.parked for r in reports for g in r.gpus),
+            "occupied_gpu_seconds": occupied_s,
+            "response_tokens": tokens,
+            "tokens_per_occupied_gpu_second": round(tokens / occupied_s, 6)
+            if occupied_s > 0
+            else None,
+            "through_step": through,
+        }
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What one ``reconcile`` pass produced.
+
+    Attributes:
+        status: the new ``status.rollout`` (``None``: the policy has no rollout section).
+        event: a Kubernetes event to emit (type, reason, message), when a decision was made.
+    """
+
+    status: api_status.RolloutStatus | None
+    event: tuple[str, str, str] | None = None
+
+
+def reconcile(
+    spec: api_policy.RLEnergyPolicySpec,
+    previous: api_status.RolloutStatus | None,
+    reports: Sequence[api_node.NodeReport],
+    namespace: str,
+    now: str,
+) -> Result:
+    """Fold the reports into ``status.rollout`` and, for ``scale``, resize the worker set.
+
+    A resize is decided once per published step (``scale.forStep`` in status); a missing
+    worker set or an API error is retried at the next pass (reason ``WorkerSetNotFound`` /
+    ``ScaleFailed``), never raised.
+
+    Args:
+        spec: the validated policy spec.
+        previous: ``status.rollout`` now.
+        reports: the policy's node reports.
+        namespace: the policy's namespace (the worker set's too).
+        now: RFC 3339 time for ``scale.decidedAt``.
+    """
+    ro = spec.rollout
+    if ro is None:
+        return Result(None)
+    status = fold(previous, reports)
+    try:
+        minimum = floor(ro)
+    except errors.InvalidInputError:
+        minimum = None  # admission refuses it; nothing to resize against
+    status = status.model_copy(update={"floor": minimum})
+    dispatch = newest_dispatch(reports)
+    ref = ro.worker_set_ref
+    if (
+        ro.release_action != "scale"
+        or ref is None
+        or minimum is None
+        or dispatch is None
+        or dispatch.next_step_workers is None
+    ):
+        return Result(_with_active(status))
+    for_step = dispatch.step + 1
+    desired = dispatch.next_step_workers
+    prev = status.scale
+    retry = ("WorkerSetNotFound", "ScaleFailed")
+    if prev is not None and (
+        prev.for_step > for_step or (prev.for_step == for_step and prev.reason not in retry)
+    ):
+        return Result(_with_active(status))
+
+    def decided(current: int, target: int, reason: str, message: str) -> api_status.ScaleStatus:
+        return api_status.ScaleStatus(
+            forStep=for_step,
+            desired=desired,
+            current=current,
+            target=target,
+            floor=minimum,
+            reason=reason,
+            message=message,
+            decidedAt=now,
+        )
+
+    what = f"{ref.kind} {namespace}/{ref.name}"
+    if ref.kind not in kube.SCALE_RESOURCES:
+        s = decided(
+            0,
+            0,
+            "UnsupportedWorkerSet",
+            f"{what}: resizing a {ref.kind} worker group (workersToDelete) is not built; "
+            "use StatefulSet or LeaderWorkerSet, or releaseAction park",
+        )
+        return Result(_with_active(status, s), ("Warning", s.reason, s.message))
+    try:
+        current = kube.scale_replicas(ref.kind, namespace, ref.name)
+    except kube.ApiError as exc:
+        s = decided(0, 0, "ScaleFailed", f"{what}: reading /scale: {exc.status} {exc.reason}")
+        return Result(_with_active(status, s))
+    if current is None:
+        s = decided(0, 0, "WorkerSetNotFound", f"{what} not found; retrying")
+        return Result(_with_active(status, s))
+    d = scale.decide_scale(current, desired, minimum)
+    if d.action is scale.ScaleAction.RESIZE:
+        try:
+            kube.set_scale_replicas(ref.kind, namespace, ref.name, d.target)
+        except kube.ApiError as exc:
+            s = decided(
+                current,
+                current,
+                "ScaleFailed",
+                f"{what}: patching /scale: {exc.status} {exc.reason}",
+            )
+            return Result(_with_active(status, s), ("Warning", s.reason, s.message))
+    s = decided(d.current, d.target, d.reason, f"{what}: {d.message} for step {for_step}")
+    if d.action is scale.ScaleAction.NONE:
+        return Result(_with_active(status, s))
+    kind = "Warning" if d.action is scale.ScaleAction.REFUSED else "Normal"
+    return Result(_with_active(status, s), (kind, s.reason, s.message))
+
+
+def _with_active(
+    status: api_status.RolloutStatus, decision: api_status.ScaleStatus | None = None
+) -> api_status.RolloutStatus:
+    """``status`` with ``decision`` as ``scale`` and, after a resize decision, its target active."""
+    s = decision or status.scale
+    update: dict[str, object] = {"scale": s}
+    if s is not None and s.reason in (
+        "AtTarget",
+        "ShrinkBetweenSteps",
+        "GrowBetweenSteps",
+        "ShrinkRejected",
+    ):
+        update["active"] = s.target
+    return status.model_copy(update=update)

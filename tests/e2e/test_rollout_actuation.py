@@ -1,0 +1,302 @@
+"""FlexFloor actuation on the real control plane: parked GPUs and a resized rollout pool.
+
+What runs: the CRDs, the operator as a local process, three node agents on the stand-in NVML
+(``rlenergy_agent.testing.fullstack``), a StatefulSet ``rollout-pool`` of 4 rollout workers
+(2 GPUs each, scheduled on the KWOK GPU nodes and run by the real StatefulSet controller), and
+a policy with ``rollout.releaseAction: scale`` whose expert floor is 2 workers (16 experts of
+1 GB, 10 GB per worker with 2 GB of dense weights: 8 experts per worker).
+
+The test plays the rollout dispatcher and the workers through the SDK: node 0 is the trainer
+(it publishes the dispatcher's state, ``nextStepWorkers``), node 1 a rollout-only worker node.
+
+We check:
+* park: a released worker's GPUs (2 of node 1's) drop to the lowest supported SM clock, read
+  back through NVML, shown in the agent's metrics (parked, parked clock, effective clock,
+  released GPU-seconds counting up); an idle signal of the same step keeps them parked; the
+  next step's first phase signal un-parks them (metrics and stand-in lock);
+* scale: between steps the operator shrinks the pool 4 -> 2 (``/scale``; the controller deletes
+  the pods), refuses 2 -> 1 (``ShrinkRejected: ... minimum is 2``, a Warning event, pool
+  untouched), grows it back 2 -> 4; the pool is never seen below the floor;
+* status.rollout: the floor, the released GPU-seconds equal to the node report's, occupied
+  GPU-seconds and tokens per occupied GPU-second, nothing parked at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_support import get_json, wait_until
+from rlenergy_agent.testing import fullstack, standin
+
+from rlenergy.devcluster import DevCluster
+from rlenergy.sdk import trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT / "crds"
+POOL = "rollout-pool"
+FLOOR = 2
+GB = 10**9
+RESPONSE_TOKENS = 4096.0
+
+
+@pytest.fixture(scope="module")
+def crds(dev_cluster: DevCluster) -> Iterator[None]:
+    dev_cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
+    dev_cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/rlenergypolicies.rlenergy.io",
+        "crd/rlenergynodereports.rlenergy.io",
+        "--timeout=60s",
+    )
+    yield
+
+
+def _pool(replicas: int) -> dict[str, Any]:
+    labels = {"app": POOL}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": POOL},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": POOL,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                    "containers": [
+                        {
+                            "name": "rollout",
+                            "image": "registry.invalid/rollout-worker:1",
+                            "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _policy() -> dict[str, Any]:
+    return {
+        "apiVersion": "rlenergy.io/v1alpha1",
+        "kind": "RLEnergyPolicy",
+        "metadata": {"name": "moe-rollout"},
+        "spec": {
+            "selector": {"matchLabels": {"app": POOL}},
+            # warm-up longer than the test: the plan stays at the default governor
+            "controller": {"warmupSteps": 50},
+            "rollout": {
+                "workerSetRef": {"kind": "StatefulSet", "name": POOL},
+                "experts": {"count": 16, "bytesPerExpert": GB},
+                "workerMemoryBytes": 10 * GB,
+                "denseBytes": 2 * GB,
+                "minActiveWorkers": 1,
+                "releaseAction": "scale",
+            },
+        },
+    }
+
+
+def _metrics(agent: fullstack.NodeAgent) -> str:
+    url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback only
+        return str(resp.read().decode())
+
+
+def _gauge(text: str, name: str, uuid: str, extra: str = "") -> float | None:
+    pattern = rf'^{name}{{gpu_uuid="{re.escape(uuid)}"{extra}[^}}]*}} (\S+)$'
+    m = re.search(pattern, text, re.M)
+    return float(m.group(1)) if m else None
+
+
+@pytest.mark.timeout(300)
+def test_park_and_scale_between_steps(
+    dev_cluster: DevCluster, crds: None, namespace: str, tmp_path: Path
+):
+    t0 = time.monotonic()
+    lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
+    policy = _policy()
+    name = policy["metadata"]["name"]
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(_pool(4)))
+    seen_replicas: list[int] = []
+
+    def pool() -> dict[str, Any]:
+        sts = get_json(dev_cluster, "statefulset", POOL, "-n", namespace)
+        seen_replicas.append(int(sts["spec"]["replicas"]))
+        return dict(sts)
+
+    def pool_at(n: int) -> bool:
+        sts = pool()
+        return sts["spec"]["replicas"] == n and sts.get("status", {}).get("replicas", -1) == n
+
+    wait_until(lambda: pool_at(4), timeout=60, what="rollout pool created with 4 workers")
+
+    stack = fullstack.FullStack(
+        dev_cluster.kubeconfig, namespace, name, dev_cluster.nodes, tmp_path / "stack", lib_dir
+    )
+    with stack:
+        stack.start_operator()
+        dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(policy))
+        stack.start_agents()
+        for a in stack.agents:
+            wait_until(lambda a=a: a.plan_step() >= 0, timeout=60, what=f"plan on {a.node}")
+        clients = {
+            a.node: trainer.RLEnergyClient(str(a.socket), strict=True, timeout_s=10.0)
+            for a in stack.agents
+        }
+        driver_node, worker_node = stack.agents[0], stack.agents[1]
+        released = worker_node.uuids[6:]  # rollout worker 3: the last 2 GPUs of node 1
+        kept = worker_node.uuids[0]
+        t_ready = time.monotonic()
+
+        def begin(step: int) -> None:
+            for a in stack.agents:
+                clients[a.node].phase("generation", step=step)
+                a.driver.set_work(a.uuids, "generation", f"gen-{step}")
+
+        def finish(step: int, active: int, released_workers: int, nxt: int) -> None:
+            for a in stack.agents:
+                clients[a.node].phase("idle", step=step)
+                a.driver.set_work(a.uuids, "idle", f"idle-{step}")
+            for a in (driver_node, stack.agents[2]):  # node 1 is rollout-only
+                clients[a.node].end_step(
+                    step,
+                    samples=64,
+                    response_tokens=RESPONSE_TOKENS,
+                    prompt_tokens=1024,
+                    valid_tokens=RESPONSE_TOKENS,
+                )
+            clients[driver_node.node].publish_rollout(
+                step,
+                active_workers=active,
+                released_workers=released_workers,
+                next_step_workers=nxt,
+            )
+
+        # ----- step 0: worker 3 is released and parked; the pool shrinks to 2 after it.
+        begin(0)
+        worker_node.driver.advance(0.2)
+        answer = clients[worker_node.node].park(0, gpus=released)
+        assert set(answer["parked"]) == set(released), answer
+        report = wait_until(
+            lambda: next(
+                (
+                    r["spec"]
+                    for r in stack.node_reports()
+                    if r["spec"]["nodeName"] == worker_node.node
+                    and any(g.get("parked") for g in r["spec"]["gpus"])
+                ),
+                None,
+            ),
+            timeout=30,
+            what="node report showing the parked GPUs",
+        )
+        lowest = min(
+            next(g for g in report["gpus"] if g["uuid"] == released[0])["supportedClocksMHz"]
+        )
+        assert all(v["clockMHz"] == lowest for v in answer["parked"].values()), answer
+        clients[worker_node.node].phase("idle", step=0)  # same step: still parked
+        text = _metrics(worker_node)
+        for u in released:
+            assert worker_node.driver.gpu(u).locked
+            assert worker_node.driver.gpu(u).lock_max_mhz == lowest
+            assert _gauge(text, "rlenergy_agent_gpu_parked", u) == 1.0
+            assert _gauge(text, "rlenergy_agent_gpu_parked_clock_hertz", u) == lowest * 1e6
+            effective = _gauge(text, "rlenergy_agent_gpu_sm_clock_hertz", u, ',kind="effective"')
+            assert effective == lowest * 1e6, text
+        assert _gauge(text, "rlenergy_agent_gpu_parked", kept) == 0.0
+        assert not worker_node.driver.gpu(kept).locked  # warm-up plan: default governor
+        before = _gauge(text, "rlenergy_agent_released_gpu_seconds_total", released[0]) or 0.0
+        wait_until(
+            lambda: (
+                (_gauge(_metrics(worker_node), "rlenergy_agent_released_gpu_seconds_total",
+                        released[0]) or 0.0) > before
+            ),
+            timeout=10,
+            interval=0.05,
+            what="released GPU-seconds counting up while parked",
+        )  # fmt: skip
+        finish(0, active=3, released_workers=1, nxt=2)
+        wait_until(lambda: pool_at(2), timeout=60, what="pool shrunk to 2 between steps")
+
+        # ----- step 1: the first signal of the next step un-parks; 2 -> 1 is refused.
+        begin(1)
+        text = _metrics(worker_node)
+        for u in released:
+            assert not worker_node.driver.gpu(u).locked, "still locked after the next step began"
+            assert _gauge(text, "rlenergy_agent_gpu_parked", u) == 0.0
+            assert _gauge(text, "rlenergy_agent_gpu_parked_clock_hertz", u) is None
+        parked_s = _gauge(text, "rlenergy_agent_released_gpu_seconds_total", released[0])
+        assert parked_s is not None and parked_s > 0
+        finish(1, active=2, released_workers=0, nxt=1)
+
+        def refused() -> dict[str, Any] | None:
+            scale = stack.policy_status().get("rollout", {}).get("scale") or {}
+            return scale if scale.get("forStep") == 2 else None
+
+        scale = wait_until(refused, timeout=30, what="the decision for step 2")
+        assert scale["reason"] == "ShrinkRejected", scale
+        assert f"minimum is {FLOOR}" in scale["message"], scale
+        assert scale["target"] == scale["current"] == 2, scale
+        assert pool_at(2)
+        events = get_json(dev_cluster, "events", "-n", namespace)["items"]
+        assert any(
+            e.get("reason") == "ShrinkRejected" and e.get("type") == "Warning" for e in events
+        ), [e.get("reason") for e in events]
+
+        # ----- step 2: the dispatcher needs 4 workers again: the pool grows back.
+        begin(2)
+        finish(2, active=2, released_workers=0, nxt=4)
+        wait_until(lambda: pool_at(4), timeout=60, what="pool grown back to 4")
+        begin(3)  # node 1's step 2 record is finished once step 3 has begun there
+        clients[worker_node.node].phase("idle", step=3)
+
+        status = wait_until(
+            lambda: (
+                s
+                if (s := stack.policy_status().get("rollout", {})).get("throughStep", -1) >= 2
+                else None
+            ),
+            timeout=30,
+            what="status.rollout through step 2",
+        )
+        reports = {r["spec"]["nodeName"]: r["spec"] for r in stack.node_reports()}
+        step0 = next(s for s in reports[worker_node.node]["steps"] if s["step"] == 0)
+        assert step0["releasedGpuSeconds"] == pytest.approx(2 * parked_s, rel=0.05)
+        assert status["floor"] == FLOOR
+        assert status["active"] == 4
+        assert status["parkedGpus"] == 0
+        assert status["releasedGpuSeconds"] == pytest.approx(
+            sum(
+                s.get("releasedGpuSeconds", 0.0)
+                for rep in reports.values()
+                for s in rep["steps"]
+                if s["step"] <= 2
+            )
+        )
+        assert status["releasedGpuSeconds"] > 0
+        assert status["responseTokens"] == 3 * RESPONSE_TOKENS
+        assert status["occupiedGpuSeconds"] > 0
+        assert status["tokensPerOccupiedGpuSecond"] == pytest.approx(
+            status["responseTokens"] / status["occupiedGpuSeconds"], rel=1e-4
+        )
+        assert min(seen_replicas) == FLOOR, seen_replicas
+        for c in clients.values():
+            c.close()
+        print(
+            f"\nrollout actuation: parked {2 * parked_s:.2f} GPU-s at {lowest} MHz; pool "
+            f"{sorted(set(seen_replicas), reverse=True)} (min {min(seen_replicas)}); status "
+            f"{json.dumps(status)}; {time.monotonic() - t_ready:.1f} s after the agents were "
+            f"up, {time.monotonic() - t0:.1f} s in all"
+        )
