@@ -99,7 +99,10 @@ def calibrate(seeds: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=8, help="EP ranks per replica")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="independent replicas for the trace rows"
+    )
     parser.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(moe.MOE_MODELS))
     parser.add_argument("--gpu", default="h100-sxm", choices=sorted(moe.GPU_MEMORY_GB))
     parser.add_argument("--heavy-tail", type=float, default=0.0)
@@ -137,6 +140,7 @@ def main() -> int:
             config=config,
             steps=args.steps,
             heavy_tail_fraction=args.heavy_tail,
+            replicas=args.replicas,
             prompt_persistence=args.prompt_persistence,
             prompt_share=args.prompt_share,
             exact_lengths=args.exact_lengths,
@@ -170,7 +174,8 @@ def main() -> int:
         return 1 if violations else 0
     table = Table(
         title=(
-            f"FlexFloor vs verl-style rollout: {args.model}, {args.workers} x {args.gpu} "
+            f"FlexFloor vs verl-style rollout: {args.model}, {args.replicas} x {args.workers} x "
+            f"{args.gpu} "
             "(calibrated rows: 16 x h200 as replicas x EP ranks), "
             f"{args.steps} steps, heavy tail {args.heavy_tail}, prompt share "
             f"{args.prompt_share}, persistence {args.prompt_persistence}"
