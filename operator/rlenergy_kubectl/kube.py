@@ -132,7 +132,7 @@ def _message(exc: k8s_errors.ApiException) -> str:
     return str(body.get("message") or exc.reason or exc.status)
 
 
-def crds_installed(cluster: Cluster) -> list[str]:
+def missing_crds(cluster: Cluster) -> list[str]:
     """Plural names of our resources the API server is missing (empty: all served)."""
     api = kubernetes.client.CustomObjectsApi(cluster.api)
 
@@ -152,7 +152,7 @@ def crds_installed(cluster: Cluster) -> list[str]:
 
 
 def _require_crds(cluster: Cluster) -> None:
-    missing = crds_installed(cluster)
+    missing = missing_crds(cluster)
     if missing:
         names = ", ".join(f"{p}.{api_policy.GROUP}" for p in missing)
         raise PluginError(

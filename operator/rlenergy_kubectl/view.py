@@ -13,13 +13,14 @@ is ready when at least one of its GPUs still measures energy.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -148,6 +149,14 @@ def fmt_count(value: float) -> str:
     return f"{value:.0f}"
 
 
+def _table(columns: Sequence[tuple[str, JustifyMethod]], wrap: str = "", title: str = "") -> Table:
+    """A table with ``columns`` (header, justification); only the column ``wrap`` may wrap."""
+    table = Table(box=box.SIMPLE_HEAD, title=title or None, title_justify="left", expand=False)
+    for header, justify in columns:
+        table.add_column(header, justify=justify, no_wrap=header != wrap)
+    return table
+
+
 # ----- policy parts ----------------------------------------------------------------------------
 def condition_line(status: api_status.RLEnergyPolicyStatus) -> Text:
     """``Ready True (AgentsDeployed) · Progressing ... · Degraded ...`` with messages."""
@@ -203,21 +212,23 @@ def _plan_cell(plan: api_node.ClockPlan | None, phase: str) -> str:
 
 def phase_table(status: api_status.RLEnergyPolicyStatus) -> Table:
     """Per-phase clocks, throughput ratio against the threshold, saving and energy per token."""
-    table = Table(box=box.SIMPLE_HEAD, title="Phases", title_justify="left", expand=False)
-    for col, justify in (
-        ("Phase", "left"),
-        ("State", "left"),
-        ("Clock", "right"),
-        ("Plan", "left"),
-        ("Tput ratio", "right"),
-        ("Min ratio", "right"),
-        ("Saving", "right"),
-        ("Saved", "right"),
-        ("J / valid token", "right"),
-        ("Default J / token", "right"),
-        ("Selections", "right"),
-    ):
-        table.add_column(col, justify=justify, no_wrap=col not in ("Plan",))  # type: ignore[arg-type]
+    table = _table(
+        (
+            ("Phase", "left"),
+            ("State", "left"),
+            ("Clock", "right"),
+            ("Plan", "left"),
+            ("Tput ratio", "right"),
+            ("Min ratio", "right"),
+            ("Saving", "right"),
+            ("Saved", "right"),
+            ("J / valid token", "right"),
+            ("Default J / token", "right"),
+            ("Selections", "right"),
+        ),
+        wrap="Plan",
+        title="Phases",
+    )
     names = [p.name for p in status.phases]
     if status.plan is not None:
         names += [p.phase for p in status.plan.phases if p.phase not in names]
@@ -228,7 +239,10 @@ def phase_table(status: api_status.RLEnergyPolicyStatus) -> Table:
             continue
         clock = fmt_clock(ph.clock_mhz)
         if ph.recommended_clock_mhz is not None:
-            clock += f" (recommends {ph.recommended_clock_mhz} MHz)"
+            estimate = ph.estimated_saving_percent
+            clock += f" (recommends {ph.recommended_clock_mhz} MHz" + (
+                ")" if estimate is None else f", [MODEL] est. saving {fmt_percent(estimate)})"
+            )
         below = (
             ph.throughput_ratio is not None
             and ph.min_throughput_ratio is not None
@@ -255,17 +269,13 @@ def phase_table(status: api_status.RLEnergyPolicyStatus) -> Table:
 
 
 def _gpu_counts(report: api_node.NodeReport) -> str:
-    counts: dict[str, int] = {}
-    for gpu in report.gpus:
-        counts[gpu.condition] = counts.get(gpu.condition, 0) + 1
-    order = ("ok", "measureOnly", "degraded", "lost")
+    counts = collections.Counter(gpu.condition for gpu in report.gpus)
+    order: tuple[api_node.GpuCondition, ...] = ("ok", "measureOnly", "degraded", "lost")
     return ", ".join(f"{counts[c]} {c}" for c in order if c in counts) or "no GPUs"
 
 
 def _locks(report: api_node.NodeReport) -> str:
-    counts: dict[int | None, int] = {}
-    for gpu in report.gpus:
-        counts[gpu.locked_clock_mhz] = counts.get(gpu.locked_clock_mhz, 0) + 1
+    counts = collections.Counter(gpu.locked_clock_mhz for gpu in report.gpus)
     if not counts:
         return UNKNOWN
     keys = sorted(counts, key=lambda k: (k is None, k or 0))
@@ -285,18 +295,20 @@ def _problems(report: api_node.NodeReport) -> str:
 
 def node_table(reports: ReportsView) -> Table:
     """Per-node health from the node reports: GPU conditions, locks, last step, energy."""
-    table = Table(box=box.SIMPLE_HEAD, title="Nodes", title_justify="left", expand=False)
-    for col, justify in (
-        ("Node", "left"),
-        ("Ready", "left"),
-        ("GPUs", "left"),
-        ("Locked clocks", "left"),
-        ("Last step", "right"),
-        ("Energy", "right"),
-        ("Unattributed", "right"),
-        ("Problems", "left"),
-    ):
-        table.add_column(col, justify=justify, no_wrap=col != "Problems")  # type: ignore[arg-type]
+    table = _table(
+        (
+            ("Node", "left"),
+            ("Ready", "left"),
+            ("GPUs", "left"),
+            ("Locked clocks", "left"),
+            ("Last step", "right"),
+            ("Energy", "right"),
+            ("Unattributed", "right"),
+            ("Problems", "left"),
+        ),
+        wrap="Problems",
+        title="Nodes",
+    )
     for rep in reports.reports:
         ready = aggregate.node_ready(rep)
         table.add_row(
@@ -359,20 +371,21 @@ def _cond_cell(status: api_status.RLEnergyPolicyStatus, type_: api_status.Condit
 
 def summary_table(rows: Sequence[tuple[PolicyView, ReportsView]]) -> Table:
     """One row per policy: clocks per phase, saving, throughput ratio, node health, conditions."""
-    table = Table(box=box.SIMPLE_HEAD, expand=False)
-    for col, justify in (
-        ("Namespace", "left"),
-        ("Policy", "left"),
-        ("Mode", "left"),
-        ("Clocks", "left"),
-        ("Saving", "right"),
-        ("Tput ratio", "right"),
-        ("Nodes ready", "right"),
-        ("GPU problems", "right"),
-        ("Ready", "left"),
-        ("Degraded", "left"),
-    ):
-        table.add_column(col, justify=justify, no_wrap=col != "Clocks")  # type: ignore[arg-type]
+    table = _table(
+        (
+            ("Namespace", "left"),
+            ("Policy", "left"),
+            ("Mode", "left"),
+            ("Clocks", "left"),
+            ("Saving", "right"),
+            ("Tput ratio", "right"),
+            ("Nodes ready", "right"),
+            ("GPU problems", "right"),
+            ("Ready", "left"),
+            ("Degraded", "left"),
+        ),
+        wrap="Clocks",
+    )
     for policy, reports in rows:
         st = policy.status
         totals = st.totals
