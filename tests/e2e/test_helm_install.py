@@ -6,7 +6,8 @@ process configured from the chart's ConfigMap (what the in-cluster Deployment ge
 nodes Running and Ready. We check:
 
 * the agent DaemonSet exists with one Running pod per fake GPU node and carries the chart's
-  settings (image, port, hostPath, resources, ServiceAccount, GPU toleration, capabilities);
+  settings (image, port, hostPath, resources, ServiceAccount, priority class, GPU toleration,
+  capabilities);
 * with ``agent.tolerateGpuTaint=false`` no agent schedules on the tainted GPU nodes: the install
   NOTES warn, the policy goes Degraded (``AgentsUnschedulable``) with a message naming the
   missing ``nvidia.com/gpu`` toleration and the fix, a Warning Event is posted, and the
@@ -137,13 +138,29 @@ def _delete_policy(cluster: DevCluster, namespace: str, name: str) -> float:
     return time.monotonic() - t0
 
 
+@pytest.fixture
+def priority_class(dev_cluster: DevCluster, namespace: str) -> Iterator[str]:
+    """A PriorityClass of value 100000 for the agents (cluster-scoped, removed afterwards)."""
+    name = f"{namespace}-agents"
+    body = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": 100000,
+    }
+    dev_cluster.kubectl("create", "-f", "-", input=json.dumps(body))
+    yield name
+    dev_cluster.kubectl("delete", "priorityclass", name, "--wait=false", check=False)
+
+
 def test_agents_run_on_every_gpu_node_with_the_charts_settings(
-    dev_cluster: DevCluster, namespace: str, release: Release, lib_dir: Path
+    dev_cluster: DevCluster, namespace: str, release: Release, lib_dir: Path, priority_class: str
 ):
     release.install(
         "--set", "agent.image.repository=registry.example/rl-agent", "--set", "agent.image.tag=9.9",
         "--set", "agent.metricsPort=9500", "--set", "agent.stateDir=/srv/rlenergy",
         "--set", "agent.resources.limits.memory=80Mi", "--set", "agent.resources.requests.cpu=20m",
+        "--set", f"agent.priorityClassName={priority_class}",
     )  # fmt: skip
     policy = _policy()
     name = policy["metadata"]["name"]
@@ -179,12 +196,14 @@ def test_agents_run_on_every_gpu_node_with_the_charts_settings(
         paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
         assert paths["state"] == "/srv/rlenergy"
         assert GPU_TOLERATION in pod["tolerations"]
+        assert pod["priorityClassName"] == priority_class
         sec = agent["securityContext"]
         assert sec["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
         assert sec["privileged"] is False and sec["readOnlyRootFilesystem"] is True
         for p in pods:  # the pods themselves, as the API server admitted them
             assert p["spec"]["containers"][0]["image"] == "registry.example/rl-agent:9.9"
             assert p["spec"]["serviceAccountName"] == f"{release.name}-rl-energy-agent"
+            assert p["spec"]["priority"] == 100000  # the Priority admission resolved the class
         wait_until(
             lambda: _condition(stack.policy_status(), "Ready").get("status") == "True",
             timeout=60,
@@ -284,12 +303,14 @@ def test_delete_policies_then_helm_uninstall_leaves_no_locked_clock_or_finalizer
         for a in stack.agents:
             assert a.callback is not None
             a.callback.on_generation_start(warmup)
-        wait_until(
-            lambda: all(a.driver.gpu(u).locked for a in stack.agents for u in a.uuids),
-            timeout=10,
-            interval=0.01,
-            what="every GPU locked by a probe slice",
-        )
+        every = {u for a in stack.agents for u in a.uuids}
+        seen: set[str] = set()
+
+        def locked_once() -> bool:  # slices may include the default governor (unlocked)
+            seen.update(u for a in stack.agents for u in a.uuids if a.driver.gpu(u).locked)
+            return seen == every
+
+        wait_until(locked_once, timeout=10, interval=0.005, what="every GPU locked by a slice")
         # 1. Policies first, while the operator and the agents run: the finalizer waits for
         #    every GPU's reset acknowledgement.
         deleted_s = _delete_policy(dev_cluster, namespace, name)

@@ -120,6 +120,8 @@ def test_prometheus_scrapes_agents_matching_the_policy_status(
                     break
                 assert time.monotonic() < deadline, "the policy status never settled"
             scrape_targets = prom.api("targets")["activeTargets"]
+        # Leave no finalizer behind: the policy goes while the operator and the agents run.
+        dev_cluster.kubectl("delete", "rlep", name, "-n", namespace, "--timeout=60s")
     status = after
     totals = status["totals"]
     phases = {p["name"]: p for p in status["phases"]}
