@@ -50,36 +50,73 @@ def expected_health(type_: str, status: str, reason: str) -> str:
     return "Healthy"
 
 
+_TYPES = ("Ready", "Progressing", "Degraded")
 _BUILDER_TYPES = {"progress": "Progressing", "degraded": "Degraded", "ready": "Ready"}
 
 
+def _builder_type(fn: ast.FunctionDef) -> str | None:
+    """Condition type a ``(status, reason, message)`` builder produces, or None if it is none.
+
+    Builders are named ``<type>_condition`` or annotated ``tuple[bool, str, str]`` with the
+    type named in the first docstring line (e.g. ``scheduling.agents_unschedulable``).
+    """
+    if fn.name.endswith("_condition"):
+        prefix = fn.name.split("_")[0]
+        assert prefix in _BUILDER_TYPES, f"{fn.name}: which condition type?"
+        return _BUILDER_TYPES[prefix]
+    if fn.returns is None or "tuple[bool, str, str]" not in ast.unparse(fn.returns):
+        return None
+    first = (ast.get_docstring(fn) or "").split("\n")[0]
+    named = [t for t in _TYPES if t in first]
+    assert len(named) == 1, f"{fn.name}: name its condition type in the docstring's first line"
+    return named[0]
+
+
+def _literal(node: ast.expr, consts: dict[str, str]) -> object:
+    """The value of a literal, or of a name bound to a module-level string constant."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in consts:
+        return consts[node.id]
+    return None
+
+
 def operator_conditions() -> set[tuple[str, str, str]]:
-    """(type, status, reason) the operator's source can write (literal arguments only)."""
+    """(type, status, reason) the operator's source can write.
+
+    From ``builders.condition(...)`` calls with literal arguments and from the returned
+    ``(status, reason, message)`` tuples of condition builders; a reason may be a module-level
+    string constant.
+    """
     found: set[tuple[str, str, str]] = set()
     for path in sorted(OPERATOR.glob("*.py")):
         tree = ast.parse(path.read_text())
+        consts = {
+            t.id: n.value.value
+            for n in tree.body
+            if isinstance(n, ast.Assign)
+            and isinstance(n.value, ast.Constant)
+            and isinstance(n.value.value, str)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "condition"
                 and len(node.args) >= 3
-                and all(isinstance(a, ast.Constant) for a in node.args[:3])
             ):
-                type_, status, reason = (a.value for a in node.args[:3])  # type: ignore[attr-defined]
-                found.add((type_, "True" if status else "False", reason))
-            if isinstance(node, ast.FunctionDef) and node.name.endswith("_condition"):
-                prefix = node.name.split("_")[0]
+                type_, status, reason = (_literal(a, consts) for a in node.args[:3])
+                if isinstance(type_, str) and isinstance(status, bool) and isinstance(reason, str):
+                    found.add((type_, "True" if status else "False", reason))
+            if isinstance(node, ast.FunctionDef) and (kind := _builder_type(node)):
                 for ret in ast.walk(node):
-                    if (
-                        isinstance(ret, ast.Return)
-                        and isinstance(ret.value, ast.Tuple)
-                        and len(ret.value.elts) >= 2
-                        and all(isinstance(e, ast.Constant) for e in ret.value.elts[:2])
-                    ):
-                        assert prefix in _BUILDER_TYPES, f"{path.name}:{node.name}: which type?"
-                        status, reason = (e.value for e in ret.value.elts[:2])  # type: ignore[attr-defined]
-                        found.add((_BUILDER_TYPES[prefix], "True" if status else "False", reason))
+                    if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Tuple):
+                        status, reason = (_literal(e, consts) for e in ret.value.elts[:2])
+                        if isinstance(status, bool) and isinstance(reason, str):
+                            found.add((kind, "True" if status else "False", reason))
     return found
 
 
@@ -130,6 +167,7 @@ def test_the_scan_finds_the_operator_conditions():
     assert ("Degraded", "True", "ResetDeadlineExceeded") in WRITTEN
     assert ("Progressing", "True", "SelectingClocks") in WRITTEN  # builders' returned tuples
     assert ("Degraded", "True", "NodeErrors") in WRITTEN
+    assert ("Degraded", "True", "AgentsUnschedulable") in WRITTEN  # via a module constant
     assert {t for t, _, _ in WRITTEN} == {"Ready", "Progressing", "Degraded"}
 
 
