@@ -217,8 +217,14 @@ def policy_loop(
         if loop.controller is not None
         else (True, "WaitingForReports", "no complete RL step with a clock table reported yet")
     )
-    # No agent can schedule (policy_agents_check) explains everything else: it goes first.
-    deg = memo.get("agents_unschedulable") or builders.degraded_condition(
+    # No agent can schedule (policy_agents_check) explains everything else: it goes first;
+    # after a restart the last finding stands until the first check (no Degraded flap).
+    unschedulable = (
+        memo["agents_unschedulable"]
+        if "agents_unschedulable" in memo
+        else scheduling.last_finding(previous)
+    )
+    deg = unschedulable or builders.degraded_condition(
         nodes, loop.controller is not None, bool(reports)
     )
     conds = builders.merge_conditions(

@@ -112,3 +112,16 @@ def agents_unschedulable(
     else:
         message += "; untaint the GPU nodes or let the agents tolerate these taints"
     return True, REASON, message
+
+
+def last_finding(conditions: Sequence[Mapping[str, Any]]) -> tuple[bool, str, str] | None:
+    """The ``AgentsUnschedulable`` Degraded condition among ``conditions``, as a finding.
+
+    After an operator restart the in-memory finding is gone until the first check: the policy
+    keeps the published one meanwhile instead of flapping to False (and back, with a second
+    Warning event).
+    """
+    deg = next((c for c in conditions if c.get("type") == "Degraded"), None)
+    if deg is not None and deg.get("status") == "True" and deg.get("reason") == REASON:
+        return True, REASON, str(deg.get("message") or "")
+    return None

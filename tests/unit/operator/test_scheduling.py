@@ -98,3 +98,21 @@ def test_other_taints_are_named_without_the_gpu_fix() -> None:
     assert "maintenance=true:NoExecute" in message and "nvidia.com/gpu=" not in message
     assert "7 GPU nodes (gpu-0, gpu-1, gpu-2, gpu-3, gpu-4 and 2 more)" in message
     assert "tolerateGpuTaint" not in message
+
+
+def test_last_finding_survives_a_restart_until_the_first_check() -> None:
+    found = scheduling.agents_unschedulable(_ds(0), [], _nodes(3))
+    assert found is not None
+    published = builders.condition(
+        "Degraded", found[0], found[1], found[2], generation=1, now="2026-01-01T00:00:00Z"
+    )
+    ready = builders.condition("Ready", True, "AgentsDeployed", "ok", generation=1, now="t")
+    assert scheduling.last_finding([ready, published]) == found
+    cleared = builders.condition(
+        "Degraded", False, "AsExpected", "no errors", generation=1, now="2026-01-01T00:00:00Z"
+    )
+    assert scheduling.last_finding([ready, cleared]) is None
+    other = builders.condition(
+        "Degraded", True, "NodeErrors", "x", generation=1, now="2026-01-01T00:00:00Z"
+    )
+    assert scheduling.last_finding([other]) is None
