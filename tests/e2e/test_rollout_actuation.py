@@ -18,7 +18,9 @@ We check:
   the pods), refuses 2 -> 1 (``ShrinkRejected: ... minimum is 2``, a Warning event, pool
   untouched), grows it back 2 -> 4; the pool is never seen below the floor;
 * status.rollout: the floor, the released GPU-seconds equal to the node report's, occupied
-  GPU-seconds and tokens per occupied GPU-second, nothing parked at the end.
+  GPU-seconds and tokens per occupied GPU-second, nothing parked at the end;
+* a LeaderWorkerSet (its CRD's /scale subresource, no controller) is resized through the same
+  generic code path: 3 -> 2, 2 -> 1 refused, 2 -> 3.
 """
 
 from __future__ import annotations
@@ -300,3 +302,119 @@ def test_park_and_scale_between_steps(
             f"{json.dumps(status)}; {time.monotonic() - t_ready:.1f} s after the agents were "
             f"up, {time.monotonic() - t0:.1f} s in all"
         )
+
+
+def _lws_crd() -> dict[str, Any]:
+    """LeaderWorkerSet's CRD reduced to what the operator touches: the /scale subresource with
+    the paths of the real one (sigs.k8s.io/lws: .spec.replicas, .status.replicas)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "leaderworkersets.leaderworkerset.x-k8s.io"},
+        "spec": {
+            "group": "leaderworkerset.x-k8s.io",
+            "names": {
+                "kind": "LeaderWorkerSet",
+                "listKind": "LeaderWorkerSetList",
+                "plural": "leaderworkersets",
+                "singular": "leaderworkerset",
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                        },
+                    },
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                },
+                                "status": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+@pytest.mark.timeout(180)
+def test_leaderworkerset_is_resized_through_the_generic_scale_subresource(
+    dev_cluster: DevCluster, crds: None, namespace: str, tmp_path: Path
+):
+    """The same /scale code path on a LeaderWorkerSet (a custom resource); the dispatcher's
+    publication is written into a node report directly (no agent needed for the decision)."""
+    dev_cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(_lws_crd()))
+    dev_cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/leaderworkersets.leaderworkerset.x-k8s.io",
+        "--timeout=60s",
+    )
+    lws = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": POOL},
+        "spec": {"replicas": 3, "leaderWorkerTemplate": {"size": 2}},
+    }
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(lws))
+    policy = _policy()
+    policy["spec"]["rollout"]["workerSetRef"] = {"kind": "LeaderWorkerSet", "name": POOL}
+    name = policy["metadata"]["name"]
+    lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
+    stack = fullstack.FullStack(
+        dev_cluster.kubeconfig, namespace, name, dev_cluster.nodes[:1], tmp_path / "stack", lib_dir
+    )
+
+    def publish(step: int, nxt: int) -> None:
+        report = {
+            "apiVersion": "rlenergy.io/v1alpha1",
+            "kind": "RLEnergyNodeReport",
+            "metadata": {"name": f"{name}-{dev_cluster.nodes[0]}"},
+            "spec": {
+                "policyName": name,
+                "nodeName": dev_cluster.nodes[0],
+                "gpus": [{"uuid": "GPU-lws-0", "condition": "ok"}],
+                "rollout": {"step": step, "activeWorkers": 3, "nextStepWorkers": nxt},
+            },
+        }
+        dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(report))
+
+    def replicas() -> int:
+        return int(
+            get_json(dev_cluster, "leaderworkerset", POOL, "-n", namespace)["spec"]["replicas"]
+        )
+
+    def scale_for(step: int) -> dict[str, Any] | None:
+        s = stack.policy_status().get("rollout", {}).get("scale") or {}
+        return s if s.get("forStep") == step else None
+
+    with stack:
+        stack.start_operator()
+        dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(policy))
+        publish(0, 2)
+        wait_until(lambda: replicas() == 2, timeout=60, what="LeaderWorkerSet shrunk to 2")
+        decided = wait_until(lambda: scale_for(1), timeout=30, what="decision for step 1")
+        assert decided["reason"] == "ShrinkBetweenSteps" and decided["target"] == 2, decided
+        publish(1, 1)
+        refused = wait_until(lambda: scale_for(2), timeout=30, what="decision for step 2")
+        assert refused["reason"] == "ShrinkRejected", refused
+        assert f"minimum is {FLOOR}" in refused["message"], refused
+        assert replicas() == 2
+        publish(2, 3)
+        wait_until(lambda: replicas() == 3, timeout=30, what="LeaderWorkerSet grown to 3")
