@@ -2,7 +2,8 @@
 
 ``PrometheusServer`` writes a config with static targets, runs ``prometheus`` on 127.0.0.1 (a
 free port, TSDB in a temporary folder, 1 s scrape interval) and answers instant queries through
-the HTTP API. It is a context manager: the process never outlives the ``with`` block.
+the HTTP API. It is a context manager: the process never outlives the ``with`` block (nor
+the test process: it gets SIGKILL when its parent dies).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import IO, Any
 import pytest
 import yaml
 
+from rlenergy.devcluster import process
 from rlenergy.devcluster.binaries import default_bin_dir
 from rlenergy.devcluster.cluster import free_port
 
@@ -94,6 +96,8 @@ class PrometheusServer:
             ],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
+            # SIGKILLed with the test process, should it die before ``stop`` (pytest killed).
+            preexec_fn=process._die_with_parent(),  # noqa: SLF001 - the dev cluster's own guard
         )
         deadline = time.monotonic() + timeout_s
         while True:
