@@ -193,6 +193,29 @@ def totals_line(status: api_status.RLEnergyPolicyStatus) -> Text:
     return Text(text)
 
 
+def rollout_line(status: api_status.RLEnergyPolicyStatus) -> Text | None:
+    """MoE rollout worker release (FlexFloor), or None for a policy without ``status.rollout``."""
+    r = status.rollout
+    if r is None:
+        return None
+    tput = r.tokens_per_occupied_gpu_second
+    text = Text(
+        f"Rollout (FlexFloor): {r.active} active, {r.released} released, {r.parked_gpus} GPUs "
+        f"parked now  ·  released {r.released_gpu_seconds:.1f} GPU-s of "
+        f"{r.occupied_gpu_seconds:.1f} occupied  ·  "
+        f"tokens / occupied GPU-s {UNKNOWN if tput is None else f'{tput:.4g}'}"
+        + ("" if r.floor is None else f"  ·  floor {r.floor} workers")
+    )
+    if r.scale is not None:
+        sc = r.scale
+        text.append(
+            f"  ·  scale for step {sc.for_step}: {sc.current} -> {sc.target} "
+            f"(asked {sc.desired}, {sc.reason})",
+            style="red" if sc.reason == "ShrinkRejected" else "",
+        )
+    return text
+
+
 def _plan_cell(plan: api_node.ClockPlan | None, phase: str) -> str:
     if plan is None:
         return UNKNOWN
@@ -336,7 +359,11 @@ def render_policy(policy: PolicyView, reports: ReportsView) -> RenderableType:
     parts: list[RenderableType] = [head]
     if policy.status_error:
         parts.append(Text(f"status unreadable: {policy.status_error}", style="red"))
-    parts += [condition_line(st), totals_line(st), phase_table(st)]
+    parts += [condition_line(st), totals_line(st)]
+    rollout = rollout_line(st)
+    if rollout is not None:
+        parts.append(rollout)
+    parts.append(phase_table(st))
     nodes = st.nodes
     summary = (
         f"{nodes.ready}/{nodes.total} ready (operator), " if nodes is not None else ""

@@ -264,6 +264,41 @@ def test_observe_mode_plan_and_recommendation():
     assert "mode observe (sync)" in text
 
 
+def test_rollout_line_only_with_a_rollout_status():
+    text = _text(view.render_policy(view.parse_policy(_policy(_status())), _reports()))
+    assert "Rollout" not in text
+    st = _status().model_copy(
+        update={
+            "rollout": api_status.RolloutStatus.model_validate(
+                {
+                    "active": 6,
+                    "released": 2,
+                    "releasedGpuSeconds": 812.5,
+                    "parkedGpus": 4,
+                    "occupiedGpuSeconds": 5120.0,
+                    "tokensPerOccupiedGpuSecond": 41.27,
+                    "floor": 4,
+                    "scale": {
+                        "forStep": 12,
+                        "desired": 3,
+                        "current": 6,
+                        "target": 6,
+                        "floor": 4,
+                        "reason": "ShrinkRejected",
+                        "message": "minimum is 4",
+                    },
+                }
+            )
+        }
+    )
+    text = _text(view.render_policy(view.parse_policy(_policy(st)), _reports()))
+    line = _line(text, "Rollout (FlexFloor)")
+    assert "6 active, 2 released, 4 GPUs parked now" in line
+    assert "released 812.5 GPU-s of 5120.0 occupied" in line
+    assert "tokens / occupied GPU-s 41.27" in line and "floor 4 workers" in line
+    assert "scale for step 12: 6 -> 6 (asked 3, ShrinkRejected)" in line
+
+
 def test_deleting_policy_says_so():
     obj = _policy(_status(), deletionTimestamp=NOW)
     assert "being deleted" in _text(view.render_policy(view.parse_policy(obj), _reports()))
