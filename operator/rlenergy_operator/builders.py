@@ -21,6 +21,9 @@ AGENT_LABELS = {
 }
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 GPU_TAINT_KEY = "nvidia.com/gpu"
+AGENT_SOCKET_MOUNT = "/var/run/rlenergy"
+"""Where the agent container sees the socket folder (the SDK's default socket folder, so
+trainer pods mount the same hostPath at the same place)."""
 
 
 def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
@@ -29,7 +32,9 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     Scheduled only on nodes labelled ``nvidia.com/gpu.present=true`` and tolerating the
     ``nvidia.com/gpu`` taint; the container gets CAP_SYS_ADMIN (clock and power-limit writes
     through NVML) and nothing else: not privileged, all other capabilities dropped, no
-    privilege escalation, read-only root filesystem.
+    privilege escalation, read-only root filesystem. hostPaths: the state folder, the kubelet's
+    pod-resources folder (read-only) and the signal-socket folder shared with trainer pods. No
+    policy is set: each agent discovers the policy that governs its node's GPU pods.
     """
     container: dict[str, Any] = {
         "name": "agent",
@@ -44,6 +49,7 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             {"name": "RLENERGY_AGENT_METRICS_HOST", "value": "0.0.0.0"},  # noqa: S104 - probes
             {"name": "RLENERGY_AGENT_METRICS_PORT", "value": str(cfg.agent_metrics_port)},
             {"name": "RLENERGY_AGENT_STATE_DIR", "value": "/var/lib/rlenergy"},
+            {"name": "RLENERGY_AGENT_SOCKET_PATH", "value": f"{AGENT_SOCKET_MOUNT}/agent.sock"},
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
         ],
@@ -51,6 +57,17 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 10,
+        },
+        # /healthz fails only when NVML answers on no GPU (case #11a: lost after a host
+        # `systemctl daemon-reload`); it runs on the ops thread, never waits on a phase, so a
+        # long phase cannot fail it. Generous timeout: NVML calls take seconds with persistence
+        # mode off (case #5); restart after about a minute of failures.
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "initialDelaySeconds": 30,
+            "periodSeconds": 20,
+            "timeoutSeconds": 10,
+            "failureThreshold": 3,
         },
         "resources": {
             "requests": {"cpu": cfg.agent_cpu_request, "memory": cfg.agent_memory_request},
@@ -69,6 +86,7 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
                 "readOnly": True,
             },
             {"name": "state", "mountPath": "/var/lib/rlenergy"},
+            {"name": "socket", "mountPath": AGENT_SOCKET_MOUNT},
         ],
     }
     pod_spec: dict[str, Any] = {
@@ -100,6 +118,10 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             {
                 "name": "state",
                 "hostPath": {"path": cfg.agent_state_dir, "type": "DirectoryOrCreate"},
+            },
+            {
+                "name": "socket",
+                "hostPath": {"path": cfg.agent_socket_dir, "type": "DirectoryOrCreate"},
             },
         ],
         "terminationGracePeriodSeconds": 30,

@@ -45,10 +45,12 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     no agent schedules on tainted GPU nodes (the policy reports it as Degraded)."""
     agent_state_dir: str = pydantic.Field("/var/lib/rlenergy", min_length=1)
     """hostPath of the agent's lock record and energy totals. Default /var/lib/rlenergy."""
-    agent_pod_resources_dir: str = pydantic.Field(
-        "/var/lib/kubelet/pod-resources", min_length=1
-    )
+    agent_pod_resources_dir: str = pydantic.Field("/var/lib/kubelet/pod-resources", min_length=1)
     """hostPath of the kubelet's pod-resources socket folder (mounted read-only)."""
+    agent_socket_dir: str = pydantic.Field("/var/run/rlenergy", pattern=r"^/")
+    """hostPath of the folder holding the agent's signal socket ``agent.sock``; trainer pods
+    mount the same host folder at ``/var/run/rlenergy`` (docs/verl.md). Default
+    /var/run/rlenergy."""
     agent_cpu_request: str = "10m"
     """CPU request of the agent container. Default 10m."""
     agent_memory_request: str = "48Mi"

@@ -99,6 +99,7 @@ def test_operator_renders_the_charts_agent_settings(
         "--set", "agent.image.repository=registry.example/agent", "--set", "agent.image.tag=9.9",
         "--set", "agent.priorityClassName=system-node-critical", "--set", "agent.metricsPort=9500",
         "--set", "agent.stateDir=/srv/rlenergy", "--set", "agent.resources.limits.memory=80Mi",
+        "--set", "agent.socketDir=/run/rl-sock",
     ]  # fmt: skip
     docs = _template(dev_cluster, *args)
     cm = next(
@@ -120,7 +121,12 @@ def test_operator_renders_the_charts_agent_settings(
     assert {"name": "RLENERGY_AGENT_METRICS_PORT", "value": "9500"} in agent["env"]
     assert agent["resources"]["limits"]["memory"] == "80Mi"
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
-    assert paths == {"state": "/srv/rlenergy", "pod-resources": "/var/lib/kubelet/pod-resources"}
+    assert paths == {
+        "state": "/srv/rlenergy",
+        "pod-resources": "/var/lib/kubelet/pod-resources",
+        "socket": "/run/rl-sock",
+    }
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]

@@ -2,7 +2,9 @@
 
 We test these aspects:
 * the node-agent DaemonSet: GPU nodes only, tolerates the nvidia.com/gpu taint, CAP_SYS_ADMIN
-  only (not privileged, everything else dropped), NODE_NAME from the downward API;
+  only (not privileged, everything else dropped), NODE_NAME from the downward API; the
+  signal-socket hostPath at the SDK's default folder; no policy (agents discover it); liveness
+  and readiness probes on /healthz;
 * conditions keep lastTransitionTime while their status holds;
 * merge patches: nothing when nothing changed, deletions as null, lists replaced;
 * plan change detection and the Event text; node summary and the Progressing/Degraded logic;
@@ -18,6 +20,7 @@ from rlenergy_operator import builders, settings
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
+from rlenergy.sdk import trainer
 
 
 def test_agent_daemonset():
@@ -48,6 +51,35 @@ def test_agent_daemonset():
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert "priorityClassName" not in pod
+    # the signal socket: its host folder mounted where the SDK looks (trainers mount the same)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert volumes["socket"]["hostPath"] == {
+        "path": "/var/run/rlenergy",
+        "type": "DirectoryOrCreate",
+    }
+    assert mounts["socket"] == {"name": "socket", "mountPath": "/var/run/rlenergy"}
+    assert env["RLENERGY_AGENT_SOCKET_PATH"]["value"] == trainer.DEFAULT_SOCKET
+    # no policy: one DaemonSet serves every policy, each agent discovers its node's policy
+    assert "RLENERGY_AGENT_POLICY_NAME" not in env and "RLENERGY_AGENT_NAMESPACE" not in env
+    # liveness and readiness on /healthz (fails only when NVML answers on no GPU, case #11a)
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    live = c["livenessProbe"]
+    assert live["failureThreshold"] * live["periodSeconds"] >= 60 and live["timeoutSeconds"] >= 5
+
+
+def test_agent_daemonset_socket_dir_is_a_setting(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RLENERGY_OPERATOR_AGENT_SOCKET_DIR", "/run/rl")
+    pod = builders.agent_daemonset(settings.OperatorConfig())["spec"]["template"]["spec"]
+    (socket_volume,) = [v for v in pod["volumes"] if v["name"] == "socket"]
+    assert socket_volume["hostPath"]["path"] == "/run/rl"
+    # the container side stays where the SDK looks
+    assert {"name": "socket", "mountPath": "/var/run/rlenergy"} in pod["containers"][0][
+        "volumeMounts"
+    ]
+    with pytest.raises(ValueError, match="pattern"):
+        settings.OperatorConfig(agent_socket_dir="relative")
 
 
 def test_condition_transition_time():
