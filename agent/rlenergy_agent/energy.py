@@ -58,6 +58,7 @@ class GpuEnergy:
         rejected: samples rejected as implausible (case #14c).
         resets: counter resets seen (case #14b).
         errors_seen: failures since start, for incomplete-window detection.
+        raw_since_t: monotonic time the current raw counter value was first read, s.
     """
 
     uuid: str
@@ -73,6 +74,7 @@ class GpuEnergy:
     rejected: int = 0
     resets: int = 0
     errors_seen: int = 0
+    raw_since_t: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +243,7 @@ class EnergyMeter:
         if st.raw_mj is None:
             self._saved_wall.pop(st.uuid, None)
             st.raw_mj = raw
+            st.raw_since_t = now
             return
         if st.last_t is None:
             # First sample after a restart: the persisted raw counter is from the last save.
@@ -248,7 +251,13 @@ class EnergyMeter:
             duration = max(self._wall() - saved, 0.0) if saved is not None else 0.0
         else:
             duration = now - st.last_t
-        delta = gpu_energy.counter_delta(st.raw_mj, raw, duration)
+        # A counter that held one value over several samples and then moved covers the time
+        # since that value was first read, not just since the last sample: a driver that updates
+        # the counter late (a stall, then a catch-up) is not a glitch (case #14c is a jump).
+        covered = duration
+        if st.last_t is not None and st.raw_since_t is not None:
+            covered = max(duration, now - st.raw_since_t)
+        delta = gpu_energy.counter_delta(st.raw_mj, raw, covered)
         if delta.reset_detected:
             st.resets += 1
             log.warning(
@@ -262,7 +271,7 @@ class EnergyMeter:
             limit_mj = (
                 MAX_POWER_LIMIT_FACTOR
                 * st.power_limit_w
-                * max(duration, MIN_PLAUSIBILITY_WINDOW_S)
+                * max(covered, MIN_PLAUSIBILITY_WINDOW_S)
                 * 1000.0
             )
             if energy > limit_mj:
@@ -275,12 +284,14 @@ class EnergyMeter:
                 st.uuid,
                 st.raw_mj,
                 raw,
-                duration,
+                covered,
             )
         else:
             if st.last_t is None:
                 self.restored_downtime_j += energy / 1000.0
             st.total_mj += energy
+        if raw != st.raw_mj or st.raw_since_t is None:
+            st.raw_since_t = now
         st.raw_mj = raw
 
     def _advance_power(self, st: GpuEnergy, power_w: float, now: float) -> None:

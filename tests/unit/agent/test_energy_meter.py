@@ -235,3 +235,47 @@ def test_case26_straggler_wait_worker_seconds() -> None:
     assert energy.straggler_wait_worker_s([73.067, 118.574, 166.683], 8) == pytest.approx(
         141.725 * 8
     )
+
+
+def test_a_late_counter_update_is_not_a_glitch_but_a_jump_is(make_driver: DriverFactory) -> None:
+    """A driver whose counter update stalls for 1 s and then catches up (seen on a loaded
+    machine: the counter thread starved) covers that second: accepted. The same jump after a
+    counter that kept moving is case #14c: rejected."""
+    drv = make_driver(1)
+    u = drv.uuids[0]
+    drv.set_work([u], "training", "train")
+    now = {"t": 0.0}
+    found = backend.discover()
+    caps = {g: found.gpus[g].probe() for g in found.gpus}
+    sources = {
+        g: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
+        for g, c in caps.items()
+    }
+    meter = energy.EnergyMeter(found.gpus, sources, clock=lambda: now["t"], wall=lambda: now["t"])
+
+    def tick(dt: float, *, update: bool = True) -> None:
+        now["t"] += dt
+        if update:
+            drv.advance(dt)
+        meter.sample()
+
+    for _ in range(10):
+        tick(0.05)
+    start = meter.mark([u])
+    before = drv.truth_j(u)
+    for _ in range(20):  # the counter holds still for 1 s while the agent keeps sampling
+        tick(0.05, update=False)
+    drv.advance(1.0)  # then it catches up at once
+    tick(0.05)
+    w = meter.window(start, meter.mark([u]))
+    assert not w.incomplete and meter.state[u].rejected == 0
+    assert w.energy_j == pytest.approx(drv.truth_j(u) - before, rel=1e-3)
+    # A counter that kept moving and then jumps by a second's worth in 50 ms: a glitch.
+    for _ in range(10):
+        tick(0.05)
+    start = meter.mark([u])
+    raw = found.gpus[u].total_energy_mj()
+    drv.reset_counter(u, raw + 1_000_000)  # +1,000 J in one 50 ms update
+    tick(0.05, update=False)
+    w = meter.window(start, meter.mark([u]))
+    assert w.incomplete and meter.state[u].rejected == 1
