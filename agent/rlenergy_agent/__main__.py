@@ -16,12 +16,17 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from rlenergy.api import selector
 from rlenergy.gpu import base, errors
 from rlenergy.sim import gpu as sim_gpu
 from rlenergy.sim import models
 from rlenergy_agent import actuator, config, energy, server, service
 from rlenergy_agent.nvml import backend, lib
+
+if TYPE_CHECKING:
+    from rlenergy_agent import kube as kube_t
 
 log = logging.getLogger("rlenergy_agent")
 
@@ -115,6 +120,46 @@ def nvml_healthy(agent: service.Agent) -> bool:
     return False
 
 
+def rediscover(
+    finder: kube_t.PolicyDiscovery, agent: service.Agent, last: selector.Discovery | None
+) -> selector.Discovery | None:
+    """The policy governing the node's GPU pods now; ``None`` when the API failed.
+
+    The caller then keeps its current policy. A changed outcome is logged: a conflict as an
+    error (the node governs nothing until one selector is narrowed), else at info.
+    """
+    try:
+        found = finder.discover((p.namespace, p.name) for p in agent.podmap.pods())
+    except Exception as exc:  # noqa: BLE001 - keep the current policy on API errors
+        log.warning("policy discovery failed, keeping the current policy: %s", exc)
+        return None
+    if last is None or (found.reason, found.policy, found.message) != (
+        last.reason,
+        last.policy,
+        last.message,
+    ):
+        level = logging.ERROR if found.reason == "Conflict" else logging.INFO
+        log.log(level, "policy discovery: %s: %s", found.reason, found.message)
+    agent.discovery = (found.reason, "" if found.policy is None else str(found.policy))
+    return found
+
+
+def leave_policy(agent: service.Agent, writer: kube_t.ReportWriter | None, new: str) -> None:
+    """Reset every clock of the current policy, then serve ``new`` (``""``: none).
+
+    The old policy's operator gets a last report with the resets acknowledged; the new one
+    starts from a clean slate.
+    """
+    agent.set_plan(None)
+    if writer is not None:
+        try:
+            writer.write(agent.report())
+        except Exception as exc:  # noqa: BLE001 - the clocks are reset either way
+            log.warning("last report for %s failed: %s", writer.policy, exc)
+        log.info("left policy %s/%s: clocks reset", writer.namespace, writer.policy)
+    agent.switch_policy(new)
+
+
 def write_report(path: Path, agent: service.Agent) -> None:
     """Write the node report as JSON (atomic replace; local runs and benchmarks)."""
     tmp = path.with_suffix(".tmp")
@@ -156,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = config.AgentSettings(**overrides)  # type: ignore[arg-type]
     if not settings.node_name:
         parser.error("--node or RLENERGY_AGENT_NODE_NAME is required")
+    discover = settings.kube and not settings.policy_name
+    if not settings.policy_name and not settings.kube:
+        settings.policy_name = "default"  # local runs without the API
     try:
         agent, _caps = build(settings)
     except lib.NvmlUnavailableError as exc:
@@ -199,25 +247,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         ops.port,
     )
     print(json.dumps({"ready": True, "metricsPort": ops.port}), flush=True)
-    writer = watcher = None
+    writer = watcher = finder = None
     if settings.kube:
         from rlenergy_agent import kube
 
         try:
             api = kube.load_api()
-            writer = kube.ReportWriter(
-                api, settings.namespace, settings.policy_name, settings.node_name
-            )
-            watcher = kube.PlanWatcher(api, settings.namespace, settings.policy_name)
+            if discover:
+                finder = kube.PolicyDiscovery(api, settings.node_name)
+            else:
+                writer = kube.ReportWriter(
+                    api, settings.namespace, settings.policy_name, settings.node_name
+                )
+                watcher = kube.PlanWatcher(api, settings.namespace, settings.policy_name)
         except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
             log.error("no Kubernetes API (%s); reports and plan updates disabled", exc)
     last_poll = last_write = 0.0
+    discovered: selector.Discovery | None = None
     # The first report goes out at once (the operator needs the GPUs' clock tables before the
     # first step), and again whenever the plan changes (reset acknowledgements on deletion).
     state_changed = True
     try:
         while not stop.wait(settings.sample_interval_s):
             now = time.monotonic()
+            if finder is not None and now - last_poll >= settings.plan_poll_s:
+                found = rediscover(finder, agent, discovered)
+                if found is not None:
+                    discovered = found
+                    current = None if watcher is None else (watcher.namespace, watcher.policy)
+                    ref = found.policy
+                    if (None if ref is None else (ref.namespace, ref.name)) != current:
+                        leave_policy(agent, writer, "" if ref is None else ref.name)
+                        writer = watcher = None
+                        if ref is not None:
+                            writer = kube.ReportWriter(
+                                api, ref.namespace, ref.name, agent.node_name
+                            )
+                            watcher = kube.PlanWatcher(api, ref.namespace, ref.name)
+                        state_changed = True
+                if watcher is None:  # nothing to poll: next discovery in plan_poll_s
+                    last_poll = now
             if watcher is not None and now - last_poll >= settings.plan_poll_s:
                 last_poll = now
                 try:

@@ -21,8 +21,15 @@ class AgentSettings(BaseSettings):
     backend: Literal["nvml", "sim"] = Field(
         "nvml", description="nvml: real GPUs through pynvml; sim: simulated GPUs (demos)."
     )
-    policy_name: str = Field("default", description="RLEnergyPolicy this agent reports for.")
-    namespace: str = Field("default", description="Namespace of the policy and its reports.")
+    policy_name: str = Field(
+        "",
+        description="RLEnergyPolicy this agent reports for. Empty (the DaemonSet): discover it "
+        "at every plan poll from the node's GPU pods and the policies' selectors; without the "
+        "API (kube off) an empty name means 'default'.",
+    )
+    namespace: str = Field(
+        "default", description="Namespace of the policy named by policy_name (not discovery)."
+    )
     enforce: bool = Field(
         True, description="False: observe mode, never writes a clock (the plan can also say so)."
     )

@@ -5,20 +5,22 @@ The only agent module importing the Kubernetes client. The writer owns one
 object), writes at most once per RL step (finished steps are batched) and retries transient API
 errors (429, 5xx, connection loss) with exponential backoff. The watcher polls the policy's
 ``status.plan`` (polling survives API server restarts and 410 Gone by construction); a deleted
-policy yields ``None`` so the agent resets clocks. Callers: ``rlenergy_agent.__main__``.
+policy yields ``None`` so the agent resets clocks. ``PolicyDiscovery`` finds the policy that
+governs the node's GPU pods when none is configured. Callers: ``rlenergy_agent.__main__``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from rlenergy.api import node as api_node
+from rlenergy.api import selector
 
 log = logging.getLogger(__name__)
 
@@ -204,16 +206,22 @@ def saving_ratios(status: dict[str, Any]) -> dict[str, float]:
 def pod_uid_lookup(node: str, max_age_s: float = 10.0) -> Callable[[str, str], str]:
     """``(namespace, name) -> uid`` for pods on ``node`` (PodResources carries no UID).
 
-    The listing is cached for ``max_age_s`` seconds; an API error keeps the last listing.
+    The listing is cached for ``max_age_s`` seconds; an API error keeps the last listing. The
+    client is made at the first lookup: the agent builds its pod map before ``load_api`` loads
+    the cluster configuration, and a client made earlier has no API server address.
     """
-    core = kubernetes.client.CoreV1Api()
+    clients: list[Any] = []
     cache: dict[tuple[str, str], str] = {}
     at = [-1e18]
 
     def lookup(namespace: str, name: str) -> str:
         if time.monotonic() - at[0] > max_age_s:
             try:
-                pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+                if not clients:
+                    clients.append(kubernetes.client.CoreV1Api())
+                pods = clients[0].list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={node}"
+                )
                 cache.clear()
                 for p in pods.items:
                     meta = p.metadata
@@ -225,3 +233,53 @@ def pod_uid_lookup(node: str, max_age_s: float = 10.0) -> Callable[[str, str], s
         return cache.get((namespace, name), "")
 
     return lookup
+
+
+class PolicyDiscovery:
+    """Finds the policy that governs this node's GPU pods (``rlenergy.api.selector``).
+
+    Reads the labels of the pods on the node (one listing, field selector ``spec.nodeName``)
+    and the policies of the GPU pods' namespaces; the choice itself is pure. RBAC: list pods,
+    list policies (cluster-wide ClusterRole; only the pods' namespaces are read).
+
+    Args:
+        api: a ``CustomObjectsApi``.
+        node: this node.
+        core: a ``CoreV1Api`` (default: one on the process-wide configuration).
+    """
+
+    def __init__(self, api: Any, node: str, core: Any | None = None) -> None:
+        self.api = api
+        self.node = node
+        self.core = core if core is not None else kubernetes.client.CoreV1Api()
+
+    def discover(self, gpu_pods: Iterable[tuple[str, str]]) -> selector.Discovery:
+        """The governing policy of the GPU pods ``(namespace, name)``.
+
+        Raises:
+            kubernetes.client.exceptions.ApiException, OSError: the API could not be read (the
+                caller keeps its current policy).
+        """
+        wanted = set(gpu_pods)
+        if not wanted:
+            return selector.discover((), ())
+        listing = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}")
+        labels: dict[tuple[str, str], dict[str, str]] = {}
+        for p in listing.items:
+            meta = p.metadata
+            if meta is not None and meta.namespace and meta.name:
+                labels[(str(meta.namespace), str(meta.name))] = dict(meta.labels or {})
+        pods = [selector.PodLabels(ns, name, labels.get((ns, name), {})) for ns, name in wanted]
+        policies: list[selector.PolicySelector] = []
+        for ns in sorted({ns for ns, _ in wanted}):
+            objs = self.api.list_namespaced_custom_object(GROUP, VERSION, ns, POLICY_PLURAL)
+            for obj in objs.get("items") or ():
+                # a policy being deleted stays matched: its reset plan is acknowledged as usual
+                meta = obj.get("metadata") or {}
+                policies.append(
+                    selector.PolicySelector(
+                        selector.PolicyRef(ns, str(meta.get("name", ""))),
+                        (obj.get("spec") or {}).get("selector"),
+                    )
+                )
+        return selector.discover(pods, policies)

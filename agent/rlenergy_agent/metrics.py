@@ -155,6 +155,16 @@ class AgentCollector(Collector):
         up = GaugeMetricFamily("rlenergy_agent_nvml_up", "1 when NVML answers on some GPU.")
         up.add_metric([], 1.0 if not callable(self.health) or self.health() else 0.0)
         yield up
+        if a.discovery is not None:  # no policy configured: the DaemonSet's discovery
+            reason, policy = a.discovery
+            found = GaugeMetricFamily(
+                "rlenergy_agent_policy_discovery",
+                "Policy discovery's outcome (1): reason Matched (policy = ns/name), NoGpuPods, "
+                "NoMatch or Conflict (two policies select this node's GPU pods; none governs).",
+                labels=["reason", "policy"],
+            )
+            found.add_metric([reason, policy], 1.0)
+            yield found
         yield from self._released()
 
     def _released(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

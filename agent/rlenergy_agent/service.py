@@ -301,6 +301,9 @@ class Agent:
         """The rollout dispatcher's newest publication on this node."""
         self.report_due = False
         """Park state or a dispatcher publication changed: the report writer should write."""
+        self.discovery: tuple[str, str] | None = None
+        """Policy discovery's last outcome (reason, ``ns/name`` or ``""``); ``None``: a policy
+        was configured."""
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
@@ -315,6 +318,29 @@ class Agent:
                     w.probe = None  # a running probe must not lock again
                 self._end_parks(list(self.parked), self._clock())
                 self.actuator.release(list(self.actuator.gpus), "policy removed or observe")
+
+    def switch_policy(self, policy_name: str) -> None:
+        """Serve another policy (discovery found a new one, or none: ``""``).
+
+        Resets every clock of the old policy first (no GPU stays locked by a plan nobody
+        governs any more), then drops the old policy's step records, so the new policy's report
+        starts clean. Energy totals and metric counters carry on (they are the node's).
+        """
+        with self._lock:
+            self.set_plan(None)
+            for w in self._open.values():
+                w.probe = None
+            self._open.clear()
+            self.steps.clear()
+            self.workloads.clear()
+            self.idle_j.clear()
+            self.dirty_steps.clear()
+            self.step_released_gpu_s.clear()
+            self.dispatch = None
+            self.saving_ratio = {}
+            self.phase_of = {u: "idle" for u in self.actuator.gpus}
+            self.pod_of = {u: None for u in self.actuator.gpus}
+            self.policy_name = policy_name
 
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
         if self.plan is None or not self.plan.enforce or phase in IDLE_PHASES:

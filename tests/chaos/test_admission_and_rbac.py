@@ -154,7 +154,7 @@ AGENT_RULES = [
         "resources": ["rlenergynodereports"],
         "verbs": ["get", "create", "patch"],
     },
-    {"apiGroups": ["rlenergy.io"], "resources": ["rlenergypolicies"], "verbs": ["get"]},
+    {"apiGroups": ["rlenergy.io"], "resources": ["rlenergypolicies"], "verbs": ["get", "list"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
 ]
 
@@ -179,6 +179,7 @@ MATRIX = [
     ("agent", "create", "rlenergynodereports", "team-a", True),
     ("agent", "patch", "rlenergynodereports", "team-a", True),
     ("agent", "get", "rlenergypolicies", "team-a", True),
+    ("agent", "list", "rlenergypolicies", "team-a", True),  # discovery
     ("agent", "list", "pods", "team-a", True),
     ("agent", "patch", "rlenergypolicies", "team-a", False),
     ("agent", "update", "rlenergypolicies", "team-a", False),
