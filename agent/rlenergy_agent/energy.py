@@ -58,7 +58,8 @@ class GpuEnergy:
         rejected: samples rejected as implausible (case #14c).
         resets: counter resets seen (case #14b).
         errors_seen: failures since start, for incomplete-window detection.
-        raw_since_t: monotonic time the current raw counter value was first read, s.
+        raw_since_t: monotonic time of the last sample before the current raw counter value was
+            first read (the value was written after it), s.
     """
 
     uuid: str
@@ -252,8 +253,9 @@ class EnergyMeter:
         else:
             duration = now - st.last_t
         # A counter that held one value over several samples and then moved covers the time
-        # since that value was first read, not just since the last sample: a driver that updates
-        # the counter late (a stall, then a catch-up) is not a glitch (case #14c is a jump).
+        # since that value was written (at most since the sample before it was first read), not
+        # just since the last sample: a driver that updates the counter late (a stall, then a
+        # catch-up) is not a glitch; case #14c's jumps are orders of magnitude larger.
         covered = duration
         if st.last_t is not None and st.raw_since_t is not None:
             covered = max(duration, now - st.raw_since_t)
@@ -291,7 +293,7 @@ class EnergyMeter:
                 self.restored_downtime_j += energy / 1000.0
             st.total_mj += energy
         if raw != st.raw_mj or st.raw_since_t is None:
-            st.raw_since_t = now
+            st.raw_since_t = st.last_t if st.last_t is not None else now
         st.raw_mj = raw
 
     def _advance_power(self, st: GpuEnergy, power_w: float, now: float) -> None:
