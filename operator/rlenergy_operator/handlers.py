@@ -173,6 +173,11 @@ def policy_loop(
     if meta.get("deletionTimestamp"):
         return
     generation = int(meta.get("generation") or 0)
+    if status.get("observedGeneration") != generation:
+        # policy_reconcile has not recorded this generation yet. The timer starts beside the
+        # create/update handler; a pass on the older status would write conditions without
+        # the Ready that the handler is about to set, and Ready would be lost.
+        return
     try:
         parsed = _parse(spec)
     except errors.InvalidInputError:
