@@ -128,5 +128,6 @@ def test_every_real_trace_on_h100_sync_keeps_the_threshold_and_saves(name: str) 
     rep = report.simulate(name, "h100-sxm", "sync")
     assert rep.throughput_ratio >= rep.min_throughput_ratio
     assert rep.online_saving > 0
-    assert rep.online_to_oracle >= (0.75 if name.startswith("tinyzero") else 0.85)
+    # TinyZero (0.6 s phases on an H100): 0.82 at seed 0, 0.79-0.90 over seeds 0-9 (docs/simulator.md)
+    assert rep.online_to_oracle >= (0.78 if name.startswith("tinyzero") else 0.85)
     assert rep.measured_energy_error is not None and abs(rep.measured_energy_error) < 0.01

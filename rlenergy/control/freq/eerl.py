@@ -18,14 +18,21 @@ default governor on error) and changes how trials measure, because measurements 
    (``probe.PhaseModelFit``), so blocks at low clocks (long lever arm) sharpen the prediction
    at every clock. The lock is the allowed clock with the lowest predicted energy per token
    whose lower confidence bound (Student's t) meets ``minThroughputRatio``. A clock whose own
-   blocks clearly miss the threshold raises a floor. Trials stop when the choice is precise
-   (``INDIFFERENCE``) or after ``trial_steps`` (up to 3x while the confidence margin still
-   costs more than ``INFO_GAIN`` of energy per token).
+   blocks clearly miss the threshold raises a floor; the floor bars it from the lock but not
+   from probing: the lever-arm clock stays the lowest candidate predicted at or above
+   ``PROBE_MIN_RATIO``. Trials stop when the choice is precise (``INDIFFERENCE``) or after
+   ``trial_steps`` (up to 3x while the confidence margin still costs more than ``INFO_GAIN``
+   of energy per token). Both step counts are scaled by ``PhaseController.evidence_scale``: a
+   phase too short for ``slices_per_phase`` slices gets proportionally less probe time per
+   step, so it needs more steps for the same evidence (the job's trial budget,
+   ``max_trial_fraction`` of the steps, still bounds them).
 5. Monitor: a locked phase runs a short in-phase check every ``monitor_interval_steps``; its
    blocks refine the fit (the lock may move down once proven), a check whose upper bound
    misses the threshold steps the lock up at once, a workload drift past ``drift_threshold``
    (mean context length for generation, tokens per sample for training) or new clock-event
-   reasons (power, thermal) start a new trial.
+   reasons (power, thermal) start a new trial. While the point estimate allows a clock that
+   saves ``MONITOR_GAIN`` more than the lock, checks come twice as often and are mostly
+   lever-arm blocks, so the lock keeps stepping down as the evidence accumulates.
 6. Safety: an error in a phase's observation returns it to the default governor (FALLBACK);
    after ``recovery_steps`` clean steps it trials again.
 
@@ -54,11 +61,19 @@ switches clocks in about 3 ms (bench/agent.py), well inside a slice."""
 LOCK_MARGIN = 0.002
 """Throughput margin on a lock above the threshold: trial slices at low clocks cost some
 throughput, and the threshold holds for the whole run, trials included [heuristic]."""
+PROBE_MIN_RATIO = 0.85
+"""Lowest predicted throughput ratio of a probe clock: the lever arm of the fit stays at the
+lowest candidate that costs at most this much during its slices [heuristic]."""
 CARRY_BLOCKS = 12
 """Probe blocks a drift re-trial keeps from the previous round [heuristic]."""
 INFO_GAIN = 0.01
 """Keep trialling (up to 3 x trialSteps) while the confidence margin costs more than this share
 of energy per token [heuristic]."""
+MAX_EVIDENCE_SCALE = 3.0
+"""Most a short phase's trial round, in steps, is scaled up [heuristic]."""
+MONITOR_GAIN = 0.005
+"""A locked phase keeps probing its lever-arm clock while the point estimate allows a clock
+that would save at least this share of energy per token more than the lock [heuristic]."""
 ASYNC_MIN_HISTORY = 8
 """Plain steps of pool-time history before a pool's threshold is relaxed: the max of two
 pools depends on their joint spread, which two warm-up steps cannot show [heuristic]."""
@@ -151,6 +166,7 @@ class PhaseController:
         self.floor_mhz = 0
         self._warm = 0
         self._last_time_s = 0.0
+        self._last_default_time_s = 0.0
         self._last_feature = 0.0
         self._last_slowdown = False
         self._previous_lock_mhz: int | None = None
@@ -203,6 +219,28 @@ class PhaseController:
         """Clocks the selection may lock, descending: below the default clock, above the floor."""
         return [c for c in self.settings.allowed_mhz if self.floor_mhz < c < self.f_default_mhz]
 
+    @property
+    def evidence_scale(self) -> float:
+        """How many steps this phase needs for the probe evidence of one long-phase step.
+
+        ``trial_steps`` is sized for a phase long enough for ``slices_per_phase`` slices of
+        ``MIN_SLICE_S`` (six probe blocks). A shorter phase gives proportionally less probe time
+        per step (the evidence of a block grows with its length), so its trial round, counted
+        in steps, is scaled by that time deficit (at most ``MAX_EVIDENCE_SCALE``). A probed step
+        costs the same share of the step's energy and time whatever the phase length, so the
+        evidence, not the step count, is what a trial must buy. Whole-step probes already count
+        ``1 / BLOCK`` per step.
+        """
+        if self._slices_in_phase() == 0 or self._last_default_time_s <= 0:
+            return 1.0
+        full_s = self.ctl.slices_per_phase * MIN_SLICE_S
+        return min(max(full_s / self._last_default_time_s, 1.0), MAX_EVIDENCE_SCALE)
+
+    @property
+    def trial_step_limit(self) -> float:
+        """Trial steps of one selection round before the extension rule (``INFO_GAIN``)."""
+        return self.ctl.trial_steps * self.evidence_scale
+
     def _slices_in_phase(self) -> int:
         """Probe slices that fit in the phase (a multiple of the block length; 0: too short)."""
         fit = int(self._last_time_s / MIN_SLICE_S)
@@ -232,7 +270,7 @@ class PhaseController:
                     step_probe=True,
                 )
             active = self._probe_clocks(max(n_slices // probe.BLOCK, 1))
-            extending = self._round_steps >= self.ctl.trial_steps
+            extending = self._round_steps >= self.trial_step_limit
             if extending and not allow_extra and self.fit is not None:
                 # No budget to extend the trial: lock the safest choice the data supports.
                 self._lock(self._choose()[0], self._last_feature, self._last_slowdown)
@@ -252,10 +290,11 @@ class PhaseController:
                     reason=f"step trial {active[0]} MHz",
                     step_probe=True,
                 )
+            schedule = probe.block_schedule(active)
             return base.PhaseDecision(
                 None,
                 state,
-                probe_clocks_mhz=probe.block_schedule(active),
+                probe_clocks_mhz=schedule,
                 probe_slice_s=slice_s,
                 reason=f"trial {', '.join(map(str, active))} MHz vs default",
             )
@@ -270,17 +309,40 @@ class PhaseController:
         if clock is not None and allow_probe and due and n_slices:
             # While the lock is held up by uncertainty, the check also probes the lowest clock
             # (the largest lever arm on the model) so the lock can move down when proven.
-            extra = [self._allowed()[-1]] if unsure and self._allowed() else []
+            lever = self._lever_clock()
+            order = (
+                [lever, lever, clock] if unsure and lever is not None and lever < clock else [clock]
+            )
+            schedule = probe.block_schedule(order) + (clock,) * probe.BLOCK
             return base.PhaseDecision(
                 clock,
                 state,
-                probe_clocks_mhz=probe.block_schedule([clock, *extra]) + (clock,) * probe.BLOCK,
+                probe_clocks_mhz=schedule,
                 probe_slice_s=slice_s,
                 reason=f"monitor {clock} MHz",
             )
         return base.PhaseDecision(
             clock, state, reason="locked" if clock else "no clock met the threshold"
         )
+
+    def _lever_clock(self) -> int | None:
+        """Clock for the fit's lever arm (the lowest candidate at ``PROBE_MIN_RATIO`` or above).
+
+        The lowest candidate the fit predicts at or above ``PROBE_MIN_RATIO``, else the lowest
+        allowed clock (never above it). A floor only bars a clock from the lock; probing below
+        it still sharpens the model at every clock (the information on ``u`` per block grows
+        with ``f_max / c - 1``), and a probe slice at ``PROBE_MIN_RATIO`` costs a bounded share
+        of the step's throughput.
+        """
+        allowed = self._allowed()
+        low = allowed[-1] if allowed else None
+        fit = self.fit
+        if fit is None:
+            return low
+        for c in sorted(self.settings.candidates_mhz):
+            if c < self.f_default_mhz and fit.throughput_ratio(c) >= PROBE_MIN_RATIO:
+                return c if low is None else min(c, low)
+        return low
 
     def _uncertain(self) -> bool:
         """True while the model's point estimate allows a clock well below the lock."""
@@ -292,7 +354,12 @@ class PhaseController:
             for c in self._allowed()
             if c < clock and fit.throughput_ratio(c) >= self.threshold + INDIFFERENCE
         ]
-        return len(lower) >= 3
+        if len(lower) >= 3:
+            return True
+        if not lower:
+            return False
+        e_lock, e_point = fit.energy_ratio(clock), fit.energy_ratio(min(lower))
+        return e_lock is not None and e_point is not None and e_lock - e_point >= MONITOR_GAIN
 
     def _probe_clocks(self, most: int) -> list[int]:
         """Clocks to probe next.
@@ -310,7 +377,7 @@ class PhaseController:
             return [guess if guess is not None else cands[0]]
         if guess is not None and self._round_steps == 0 and self.blocks:
             return [guess]  # drift re-trial with carried blocks: check the guess first
-        lowest = cands[-1]
+        lowest = min(cands[-1], self._lever_clock() or cands[-1])
         out = [lowest]
         guess = guess if guess is not None else cands[len(cands) // 2]
         if guess != lowest:
@@ -327,6 +394,7 @@ class PhaseController:
             self._clean = 0
             return
         self._last_time_s = obs.duration_s
+        self._last_default_time_s = self._default_time_s(obs, workload)
         self._last_feature = _drift_feature(self.settings.name, workload)
         self._last_slowdown = obs.slowdown
         tokens = workload.phase_tokens(self.settings.name)
@@ -356,6 +424,15 @@ class PhaseController:
             if blocks:
                 self._refine_locked()
             self._check_locked(obs, workload)
+
+    def _default_time_s(
+        self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
+    ) -> float:
+        """The phase's time under the default governor, from the fit where one exists."""
+        if obs.requested_clock_mhz is None and not obs.slices:
+            return obs.duration_s
+        _, time_s = self.default_equivalent(obs, workload)
+        return obs.duration_s if time_s is None else time_s
 
     def _blocks(
         self, obs: base.PhaseObservation, tokens: float
@@ -400,7 +477,7 @@ class PhaseController:
             self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
         )
         if self.fit is None:
-            if self._round_steps >= self.ctl.trial_steps:
+            if self._round_steps >= self.trial_step_limit:
                 self._lock(None, self._last_feature, obs.slowdown)
             return
         choice, stderr = self._choose()
@@ -410,7 +487,7 @@ class PhaseController:
             and self.fit.blocks >= self.ctl.min_blocks
             and z_eff * stderr <= INDIFFERENCE
         )
-        limit = self.ctl.trial_steps
+        limit = self.trial_step_limit
         done = self._round_steps >= limit and (
             self._round_steps >= 3 * limit or self._uncertainty_cost() < INFO_GAIN
         )

@@ -5,6 +5,8 @@ locked; measurement noise of a few percent does not flip decisions; an error ret
 default governor; observe mode never writes a clock; the whole run keeps the threshold.
 """
 
+import dataclasses
+
 import pytest
 
 from rlenergy.api.v1alpha1 import policy as api_policy
@@ -164,3 +166,47 @@ def test_default_equivalent_uses_the_paired_probe_fit() -> None:
     assert pc.default_equivalent(default, wl) == (4000.0, 9.0)
     failed = base.PhaseObservation("generation", 9.0, 4000.0, 1410, error="GpuLostError")
     assert pc.default_equivalent(failed, wl) == (None, None)
+
+
+def _phase_controller() -> eerl.PhaseController:
+    settings = config.phase_settings(
+        api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
+    )[0]
+    return eerl.PhaseController(settings, eerl.ControllerSettings())
+
+
+def _observe_default(pc: eerl.PhaseController, durations: list[float]) -> None:
+    from rlenergy.api import workload as api_workload
+
+    wl = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)
+    for d in durations:
+        pc.observe(base.PhaseObservation("generation", d, 300.0 * d, None, 1980), wl)
+
+
+def test_a_short_phase_gets_more_trial_steps_for_the_same_evidence() -> None:
+    short, long_ = _phase_controller(), _phase_controller()
+    _observe_default(short, [0.6, 0.6])  # 24 slices of 25 ms: half of slices_per_phase
+    _observe_default(long_, [60.0, 60.0])
+    ctl = eerl.ControllerSettings()
+    assert long_.evidence_scale == 1.0 and long_.trial_step_limit == ctl.trial_steps
+    assert short.evidence_scale == pytest.approx(2.0)
+    assert short.trial_step_limit == pytest.approx(2 * ctl.trial_steps)
+    tiny = _phase_controller()
+    _observe_default(tiny, [0.21, 0.21])  # one block: capped
+    assert tiny.evidence_scale == eerl.MAX_EVIDENCE_SCALE
+
+
+def test_the_lever_arm_clock_stays_low_when_a_floor_rises() -> None:
+    from rlenergy.control.freq import probe
+
+    pc = _phase_controller()
+    _observe_default(pc, [60.0, 60.0])
+    pc.fit = probe.PhaseModelFit(
+        u=0.14, u_stderr=0.02, beta=0.5, f_max_mhz=1980, f_default_mhz=1980, blocks=10
+    )
+    lowest = min(pc.settings.candidates_mhz)
+    pc.floor_mhz = 1275  # the lowest candidates missed the threshold on their own blocks
+    assert pc._lever_clock() == lowest  # predicted ratio ~0.88 >= PROBE_MIN_RATIO
+    assert all(c > 1275 for c in pc._allowed())  # but none of them can be locked
+    pc.fit = dataclasses.replace(pc.fit, u=0.9)  # compute bound: 990 MHz would cost ~45 %
+    assert pc._lever_clock() == min(pc._allowed())
