@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
+import time
 from typing import Any
 
 import kopf
@@ -286,6 +288,10 @@ def policy_loop(
         kopf.event(body, type="Warning", reason=deg[1], message=deg[2])
 
 
+_AGENT_CHECK: dict[str, Any] = {"at": float("-inf"), "found": None}
+_AGENT_CHECK_LOCK = threading.Lock()
+
+
 @kopf.timer(*RESOURCE, interval=CFG.agent_check_interval_s, idle=None)
 def policy_agents_check(meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """Whether the node agents can schedule; what blocks them feeds ``policy_loop``'s Degraded.
@@ -294,19 +300,29 @@ def policy_agents_check(meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger
     """
     if meta.get("deletionTimestamp"):
         return
-    try:
-        ds = kube.read_daemonset(CFG.namespace, CFG.agent_daemonset_name)
-        scheduled = int(((ds or {}).get("status") or {}).get("desiredNumberScheduled") or 0)
-        nodes = (
-            kube.labelled_nodes(f"{builders.GPU_PRESENT_LABEL}=true")
-            if ds is not None and scheduled == 0
-            else []
-        )
-    except kube.ApiError as exc:
-        logger.warning("agent scheduling check: %s %s", exc.status, exc.reason)
-        return  # keep the last finding
-    template = builders.agent_daemonset(CFG)["spec"]["template"]["spec"]
-    found = scheduling.agents_unschedulable(ds, template.get("tolerations") or [], nodes)
+    with _AGENT_CHECK_LOCK:
+        # One DaemonSet serves every policy: one check per interval for all of them.
+        if time.monotonic() - _AGENT_CHECK["at"] < CFG.agent_check_interval_s:
+            found = _AGENT_CHECK["found"]
+        else:
+            try:
+                ds = kube.read_daemonset(CFG.namespace, CFG.agent_daemonset_name)
+                st = (ds or {}).get("status") or {}
+                current = int(st.get("observedGeneration") or 0) >= int(
+                    ((ds or {}).get("metadata") or {}).get("generation") or 0
+                )
+                # The nodes only when the controller has seen the template and placed nothing.
+                nodes = (
+                    kube.labelled_nodes(f"{builders.GPU_PRESENT_LABEL}=true")
+                    if ds is not None and current and not int(st.get("desiredNumberScheduled") or 0)
+                    else []
+                )
+            except kube.ApiError as exc:
+                logger.warning("agent scheduling check: %s %s", exc.status, exc.reason)
+                return  # keep the last finding
+            template = builders.agent_daemonset(CFG)["spec"]["template"]["spec"]
+            found = scheduling.agents_unschedulable(ds, template.get("tolerations") or [], nodes)
+            _AGENT_CHECK.update(at=time.monotonic(), found=found)
     if found != memo.get("agents_unschedulable"):
         logger.log(logging.WARNING if found else logging.INFO, "%s", found or "agents schedule")
     memo["agents_unschedulable"] = found
