@@ -3,6 +3,7 @@ and a fresh simulated driver per test, loaded by the real pynvml."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,3 +44,10 @@ def make_driver(standin_lib: Path, tmp_path: Path) -> Iterator[DriverFactory]:
             break
     for d in drivers:
         d.close()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder under /tmp with a short path (Unix socket paths are limited to 108 bytes)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        yield Path(d)

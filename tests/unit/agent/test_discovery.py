@@ -16,10 +16,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from agent_support import DriverFactory
+from agent_support import DriverFactory, standin_agent
 from rlenergy_agent import __main__ as agent_main
-from rlenergy_agent import actuator, energy, kube, metrics, service
-from rlenergy_agent.nvml import backend
+from rlenergy_agent import kube, metrics, service
 
 from rlenergy.api import node as api_node
 from rlenergy.api import selector
@@ -106,25 +105,9 @@ def test_discovery_reads_the_gpu_pods_namespaces_and_matches() -> None:
 
 def _agent(make_driver: DriverFactory) -> tuple[Any, service.Agent]:
     drv = make_driver(2)
-    found = backend.discover()
-    caps = {u: g.probe() for u, g in found.gpus.items()}
-    act = actuator.Actuator(found.gpus, actuator.LockStateFile(None))
-    act.start(persistence={u: c.persistence for u, c in caps.items()})
-    sources = {
-        u: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
-        for u, c in caps.items()
-    }
-    meter = energy.EnergyMeter(found.gpus, sources, clock=lambda: drv.virtual_s)
-    meter.sample()
-    agent = service.Agent(
-        "gpu-1",
-        "grpo",
-        act,
-        meter,
-        service.StaticPodMap({POD: list(drv.uuids)}),
-        clock=lambda: drv.virtual_s,
+    agent = standin_agent(
+        {POD: list(drv.uuids)}, PLAN, lambda: drv.virtual_s, node="gpu-1", policy="grpo"
     )
-    agent.set_plan(PLAN)
     return drv, agent
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agent_support import DriverFactory
+from agent_support import DriverFactory, energy_sources
 from rlenergy_agent import energy
 from rlenergy_agent.nvml import backend
 from rlenergy_agent.testing import standin
@@ -15,14 +15,9 @@ from rlenergy.gpu import energy as gpu_energy
 
 def _meter(drv: standin.StandinDriver, totals: Path | None = None) -> energy.EnergyMeter:
     found = backend.discover()
-    caps = {u: g.probe() for u, g in found.gpus.items()}
-    sources = {
-        u: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
-        for u, c in caps.items()
-    }
     return energy.EnergyMeter(
         found.gpus,
-        sources,
+        energy_sources({u: g.probe() for u, g in found.gpus.items()}),
         totals_path=totals,
         clock=lambda: drv.virtual_s,
         wall=lambda: drv.virtual_s,
@@ -246,11 +241,7 @@ def test_a_late_counter_update_is_not_a_glitch_but_a_jump_is(make_driver: Driver
     drv.set_work([u], "training", "train")
     now = {"t": 0.0}
     found = backend.discover()
-    caps = {g: found.gpus[g].probe() for g in found.gpus}
-    sources = {
-        g: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
-        for g, c in caps.items()
-    }
+    sources = energy_sources({g: found.gpus[g].probe() for g in found.gpus})
     meter = energy.EnergyMeter(found.gpus, sources, clock=lambda: now["t"], wall=lambda: now["t"])
 
     def tick(dt: float, *, update: bool = True) -> None:

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_support import DriverFactory
-from rlenergy_agent import actuator, energy, metrics, server, service
-from rlenergy_agent.nvml import backend
+from agent_support import DriverFactory, standin_agent
+from rlenergy_agent import metrics, server, service
 from rlenergy_agent.testing import standin
 
 from rlenergy.api import node as api_node
@@ -41,27 +38,7 @@ def _agent(
     pods: dict[service.PodRef, list[str]],
     plan: api_node.ClockPlan | None = PLAN,
 ) -> service.Agent:
-    found = backend.discover()
-    caps = {u: g.probe() for u, g in found.gpus.items()}
-    act = actuator.Actuator(found.gpus, actuator.LockStateFile(None))
-    act.start(persistence={u: c.persistence for u, c in caps.items()})
-    sources = {
-        u: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
-        for u, c in caps.items()
-    }
-    meter = energy.EnergyMeter(found.gpus, sources, clock=lambda: drv.virtual_s)
-    meter.sample()
-    agent = service.Agent(
-        "node-1", "pol", act, meter, service.StaticPodMap(pods), clock=lambda: drv.virtual_s
-    )
-    agent.set_plan(plan)
-    return agent
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(dir="/tmp") as d:
-        yield Path(d)
+    return standin_agent(pods, plan, lambda: drv.virtual_s)
 
 
 def _metric(text: str, name: str, uuid: str) -> float | None:

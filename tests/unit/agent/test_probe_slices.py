@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_support import DriverFactory
-from rlenergy_agent import actuator, energy, server, service
-from rlenergy_agent.nvml import backend
+from agent_support import DriverFactory, standin_agent
+from rlenergy_agent import server, service
 from rlenergy_agent.testing import standin
 
 from rlenergy.api import node as api_node
@@ -48,28 +45,8 @@ def _plan(
 
 
 def _agent(drv: standin.StandinDriver, *, virtual: bool = True) -> service.Agent:
-    found = backend.discover()
-    caps = {u: g.probe() for u, g in found.gpus.items()}
-    act = actuator.Actuator(found.gpus, actuator.LockStateFile(None))
-    act.start(persistence={u: c.persistence for u, c in caps.items()})
-    sources = {
-        u: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
-        for u, c in caps.items()
-    }
     clock = (lambda: drv.virtual_s) if virtual else time.monotonic
-    meter = energy.EnergyMeter(found.gpus, sources, clock=clock)
-    meter.sample()
-    agent = service.Agent(
-        "node-1", "pol", act, meter, service.StaticPodMap({POD: list(drv.uuids)}), clock=clock
-    )
-    agent.set_plan(_plan())
-    return agent
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(dir="/tmp") as d:
-        yield Path(d)
+    return standin_agent({POD: list(drv.uuids)}, _plan(), clock)
 
 
 def _rate(clock_mhz: float) -> float:

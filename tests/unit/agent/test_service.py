@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_support import DriverFactory
+from agent_support import DriverFactory, standin_agent
 from kubernetes.client.exceptions import ApiException
-from rlenergy_agent import actuator, energy, kube, metrics, podmap, server, service
-from rlenergy_agent.nvml import backend
+from rlenergy_agent import kube, metrics, podmap, server, service
 from rlenergy_agent.testing import standin
 
 from rlenergy.api import node as api_node
@@ -31,29 +30,7 @@ PLAN = api_node.ClockPlan(
 
 
 def _agent(drv: standin.StandinDriver, pods: dict[service.PodRef, list[str]]) -> service.Agent:
-    found = backend.discover()
-    caps = {u: g.probe() for u, g in found.gpus.items()}
-    act = actuator.Actuator(found.gpus, actuator.LockStateFile(None))
-    act.start(persistence={u: c.persistence for u, c in caps.items()})
-    sources = {
-        u: energy.source_for(c.energy_counter, c.instant_power, c.power_usage)
-        for u, c in caps.items()
-    }
-    meter = energy.EnergyMeter(found.gpus, sources, clock=lambda: drv.virtual_s)
-    meter.sample()
-    agent = service.Agent(
-        "node-1", "pol", act, meter, service.StaticPodMap(pods), clock=lambda: drv.virtual_s
-    )
-    agent.set_plan(PLAN)
-    return agent
-
-
-@pytest.fixture
-def short_tmp() -> Any:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(dir="/tmp") as d:
-        yield Path(d)
+    return standin_agent(pods, PLAN, lambda: drv.virtual_s)
 
 
 def test_sdk_signals_apply_clocks_and_meter_phases_within_1_percent(
