@@ -53,3 +53,24 @@ def namespace(dev_cluster: DevCluster, request: pytest.FixtureRequest) -> Iterat
     )
     yield name
     dev_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def crds(dev_cluster: DevCluster) -> None:
+    """The project's CRDs (``crds/``) applied once, established and served."""
+    dev_cluster.kubectl("apply", "--server-side", "-f", str(E2E_DIR.parents[1] / "crds"))
+    dev_cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/rlenergypolicies.rlenergy.io",
+        "crd/rlenergynodereports.rlenergy.io",
+        "--timeout=60s",
+    )
+    # The discovery cache of a fresh CRD can lag behind Established for a moment.
+    for short in ("rlep", "rlenr"):
+        wait_until(
+            lambda short=short: dev_cluster.kubectl("get", short, "-A", check=False).returncode
+            == 0,
+            timeout=30,
+            what=f"{short} served",
+        )

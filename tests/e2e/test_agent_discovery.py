@@ -52,16 +52,6 @@ POD = "trainer-0"
 LOCK_MHZ = 1395
 
 
-@pytest.fixture(scope="module")
-def crds(dev_cluster: DevCluster) -> None:
-    dev_cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
-    dev_cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/rlenergypolicies.rlenergy.io",
-        "crd/rlenergynodereports.rlenergy.io",
-        "--timeout=60s",
-    )
 
 
 def _policy(name: str, sel: dict[str, Any]) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +44,6 @@ default-governor model's prediction error (measured 0.927 vs 0.95 at a 1515 MHz 
 true ratio is 0.961)."""
 
 
-@pytest.fixture(scope="module")
-def crds(dev_cluster: DevCluster) -> Iterator[None]:
-    dev_cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
-    dev_cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/rlenergypolicies.rlenergy.io",
-        "crd/rlenergynodereports.rlenergy.io",
-        "--timeout=60s",
-    )
-    yield
 
 
 def _policy() -> dict[str, Any]:

@@ -23,13 +23,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from e2e_support import wait_until
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
@@ -43,22 +41,6 @@ NOW = "2026-11-29T18:00:00Z"
 POLICY = "grpo-plugin"
 
 
-@pytest.fixture(scope="module")
-def crds(dev_cluster: DevCluster) -> Iterator[None]:
-    dev_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    dev_cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/rlenergypolicies.rlenergy.io",
-        "crd/rlenergynodereports.rlenergy.io",
-        "--timeout=60s",
-    )
-    wait_until(
-        lambda: dev_cluster.kubectl("get", "rlenr", "-A", check=False).returncode == 0,
-        timeout=30,
-        what="rlenergynodereports served",
-    )
-    yield
 
 
 def _status() -> dict[str, Any]:

@@ -47,22 +47,6 @@ from sim_nodes import SimNodes  # noqa: E402
 RESET_DEADLINE_S = 8
 
 
-@pytest.fixture(scope="module")
-def crds(dev_cluster: DevCluster) -> Iterator[None]:
-    dev_cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
-    dev_cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/rlenergypolicies.rlenergy.io",
-        "crd/rlenergynodereports.rlenergy.io",
-        "--timeout=60s",
-    )
-    wait_until(
-        lambda: dev_cluster.kubectl("get", "rlep", "-A", check=False).returncode == 0,
-        timeout=30,
-        what="rlenergypolicies served",
-    )
-    yield
 
 
 class Operator:

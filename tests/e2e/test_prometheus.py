@@ -62,14 +62,9 @@ def _figures(status: dict[str, Any]) -> Any:
 
 @pytest.mark.timeout(600)
 def test_prometheus_scrapes_agents_matching_the_policy_status(
-    dev_cluster: DevCluster, namespace: str, tmp_path: Path
+    dev_cluster: DevCluster, crds: None, namespace: str, tmp_path: Path
 ):
     t0 = time.monotonic()
-    dev_cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
-    dev_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/rlenergypolicies.rlenergy.io",
-        "crd/rlenergynodereports.rlenergy.io", "--timeout=60s",
-    )  # fmt: skip
     lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
     policy = _policy()
     name = policy["metadata"]["name"]

@@ -29,7 +29,6 @@ import json
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,17 +47,6 @@ GB = 10**9
 RESPONSE_TOKENS = 4096.0
 
 
-@pytest.fixture(scope="module")
-def crds(dev_cluster: DevCluster) -> Iterator[None]:
-    dev_cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
-    dev_cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/rlenergypolicies.rlenergy.io",
-        "crd/rlenergynodereports.rlenergy.io",
-        "--timeout=60s",
-    )
-    yield
 
 
 def _pool(replicas: int) -> dict[str, Any]:
