@@ -124,10 +124,10 @@ def test_policy_with_a_custom_phase_is_refused_by_the_simulator(tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", traces.packaged_trace_names())
 def test_every_real_trace_on_h100_sync_keeps_the_threshold_and_saves(name: str) -> None:
-    """Issue 2's acceptance figures; the online/oracle bound is the measured floor (see README)."""
+    """Issue 2's acceptance figures: online/oracle >= 0.85 and the threshold kept, at seed 0."""
     rep = report.simulate(name, "h100-sxm", "sync")
     assert rep.throughput_ratio >= rep.min_throughput_ratio
     assert rep.online_saving > 0
-    # TinyZero (0.6 s phases on an H100): 0.82 at seed 0, 0.79-0.90 over seeds 0-9 (docs/simulator.md)
-    assert rep.online_to_oracle >= (0.78 if name.startswith("tinyzero") else 0.85)
+    # Seed 0 measured 0.874 (TinyZero, the weakest) to 0.945; docs/benchmarks.md has the seeds.
+    assert rep.online_to_oracle >= 0.85
     assert rep.measured_energy_error is not None and abs(rep.measured_energy_error) < 0.01
