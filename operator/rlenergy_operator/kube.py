@@ -243,3 +243,51 @@ def set_scale_replicas(kind: str, namespace: str, name: str, replicas: int) -> N
     api.patch_namespaced_custom_object_scale(
         group, version, namespace, plural, name, {"spec": {"replicas": int(replicas)}}
     )
+
+
+RAY_CLUSTER = ("ray.io", "v1", "rayclusters")
+"""KubeRay's RayCluster: (group, version, plural); its worker groups have no ``/scale``."""
+
+
+@_unreachable_is_api_error
+def ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
+    """A RayCluster object; ``None`` when it (or the kind) does not exist (404)."""
+    group, version, plural = RAY_CLUSTER
+    api = kubernetes.client.CustomObjectsApi(_api())
+    try:
+        obj = api.get_namespaced_custom_object(group, version, namespace, plural, name)
+    except k8s_errors.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return dict(obj)
+
+
+@_unreachable_is_api_error
+def patch_ray_worker_group(
+    namespace: str,
+    name: str,
+    resource_version: str,
+    index: int,
+    group_name: str,
+    replicas: int,
+    scale_strategy: dict[str, Any],
+) -> None:
+    """Set ``replicas`` and ``scaleStrategy`` of ``spec.workerGroupSpecs[index]`` (JSON patch).
+
+    The patch first tests the object's ``resourceVersion`` and the group's ``groupName``, so a
+    RayCluster changed since it was read (groups reordered, replicas edited) is refused by the
+    API server (an ``ApiError``; the caller retries with a fresh read) instead of patched blind.
+    """
+    group, version, plural = RAY_CLUSTER
+    at = f"/spec/workerGroupSpecs/{int(index)}"
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "test", "path": f"{at}/groupName", "value": group_name},
+        {"op": "add", "path": f"{at}/replicas", "value": int(replicas)},
+        {"op": "add", "path": f"{at}/scaleStrategy", "value": scale_strategy},
+    ]
+    api = kubernetes.client.CustomObjectsApi(_api())
+    api.patch_namespaced_custom_object(
+        group, version, namespace, plural, name, ops, _content_type="application/json-patch+json"
+    )

@@ -16,15 +16,21 @@ no Kubernetes credentials):
   (``rlenergy.control.moe.scale.decide_scale``) and patches the worker set's ``/scale``
   subresource (StatefulSet, LeaderWorkerSet). A target below the floor is refused
   (``ShrinkRejected: ... minimum is N``) and the set is left untouched.
+* **a RayCluster worker group** (``workerGroupName``) has no ``/scale``: ``reconcile`` reads
+  the RayCluster, asks ``decide_group_scale`` which pods to delete (the group's pods whose GPUs
+  are all parked in the node reports) and patches the group's ``replicas`` and
+  ``scaleStrategy.workersToDelete`` (KubeRay deletes exactly those pods). Fewer released pods
+  known than the shrink needs: refused (``WorkersUnknown``), never guessed.
 
-Pure: ``layout``, ``floor``, ``newest_dispatch``, ``fold``. I/O (through ``kube``):
-``reconcile``. Callers: ``rlenergy_operator.handlers.policy_loop``.
+Pure: ``layout``, ``floor``, ``newest_dispatch``, ``fold``, ``worker_group``. I/O (through
+``kube``): ``reconcile``. Callers: ``rlenergy_operator.handlers.policy_loop``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 from rlenergy import errors
 from rlenergy.api import node as api_node
@@ -190,13 +196,19 @@ def reconcile(
     for_step = dispatch.step + 1
     desired = dispatch.next_step_workers
     prev = status.scale
-    retry = ("WorkerSetNotFound", "ScaleFailed")
+    retry = ("WorkerSetNotFound", "ScaleFailed", "WorkersUnknown")
     if prev is not None and (
         prev.for_step > for_step or (prev.for_step == for_step and prev.reason not in retry)
     ):
         return Result(_with_active(status))
 
-    def decided(current: int, target: int, reason: str, message: str) -> api_status.ScaleStatus:
+    def decided(
+        current: int,
+        target: int,
+        reason: str,
+        message: str,
+        workers_to_delete: Sequence[str] | None = None,
+    ) -> api_status.ScaleStatus:
         return api_status.ScaleStatus(
             forStep=for_step,
             desired=desired,
@@ -205,18 +217,17 @@ def reconcile(
             floor=minimum,
             reason=reason,
             message=message,
+            workersToDelete=list(workers_to_delete) if workers_to_delete else None,
             decidedAt=now,
         )
 
     what = f"{ref.kind} {namespace}/{ref.name}"
-    if ref.kind not in kube.SCALE_RESOURCES:
-        s = decided(
-            0,
-            0,
-            "UnsupportedWorkerSet",
-            f"{what}: resizing a {ref.kind} worker group (workersToDelete) is not built; "
-            "use StatefulSet or LeaderWorkerSet, or releaseAction park",
+    if ref.kind == "RayCluster":
+        return _reconcile_ray_group(
+            status, prev, decided, what, namespace, ref, for_step, desired, minimum, reports
         )
+    if ref.kind not in kube.SCALE_RESOURCES:
+        s = decided(0, 0, "UnsupportedWorkerSet", f"{what}: {ref.kind} cannot be resized")
         return Result(_with_active(status, s), ("Warning", s.reason, s.message))
     try:
         current = kube.scale_replicas(ref.kind, namespace, ref.name)
@@ -245,6 +256,110 @@ def reconcile(
     return Result(_with_active(status, s), (kind, s.reason, s.message))
 
 
+class _Decided(Protocol):
+    def __call__(
+        self,
+        current: int,
+        target: int,
+        reason: str,
+        message: str,
+        workers_to_delete: Sequence[str] | None = None,
+    ) -> api_status.ScaleStatus: ...
+
+
+def worker_group(
+    obj: dict[str, Any], group_name: str, namespace: str
+) -> tuple[int, scale.WorkerGroup] | None:
+    """``(index, group)`` of the worker group ``group_name`` in a RayCluster object, or None."""
+    spec = obj.get("spec") or {}
+    for i, g in enumerate(spec.get("workerGroupSpecs") or []):
+        if g.get("groupName") != group_name:
+            continue
+        high = g.get("maxReplicas")
+        return i, scale.WorkerGroup(
+            cluster=str(obj["metadata"]["name"]),
+            namespace=namespace,
+            group=group_name,
+            replicas=int(g.get("replicas") or 0),
+            min_replicas=int(g.get("minReplicas") or 0),
+            max_replicas=None if high is None else int(high),
+            hosts_per_replica=max(int(g.get("numOfHosts") or 1), 1),
+            autoscaling=bool(spec.get("enableInTreeAutoscaling")),
+            workers_to_delete=tuple(
+                str(p) for p in (g.get("scaleStrategy") or {}).get("workersToDelete") or []
+            ),
+        )
+    return None
+
+
+def _reconcile_ray_group(
+    status: api_status.RolloutStatus,
+    prev: api_status.ScaleStatus | None,
+    decided: _Decided,
+    what: str,
+    namespace: str,
+    ref: api_policy.WorkerSetRef,
+    for_step: int,
+    desired: int,
+    minimum: int,
+    reports: Sequence[api_node.NodeReport],
+) -> Result:
+    """Resize a RayCluster worker group: ``replicas`` and ``scaleStrategy.workersToDelete``.
+
+    The pods to delete are the group's released workers (``scale.decide_group_scale``: every
+    GPU parked in the node reports). ``WorkersUnknown`` (fewer known than the shrink needs) is
+    retried at the next pass, as a missing object is, since the parks may reach the reports
+    after the publication; its Warning event and status are written once per step.
+    """
+    group_name = ref.worker_group_name or ""
+    what = f"{what} worker group {group_name}"
+    try:
+        obj = kube.ray_cluster(namespace, ref.name)
+    except kube.ApiError as exc:
+        s = decided(0, 0, "ScaleFailed", f"{what}: reading: {exc.status} {exc.reason}")
+        return Result(_with_active(status, s))
+    found = None if obj is None else worker_group(obj, group_name, namespace)
+    if obj is None or found is None:
+        s = decided(0, 0, "WorkerSetNotFound", f"{what} not found; retrying")
+        return Result(_with_active(status, s))
+    index, group = found
+    gpus = [(g.pod, g.parked) for r in reports for g in r.gpus]
+    g = scale.decide_group_scale(group, desired, minimum, gpus)
+    d = g.decision
+    if d.action is scale.ScaleAction.RESIZE:
+        strategy = dict((obj["spec"]["workerGroupSpecs"][index].get("scaleStrategy")) or {})
+        strategy["workersToDelete"] = list(g.workers_to_delete)
+        try:
+            kube.patch_ray_worker_group(
+                namespace,
+                ref.name,
+                str(obj["metadata"].get("resourceVersion", "")),
+                index,
+                group_name,
+                d.target,
+                strategy,
+            )
+        except kube.ApiError as exc:
+            s = decided(
+                group.replicas,
+                group.replicas,
+                "ScaleFailed",
+                f"{what}: patching: {exc.status} {exc.reason}",
+            )
+            return Result(_with_active(status, s), ("Warning", s.reason, s.message))
+    s = decided(d.current, d.target, d.reason, f"{what}: {d.message} for step {for_step}", g.chosen)
+    if d.action is scale.ScaleAction.NONE:
+        return Result(_with_active(status, s))
+    if prev is not None and (prev.for_step, prev.reason, prev.message) == (
+        s.for_step,
+        s.reason,
+        s.message,
+    ):  # the same WorkersUnknown refusal again: no second event, no new decidedAt
+        return Result(_with_active(status, prev))
+    kind = "Warning" if d.action is scale.ScaleAction.REFUSED else "Normal"
+    return Result(_with_active(status, s), (kind, s.reason, s.message))
+
+
 def _with_active(
     status: api_status.RolloutStatus, decision: api_status.ScaleStatus | None = None
 ) -> api_status.RolloutStatus:
@@ -256,6 +371,8 @@ def _with_active(
         "ShrinkBetweenSteps",
         "GrowBetweenSteps",
         "ShrinkRejected",
+        "WorkersUnknown",
+        "OutsideWorkerGroupBounds",
     ):
         update["active"] = s.target
     return status.model_copy(update=update)

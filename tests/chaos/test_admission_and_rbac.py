@@ -140,6 +140,7 @@ OPERATOR_RULES = [
         "resources": ["leaderworkersets/scale"],
         "verbs": ["get", "patch", "update"],
     },
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "patch"]},
 ]
 OPERATOR_NS_RULES = [
     {
@@ -176,6 +177,7 @@ MATRIX = [
     ("operator", "get", "secrets", "", False),
     ("operator", "create", "pods", "team-a", False),
     ("operator", "create", "clusterrolebindings", "", False),
+    ("operator", "delete", "pods", "team-a", False),
     ("agent", "create", "rlenergynodereports", "team-a", True),
     ("agent", "patch", "rlenergynodereports", "team-a", True),
     ("agent", "get", "rlenergypolicies", "team-a", True),
@@ -291,6 +293,35 @@ def test_rbac_least_privilege(
     assert answer == ("yes" if allowed else "no"), (
         f"{who} {verb} {resource} in {ns}: {answer} {res.stderr}"
     )
+
+
+@pytest.mark.parametrize(
+    "verb,allowed",
+    [("get", True), ("patch", True)]
+    + [(v, False) for v in ("update", "delete", "create", "list", "watch")],
+)
+def test_rbac_operator_rayclusters_get_and_patch_only(
+    chaos_cluster: DevCluster, rbac: str, verb: str, allowed: bool
+):
+    """A RayCluster worker group (FlexFloor scale): get and patch, nothing more. Asked through a
+    SubjectAccessReview, which names the API group (``auth can-i`` cannot resolve
+    ``rayclusters.ray.io`` without KubeRay's CRD and would ask about the core group)."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{rbac}:rlenergy-operator",
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{rbac}"],
+            "resourceAttributes": {
+                "group": "ray.io",
+                "resource": "rayclusters",
+                "verb": verb,
+                "namespace": "team-a",
+            },
+        },
+    }
+    res = chaos_cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review))
+    assert bool(json.loads(res.stdout)["status"].get("allowed")) is allowed, res.stdout
 
 
 def test_the_agent_daemonset_is_not_privileged(chaos_cluster: DevCluster):

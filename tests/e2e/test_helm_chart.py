@@ -5,6 +5,7 @@ RBAC on the real API server (``kubectl auth can-i``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,31 @@ def test_helm_install_and_least_privilege_rbac(dev_cluster: DevCluster, namespac
         assert can(op, "get", "statefulsets.apps", "--subresource=scale", "-n", "default")
         assert not can(op, "patch", "statefulsets.apps", "-n", "default")
         assert not can(op, "delete", "statefulsets.apps", "-n", "default")
+
+        # a RayCluster worker group: get and patch the RayCluster (no /scale), nothing more.
+        # A SubjectAccessReview names the group: `auth can-i` cannot without KubeRay's CRD.
+        def can_ray(verb: str) -> bool:
+            review = {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": op,
+                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                    "resourceAttributes": {
+                        "group": "ray.io",
+                        "resource": "rayclusters",
+                        "verb": verb,
+                        "namespace": "default",
+                    },
+                },
+            }
+            res = dev_cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review))
+            return bool(json.loads(res.stdout)["status"].get("allowed"))
+
+        assert can_ray("get") and can_ray("patch")
+        for verb in ("update", "delete", "create", "list", "watch"):
+            assert not can_ray(verb), verb
+        assert not can(op, "delete", "pods", "-n", "default")
         assert can(agent, "create", "rlenergynodereports.rlenergy.io", "-n", "default")
         assert can(agent, "patch", "rlenergynodereports.rlenergy.io", "-n", "default")
         assert can(agent, "get", "rlenergypolicies.rlenergy.io", "-n", "default")

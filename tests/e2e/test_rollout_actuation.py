@@ -20,7 +20,11 @@ We check:
 * status.rollout: the floor, the released GPU-seconds equal to the node report's, occupied
   GPU-seconds and tokens per occupied GPU-second, nothing parked at the end;
 * a LeaderWorkerSet (its CRD's /scale subresource, no controller) is resized through the same
-  generic code path: 3 -> 2, 2 -> 1 refused, 2 -> 3.
+  generic code path: 3 -> 2, 2 -> 1 refused, 2 -> 3;
+* a RayCluster worker group (its CRD, no KubeRay controller): 3 -> 2 names the released pod
+  (both GPUs parked in the node report) in ``scaleStrategy.workersToDelete``; 2 -> 1 with no
+  released pod known is refused (``WorkersUnknown``, a Warning event, replicas untouched);
+  2 -> 3 raises replicas and clears the deleted pod's entry; the other group is untouched.
 """
 
 from __future__ import annotations
@@ -45,8 +49,6 @@ POOL = "rollout-pool"
 FLOOR = 2
 GB = 10**9
 RESPONSE_TOKENS = 4096.0
-
-
 
 
 def _pool(replicas: int) -> dict[str, Any]:
@@ -292,20 +294,20 @@ def test_park_and_scale_between_steps(
         )
 
 
-def _lws_crd() -> dict[str, Any]:
-    """LeaderWorkerSet's CRD reduced to what the operator touches: the /scale subresource with
-    the paths of the real one (sigs.k8s.io/lws: .spec.replicas, .status.replicas)."""
+def _open_crd(group: str, kind: str, plural: str, subresources: dict[str, Any]) -> dict[str, Any]:
+    """A namespaced ``v1`` CRD whose spec and status keep any field (no controller runs)."""
+    open_object = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "leaderworkersets.leaderworkerset.x-k8s.io"},
+        "metadata": {"name": f"{plural}.{group}"},
         "spec": {
-            "group": "leaderworkerset.x-k8s.io",
+            "group": group,
             "names": {
-                "kind": "LeaderWorkerSet",
-                "listKind": "LeaderWorkerSetList",
-                "plural": "leaderworkersets",
-                "singular": "leaderworkerset",
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
             },
             "scope": "Namespaced",
             "versions": [
@@ -313,26 +315,11 @@ def _lws_crd() -> dict[str, Any]:
                     "name": "v1",
                     "served": True,
                     "storage": True,
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                        },
-                    },
+                    "subresources": subresources,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "properties": {
-                                "spec": {
-                                    "type": "object",
-                                    "x-kubernetes-preserve-unknown-fields": True,
-                                },
-                                "status": {
-                                    "type": "object",
-                                    "x-kubernetes-preserve-unknown-fields": True,
-                                },
-                            },
+                            "properties": {"spec": open_object, "status": open_object},
                         }
                     },
                 }
@@ -341,19 +328,43 @@ def _lws_crd() -> dict[str, Any]:
     }
 
 
+def _lws_crd() -> dict[str, Any]:
+    """LeaderWorkerSet's CRD reduced to what the operator touches: the /scale subresource with
+    the paths of the real one (sigs.k8s.io/lws: .spec.replicas, .status.replicas)."""
+    return _open_crd(
+        "leaderworkerset.x-k8s.io",
+        "LeaderWorkerSet",
+        "leaderworkersets",
+        {
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.replicas",
+                "statusReplicasPath": ".status.replicas",
+            },
+        },
+    )
+
+
+def _raycluster_crd() -> dict[str, Any]:
+    """KubeRay's RayCluster CRD reduced to what the operator touches: ``spec.workerGroupSpecs``
+    (kept as written; no /scale, as the real one)."""
+    return _open_crd("ray.io", "RayCluster", "rayclusters", {"status": {}})
+
+
+def _apply_crd(dev_cluster: DevCluster, crd: dict[str, Any]) -> None:
+    dev_cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(crd))
+    dev_cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s"
+    )
+
+
 @pytest.mark.timeout(180)
 def test_leaderworkerset_is_resized_through_the_generic_scale_subresource(
     dev_cluster: DevCluster, crds: None, namespace: str, tmp_path: Path
 ):
     """The same /scale code path on a LeaderWorkerSet (a custom resource); the dispatcher's
     publication is written into a node report directly (no agent needed for the decision)."""
-    dev_cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(_lws_crd()))
-    dev_cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/leaderworkersets.leaderworkerset.x-k8s.io",
-        "--timeout=60s",
-    )
+    _apply_crd(dev_cluster, _lws_crd())
     lws = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
@@ -406,3 +417,125 @@ def test_leaderworkerset_is_resized_through_the_generic_scale_subresource(
         assert replicas() == 2
         publish(2, 3)
         wait_until(lambda: replicas() == 3, timeout=30, what="LeaderWorkerSet grown to 3")
+
+
+@pytest.mark.timeout(180)
+def test_raycluster_worker_group_deletes_the_released_pod_by_name(
+    dev_cluster: DevCluster, crds: None, namespace: str, tmp_path: Path
+):
+    """A RayCluster worker group (its CRD, no KubeRay controller): the operator's writes to
+    ``workerGroupSpecs[i].replicas`` and ``scaleStrategy.workersToDelete``. The node report
+    (written directly) carries the dispatcher's publication and per GPU its pod and ``parked``.
+    The floor is 1 here (18 expert slots per worker), so a refusal is the released pods'."""
+    _apply_crd(dev_cluster, _raycluster_crd())
+    wait_until(
+        lambda: dev_cluster.kubectl("get", "rayclusters.ray.io", "-A", check=False).returncode == 0,
+        timeout=30,
+        what="rayclusters served",
+    )
+    cluster, group = "rc", "rollout"
+    template = {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2"}]}}
+    rc = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": cluster},
+        "spec": {
+            "headGroupSpec": {"rayStartParams": {}, "template": template},
+            "workerGroupSpecs": [
+                {"groupName": "cpu", "replicas": 1, "template": template},
+                {
+                    "groupName": group,
+                    "replicas": 3,
+                    "minReplicas": 0,
+                    "maxReplicas": 8,
+                    "rayStartParams": {},
+                    "template": template,
+                },
+            ],
+        },
+    }
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(rc))
+    policy = _policy()
+    policy["spec"]["rollout"]["workerSetRef"] = {
+        "kind": "RayCluster",
+        "name": cluster,
+        "workerGroupName": group,
+    }
+    policy["spec"]["rollout"]["workerMemoryBytes"] = 20 * GB  # 18 slots: floor 1
+    name = policy["metadata"]["name"]
+    lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
+    stack = fullstack.FullStack(
+        dev_cluster.kubeconfig, namespace, name, dev_cluster.nodes[:1], tmp_path / "stack", lib_dir
+    )
+    pods = [f"{cluster}-{group}-worker-{s}" for s in ("a2b4c", "d5f7g", "h9j2k")]
+
+    def publish(step: int, nxt: int, parked: dict[str, bool]) -> None:
+        gpus = [
+            {"uuid": f"GPU-{pod}-{i}", "condition": "ok", "pod": f"{namespace}/{pod}",
+             "parked": is_parked}
+            for pod, is_parked in parked.items()
+            for i in range(2)
+        ]  # fmt: skip
+        gpus.append(
+            {"uuid": "GPU-head", "pod": f"{namespace}/{cluster}-head-x7z2q", "parked": True}
+        )
+        report = {
+            "apiVersion": "rlenergy.io/v1alpha1",
+            "kind": "RLEnergyNodeReport",
+            "metadata": {"name": f"{name}-{dev_cluster.nodes[0]}"},
+            "spec": {
+                "policyName": name,
+                "nodeName": dev_cluster.nodes[0],
+                "gpus": gpus,
+                "rollout": {"step": step, "activeWorkers": len(parked), "nextStepWorkers": nxt},
+            },
+        }
+        dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(report))
+
+    def worker_group() -> dict[str, Any]:
+        obj = get_json(dev_cluster, "rayclusters.ray.io", cluster, "-n", namespace)
+        groups = {g["groupName"]: g for g in obj["spec"]["workerGroupSpecs"]}
+        assert groups["cpu"] == rc["spec"]["workerGroupSpecs"][0], groups  # untouched
+        return dict(groups[group])
+
+    def scale_for(step: int) -> dict[str, Any] | None:
+        s = stack.policy_status().get("rollout", {}).get("scale") or {}
+        return s if s.get("forStep") == step else None
+
+    with stack:
+        stack.start_operator()
+        dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(policy))
+        # step 0: the first worker was released and parked; the dispatcher needs 2 next
+        publish(0, 2, {pods[0]: True, pods[1]: False, pods[2]: False})
+        shrunk = wait_until(
+            lambda: g if (g := worker_group())["replicas"] == 2 else None,
+            timeout=60,
+            what="worker group shrunk to 2",
+        )
+        assert shrunk["scaleStrategy"]["workersToDelete"] == [pods[0]], shrunk
+        decided = wait_until(lambda: scale_for(1), timeout=30, what="decision for step 1")
+        assert decided["reason"] == "ShrinkBetweenSteps" and decided["target"] == 2, decided
+        assert decided["workersToDelete"] == [pods[0]], decided
+        # step 1: KubeRay deleted pods[0]; 1 worker next, but no released pod is known
+        publish(1, 1, {pods[1]: False, pods[2]: False})
+        refused = wait_until(lambda: scale_for(2), timeout=30, what="decision for step 2")
+        assert refused["reason"] == "WorkersUnknown", refused
+        assert "1 released worker pod needed, 0 known" in refused["message"], refused
+        assert refused["target"] == refused["current"] == 2, refused
+        assert worker_group()["replicas"] == 2
+        events = get_json(dev_cluster, "events", "-n", namespace)["items"]
+        assert any(
+            e.get("reason") == "WorkersUnknown" and e.get("type") == "Warning" for e in events
+        ), [e.get("reason") for e in events]
+        # step 2: 3 workers again: replicas up, the deleted pod's entry cleared
+        publish(2, 3, {pods[1]: False, pods[2]: False})
+        grown = wait_until(
+            lambda: g if (g := worker_group())["replicas"] == 3 else None,
+            timeout=30,
+            what="worker group grown to 3",
+        )
+        assert grown["scaleStrategy"]["workersToDelete"] == [], grown
+        assert (
+            wait_until(lambda: scale_for(3), timeout=30, what="decision for step 3")["reason"]
+            == "GrowBetweenSteps"
+        )

@@ -238,11 +238,21 @@ class ScaleStatus(_Status):
     )
     reason: str = Field(
         description=(
-            "AtTarget, ShrinkBetweenSteps, GrowBetweenSteps, ShrinkRejected, "
-            "WorkerSetNotFound or UnsupportedWorkerSet."
+            "AtTarget, ShrinkBetweenSteps, GrowBetweenSteps, ShrinkRejected, WorkerSetNotFound, "
+            "ScaleFailed, UnsupportedWorkerSet; for a RayCluster worker group also "
+            "WorkersUnknown (fewer released worker pods known than the shrink needs) and "
+            "OutsideWorkerGroupBounds (target outside minReplicas..maxReplicas)."
         )
     )
     message: str = Field("", description="What happened, for humans.")
+    workers_to_delete: list[str] | None = Field(
+        None,
+        alias="workersToDelete",
+        description=(
+            "RayCluster: the released worker pods this shrink named in the group's "
+            "scaleStrategy.workersToDelete."
+        ),
+    )
     decided_at: str | None = Field(
         None,
         alias="decidedAt",

@@ -8,7 +8,13 @@ We test these aspects:
 * the floor comes from the spec (experts x bytes vs workerMemoryBytes, minActiveWorkers);
 * ``reconcile`` resizes once per published step, refuses a target below the floor
   (``ShrinkRejected``, ``/scale`` untouched), retries a missing worker set; the Kubernetes
-  calls are replaced by an in-memory worker set here (the e2e test runs the real API server).
+  calls are replaced by an in-memory worker set here (the e2e test runs the real API server);
+* a RayCluster worker group: the shrink patches ``replicas`` and names the released pod (every
+  GPU parked in the reports) in ``scaleStrategy.workersToDelete``; before any park is reported
+  it is refused (``WorkersUnknown``, one Warning event, retried at the next pass, no status
+  churn); below the floor refused; growth clears the deleted pod's entry; a missing cluster or
+  group is retried, a failed (guarded) patch is ``ScaleFailed`` and retried, an autoscaled
+  cluster is ``UnsupportedWorkerSet``.
 """
 
 from __future__ import annotations
@@ -187,3 +193,181 @@ def test_reconcile_retries_a_missing_worker_set_and_leaves_park_policies_alone(
     assert ws.patches == [2]
     assert park.status is not None and park.status.scale is None
     assert r2.status is not None
+
+
+# ----- RayCluster worker group: replicas + scaleStrategy.workersToDelete -------------------------
+RAY_POD = "rc-rollout-worker-"
+
+
+def _ray_spec() -> api_policy.RLEnergyPolicySpec:
+    spec = _spec()
+    ro = spec.rollout
+    assert ro is not None
+    ref = api_policy.WorkerSetRef.model_validate(
+        {"kind": "RayCluster", "name": "rc", "workerGroupName": "rollout"}
+    )
+    return spec.model_copy(update={"rollout": ro.model_copy(update={"worker_set_ref": ref})})
+
+
+class _RayCluster:
+    """An in-memory RayCluster in place of the get / JSON-patch calls (tests the patch's guards)."""
+
+    def __init__(self, replicas: int, **group: Any) -> None:
+        self.obj: dict[str, Any] | None = {
+            "metadata": {"name": "rc", "resourceVersion": "1"},
+            "spec": {
+                "workerGroupSpecs": [
+                    {"groupName": "other", "replicas": 1},
+                    {"groupName": "rollout", "replicas": replicas, **group},
+                ]
+            },
+        }
+        self.patches: list[tuple[int, list[str]]] = []
+        self.fail: kube.ApiError | None = None
+
+    @property
+    def group(self) -> dict[str, Any]:
+        assert self.obj is not None
+        return dict(self.obj["spec"]["workerGroupSpecs"][1])
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import copy
+
+        monkeypatch.setattr(kube, "ray_cluster", lambda ns, name: copy.deepcopy(self.obj))
+
+        def patch(
+            ns: str, name: str, rv: str, index: int, group: str, replicas: int, strategy: Any
+        ) -> None:
+            assert self.obj is not None
+            if self.fail is not None:
+                raise self.fail
+            assert rv == self.obj["metadata"]["resourceVersion"]
+            g = self.obj["spec"]["workerGroupSpecs"][index]
+            assert g["groupName"] == group
+            g["replicas"], g["scaleStrategy"] = replicas, strategy
+            self.obj["metadata"]["resourceVersion"] = str(int(rv) + 1)
+            self.patches.append((replicas, list(strategy["workersToDelete"])))
+
+        monkeypatch.setattr(kube, "patch_ray_worker_group", patch)
+
+
+def _ray_reports(step: int, nxt: int, pods: dict[str, bool]) -> list[api_node.NodeReport]:
+    """One node report: 2 GPUs per pod (suffix -> parked), and the dispatcher's publication."""
+    return [
+        api_node.NodeReport.model_validate(
+            {
+                "policyName": "p",
+                "nodeName": "a",
+                "gpus": [
+                    {"uuid": f"GPU-{s}-{i}", "pod": f"ns/{RAY_POD}{s}", "parked": parked}
+                    for s, parked in pods.items()
+                    for i in range(2)
+                ]
+                + [{"uuid": "GPU-head", "pod": "ns/rc-head-hhhhh", "parked": True}],
+                "rollout": {"step": step, "activeWorkers": 3, "nextStepWorkers": nxt},
+            }
+        )
+    ]
+
+
+def test_raycluster_shrink_names_the_released_pod_and_refuses_rather_than_guess(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    rc = _RayCluster(3)
+    rc.install(monkeypatch)
+    spec = _ray_spec()
+    working = {"aaaaa": False, "bbbbb": False, "ccccc": False}
+    # the publication arrives before the park shows in a report: refused, not guessed
+    r = rollout.reconcile(spec, None, _ray_reports(0, 2, working), "ns", "t0")
+    assert rc.patches == []
+    assert r.status is not None and r.status.scale is not None
+    assert r.status.scale.reason == "WorkersUnknown"
+    assert "1 released worker pod needed, 0 known" in r.status.scale.message
+    assert r.status.active == 3
+    assert r.event is not None and r.event[:2] == ("Warning", "WorkersUnknown")
+    # the next pass, nothing new: no second event, the same status (no write)
+    r2 = rollout.reconcile(spec, r.status, _ray_reports(0, 2, working), "ns", "t1")
+    assert r2.event is None and r2.status == r.status and rc.patches == []
+    # the park reaches the report: the released pod is deleted by name
+    parked = {**working, "bbbbb": True}
+    r3 = rollout.reconcile(spec, r2.status, _ray_reports(0, 2, parked), "ns", "t2")
+    assert rc.patches == [(2, [RAY_POD + "bbbbb"])]
+    assert rc.group["replicas"] == 2
+    assert r3.status is not None and r3.status.scale is not None
+    assert (r3.status.scale.reason, r3.status.scale.target) == ("ShrinkBetweenSteps", 2)
+    assert r3.status.scale.workers_to_delete == [RAY_POD + "bbbbb"]
+    assert r3.status.active == 2
+    assert r3.event is not None and r3.event[:2] == ("Normal", "ShrinkBetweenSteps")
+    assert RAY_POD + "bbbbb" in r3.event[2]
+    # decided: the same publication does nothing more
+    r4 = rollout.reconcile(spec, r3.status, _ray_reports(0, 2, parked), "ns", "t3")
+    assert len(rc.patches) == 1 and r4.event is None
+    # below the floor (2): refused, untouched
+    gone = {"aaaaa": True, "ccccc": False}
+    r5 = rollout.reconcile(spec, r4.status, _ray_reports(1, 1, gone), "ns", "t4")
+    assert r5.status is not None and r5.status.scale is not None
+    assert r5.status.scale.reason == "ShrinkRejected" and len(rc.patches) == 1
+    # growth: replicas up, the deleted pod's entry cleared
+    r6 = rollout.reconcile(spec, r5.status, _ray_reports(2, 3, gone), "ns", "t5")
+    assert rc.patches[-1] == (3, [])
+    assert r6.status is not None and r6.status.active == 3
+    assert r6.event is not None and r6.event[:2] == ("Normal", "GrowBetweenSteps")
+
+
+def test_raycluster_missing_group_patch_conflict_and_autoscaler(monkeypatch: pytest.MonkeyPatch):
+    rc = _RayCluster(3)
+    rc.install(monkeypatch)
+    spec = _ray_spec()
+    reps = _ray_reports(0, 2, {"aaaaa": True, "bbbbb": False})
+    obj, rc.obj = rc.obj, None
+    r = rollout.reconcile(spec, None, reps, "ns", "t")
+    assert r.status is not None and r.status.scale is not None
+    assert r.status.scale.reason == "WorkerSetNotFound"
+    assert "worker group rollout" in r.status.scale.message
+    assert obj is not None
+    obj["spec"]["workerGroupSpecs"][1]["groupName"] = "renamed"
+    rc.obj = obj
+    r = rollout.reconcile(spec, r.status, reps, "ns", "t")
+    assert r.status is not None and r.status.scale is not None
+    assert r.status.scale.reason == "WorkerSetNotFound" and rc.patches == []
+    obj["spec"]["workerGroupSpecs"][1]["groupName"] = "rollout"
+    rc.fail = kube.ApiError(status=422, reason="test operation failed")
+    r = rollout.reconcile(spec, r.status, reps, "ns", "t")
+    assert r.status is not None and r.status.scale is not None
+    assert r.status.scale.reason == "ScaleFailed" and "422" in r.status.scale.message
+    rc.fail = None  # retried at the next pass
+    r = rollout.reconcile(spec, r.status, reps, "ns", "t")
+    assert rc.patches == [(2, [RAY_POD + "aaaaa"])]
+    auto = _RayCluster(3)
+    auto.install(monkeypatch)
+    assert auto.obj is not None
+    auto.obj["spec"]["enableInTreeAutoscaling"] = True
+    r = rollout.reconcile(spec, None, reps, "ns", "t")
+    assert r.status is not None and r.status.scale is not None
+    assert r.status.scale.reason == "UnsupportedWorkerSet" and auto.patches == []
+    assert r.event is not None and r.event[0] == "Warning"
+
+
+def test_worker_group_reads_the_kuberay_fields():
+    obj = {
+        "metadata": {"name": "rc"},
+        "spec": {
+            "enableInTreeAutoscaling": False,
+            "workerGroupSpecs": [
+                {
+                    "groupName": "rollout",
+                    "replicas": 4,
+                    "minReplicas": 1,
+                    "maxReplicas": 8,
+                    "numOfHosts": 1,
+                    "scaleStrategy": {"workersToDelete": ["rc-rollout-worker-aaaaa"]},
+                }
+            ],
+        },
+    }
+    found = rollout.worker_group(obj, "rollout", "ns")
+    assert found is not None
+    i, g = found
+    assert i == 0 and (g.replicas, g.min_replicas, g.max_replicas) == (4, 1, 8)
+    assert g.workers_to_delete == ("rc-rollout-worker-aaaaa",) and not g.autoscaling
+    assert rollout.worker_group(obj, "nope", "ns") is None
