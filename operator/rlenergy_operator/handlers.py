@@ -28,6 +28,7 @@ import pydantic
 
 from rlenergy import errors
 from rlenergy.api import node as api_node
+from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy_operator import builders, jobloop, kube, rollout, scheduling
@@ -36,6 +37,10 @@ from rlenergy_operator import settings as op_settings
 
 CFG = op_settings.OperatorConfig()
 RESOURCE = (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL)
+REPORT_RESOURCE = (api_nodereport.GROUP, api_nodereport.VERSION, api_nodereport.PLURAL)
+
+_CHECKPOINTS: dict[tuple[str, str], int] = {}
+"""(namespace, policy) -> the job loop's ``totals.throughStep``: the index drops older records."""
 
 
 def _now() -> str:
@@ -158,6 +163,27 @@ def policy_reconcile(
         patch.status["plan"] = loop.plan(now).model_dump(by_alias=True, exclude_none=True)
 
 
+@kopf.index(*REPORT_RESOURCE)
+def policy_node_reports(
+    namespace: str, name: str, meta: kopf.Meta, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str, str], node_reports.IndexedReport] | None:
+    """Index every node report by (namespace, policy), as the watch delivers it.
+
+    The job loop reads its reports from here instead of listing them each pass
+    (``reports.ReportCache``); records already folded into the policy's totals are dropped.
+    kopf calls no other handler before the first listing is indexed.
+    """
+    policy = spec.get("policyName")
+    if not policy:
+        return None
+    key = (namespace, str(policy))
+    return {
+        key: node_reports.IndexedReport.from_spec(
+            name, str(meta.get("resourceVersion") or ""), spec, _CHECKPOINTS.get(key, -1)
+        )
+    }
+
+
 @kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None)
 def policy_loop(
     spec: kopf.Spec,
@@ -169,9 +195,14 @@ def policy_loop(
     namespace: str,
     name: str,
     logger: logging.Logger,
+    policy_node_reports: kopf.Index[tuple[str, str], node_reports.IndexedReport] | None = None,
     **_: Any,
 ) -> None:
-    """One pass of the job loop: node reports -> controller -> plan, status."""
+    """One pass of the job loop: node reports -> controller -> plan, status.
+
+    Reports come from the ``policy_node_reports`` index between restores and from the API
+    server on a restore (restart or new spec generation: every record is replayed).
+    """
     if meta.get("deletionTimestamp"):
         return
     generation = int(meta.get("generation") or 0)
@@ -194,7 +225,10 @@ def policy_loop(
     try:
         # Only records after the checkpoint are parsed; a rebuild replays every record.
         after = -1 if rebuild or loop is None else loop.account.through_step
-        reports = cache.refresh(namespace, name, after, logger)
+        indexed = (
+            None if policy_node_reports is None else policy_node_reports.get((namespace, name), [])
+        )
+        reports = cache.refresh(namespace, name, after, logger, indexed)
     except kube.ApiError as exc:
         raise kopf.TemporaryError(
             f"listing node reports: {exc.status} {exc.reason}", delay=CFG.retry_delay_s
@@ -210,6 +244,7 @@ def policy_loop(
             loop.account.through_step,
         )
     folded = loop.advance(reports)
+    _CHECKPOINTS[(namespace, name)] = loop.account.through_step
     old_plan = status.get("plan")
     plan = loop.plan(issued_at=(old_plan or {}).get("issuedAt") or _now())
     plan_changed = builders.plan_changed(old_plan, plan)
@@ -340,6 +375,7 @@ def policy_delete(
     **_: Any,
 ) -> None:
     """Hold the finalizer until the GPUs are reset (or the deadline), then clean up."""
+    _CHECKPOINTS.pop((namespace, name), None)
     generation = int(meta.get("generation") or 0)
     now = _now()
     previous = list(status.get("conditions") or [])

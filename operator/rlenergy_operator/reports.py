@@ -10,14 +10,23 @@ at 1,000 nodes (docs/scale-and-chaos.md). ``ReportCache`` instead
 * parses only the records the loop still needs (``trim_steps``), and
 * keeps the parsed, trimmed reports for the next pass.
 
-A restore (a restart or a new spec generation) asks for every record (``after_step=-1``).
+Where the reports come from: between restores, a watch (the kopf index
+``handlers.policy_node_reports``) keeps every report's latest version in memory as an
+``IndexedReport`` (compressed JSON, trimmed to the policy's checkpoint when it was indexed), so a
+pass sends no request at all for reading; at 1,000 nodes the per-pass metadata LIST and the GETs
+were most of the operator's reads and each pass waited for them on a busy API server. kopf runs
+no handler before the first listing is indexed, so a pass never sees fewer reports than exist.
+A restore (a restart or a new spec generation) asks for every record (``after_step=-1``) and
+reads them from the API server (the index may hold trimmed copies).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pydantic
@@ -48,6 +57,39 @@ def trim_steps(spec: Mapping[str, Any], after_step: int) -> dict[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True)
+class IndexedReport:
+    """One node report as the watch last delivered it (a kopf index value).
+
+    Attributes:
+        name: the report's name.
+        resource_version: its ``metadata.resourceVersion``.
+        after_step: records up to this step (except the oldest) were dropped when indexed;
+            -1: all records kept.
+        blob: the trimmed spec as compact JSON, zlib-compressed (step records repeat their
+            keys; a full report of 32 steps shrinks several times, which bounds the index
+            after a restart, before checkpoints are known).
+    """
+
+    name: str
+    resource_version: str
+    after_step: int
+    blob: bytes
+
+    @classmethod
+    def from_spec(
+        cls, name: str, resource_version: str, spec: Mapping[str, Any], after_step: int
+    ) -> IndexedReport:
+        """Index ``spec`` keeping the records ``trim_steps(spec, after_step)`` keeps."""
+        raw = json.dumps(trim_steps(spec, after_step), separators=(",", ":"))
+        return cls(name, resource_version, after_step, zlib.compress(raw.encode(), 1))
+
+    def spec(self) -> dict[str, Any]:
+        """The (trimmed) spec, wire form."""
+        out: dict[str, Any] = json.loads(zlib.decompress(self.blob))
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
 class _Entry:
     resource_version: str
     after_step: int
@@ -75,15 +117,41 @@ class ReportCache:
         """Reports fetched and parsed so far (for tests and logs)."""
 
     def refresh(
-        self, namespace: str, policy: str, after_step: int, logger: logging.Logger
+        self,
+        namespace: str,
+        policy: str,
+        after_step: int,
+        logger: logging.Logger,
+        indexed: Iterable[IndexedReport] | None = None,
     ) -> list[api_node.NodeReport]:
         """The policy's reports, records after ``after_step`` (plus each report's oldest).
+
+        Args:
+            namespace: the policy's namespace.
+            policy: the policy's name.
+            after_step: the newest folded step; -1 asks for every record.
+            logger: where malformed reports are reported.
+            indexed: the watch's view of the policy's reports (``IndexedReport``); None, or
+                ``after_step`` -1, reads from the API server instead. An indexed copy trimmed
+                past ``after_step`` is read from the API server too.
 
         Raises:
             Whatever ``list_versions`` and ``get_report`` raise (API errors); the cache keeps its
             entries, so the next pass retries only what is missing.
         """
-        versions = self._list_versions(namespace, policy)
+        get_report = self._get_report
+        if indexed is not None and after_step >= 0:
+            by_name = {e.name: e for e in indexed}
+            versions = {n: e.resource_version for n, e in by_name.items()}
+
+            def get_report(ns: str, name: str) -> tuple[str, Mapping[str, Any]] | None:
+                e = by_name[name]
+                if e.after_step > after_step:
+                    return self._get_report(ns, name)
+                return e.resource_version, e.spec()
+
+        else:
+            versions = self._list_versions(namespace, policy)
         for name in [n for n in self._entries if n not in versions]:
             del self._entries[name]
         out: list[api_node.NodeReport] = []
@@ -91,7 +159,7 @@ class ReportCache:
             rv = versions[name]
             entry = self._entries.get(name)
             if entry is None or entry.resource_version != rv or entry.after_step > after_step:
-                got = self._get_report(namespace, name)
+                got = get_report(namespace, name)
                 if got is None:
                     self._entries.pop(name, None)
                     continue

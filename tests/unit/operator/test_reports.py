@@ -4,11 +4,14 @@ We test these aspects:
 * trimming keeps exactly what the loop needs: for every step after the checkpoint, a trimmed
   report gives the same step state and the same job-level step as the full report;
 * the cache fetches a report only when its resourceVersion changed, refetches everything for a
-  restore, forgets deleted reports and skips a malformed one without failing the pass.
+  restore, forgets deleted reports and skips a malformed one without failing the pass;
+* fed by the watch's index, a pass sends no request and sees what the API server would give;
+  a restore, and an indexed copy trimmed past the checkpoint, still read from the API server.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from hypothesis import given, settings
@@ -129,3 +132,45 @@ def test_the_cache_forgets_deleted_reports_and_skips_malformed_ones(caplog):
     api.put("p.c", _spec("c", [0]))
     gone = reports.ReportCache(api.versions, vanishing)
     assert gone.refresh("ns", "p", -1, LOG) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=node_steps, indexed_after=st.integers(-1, 30), extra=st.integers(0, 5))
+def test_an_indexed_report_gives_what_the_api_server_gives(steps, indexed_after, extra):
+    after = indexed_after + extra  # the checkpoint only moves forward after indexing
+    spec = _spec("a", steps)
+    entry = reports.IndexedReport.from_spec("p.a", "7", spec, indexed_after)
+    assert entry.spec() == reports.trim_steps(spec, indexed_after)
+
+    def no_api(*_args):
+        raise AssertionError("a pass fed by the index must not call the API server")
+
+    from_index = reports.ReportCache(no_api, no_api).refresh("ns", "p", after, LOG, [entry])
+    api = FakeApi()
+    api.put("p.a", spec)
+    from_api = reports.ReportCache(api.versions, api.get).refresh("ns", "p", after, LOG)
+    assert from_index == from_api
+
+
+def test_index_fed_passes_fall_back_to_the_api_server_where_the_index_cannot_answer():
+    api = FakeApi()
+    api.put("p.a", _spec("a", [0, 1, 2, 3]))
+    trimmed = reports.IndexedReport.from_spec("p.a", "1", _spec("a", [0, 1, 2, 3]), 2)
+    cache = reports.ReportCache(api.versions, api.get)
+    # A restore needs every record: the trimmed index copy is not used.
+    got = cache.refresh("ns", "p", -1, LOG, [trimmed])
+    assert api.gets == ["p.a"] and [r.step for r in got[0].steps] == [0, 1, 2, 3]
+    # An index copy trimmed past the checkpoint lacks records the loop needs: GET it.
+    api.gets.clear()
+    api.put("p.a", _spec("a", [0, 1, 2, 3, 4]))
+    newer = reports.IndexedReport.from_spec("p.a", "2", _spec("a", [0, 1, 2, 3, 4]), 2)
+    got = cache.refresh("ns", "p", 1, LOG, [newer])
+    assert api.gets == ["p.a"] and [r.step for r in got[0].steps] == [0, 2, 3, 4]
+    # Reports the index no longer holds are gone (deleted): the cache forgets them.
+    assert cache.refresh("ns", "p", 1, LOG, []) == []
+
+
+def test_a_full_report_is_indexed_compressed():
+    spec = _spec("a", list(range(32)))
+    entry = reports.IndexedReport.from_spec("p.a", "1", spec, -1)
+    assert len(entry.blob) * 4 < len(json.dumps(spec, separators=(",", ":")))
