@@ -200,8 +200,9 @@ def policy_loop(
 ) -> None:
     """One pass of the job loop: node reports -> controller -> plan, status.
 
-    Reports come from the ``policy_node_reports`` index between restores and from the API
-    server on a restore (restart or new spec generation: every record is replayed).
+    Reports come from the ``policy_node_reports`` index (``reports.ReportCache.refresh``); a
+    restore after a new spec generation replays every record and GETs the reports whose indexed
+    copies were trimmed.
     """
     if meta.get("deletionTimestamp"):
         return

@@ -10,14 +10,15 @@ at 1,000 nodes (docs/scale-and-chaos.md). ``ReportCache`` instead
 * parses only the records the loop still needs (``trim_steps``), and
 * keeps the parsed, trimmed reports for the next pass.
 
-Where the reports come from: between restores, a watch (the kopf index
-``handlers.policy_node_reports``) keeps every report's latest version in memory as an
-``IndexedReport`` (compressed JSON, trimmed to the policy's checkpoint when it was indexed), so a
-pass sends no request at all for reading; at 1,000 nodes the per-pass metadata LIST and the GETs
-were most of the operator's reads and each pass waited for them on a busy API server. kopf runs
-no handler before the first listing is indexed, so a pass never sees fewer reports than exist.
-A restore (a restart or a new spec generation) asks for every record (``after_step=-1``) and
-reads them from the API server (the index may hold trimmed copies).
+Where the reports come from: a watch (the kopf index ``handlers.policy_node_reports``) keeps
+every report's latest version in memory as an ``IndexedReport`` (compressed JSON, trimmed to the
+policy's checkpoint when it was indexed), so a pass sends no read request; at 1,000 nodes the
+per-pass metadata LIST and the GETs were most of the operator's reads and each pass waited for
+them on a busy API server. kopf runs no handler before the first listing is indexed, so a pass
+never sees fewer reports than exist. A report whose indexed copy lacks records the pass needs
+(a restore after a new spec generation replays every record, ``after_step=-1``) is read from
+the API server; after an operator restart the index holds whole reports (no checkpoint known
+yet), so even the restore reads nothing.
 """
 
 from __future__ import annotations
@@ -131,16 +132,16 @@ class ReportCache:
             policy: the policy's name.
             after_step: the newest folded step; -1 asks for every record.
             logger: where malformed reports are reported.
-            indexed: the watch's view of the policy's reports (``IndexedReport``); None, or
-                ``after_step`` -1, reads from the API server instead. An indexed copy trimmed
-                past ``after_step`` is read from the API server too.
+            indexed: the watch's view of the policy's reports (``IndexedReport``); None reads
+                from the API server instead (list, then GET what changed). An indexed copy
+                trimmed past ``after_step`` is read from the API server.
 
         Raises:
             Whatever ``list_versions`` and ``get_report`` raise (API errors); the cache keeps its
             entries, so the next pass retries only what is missing.
         """
         get_report = self._get_report
-        if indexed is not None and after_step >= 0:
+        if indexed is not None:
             by_name = {e.name: e for e in indexed}
             versions = {n: e.resource_version for n, e in by_name.items()}
 

@@ -160,6 +160,11 @@ def test_index_fed_passes_fall_back_to_the_api_server_where_the_index_cannot_ans
     # A restore needs every record: the trimmed index copy is not used.
     got = cache.refresh("ns", "p", -1, LOG, [trimmed])
     assert api.gets == ["p.a"] and [r.step for r in got[0].steps] == [0, 1, 2, 3]
+    # An untrimmed copy (indexed before any checkpoint: a restart) serves a restore as it is.
+    whole = reports.IndexedReport.from_spec("p.b", "1", _spec("b", [0, 1]), -1)
+    api.gets.clear()
+    got = reports.ReportCache(api.versions, api.get).refresh("ns", "p", -1, LOG, [whole])
+    assert api.gets == [] and [r.step for r in got[0].steps] == [0, 1]
     # An index copy trimmed past the checkpoint lacks records the loop needs: GET it.
     api.gets.clear()
     api.put("p.a", _spec("a", [0, 1, 2, 3, 4]))
