@@ -38,9 +38,11 @@ from rlenergy.api import node as api_node
 def trim_steps(spec: Mapping[str, Any], after_step: int) -> dict[str, Any]:
     """A report spec (wire form, camelCase) without the records the loop no longer needs.
 
-    Keeps every record with ``step > after_step`` and the report's oldest record: the oldest
-    one keeps the report's step window (``aggregate.step_state`` tells a skipped step, LOST,
-    from a step before the window by the window's first step) exactly as in the full report.
+    Keeps every record with ``step > after_step`` and the report's oldest record: the oldest one
+    keeps the report's step window (``aggregate.step_state`` tells a skipped step, LOST, from a
+    step before the window by the window's first step) exactly as in the full report. An oldest
+    record at or before ``after_step`` is folded already: only its step number matters, so its
+    phase windows (probe slices: most of a record's size) are dropped.
 
     Args:
         spec: ``RLEnergyNodeReport.spec`` as read from the API server.
@@ -53,8 +55,26 @@ def trim_steps(spec: Mapping[str, Any], after_step: int) -> dict[str, Any]:
     if after_step < 0 or not steps:
         return dict(spec)
     oldest = min(range(len(steps)), key=lambda i: int(steps[i].get("step", 0)))
-    kept = [r for i, r in enumerate(steps) if i == oldest or int(r.get("step", 0)) > after_step]
+    kept = []
+    for i, r in enumerate(steps):
+        if int(r.get("step", 0)) > after_step:
+            kept.append(r)
+        elif i == oldest:
+            kept.append({**r, "phases": []})
     return {**spec, "steps": kept}
+
+
+def _retrim(report: api_node.NodeReport, after_step: int) -> api_node.NodeReport:
+    """``report`` (parsed) trimmed as ``trim_steps`` trims its wire form."""
+    if after_step < 0 or not report.steps:
+        return report
+    oldest = min(r.step for r in report.steps)
+    kept = [
+        r if r.step > after_step else r.model_copy(update={"phases": []})
+        for r in report.steps
+        if r.step > after_step or r.step == oldest
+    ]
+    return report.model_copy(update={"steps": kept})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +187,12 @@ class ReportCache:
                 self.fetched += 1
                 # The GET may be newer than the listing: keep the version it returned.
                 entry = _Entry(got[0], after_step, self._parse(name, got[1], after_step, logger))
+                self._entries[name] = entry
+            elif entry.after_step < after_step and entry.report is not None:
+                # The records folded since this entry was parsed are not needed again.
+                entry = _Entry(
+                    entry.resource_version, after_step, _retrim(entry.report, after_step)
+                )
                 self._entries[name] = entry
             if entry.report is not None:
                 out.append(entry.report)

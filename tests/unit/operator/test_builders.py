@@ -164,3 +164,29 @@ def test_kopf_is_tuned_for_status_storage_our_finalizer_and_peering():
     assert ks.peering.name == "rlenergy-operator" and ks.peering.priority == 100
     assert ks.execution.default_backoff == 5.0
     assert ks.execution.max_workers == 16  # 20 policies' passes wait on the API at once
+
+
+def test_the_diff_base_skips_node_reports_and_keeps_policies():
+    """kopf deep-copies a body into its diff base on every event; reports are never compared."""
+    ks = kopf.OperatorSettings()
+    settings.configure_kopf(ks, settings.OperatorConfig())
+    store = ks.persistence.diffbase_storage
+    report = kopf.Body(
+        {
+            "apiVersion": "rlenergy.io/v1alpha1",
+            "kind": "RLEnergyNodeReport",
+            "metadata": {"name": "p.n1", "namespace": "ns"},
+            "spec": {"policyName": "p", "steps": [{"step": 0}]},
+        }
+    )
+    assert store.build(body=report) == {}
+    policy = kopf.Body(
+        {
+            "apiVersion": "rlenergy.io/v1alpha1",
+            "kind": "RLEnergyPolicy",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"selector": {"matchLabels": {"a": "b"}}},
+            "status": {"totals": {}},
+        }
+    )
+    assert store.build(body=policy)["spec"] == {"selector": {"matchLabels": {"a": "b"}}}

@@ -72,6 +72,11 @@ def test_trim_keeps_the_oldest_record_and_everything_after_the_checkpoint():
     assert [r["step"] for r in reports.trim_steps(spec, 5)["steps"]] == [3, 6, 7]
     assert reports.trim_steps(spec, -1) == spec
     assert [r["step"] for r in spec["steps"]] == [3, 4, 5, 6, 7]  # the input is not changed
+    # A folded oldest record keeps only its step (and workload): its windows are not needed.
+    trimmed = reports.trim_steps(spec, 5)["steps"]
+    assert trimmed[0]["phases"] == [] and trimmed[1]["phases"] == spec["steps"][3]["phases"]
+    assert spec["steps"][0]["phases"]  # not changed in place
+    assert reports.trim_steps(spec, 2)["steps"][0]["phases"] == spec["steps"][0]["phases"]
 
 
 class FakeApi:
@@ -105,10 +110,10 @@ def test_the_cache_fetches_only_changed_reports():
     got = cache.refresh("ns", "p", 1, LOG)
     assert api.gets == ["p.a"]
     assert [r.step for r in got[0].steps] == [0, 2]  # oldest + after the checkpoint
-    assert [r.step for r in got[1].steps] == [0, 1]  # cached: a superset is still correct
+    assert [r.step for r in got[1].steps] == [0]  # cached, re-trimmed: step 1 is folded
     api.gets.clear()
     got = cache.refresh("ns", "p", -1, LOG)  # a restore needs every record again
-    assert sorted(api.gets) == ["p.a"] and [r.step for r in got[0].steps] == [0, 1, 2]
+    assert sorted(api.gets) == ["p.a", "p.b"] and [r.step for r in got[0].steps] == [0, 1, 2]
 
 
 def test_the_cache_forgets_deleted_reports_and_skips_malformed_ones(caplog):
@@ -179,3 +184,19 @@ def test_a_full_report_is_indexed_compressed():
     spec = _spec("a", list(range(32)))
     entry = reports.IndexedReport.from_spec("p.a", "1", spec, -1)
     assert len(entry.blob) * 4 < len(json.dumps(spec, separators=(",", ":")))
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=node_steps, first=st.integers(-1, 30), more=st.integers(0, 5))
+def test_a_cached_report_is_retrimmed_like_a_fresh_parse_when_the_checkpoint_moves(
+    steps, first, more
+):
+    api = FakeApi()
+    api.put("p.a", _spec("a", steps))
+    cache = reports.ReportCache(api.versions, api.get)
+    cache.refresh("ns", "p", first, LOG)
+    api.gets.clear()
+    later = cache.refresh("ns", "p", first + more, LOG)
+    assert api.gets == []  # nothing changed on the server: no read
+    fresh = reports.ReportCache(api.versions, api.get).refresh("ns", "p", first + more, LOG)
+    assert later == fresh
