@@ -104,7 +104,9 @@ plan_to_decisions = aggregate.plan_decisions
 class Operator:
     """The operator subprocess."""
 
-    def __init__(self, cluster: DevCluster, log: Path, namespace: str) -> None:
+    def __init__(
+        self, cluster: DevCluster, log: Path, namespace: str, *, verbose: bool = False
+    ) -> None:
         env = {
             **os.environ,
             "KUBECONFIG": str(cluster.kubeconfig),
@@ -115,7 +117,8 @@ class Operator:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rlenergy_operator", "--standalone", "--all-namespaces"],
+                [sys.executable, "-m", "rlenergy_operator", "--standalone", "--all-namespaces"]
+                + (["--verbose"] if verbose else []),
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -149,56 +152,88 @@ class Operator:
                 self.proc.wait(timeout=10)
 
 
-class PolicyWatch:
-    """One watch on the namespace's policies: when each (policy, throughStep) was first seen."""
+WATCHER = r"""
+import json, sys, time
+import kubernetes
+kubernetes.config.load_kube_config(config_file=sys.argv[1])
+api = kubernetes.client.CustomObjectsApi()
+while True:
+    w = kubernetes.watch.Watch()
+    try:
+        for ev in w.stream(api.list_namespaced_custom_object, sys.argv[2], sys.argv[3],
+                           sys.argv[4], sys.argv[5], timeout_seconds=20):
+            now = time.time()
+            obj = ev["object"]
+            st = obj.get("status") or {}
+            print(json.dumps([obj["metadata"]["name"],
+                              int((st.get("totals") or {}).get("throughStep", -1)),
+                              int((st.get("plan") or {}).get("step", -1)), now]), flush=True)
+    except Exception as exc:
+        print(json.dumps(["", -1, -1, repr(exc)]), flush=True)
+        time.sleep(1)
+"""
 
-    def __init__(self, api: Any, namespace: str) -> None:
-        self.api = api
-        self.namespace = namespace
+
+class PolicyWatch:
+    """A watch on the namespace's policies: when each (policy, throughStep) was first seen.
+
+    The watch runs in its own process and stamps each event with the wall clock as it arrives:
+    in this process it shared the GIL with the simulated agents (serialising every node's
+    report at each step), which delayed its timestamps by seconds at 250 nodes and more.
+    """
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
         self.seen: dict[tuple[str, int], float] = {}
         self.plans: dict[tuple[str, int], float] = {}
         self.lock = threading.Lock()
-        self._stop = threading.Event()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WATCHER, str(kubeconfig), GROUP, VERSION, namespace, POLICIES],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            w = kubernetes.watch.Watch()
-            try:
-                for ev in w.stream(
-                    self.api.list_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    POLICIES,
-                    timeout_seconds=20,
-                ):
-                    now = time.monotonic()
-                    obj = ev["object"]
-                    name = obj["metadata"]["name"]
-                    st = obj.get("status") or {}
-                    through = int((st.get("totals") or {}).get("throughStep", -1))
-                    step = int((st.get("plan") or {}).get("step", -1))
-                    with self.lock:
-                        self.seen.setdefault((name, through), now)
-                        self.plans.setdefault((name, step), now)
-                    if self._stop.is_set():
-                        break
-            except Exception as exc:  # noqa: BLE001 - urllib3 errors too; the watch restarts
-                if not self._stop.is_set():
-                    print(f"  (policy watch restarted: {exc!r})", file=sys.stderr)
-                time.sleep(1)
-            finally:
-                w.stop()
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            name, through, step, now = json.loads(line)
+            if not name:
+                print(f"  (policy watch restarted: {now})", file=sys.stderr)
+                continue
+            with self.lock:
+                self.seen.setdefault((name, through), now)
+                self.plans.setdefault((name, step), now)
 
     def first_seen(self, name: str, step: int) -> float | None:
+        """Wall-clock time (``time.time()``) the status first showed ``throughStep >= step``."""
         with self.lock:
             times = [t for (n, s), t in self.seen.items() if n == name and s >= step]
         return min(times) if times else None
 
     def stop(self) -> None:
-        self._stop.set()
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+ACCOUNTED = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\].*\[([^/\]]+)/([^\]]+)\] "
+    r"accounted steps \[([\d, ]+)\]"
+)
+
+
+def accounted_times(log: str, namespace: str) -> dict[tuple[str, int], float]:
+    """(policy, step) -> wall-clock time the operator logged folding the step (before its PATCH)."""
+    out: dict[tuple[str, int], float] = {}
+    for line in log.splitlines():
+        m = ACCOUNTED.match(line)
+        if m is None or m.group(2) != namespace:
+            continue
+        t = time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S"))
+        t += int(m.group(1)[20:]) / 1000
+        for step in m.group(4).split(","):
+            out.setdefault((m.group(3), int(step)), t)
+    return out
 
 
 class FleetJob:
@@ -258,14 +293,18 @@ class FleetJob:
         )
 
     def write_all(self, *, ack: bool = False) -> float:
-        """Every node writes its report (thread pool); returns when the last write finished."""
-        futs = [
-            self.bench.pool.submit(self.writers[n].write, self.report(n, ack=ack))
-            for n in self.nodes
-        ]
-        for f in futs:
-            f.result()
-        return time.monotonic()
+        """Every node writes its report (thread pool); the wall-clock time the last write ended.
+
+        Each write stamps its own end in its thread, so this process's GIL queue (the other
+        jobs' writes) does not delay the stamp.
+        """
+
+        def write(node: str, report: api_node.NodeReport) -> float:
+            self.writers[node].write(report)
+            return time.time()
+
+        futs = [self.bench.pool.submit(write, n, self.report(n, ack=ack)) for n in self.nodes]
+        return max(f.result() for f in futs)
 
     # ----- the agents' plan side -----------------------------------------------------------
     def wait_plan(self, step: int, *, deadline_s: float = 120.0) -> api_node.ClockPlan:
@@ -290,7 +329,7 @@ class FleetJob:
     def decide(self, step: int) -> base.Plan:
         plan = self.wait_plan(step)
         if step > 0:
-            self.propagation.append(time.monotonic() - self.last_write[step - 1])
+            self.propagation.append(time.time() - self.last_write[step - 1])
         self.plan = plan
         return plan_to_decisions(plan.model_copy(update={"step": step}))
 
@@ -387,7 +426,7 @@ class Point:
         )
 
     def run(self) -> dict[str, Any]:
-        watch = PolicyWatch(self.api, self.namespace)
+        watch = PolicyWatch(self.cluster.kubeconfig, self.namespace)
         try:
             self.create()
             # Agents start: each writes its first report (GPUs and clock tables) at once.
@@ -424,7 +463,12 @@ class Point:
                     else:
                         lags.append(max(0.0, seen - t_write))
             prop = [p for j in self.jobs for p in j.propagation]
+            writes = {(j.name, step): t for j in self.jobs for step, t in j.last_write.items()}
+            seen_at = {key: watch.first_seen(key[0], key[1]) for key in writes}
             return {
+                "namespace": self.namespace,
+                "writes": writes,
+                "seen": seen_at,
                 "nodes": len(self.nodes),
                 "gpus": len(self.nodes) * GPUS_PER_NODE,
                 "policies": len(self.jobs),
@@ -500,6 +544,8 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
     )
     per_node_step = writes / (res["nodes"] * res["steps"])
     lags, prop = res["lags"], res["propagation"]
+    folded = accounted_times(op.log.read_text(errors="replace"), res["namespace"])
+    fold_lags = [max(0.0, folded[key] - t) for key, t in res["writes"].items() if key in folded]
     n = res["nodes"]
     lines = [
         f"== {n} nodes x {GPUS_PER_NODE} GPUs ({res['gpus']} GPUs), {res['policies']} policies, "
@@ -510,6 +556,9 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
         f"p99 {pct(lags, 99):.2f} s, max {max(lags, default=float('nan')):.2f} s over {len(lags)} "
         f"steps, {res['lag_missing']} never seen (target p99 <= {TARGET_LAG_P99_S:.0f} s)"
         f"  {'OK' if lags and pct(lags, 99) <= TARGET_LAG_P99_S and not res['lag_missing'] else 'MISSED'}",
+        f"    of which in the operator (last report -> the operator logs the step accounted, "
+        f"before its status PATCH): p50 {pct(fold_lags, 50):.2f} s, p99 {pct(fold_lags, 99):.2f} s "
+        f"over {len(fold_lags)} steps",
         f"  plan propagation (last report of a step -> every agent holds the next plan, "
         f"{PLAN_POLL_S:.0f} s polls): p50 {pct(prop, 50):.2f} s, p99 {pct(prop, 99):.2f} s",
         f"  node report writes per node per RL step: {per_node_step:.2f} ({writes} writes; target "
@@ -537,9 +586,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", type=int, default=20)
     ap.add_argument("--pollers", type=int, default=4, help="plan watchers per policy")
     ap.add_argument("--workers", type=int, default=12, help="report-writer threads")
+    ap.add_argument(
+        "--operator-verbose",
+        action="store_true",
+        help="run the operator with --verbose (logs each report it indexes; large at scale)",
+    )
     args = ap.parse_args(argv)
     points = [int(x) for x in args.points.split(",")]
     out_lines: list[str] = []
+    step_rows: list[dict[str, Any]] = []
     t_all = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rlenergy-bench-scale-") as tmp:
         cluster = DevCluster(startup_timeout=600)
@@ -565,7 +620,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             cfg.connection_pool_maxsize = args.workers + 8
             api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg))
-            op = Operator(cluster, Path(tmp) / "operator.log", "rl-energy-system")
+            op = Operator(
+                cluster,
+                Path(tmp) / "operator.log",
+                "rl-energy-system",
+                verbose=args.operator_verbose,
+            )
             pool = concurrent.futures.ThreadPoolExecutor(args.workers)
             try:
                 for k, n in enumerate(points):
@@ -589,6 +649,18 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"running {n} nodes ...", flush=True)
                     res = point.run()
                     lines = summarize(res, op)
+                    folded = accounted_times(op.log.read_text(errors="replace"), res["namespace"])
+                    step_rows += [
+                        {
+                            "nodes": n,
+                            "policy": job,
+                            "step": step,
+                            "last_write": t,
+                            "accounted": folded.get((job, step)),
+                            "seen": res["seen"].get((job, step)),
+                        }
+                        for (job, step), t in sorted(res["writes"].items())
+                    ]
                     print("\n".join(lines), flush=True)
                     out_lines += lines
                     if k < len(points) - 1:
@@ -603,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
                 pool.shutdown(wait=False, cancel_futures=True)
                 op.stop()
                 log = op.log.read_text(errors="replace")
+                (ROOT / "out").mkdir(exist_ok=True)
+                (ROOT / "out" / "bench-scale-operator.log").write_text(log)
                 tb = log.count("Traceback (most recent call last)")
                 out_lines.append(f"operator log: {len(log.splitlines())} lines, {tb} tracebacks")
                 if tb:
@@ -617,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = ROOT / "out" / "bench-scale.txt"
     summary.parent.mkdir(exist_ok=True)
     summary.write_text("\n".join(out_lines) + "\n")
+    # Per policy and step, wall-clock times (time.time()): for reading where a lag comes from.
+    (ROOT / "out" / "bench-scale-steps.json").write_text(json.dumps(step_rows, indent=1))
     print(f"summary written to {summary.relative_to(ROOT)}")
     return 0
 
