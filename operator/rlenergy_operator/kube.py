@@ -53,6 +53,16 @@ def _api() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient()
 
 
+def _unless_missing(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``; None when the API server answers 404 (the object or its kind is gone)."""
+    try:
+        return call(*args)
+    except k8s_errors.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
 @_unreachable_is_api_error
 def ensure_daemonset(body: dict[str, Any]) -> str:
     """Create or patch the DaemonSet to ``body``: ``created``, ``updated`` or ``unchanged``."""
@@ -110,12 +120,9 @@ def delete_daemonset(namespace: str, name: str) -> bool:
 def read_daemonset(namespace: str, name: str) -> dict[str, Any] | None:
     """The DaemonSet as a plain dict (``metadata``, ``spec``, ``status``); None when missing."""
     apps = kubernetes.client.AppsV1Api(_api())
-    try:
-        ds = apps.read_namespaced_daemon_set(name, namespace)
-    except k8s_errors.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    ds = _unless_missing(apps.read_namespaced_daemon_set, name, namespace)
+    if ds is None:
+        return None
     out: dict[str, Any] = _api().sanitize_for_serialization(ds)
     return out
 
@@ -194,14 +201,16 @@ def node_report_versions(namespace: str, policy_name: str) -> dict[str, str]:
 def node_report(namespace: str, name: str) -> tuple[str, dict[str, Any]] | None:
     """``(resourceVersion, spec)`` of one RLEnergyNodeReport; None when it does not exist."""
     api = kubernetes.client.CustomObjectsApi(_api())
-    try:
-        obj = api.get_namespaced_custom_object(
-            api_nodereport.GROUP, api_nodereport.VERSION, namespace, api_nodereport.PLURAL, name
-        )
-    except k8s_errors.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    obj = _unless_missing(
+        api.get_namespaced_custom_object,
+        api_nodereport.GROUP,
+        api_nodereport.VERSION,
+        namespace,
+        api_nodereport.PLURAL,
+        name,
+    )
+    if obj is None:
+        return None
     return str(obj["metadata"]["resourceVersion"]), dict(obj.get("spec") or {})
 
 
@@ -226,12 +235,11 @@ def scale_replicas(kind: str, namespace: str, name: str) -> int | None:
     """
     group, version, plural = SCALE_RESOURCES[kind]
     api = kubernetes.client.CustomObjectsApi(_api())
-    try:
-        obj = api.get_namespaced_custom_object_scale(group, version, namespace, plural, name)
-    except k8s_errors.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    obj = _unless_missing(
+        api.get_namespaced_custom_object_scale, group, version, namespace, plural, name
+    )
+    if obj is None:
+        return None
     return int(((obj or {}).get("spec") or {}).get("replicas") or 0)
 
 
@@ -254,13 +262,8 @@ def ray_cluster(namespace: str, name: str) -> dict[str, Any] | None:
     """A RayCluster object; ``None`` when it (or the kind) does not exist (404)."""
     group, version, plural = RAY_CLUSTER
     api = kubernetes.client.CustomObjectsApi(_api())
-    try:
-        obj = api.get_namespaced_custom_object(group, version, namespace, plural, name)
-    except k8s_errors.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return dict(obj)
+    obj = _unless_missing(api.get_namespaced_custom_object, group, version, namespace, plural, name)
+    return None if obj is None else dict(obj)
 
 
 @_unreachable_is_api_error

@@ -112,6 +112,41 @@ def _gauge(text: str, name: str, uuid: str, extra: str = "") -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _scale_decision(stack: Any, step: int) -> dict[str, Any] | None:
+    """``status.rollout.scale`` once it is the decision for ``step``, else None."""
+    s = stack.policy_status().get("rollout", {}).get("scale") or {}
+    return s if s.get("forStep") == step else None
+
+
+def _publish_rollout(
+    dev_cluster: Any,
+    namespace: str,
+    policy: str,
+    gpus: list[dict[str, Any]],
+    step: int,
+    active: int,
+    next_step_workers: int,
+) -> None:
+    """Write the first node's report with a dispatcher publication, as its agent relays it."""
+    node = dev_cluster.nodes[0]
+    report = {
+        "apiVersion": "rlenergy.io/v1alpha1",
+        "kind": "RLEnergyNodeReport",
+        "metadata": {"name": f"{policy}-{node}"},
+        "spec": {
+            "policyName": policy,
+            "nodeName": node,
+            "gpus": gpus,
+            "rollout": {
+                "step": step,
+                "activeWorkers": active,
+                "nextStepWorkers": next_step_workers,
+            },
+        },
+    }
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(report))
+
+
 @pytest.mark.timeout(300)
 def test_park_and_scale_between_steps(
     dev_cluster: DevCluster, crds: None, namespace: str, tmp_path: Path
@@ -381,18 +416,8 @@ def test_leaderworkerset_is_resized_through_the_generic_scale_subresource(
     )
 
     def publish(step: int, nxt: int) -> None:
-        report = {
-            "apiVersion": "rlenergy.io/v1alpha1",
-            "kind": "RLEnergyNodeReport",
-            "metadata": {"name": f"{name}-{dev_cluster.nodes[0]}"},
-            "spec": {
-                "policyName": name,
-                "nodeName": dev_cluster.nodes[0],
-                "gpus": [{"uuid": "GPU-lws-0", "condition": "ok"}],
-                "rollout": {"step": step, "activeWorkers": 3, "nextStepWorkers": nxt},
-            },
-        }
-        dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(report))
+        gpus = [{"uuid": "GPU-lws-0", "condition": "ok"}]
+        _publish_rollout(dev_cluster, namespace, name, gpus, step, 3, nxt)
 
     def replicas() -> int:
         return int(
@@ -400,8 +425,7 @@ def test_leaderworkerset_is_resized_through_the_generic_scale_subresource(
         )
 
     def scale_for(step: int) -> dict[str, Any] | None:
-        s = stack.policy_status().get("rollout", {}).get("scale") or {}
-        return s if s.get("forStep") == step else None
+        return _scale_decision(stack, step)
 
     with stack:
         stack.start_operator()
@@ -479,18 +503,7 @@ def test_raycluster_worker_group_deletes_the_released_pod_by_name(
         gpus.append(
             {"uuid": "GPU-head", "pod": f"{namespace}/{cluster}-head-x7z2q", "parked": True}
         )
-        report = {
-            "apiVersion": "rlenergy.io/v1alpha1",
-            "kind": "RLEnergyNodeReport",
-            "metadata": {"name": f"{name}-{dev_cluster.nodes[0]}"},
-            "spec": {
-                "policyName": name,
-                "nodeName": dev_cluster.nodes[0],
-                "gpus": gpus,
-                "rollout": {"step": step, "activeWorkers": len(parked), "nextStepWorkers": nxt},
-            },
-        }
-        dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(report))
+        _publish_rollout(dev_cluster, namespace, name, gpus, step, len(parked), nxt)
 
     def worker_group() -> dict[str, Any]:
         obj = get_json(dev_cluster, "rayclusters.ray.io", cluster, "-n", namespace)
@@ -499,8 +512,7 @@ def test_raycluster_worker_group_deletes_the_released_pod_by_name(
         return dict(groups[group])
 
     def scale_for(step: int) -> dict[str, Any] | None:
-        s = stack.policy_status().get("rollout", {}).get("scale") or {}
-        return s if s.get("forStep") == step else None
+        return _scale_decision(stack, step)
 
     with stack:
         stack.start_operator()
