@@ -164,12 +164,11 @@ while True:
                            sys.argv[4], sys.argv[5], timeout_seconds=20):
             now = time.time()
             obj = ev["object"]
-            st = obj.get("status") or {}
-            print(json.dumps([obj["metadata"]["name"],
-                              int((st.get("totals") or {}).get("throughStep", -1)),
-                              int((st.get("plan") or {}).get("step", -1)), now]), flush=True)
+            totals = (obj.get("status") or {}).get("totals") or {}
+            print(json.dumps([obj["metadata"]["name"], int(totals.get("throughStep", -1)), now]),
+                  flush=True)
     except Exception as exc:
-        print(json.dumps(["", -1, -1, repr(exc)]), flush=True)
+        print(json.dumps(["", -1, repr(exc)]), flush=True)
         time.sleep(1)
 """
 
@@ -184,7 +183,6 @@ class PolicyWatch:
 
     def __init__(self, kubeconfig: Path, namespace: str) -> None:
         self.seen: dict[tuple[str, int], float] = {}
-        self.plans: dict[tuple[str, int], float] = {}
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WATCHER, str(kubeconfig), GROUP, VERSION, namespace, POLICIES],
@@ -197,13 +195,12 @@ class PolicyWatch:
     def _run(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            name, through, step, now = json.loads(line)
+            name, through, now = json.loads(line)
             if not name:
                 print(f"  (policy watch restarted: {now})", file=sys.stderr)
                 continue
             with self.lock:
                 self.seen.setdefault((name, through), now)
-                self.plans.setdefault((name, step), now)
 
     def first_seen(self, name: str, step: int) -> float | None:
         """Wall-clock time (``time.time()``) the status first showed ``throughStep >= step``."""
@@ -544,7 +541,7 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
     )
     per_node_step = writes / (res["nodes"] * res["steps"])
     lags, prop = res["lags"], res["propagation"]
-    folded = accounted_times(op.log.read_text(errors="replace"), res["namespace"])
+    folded = res["accounted"]
     fold_lags = [max(0.0, folded[key] - t) for key, t in res["writes"].items() if key in folded]
     n = res["nodes"]
     lines = [
@@ -648,8 +645,10 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     print(f"running {n} nodes ...", flush=True)
                     res = point.run()
+                    res["accounted"] = folded = accounted_times(
+                        op.log.read_text(errors="replace"), res["namespace"]
+                    )
                     lines = summarize(res, op)
-                    folded = accounted_times(op.log.read_text(errors="replace"), res["namespace"])
                     step_rows += [
                         {
                             "nodes": n,

@@ -165,12 +165,7 @@ def policy_reconcile(
 
 @kopf.index(*REPORT_RESOURCE)
 def policy_node_reports(
-    namespace: str,
-    name: str,
-    meta: kopf.Meta,
-    spec: kopf.Spec,
-    logger: logging.Logger,
-    **_: Any,
+    namespace: str, name: str, meta: kopf.Meta, spec: kopf.Spec, **_: Any
 ) -> dict[tuple[str, str], node_reports.IndexedReport] | None:
     """Index every node report by (namespace, policy), as the watch delivers it.
 
@@ -182,7 +177,6 @@ def policy_node_reports(
     if not policy:
         return None
     key = (namespace, str(policy))
-    logger.debug("indexed: policy %s, last step %s", policy, spec.get("lastStep"))
     return {
         key: node_reports.IndexedReport.from_spec(
             name, str(meta.get("resourceVersion") or ""), spec, _CHECKPOINTS.get(key, -1)

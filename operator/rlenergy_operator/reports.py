@@ -27,8 +27,8 @@ import dataclasses
 import json
 import logging
 import zlib
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pydantic
 
@@ -54,13 +54,7 @@ def trim_steps(spec: Mapping[str, Any], after_step: int) -> dict[str, Any]:
     steps = spec.get("steps") or []
     if after_step < 0 or not steps:
         return dict(spec)
-    oldest = min(range(len(steps)), key=lambda i: int(steps[i].get("step", 0)))
-    kept = []
-    for i, r in enumerate(steps):
-        if int(r.get("step", 0)) > after_step:
-            kept.append(r)
-        elif i == oldest:
-            kept.append({**r, "phases": []})
+    kept = _kept(steps, lambda r: int(r.get("step", 0)), lambda r: {**r, "phases": []}, after_step)
     return {**spec, "steps": kept}
 
 
@@ -68,13 +62,29 @@ def _retrim(report: api_node.NodeReport, after_step: int) -> api_node.NodeReport
     """``report`` (parsed) trimmed as ``trim_steps`` trims its wire form."""
     if after_step < 0 or not report.steps:
         return report
-    oldest = min(r.step for r in report.steps)
-    kept = [
-        r if r.step > after_step else r.model_copy(update={"phases": []})
-        for r in report.steps
-        if r.step > after_step or r.step == oldest
-    ]
+    kept = _kept(
+        report.steps, lambda r: r.step, lambda r: r.model_copy(update={"phases": []}), after_step
+    )
     return report.model_copy(update={"steps": kept})
+
+
+_R = TypeVar("_R")
+
+
+def _kept(
+    records: Sequence[_R], step_of: Callable[[_R], int], strip: Callable[[_R], _R], after: int
+) -> list[_R]:
+    """The records ``trim_steps`` keeps, in their order.
+
+    Records after ``after``, and the oldest record, stripped of its windows when it is at or
+    before ``after``.
+    """
+    oldest = min(range(len(records)), key=lambda i: step_of(records[i]))
+    return [
+        r if step_of(r) > after else strip(r)
+        for i, r in enumerate(records)
+        if step_of(r) > after or i == oldest
+    ]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -368,8 +368,8 @@ class PhaseController:
         model's ``u`` grows with ``(f_max / c - 1) ** 2``: at the lever (throughput about
         ``PROBE_MIN_RATIO``) that is about ten times what a block near the lock gives, so blocks
         spent at the best guess slowed the fit down. Measured over the shipped traces (h100-sxm,
-        sync, five seeds; docs/benchmarks.md): online/oracle on TinyZero 0.843 -> 0.877 mean,
-        the other traces unchanged within noise. The lock itself is still checked directly by
+        sync, ten seeds; docs/simulator.md): online/oracle on TinyZero 0.844 -> 0.864 mean,
+        the other traces within -0.001..+0.005. The lock itself is still checked directly by
         the monitor blocks, which step it up when its own blocks miss the threshold. Whole-step
         probes run entire steps at the probed clock, so they try only the best guess, starting
         from the highest candidate; a drift re-trial with carried blocks checks its guess first.
