@@ -11,7 +11,7 @@ MODE ?= sync
 
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
-.PHONY: bench-scale test-chaos
+.PHONY: bench-scale test-chaos test-field
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,11 @@ bench-agent: $(STAMP)
 ## (RSS, status lag, API requests/s, conflicts; docs/scale-and-chaos.md). ~15 min on 2 cores.
 bench-scale: $(STAMP) bins
 	$(PY) bench/scale.py
+
+## Issue #16's tests alone (marker `field`; they run in `make test` too): promtool on the
+## agent's metrics and the chart's alerts, the Prometheus e2e, the chart for real clusters.
+test-field: $(STAMP) bins
+	$(PY) -m pytest -q -m field
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins

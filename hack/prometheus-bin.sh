@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Fetch Debian's `prometheus` server binary for the Prometheus end-to-end test
-# (tests/e2e/test_prometheus.py) into the control-plane bin dir; called by `make bins`.
+# Fetch Debian's `prometheus` server binary and its `promtool` for the Prometheus end-to-end
+# tests (tests/e2e/test_prometheus.py; `promtool check metrics|rules` and `promtool test rules`
+# in tests/e2e/test_promtool.py) into the control-plane bin dir; called by `make bins`.
 #
 # `apt-get download` fetches the .deb of the apt candidate (no root, no install, no dependencies:
-# the Go binary links only libc) and `dpkg-deb` extracts usr/bin/prometheus. Idempotent: a
-# working binary in the bin dir is kept (a rerun takes well under a second).
+# the Go binaries link only libc) and `dpkg-deb` extracts usr/bin/prometheus and
+# usr/bin/promtool. Idempotent: working binaries in the bin dir are kept (a rerun takes well
+# under a second).
 # Bin dir: ${K8S_BIN_DIR:-${RLENERGY_CACHE:-$HOME/.cache/rl-energy}/k8s-<version>/bin}
 set -euo pipefail
 
@@ -17,8 +19,9 @@ log() { printf '[bins %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { printf '[bins] ERROR: %s\n' "$*" >&2; exit 1; }
 
 mkdir -p "$BIN"
-if [[ -x $BIN/prometheus ]] && "$BIN/prometheus" --version >/dev/null 2>&1; then
-  log "prometheus: cached ($("$BIN/prometheus" --version 2>&1 | head -1))"
+works() { [[ -x $BIN/$1 ]] && "$BIN/$1" --version >/dev/null 2>&1; }
+if works prometheus && works promtool; then
+  log "prometheus: cached ($("$BIN/prometheus" --version 2>&1 | head -1)), promtool too"
   exit 0
 fi
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
@@ -39,8 +42,10 @@ if ! download || ! compgen -G "$tmp/prometheus_*.deb" >/dev/null; then
 fi
 deb=$(compgen -G "$tmp/prometheus_*.deb" | head -1) \
   || die "apt-get download $PACKAGE failed (no package lists? run 'apt-get update' as root, then rerun 'make bins')."
-dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" ./usr/bin/prometheus \
-  || die "usr/bin/prometheus not found in $deb"
-install -m 0755 "$tmp/usr/bin/prometheus" "$BIN/prometheus.tmp"
-mv "$BIN/prometheus.tmp" "$BIN/prometheus"
-log "prometheus: $("$BIN/prometheus" --version 2>&1 | head -1) from $(basename "$deb")"
+dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" ./usr/bin/prometheus ./usr/bin/promtool \
+  || die "usr/bin/prometheus or usr/bin/promtool not found in $deb"
+for tool in prometheus promtool; do
+  install -m 0755 "$tmp/usr/bin/$tool" "$BIN/$tool.tmp.$$"
+  mv "$BIN/$tool.tmp.$$" "$BIN/$tool"
+  log "$tool: $("$BIN/$tool" --version 2>&1 | head -1) from $(basename "$deb")"
+done

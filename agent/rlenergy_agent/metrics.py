@@ -1,22 +1,28 @@
 """Prometheus metrics, collected at scrape time from the agent's snapshot (kepler pattern).
 
 The only module importing ``prometheus_client``. Names use base units: ``_joules_total``,
-``_seconds_total``, ``_hertz``. Labels: ``gpu_uuid`` (never an index), ``pod``, ``namespace``,
-``phase``. ``rlenergy_agent_gpu_phase_info`` exports the declared phase per GPU so idle-GPU
-watchdogs can exempt intentional waits (case #27); rejected and missing energy samples are
+``_seconds_total``, ``_hertz``. Labels: ``gpu_uuid`` (never an index), ``node``
+(every family: joins and alerts need no relabelling), ``policy`` (the policy's name, on job
+figures), ``pod``, ``namespace`` (the trainer pod holding the GPU, not the agent's: the chart's
+ServiceMonitor/PodMonitor set ``honorLabels: true`` so the Prometheus Operator's target labels
+of the same names do not rename them to ``exported_pod``/``exported_namespace``), ``phase``.
+``rlenergy_agent_gpu_phase_info`` exports the declared phase per GPU so idle-GPU watchdogs can
+exempt intentional waits (case #27); rejected and missing energy samples are
 counted (cases #10, #14); ``rlenergy_agent_nvml_up`` falls to 0 when every GPU fails (case #11).
 Idle windows (between phases of a step) count under ``phase="idle"``, so the phase energies sum
 to the step energy the policy status accounts. The saving ratios are the operator's (the policy
-status, read with the plan): an agent cannot predict the default governor's energy.
+status, read with the plan): an agent cannot predict the default governor's energy. The
+signal latency is a histogram (``_bucket``/``_sum``/``_count``: quantiles aggregate in
+Prometheus). ``promtool check metrics`` passes on the exposition (tests/e2e/test_promtool.py).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from rlenergy_agent import service
@@ -41,10 +47,11 @@ class AgentCollector(Collector):
         self.agent = agent
         self.health = health
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         """Yield every metric family from one consistent snapshot."""
         a = self.agent
-        labels = ["gpu_uuid", "pod", "namespace", "phase"]
+        node = a.node_name
+        labels = ["gpu_uuid", "node", "policy", "pod", "namespace", "phase"]
         energy = CounterMetricFamily(
             "rlenergy_agent_gpu_phase_energy_joules",
             "GPU energy per phase from counter deltas at phase boundaries, J.",
@@ -58,12 +65,22 @@ class AgentCollector(Collector):
         total = CounterMetricFamily(
             "rlenergy_agent_gpu_energy_joules",
             "GPU energy since the totals began (unknown GPUs are absent, never 0), J.",
-            labels=["gpu_uuid", "energy_source"],
+            labels=["gpu_uuid", "node", "energy_source"],
         )
         clock = GaugeMetricFamily(
             "rlenergy_agent_gpu_sm_clock_hertz",
             "SM clock requested by the plan and read back, Hz.",
-            labels=["gpu_uuid", "kind"],
+            labels=["gpu_uuid", "node", "kind"],
+        )
+        locked = GaugeMetricFamily(
+            "rlenergy_agent_gpu_clock_locked",
+            "1 while the agent holds an SM clock lock on the GPU (a plan clock or a park), else 0.",
+            labels=["gpu_uuid", "node"],
+        )
+        assigned = GaugeMetricFamily(
+            "rlenergy_agent_gpu_assigned",
+            "1 while a pod holds the GPU (kubelet pod-resources), else 0.",
+            labels=["gpu_uuid", "node"],
         )
         info = GaugeMetricFamily(
             "rlenergy_agent_gpu_phase_info",
@@ -73,126 +90,133 @@ class AgentCollector(Collector):
         condition = GaugeMetricFamily(
             "rlenergy_agent_gpu_condition",
             "GPU condition (1 for the current one): ok, measureOnly, degraded, lost.",
-            labels=["gpu_uuid", "condition", "reason"],
+            labels=["gpu_uuid", "node", "condition", "reason"],
         )
         rejected = CounterMetricFamily(
             "rlenergy_agent_energy_samples_rejected",
             "Energy samples rejected as implausible (counter jumps), count.",
-            labels=["gpu_uuid"],
+            labels=["gpu_uuid", "node"],
         )
         missing = CounterMetricFamily(
             "rlenergy_agent_energy_samples_missing",
             "Energy samples that failed (counted as missing coverage), count.",
-            labels=["gpu_uuid"],
+            labels=["gpu_uuid", "node"],
         )
         tokens = CounterMetricFamily(
             "rlenergy_agent_valid_tokens",
             "Valid tokens of the steps ended here (each node reports its job's tokens), count.",
+            labels=["node", "policy"],
         )
         saving = GaugeMetricFamily(
             "rlenergy_agent_saving_ratio",
             "Saving vs the predicted default governor per phase, from the policy status (the "
             "operator's figure; absent until computable), ratio.",
-            labels=["phase"],
+            labels=["node", "policy", "phase"],
         )
         job_saving = GaugeMetricFamily(
             "rlenergy_agent_job_saving_ratio",
             "The job's saving vs the predicted default governor, from the policy status, ratio.",
+            labels=["node", "policy"],
+        )
+        lat = HistogramMetricFamily(
+            "rlenergy_agent_phase_signal_latency_seconds",
+            "Phase signal received to clocks applied, s.",
+            labels=["node"],
         )
         with a._lock:  # noqa: SLF001 - one consistent snapshot
+            policy = a.policy_name
             for (u, phase), j in a.phase_energy_j.items():
                 name, ns = _pod_labels(a.pod_of.get(u))
-                energy.add_metric([u, name, ns, phase], j)
+                energy.add_metric([u, node, policy, name, ns, phase], j)
             for (u, phase), s in a.phase_seconds.items():
                 name, ns = _pod_labels(a.pod_of.get(u))
-                seconds.add_metric([u, name, ns, phase], s)
+                seconds.add_metric([u, node, policy, name, ns, phase], s)
             for u, st in a.meter.state.items():
                 known = a.meter.total_j(u)
                 if known is not None:
-                    total.add_metric([u, st.source], known)
-                rejected.add_metric([u], st.rejected)
-                missing.add_metric([u], st.missing)
+                    total.add_metric([u, node, st.source], known)
+                rejected.add_metric([u, node], st.rejected)
+                missing.add_metric([u, node], st.missing)
             for u, ctl in a.actuator.controls.items():
                 if ctl.requested_mhz is not None:
-                    clock.add_metric([u, "requested"], ctl.requested_mhz * 1e6)
+                    clock.add_metric([u, node, "requested"], ctl.requested_mhz * 1e6)
                 if ctl.effective_mhz is not None:
-                    clock.add_metric([u, "effective"], ctl.effective_mhz * 1e6)
-                name, ns = _pod_labels(a.pod_of.get(u))
-                info.add_metric([u, name, ns, a.phase_of.get(u, "idle")], 1.0)
-                condition.add_metric([u, ctl.condition, ctl.reason], 1.0)
-            tokens.add_metric([], a.valid_tokens_total)
+                    clock.add_metric([u, node, "effective"], ctl.effective_mhz * 1e6)
+                locked.add_metric([u, node], 0.0 if ctl.applied_mhz is None else 1.0)
+                pod = a.pod_of.get(u)
+                assigned.add_metric([u, node], 0.0 if pod is None else 1.0)
+                name, ns = _pod_labels(pod)
+                info.add_metric([u, node, policy, name, ns, a.phase_of.get(u, "idle")], 1.0)
+                condition.add_metric([u, node, ctl.condition, ctl.reason], 1.0)
+            tokens.add_metric([node, policy], a.valid_tokens_total)
             for phase, ratio in sorted(a.saving_ratio.items()):
                 if phase:
-                    saving.add_metric([phase], ratio)
+                    saving.add_metric([node, policy, phase], ratio)
                 else:
-                    job_saving.add_metric([], ratio)
-            latencies = list(a.latencies_s)
-        yield from (energy, seconds, total, clock, info, condition, rejected, missing, tokens)
-        yield from (saving, job_saving)
-        lat = GaugeMetricFamily(
-            "rlenergy_agent_phase_signal_latency_seconds",
-            "Phase signal received to clocks applied, s (recent signals).",
-            labels=["quantile"],
-        )
-        if len(latencies) >= 2:
-            q = statistics.quantiles(latencies, n=100, method="inclusive")
-            lat.add_metric(["0.5"], q[49])
-            lat.add_metric(["0.99"], q[98])
-        yield lat
+                    job_saving.add_metric([node, policy], ratio)
+            hist = a.latency_hist
+            lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
+        yield from (energy, seconds, total, clock, locked, assigned, info, condition)
+        yield from (rejected, missing, tokens, saving, job_saving, lat)
         calls = CounterMetricFamily(
-            "rlenergy_agent_nvml_calls", "NVML calls per entry point, count.", labels=["function"]
+            "rlenergy_agent_nvml_calls",
+            "NVML calls per entry point, count.",
+            labels=["node", "function"],
         )
         slowest = GaugeMetricFamily(
             "rlenergy_agent_nvml_call_max_seconds",
             "Slowest NVML call per entry point, s (slow: persistence mode off, case #5).",
-            labels=["function"],
+            labels=["node", "function"],
         )
         for fn, stat in sorted(lib.CALL_STATS.items()):
-            calls.add_metric([fn], stat.calls)
-            slowest.add_metric([fn], stat.max_s)
+            calls.add_metric([node, fn], stat.calls)
+            slowest.add_metric([node, fn], stat.max_s)
         yield calls
         yield slowest
-        up = GaugeMetricFamily("rlenergy_agent_nvml_up", "1 when NVML answers on some GPU.")
-        up.add_metric([], 1.0 if not callable(self.health) or self.health() else 0.0)
+        up = GaugeMetricFamily(
+            "rlenergy_agent_nvml_up", "1 when NVML answers on some GPU.", labels=["node"]
+        )
+        up.add_metric([node], 1.0 if not callable(self.health) or self.health() else 0.0)
         yield up
         if a.discovery is not None:  # no policy configured: the DaemonSet's discovery
-            reason, policy = a.discovery
+            reason, found_policy = a.discovery
             found = GaugeMetricFamily(
                 "rlenergy_agent_policy_discovery",
                 "Policy discovery's outcome (1): reason Matched (policy = ns/name), NoGpuPods, "
                 "NoMatch or Conflict (two policies select this node's GPU pods; none governs).",
-                labels=["reason", "policy"],
+                labels=["node", "reason", "policy"],
             )
-            found.add_metric([reason, policy], 1.0)
+            found.add_metric([node, reason, found_policy], 1.0)
             yield found
         yield from self._released()
 
-    def _released(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def _released(self) -> Iterator[Metric]:
         """Released rollout workers (FlexFloor park): GPU time, parked state and clock."""
         a = self.agent
+        node = a.node_name
         released = CounterMetricFamily(
             "rlenergy_agent_released_gpu_seconds",
             "GPU time parked as a released rollout worker, ongoing park included, s.",
-            labels=["gpu_uuid"],
+            labels=["gpu_uuid", "node"],
         )
         parked = GaugeMetricFamily(
             "rlenergy_agent_gpu_parked",
             "1 while the GPU is parked as a released rollout worker, else 0.",
-            labels=["gpu_uuid", "pod", "namespace"],
+            labels=["gpu_uuid", "node", "pod", "namespace"],
         )
         parked_clock = GaugeMetricFamily(
             "rlenergy_agent_gpu_parked_clock_hertz",
             "SM clock the park locked (the lowest supported), Hz; absent when not parked.",
-            labels=["gpu_uuid"],
+            labels=["gpu_uuid", "node"],
         )
         with a._lock:  # noqa: SLF001 - one consistent snapshot
             for u in a.actuator.controls:
-                released.add_metric([u], a.released_gpu_seconds(u))
+                released.add_metric([u, node], a.released_gpu_seconds(u))
                 p = a.parked.get(u)
                 name, ns = _pod_labels(p.pod if p is not None else a.pod_of.get(u))
-                parked.add_metric([u, name, ns], 1.0 if p is not None else 0.0)
+                parked.add_metric([u, node, name, ns], 1.0 if p is not None else 0.0)
                 if p is not None and p.clock_mhz is not None:
-                    parked_clock.add_metric([u], p.clock_mhz * 1e6)
+                    parked_clock.add_metric([u, node], p.clock_mhz * 1e6)
         yield from (released, parked, parked_clock)
 
 

@@ -35,7 +35,7 @@ from typing import Protocol
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
 from rlenergy_agent import actuator as act
-from rlenergy_agent import energy
+from rlenergy_agent import energy, histogram
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,8 @@ class Agent:
         """Valid tokens of every step ended here (a counter: not trimmed with the records)."""
         self.saving_ratio: dict[str, float] = {}
         """The policy status' saving / 100 per phase (``""``: the job), for /metrics."""
-        self.latencies_s: list[float] = []
+        self.latency_hist = histogram.Histogram()
+        """Phase signal received to clocks applied, s (``/metrics``: a histogram)."""
         self.dirty_steps: set[int] = set()
         self.idle_j: dict[int, float | None] = {}
         self.refused = 0
@@ -417,9 +418,7 @@ class Agent:
                 if u not in self.parked
             }
             latency = self._clock() - t0
-            self.latencies_s.append(latency)
-            if len(self.latencies_s) > 10_000:
-                del self.latencies_s[:5_000]
+            self.latency_hist.observe(latency)
             # No read-back of the closing window here: the new clocks are already applied
             # (latency first); the sampling loop reads clocks during windows (``observe``).
             mark = self.meter.mark(gpus)

@@ -180,7 +180,8 @@ def test_a_conflict_is_logged_once_as_an_error_and_exported(
     assert len(errors) == 1 and "selected by 2 policies" in errors[0].getMessage()
     families = {f.name: f for f in text_string_to_metric_families(metrics.render(agent).decode())}
     (sample,) = families["rlenergy_agent_policy_discovery"].samples
-    assert sample.labels == {"reason": "Conflict", "policy": ""} and sample.value == 1.0
+    assert sample.labels == {"node": agent.node_name, "reason": "Conflict", "policy": ""}
+    assert sample.value == 1.0
     # an API error keeps what we have (None: no change)
     assert agent_main.rediscover(_Finder(OSError("refused")), agent, again) is None  # type: ignore[arg-type]
     assert agent.discovery == ("Conflict", "")

@@ -164,7 +164,7 @@ def test_case27_declared_generation_at_zero_utilisation_stays_generation(
     assert all(drv.gpu(u).lock_max_mhz == 1395 for u in drv.uuids)
     text = metrics.render(agent).decode()
     assert (
-        f'rlenergy_agent_gpu_phase_info{{gpu_uuid="{drv.uuids[0]}",namespace="team-a",phase="generation",pod="trainer-0"}} 1.0'
+        f'rlenergy_agent_gpu_phase_info{{gpu_uuid="{drv.uuids[0]}",namespace="team-a",node="node-1",phase="generation",pod="trainer-0",policy="pol"}} 1.0'
         in text
     )
 
@@ -185,10 +185,10 @@ def test_metrics_and_ops_endpoints(make_driver: DriverFactory) -> None:
         assert "rlenergy_agent_gpu_phase_energy_joules_total{" in text
         assert "rlenergy_agent_gpu_phase_seconds_total{" in text
         assert (
-            f'rlenergy_agent_gpu_sm_clock_hertz{{gpu_uuid="{drv.uuids[0]}",kind="requested"}}'
+            f'rlenergy_agent_gpu_sm_clock_hertz{{gpu_uuid="{drv.uuids[0]}",kind="requested",node="node-1"}}'
             not in text
         )  # training: default
-        assert "rlenergy_agent_nvml_up 1.0" in text
+        assert 'rlenergy_agent_nvml_up{node="node-1"} 1.0' in text
         assert "rlenergy_agent_energy_samples_rejected_total" in text
         with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
             assert resp.status == 200
@@ -210,7 +210,7 @@ def test_case11a_all_gpus_unknown_fails_liveness(make_driver: DriverFactory) -> 
     drv.state.fail_all = standin.UNKNOWN
     assert not main.nvml_healthy(agent)
     assert (
-        "rlenergy_agent_nvml_up 0.0"
+        'rlenergy_agent_nvml_up{node="node-1"} 0.0'
         in metrics.render(agent, lambda: main.nvml_healthy(agent)).decode()
     )
 
@@ -347,7 +347,12 @@ def test_metrics_count_idle_energy_and_tokens_past_the_kept_records(
     assert set(energy_by_phase) == {"generation", "idle", "training"}
     whole = sum(t for u in drv.uuids if (t := agent.meter.total_j(u)) is not None)
     assert sum(energy_by_phase.values()) == pytest.approx(whole, rel=1e-9)
-    assert samples[("rlenergy_agent_valid_tokens_total", ())] == steps * 700
-    assert samples[("rlenergy_agent_saving_ratio", (("phase", "generation"),))] == 0.125
-    assert ("rlenergy_agent_saving_ratio", (("phase", "training"),)) not in samples
-    assert samples[("rlenergy_agent_job_saving_ratio", ())] == -0.0125
+    job = (("node", "node-1"), ("policy", "pol"))
+    assert samples[("rlenergy_agent_valid_tokens_total", job)] == steps * 700
+    gen = (("node", "node-1"), ("phase", "generation"), ("policy", "pol"))
+    assert samples[("rlenergy_agent_saving_ratio", gen)] == 0.125
+    assert not any(
+        n == "rlenergy_agent_saving_ratio" and ("phase", "training") in labels
+        for n, labels in samples
+    )
+    assert samples[("rlenergy_agent_job_saving_ratio", job)] == -0.0125
