@@ -104,7 +104,9 @@ def _discovery_metric(port: int) -> dict[str, str] | None:
         text = r.read().decode()
     for fam in text_string_to_metric_families(text):
         if fam.name == "rlenergy_agent_policy_discovery":
-            return dict(fam.samples[0].labels)
+            labels = dict(fam.samples[0].labels)
+            assert labels.pop("node")  # every agent family carries its node
+            return labels
     return None
 
 
