@@ -6,6 +6,7 @@ handlers stay thin and everything here is unit-tested without a cluster.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,20 +20,52 @@ AGENT_LABELS = {
     "app.kubernetes.io/part-of": "rl-energy",
     "app.kubernetes.io/managed-by": "rlenergy-operator",
 }
-GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 AGENT_SOCKET_MOUNT = "/var/run/rlenergy"
 """Where the agent container sees the socket folder (the SDK's default socket folder, so
 trainer pods mount the same hostPath at the same place)."""
 
 
+def gpu_node_requirement(label: str) -> dict[str, Any]:
+    """The node-selector requirement of the GPU node label ``key=value`` or ``key``.
+
+    ``key=value`` becomes ``key In [value]``, a bare ``key`` becomes ``key Exists``.
+    """
+    key, eq, value = label.partition("=")
+    if eq:
+        return {"key": key, "operator": "In", "values": [value]}
+    return {"key": key, "operator": "Exists"}
+
+
+def agent_affinity(cfg: settings.OperatorConfig) -> dict[str, Any]:
+    """The agent pods' affinity: the user's, with the GPU node label in every required term.
+
+    Kubernetes ORs the required node-affinity terms and ANDs the expressions within one, so
+    the GPU label requirement is appended to each term (one term of its own when there is none).
+    """
+    gpu = gpu_node_requirement(cfg.agent_gpu_node_label)
+    affinity = copy.deepcopy(dict(cfg.agent_affinity))
+    node = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = [dict(t) for t in required.get("nodeSelectorTerms") or []] or [{}]
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), gpu]
+    required["nodeSelectorTerms"] = terms
+    node["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    affinity["nodeAffinity"] = node
+    return affinity
+
+
 def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     """The cluster's single node-agent DaemonSet (one writer per GPU).
 
-    Scheduled only on nodes labelled ``nvidia.com/gpu.present=true`` and tolerating the
-    ``nvidia.com/gpu`` taint; the container gets CAP_SYS_ADMIN (clock and power-limit writes
-    through NVML) and nothing else: not privileged, all other capabilities dropped, no
-    privilege escalation, read-only root filesystem. hostPaths: the state folder, the kubelet's
+    Scheduled only on nodes with the GPU node label (``agent_gpu_node_label``, default
+    ``nvidia.com/gpu.present=true``) and matching the configured nodeSelector and affinity,
+    tolerating the ``nvidia.com/gpu`` taint and the configured tolerations, with the
+    configured runtimeClassName, imagePullSecrets and priorityClassName; the container gets
+    CAP_SYS_ADMIN (clock and power-limit writes through NVML) and nothing else: not
+    privileged, all other capabilities dropped, no privilege escalation, read-only root
+    filesystem. hostPaths: the state folder, the kubelet's
     pod-resources folder (read-only) and the signal-socket folder shared with trainer pods. No
     policy is set: each agent discovers the policy that governs its node's GPU pods.
     """
@@ -91,24 +124,13 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": cfg.agent_service_account,
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": GPU_PRESENT_LABEL, "operator": "In", "values": ["true"]}
-                            ]
-                        }
-                    ]
-                }
-            }
-        },
+        "affinity": agent_affinity(cfg),
         "tolerations": (
             [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
             if cfg.agent_tolerate_gpu_taint
             else []
-        ),
+        )
+        + [dict(t) for t in cfg.agent_tolerations],
         "containers": [container],
         "volumes": [
             {
@@ -128,6 +150,12 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     }
     if cfg.agent_priority_class:
         pod_spec["priorityClassName"] = cfg.agent_priority_class
+    if cfg.agent_node_selector:
+        pod_spec["nodeSelector"] = dict(cfg.agent_node_selector)
+    if cfg.agent_runtime_class:
+        pod_spec["runtimeClassName"] = cfg.agent_runtime_class
+    if cfg.agent_image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.agent_image_pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

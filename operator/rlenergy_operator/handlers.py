@@ -349,7 +349,7 @@ def policy_agents_check(meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger
                 )
                 # The nodes only when the controller has seen the template and placed nothing.
                 nodes = (
-                    kube.labelled_nodes(f"{builders.GPU_PRESENT_LABEL}=true")
+                    kube.labelled_nodes(CFG.agent_gpu_node_label)
                     if ds is not None and current and not int(st.get("desiredNumberScheduled") or 0)
                     else []
                 )

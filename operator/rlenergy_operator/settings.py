@@ -11,6 +11,7 @@ import logging
 import os
 import zlib
 from collections.abc import Iterable
+from typing import Any
 
 import kopf
 import pydantic
@@ -40,7 +41,28 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     agent_service_account: str = "rlenergy-node-agent"
     """ServiceAccount of the agent pods (RBAC: write its reports, read policies)."""
     agent_priority_class: str = ""
-    """priorityClassName of the agent pods; empty = none. Default empty."""
+    """priorityClassName of the agent pods; empty = none. Default empty (the Helm chart sets
+    ``system-node-critical``: a GPU node's agent must not be preempted while it holds locks)."""
+    agent_tolerations: list[dict[str, Any]] = []
+    """Extra tolerations of the agent pods (Kubernetes ``Toleration`` objects, JSON in the
+    environment), on top of the GPU taint's (``agent_tolerate_gpu_taint``). Default none."""
+    agent_node_selector: dict[str, str] = {}
+    """nodeSelector of the agent pods (JSON). Default none: the GPU node label alone decides."""
+    agent_affinity: dict[str, Any] = {}
+    """Affinity of the agent pods (JSON). Its required node-affinity terms are each ANDed with
+    the GPU node label; pod (anti-)affinity and preferred terms pass through. Default none."""
+    agent_runtime_class: str = ""
+    """runtimeClassName of the agent pods (e.g. ``nvidia`` where the NVIDIA runtime is not the
+    default); empty = the node's default runtime. Default empty."""
+    agent_image_pull_secrets: list[str] = []
+    """Names of the imagePullSecrets of the agent pods (JSON list, Secrets in ``namespace``).
+    Default none."""
+    agent_gpu_node_label: str = pydantic.Field(
+        "nvidia.com/gpu.present=true", pattern=r"^[A-Za-z0-9./_-]+(=[A-Za-z0-9._-]*)?$"
+    )
+    """The label of the GPU nodes the agents run on: ``key=value`` (node label equal) or
+    ``key`` (label present). Default ``nvidia.com/gpu.present=true`` (NVIDIA GPU operator /
+    GPU feature discovery)."""
     agent_metrics_port: int = pydantic.Field(9402, ge=1, le=65535)
     """Container port of the agent's /metrics and /healthz. Default 9402."""
     agent_tolerate_gpu_taint: bool = True

@@ -47,3 +47,26 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "rl-energy.agentServiceAccountName" -}}
 {{- printf "%s-agent" (include "rl-energy.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/* An image reference from {repository, tag, digest}: repository@digest when a digest is set. */}}
+{{- define "rl-energy.image" -}}
+{{- if .digest }}
+{{- printf "%s@%s" .repository .digest }}
+{{- else }}
+{{- printf "%s:%s" .repository .tag }}
+{{- end }}
+{{- end }}
+
+{{/* Names of the pull secrets: global.imagePullSecrets, then imagePullSecrets (names or {name}). */}}
+{{- define "rl-energy.pullSecretNames" -}}
+{{- $names := list }}
+{{- $global := dig "imagePullSecrets" list (.Values.global | default dict) }}
+{{- range concat $global (.Values.imagePullSecrets | default list) }}
+{{- if kindIs "string" . }}
+{{- $names = append $names . }}
+{{- else }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- end }}
+{{- $names | uniq | toJson }}
+{{- end }}
