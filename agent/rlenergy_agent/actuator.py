@@ -32,6 +32,7 @@ from pathlib import Path
 
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
+from rlenergy_agent import caps
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ class Actuator:
         self._clock = clock
         self.controls: dict[str, GpuControl] = {u: GpuControl(u) for u in self.gpus}
         self.recovered: list[str] = []
+        self.caps = caps.CapWatch()
+        """Locks as caps: what each locked GPU runs after the lock settled (``watch_caps``)."""
 
     # ----- start-up --------------------------------------------------------------------------
     def start(
@@ -306,7 +309,49 @@ class Actuator:
             return f"{type(exc).__name__}: {exc}"
         ctl.writes += 1
         ctl.applied_mhz = target
+        self.caps.locked(ctl.uuid, target, self._clock())
         return None
+
+    def watch_caps(self) -> list[str]:
+        """Re-read the SM clock and clock-event reasons of the locked GPUs that are due.
+
+        Called by the sampling loop: each lock is read ``caps.SETTLE_S`` after it was made and
+        every ``caps.INTERVAL_S`` while it holds (``caps.CapWatch``), so a power or thermal cap
+        that arrives after the apply, or a shortfall with no reason, shows in the node report
+        and the metrics. The reading also becomes the GPU's ``effective_mhz``.
+
+        Returns:
+            UUIDs whose reading turned ``unexplained`` (below the lock, no reason) just now.
+        """
+        now = self._clock()
+        turned: list[str] = []
+        for uuid in self.caps.due(now):
+            ctl = self.controls[uuid]
+            if ctl.condition == "lost":
+                continue
+            gpu = self.gpus[uuid]
+            try:
+                effective = gpu.sm_clock_mhz()
+                reasons = gpu.clock_event_reasons()
+            except errors.GpuError as exc:
+                log.debug("cap re-read on %s failed: %s", uuid, exc)
+                continue
+            before = self.caps.get(uuid).state
+            cap = self.caps.record(uuid, effective, reasons, now)
+            if cap.state in ("asRequested", "capped", "unexplained"):
+                ctl.effective_mhz = effective
+                ctl.slowdown = cap.state == "capped"
+            if cap.state != before and cap.state in ("capped", "unexplained"):
+                log.warning(
+                    "GPU %s: locked at %s MHz, runs %s MHz (%s)",
+                    uuid,
+                    cap.lock_mhz,
+                    effective,
+                    cap.limit or "no clock-event reason",
+                )
+                if cap.state == "unexplained":
+                    turned.append(uuid)
+        return turned
 
     def _readback(
         self,
@@ -367,6 +412,7 @@ class Actuator:
                 continue
             ctl.applied_mhz = None
             ctl.writes += 1
+            self.caps.locked(uuid, None, self._clock())
             done.append(uuid)
         self.state.discard(done)
         if done:

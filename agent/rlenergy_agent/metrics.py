@@ -77,6 +77,18 @@ class AgentCollector(Collector):
             "1 while the agent holds an SM clock lock on the GPU (a plan clock or a park), else 0.",
             labels=["gpu_uuid", "node"],
         )
+        cap_state = GaugeMetricFamily(
+            "rlenergy_agent_gpu_clock_state",
+            "The lock against the clock the GPU runs (1 for the current state): unlocked, "
+            "settling, asRequested, capped (limit = the clock-event reasons), unexplained "
+            "(below the lock with no reason), idle.",
+            labels=["gpu_uuid", "node", "state", "limit"],
+        )
+        unexplained = CounterMetricFamily(
+            "rlenergy_agent_gpu_clock_shortfalls_unexplained",
+            "Re-reads of a locked GPU that found it below the lock with no clock-event reason.",
+            labels=["gpu_uuid", "node"],
+        )
         assigned = GaugeMetricFamily(
             "rlenergy_agent_gpu_assigned",
             "1 while a pod holds the GPU (kubelet pod-resources), else 0.",
@@ -143,6 +155,9 @@ class AgentCollector(Collector):
                 if ctl.effective_mhz is not None:
                     clock.add_metric([u, node, "effective"], ctl.effective_mhz * 1e6)
                 locked.add_metric([u, node], 0.0 if ctl.applied_mhz is None else 1.0)
+                cap = a.actuator.caps.get(u)
+                cap_state.add_metric([u, node, cap.state, cap.limit], 1.0)
+                unexplained.add_metric([u, node], cap.shortfalls)
                 pod = a.pod_of.get(u)
                 assigned.add_metric([u, node], 0.0 if pod is None else 1.0)
                 name, ns = _pod_labels(pod)
@@ -156,7 +171,8 @@ class AgentCollector(Collector):
                     job_saving.add_metric([node, policy], ratio)
             hist = a.latency_hist
             lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
-        yield from (energy, seconds, total, clock, locked, assigned, info, condition)
+        yield from (energy, seconds, total, clock, locked, cap_state, unexplained, assigned)
+        yield from (info, condition)
         yield from (rejected, missing, tokens, saving, job_saving, lat)
         calls = CounterMetricFamily(
             "rlenergy_agent_nvml_calls",

@@ -472,10 +472,12 @@ class Agent:
                 log.debug("clock read-back on %s failed: %s", u, exc)
 
     def observe(self) -> None:
-        """Read back clocks of every open window (the sampling loop calls this)."""
+        """Read back clocks of every open window and of due locks (the sampling loop)."""
         with self._lock:
             for pod in list(self._open):
                 self._observe_clocks(pod, self.gpus_of(pod)[0])
+            if self.actuator.watch_caps():
+                self.report_due = True  # an unexplained shortfall: report it now
 
     def progress(self, pod: PodRef, amount: float) -> None:
         """Add phase progress (tokens or iterations) to ``pod``'s open window.
@@ -807,6 +809,7 @@ class Agent:
             for u, ctl in self.actuator.controls.items():
                 j = self.meter.total_j(u)
                 st = self.meter.state[u]
+                cap = self.actuator.caps.get(u)
                 condition = ctl.condition
                 reason = ctl.reason
                 if st.lost_at is not None:
@@ -832,6 +835,10 @@ class Agent:
                         pod=str(self.pod_of[u]) if self.pod_of.get(u) else None,
                         supported_clocks_mhz=list(ctl.supported_mhz),
                         parked=u in self.parked,
+                        requested_clock_mhz=ctl.requested_mhz,
+                        effective_clock_mhz=cap.effective_mhz if cap.lock_mhz else None,
+                        clock_state=cap.state,
+                        clock_limit=cap.limit,
                     )
                 )
                 if j is not None:

@@ -21,6 +21,9 @@ AGENT_LABELS = {
     "app.kubernetes.io/managed-by": "rlenergy-operator",
 }
 GPU_TAINT_KEY = "nvidia.com/gpu"
+CLOCK_SHORTFALL = "ClockShortfallUnexplained"
+"""Node error and Degraded reason: a locked GPU runs below its lock with no clock-event reason
+(the agent re-reads locks while they hold, ``rlenergy_agent.caps``)."""
 AGENT_SOCKET_MOUNT = "/var/run/rlenergy"
 """Where the agent container sees the socket folder (the SDK's default socket folder, so
 trainer pods mount the same hostPath at the same place)."""
@@ -264,6 +267,18 @@ def node_summary(reports: Sequence[api_node.NodeReport]) -> api_status.NodesStat
                         message=gpu.reason,
                     )
                 )
+            elif gpu.clock_state == "unexplained":
+                errors.append(
+                    api_status.NodeError(
+                        node=rep.node_name,
+                        gpu=gpu.uuid,
+                        reason=CLOCK_SHORTFALL,
+                        message=f"locked {gpu.locked_clock_mhz} MHz, runs "
+                        f"{gpu.effective_clock_mhz} MHz with no clock-event reason (the "
+                        "driver holds it down unexplained: trials and savings assume a clock "
+                        "it does not run)",
+                    )
+                )
         if not aggregate.node_ready(rep):
             errors.append(
                 api_status.NodeError(
@@ -297,6 +312,13 @@ def degraded_condition(
     """(status, reason, message) of Degraded."""
     if nodes.errors:
         first = nodes.errors[0]
+        if all(e.reason == CLOCK_SHORTFALL for e in nodes.errors):
+            return (
+                True,
+                CLOCK_SHORTFALL,
+                f"{len(nodes.errors)} GPU(s) run below their locked clock with no clock-event "
+                f"reason, first: {first.node} {first.gpu}: {first.message}",
+            )
         return (
             True,
             "NodeErrors",

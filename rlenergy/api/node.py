@@ -194,6 +194,7 @@ class StepRecord(_Wire):
 
 
 GpuCondition = Literal["ok", "measureOnly", "degraded", "lost"]
+ClockState = Literal["unlocked", "settling", "asRequested", "capped", "unexplained", "idle"]
 
 
 class GpuStatus(_Wire):
@@ -240,6 +241,29 @@ class GpuStatus(_Wire):
     parked: bool = Field(
         False,
         description="Parked at its lowest SM clock as a released rollout worker (FlexFloor).",
+    )
+    requested_clock_mhz: int | None = Field(
+        None,
+        alias="requestedClockMHz",
+        description="SM clock the plan asks for on this GPU, MHz; null = default governor.",
+    )
+    effective_clock_mhz: int | None = Field(
+        None,
+        alias="effectiveClockMHz",
+        description="SM clock read back after the lock settled (re-read while locked), MHz.",
+    )
+    clock_state: ClockState = Field(
+        "unlocked",
+        alias="clockState",
+        description="The lock against what the GPU runs: unlocked, settling, asRequested, "
+        "capped (below the lock with a clock-event reason), unexplained (below it with none), "
+        "idle.",
+    )
+    clock_limit: str = Field(
+        "",
+        alias="clockLimit",
+        description="The clock-event reasons holding a capped GPU below its lock, e.g. "
+        "SwPowerCap,SwThermalSlowdown.",
     )
 
 

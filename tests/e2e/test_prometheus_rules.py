@@ -94,6 +94,22 @@ def test_every_alert_fires_on_its_fault_and_not_on_the_healthy_twin(tmp_path: Pa
             bad,
             "15m",
         ),
+        "RLEnergyLockShortfallUnexplained": (
+            [
+                series(
+                    "rlenergy_agent_gpu_clock_state",
+                    {**bad, "state": "unexplained", "limit": ""},
+                    "1x30",
+                ),
+                series(
+                    "rlenergy_agent_gpu_clock_state",
+                    {**good, "state": "capped", "limit": "SwPowerCap"},
+                    "1x30",
+                ),
+            ],
+            bad,
+            "5m",
+        ),
         "RLEnergyNVMLDown": (
             [
                 series("rlenergy_agent_nvml_up", {"node": "gpu-a"}, "0x30"),

@@ -5,8 +5,10 @@ makes from a memory-mapped state file; this module creates that file, writes the
 physics into it (energy counter in mJ, trailing-average and instant power, the clock each GPU
 would run unlocked) from the SKU models of ``rlenergy.sim.models``, keeps the ground truth, and
 injects faults (NO_PERMISSION, NOT_SUPPORTED, GPU_IS_LOST, counter reset, "lock accepted but
-effective clock lower"). Callers: the agent's tests, ``bench/agent.py`` and the local
-integration runs (``rlenergy-agent --backend nvml`` with the environment of ``env()``).
+effective clock lower", set ``clock_cap_mhz`` at any time, also after the lock; with
+``silent_cap`` the cap shows no clock-event reason). Callers: the agent's tests,
+``bench/agent.py`` and the local integration runs (``rlenergy-agent --backend nvml`` with the
+environment of ``env()``).
 
 Time is either virtual (``advance``: deterministic tests) or real (``start``: a thread that
 advances by the elapsed wall time every tick, like the driver's counter updates).
@@ -88,6 +90,7 @@ class GpuState(ctypes.Structure):
         ("fail_once", ctypes.c_int32),
         ("clock_cap_mhz", ctypes.c_uint32),
         ("call_delay_us", ctypes.c_uint32),
+        ("silent_cap", ctypes.c_uint32),
     ]
 
 

@@ -392,7 +392,8 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigne
     } else {
         uint32_t target = 0;
         uint32_t eff = effective_sm_clock(device, &target);
-        if (eff < target) reasons |= REASON_SW_POWER_CAP;
+        /* silent_cap: a driver holding the clock down and reporting no reason at all. */
+        if (eff < target && !device->silent_cap) reasons |= REASON_SW_POWER_CAP;
     }
     *r = reasons;
     return NVML_SUCCESS;

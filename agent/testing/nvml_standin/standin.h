@@ -56,6 +56,7 @@ typedef struct {
     int32_t fail_once;            /* next device call returns this, then clears */
     uint32_t clock_cap_mhz;       /* "lock accepted but effective clock lower": cap, 0 = none */
     uint32_t call_delay_us;       /* added latency per call (persistence mode off) */
+    uint32_t silent_cap;          /* 1: the cap is reported with no clock-event reason */
 } standin_gpu_t;
 
 typedef struct {

@@ -47,7 +47,7 @@ def standin_agent(
     """
     found = backend.discover()
     caps = {u: g.probe() for u, g in found.gpus.items()}
-    act = actuator.Actuator(found.gpus, actuator.LockStateFile(None))
+    act = actuator.Actuator(found.gpus, actuator.LockStateFile(None), clock=clock)
     act.start(persistence={u: c.persistence for u, c in caps.items()})
     meter = energy.EnergyMeter(found.gpus, energy_sources(caps), clock=clock)
     meter.sample()

@@ -76,6 +76,8 @@ def test_promtool_check_metrics_passes_on_every_family(make_driver: DriverFactor
     for name in (
         "rlenergy_agent_gpu_phase_energy_joules",
         "rlenergy_agent_gpu_clock_locked",
+        "rlenergy_agent_gpu_clock_state",
+        "rlenergy_agent_gpu_clock_shortfalls_unexplained",
         "rlenergy_agent_gpu_assigned",
         "rlenergy_agent_gpu_parked",
         "rlenergy_agent_policy_discovery",
