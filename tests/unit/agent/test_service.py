@@ -3,6 +3,7 @@ phase energy vs truth, report, metrics, pod-resources map, report writer."""
 
 from __future__ import annotations
 
+import logging
 import os
 import urllib.request
 from pathlib import Path
@@ -108,11 +109,22 @@ def test_unknown_caller_is_refused(make_driver: DriverFactory, short_tmp: Path) 
         srv.stop()
 
 
-def test_sdk_without_agent_carries_on(short_tmp: Path) -> None:
-    client = trainer.RLEnergyClient(str(short_tmp / "absent.sock"))
-    client.phase("generation", step=0)  # logs once, never raises
-    client.progress(5)
+def test_sdk_without_agent_carries_on(short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
+    absent = str(short_tmp / "absent.sock")
+    client = trainer.RLEnergyClient(absent)
+    with caplog.at_level(logging.WARNING, logger=trainer.__name__):
+        client.phase("generation", step=0)  # never raises
+        client.progress(5)
+        assert client.park(0) == {}  # an unreachable agent answers nothing
+        client.end_step(0, samples=1, response_tokens=1, prompt_tokens=1, valid_tokens=1)
     client.close()
+    unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(unreachable) == 1, [r.getMessage() for r in caplog.records]  # logs once
+    assert absent in unreachable[0].getMessage()
+    assert client.last_response == {}
+    # The same call in strict mode raises: the lenient client really swallowed an error.
+    with pytest.raises(OSError):
+        trainer.RLEnergyClient(absent, strict=True).phase("generation", step=0)
 
 
 def test_pod_uid_from_cgroup(tmp_path: Path) -> None:

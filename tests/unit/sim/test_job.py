@@ -76,7 +76,15 @@ def test_energy_accounting_is_non_negative_and_sums_across_phases(gen, train, mo
         t, e, times, energies = job.step_truth(step, {"generation": gen, "training": train})
         assert all(v >= 0 for v in energies.values()) and all(v > 0 for v in times.values())
         assert e >= sum(energies.values())  # the rest is idle energy, never negative
-        idle_min = job.sku.idle_power_w * 0.9 * step.other_time_s
-        assert e - sum(energies.values()) >= idle_min * 0  # non-negative idle share
+        # Idle energy: every GPU idles through the step's gaps (sync), or each pool idles for
+        # the step time minus its own phase (async), at the SKU's idle power x its spread.
+        idle_w = job.sku.idle_power_w
+        spread = {p: sum(job.power_spread[g] for g in gpus) for p, gpus in job.pools().items()}
+        if mode == "sync":
+            want_idle = idle_w * sum(job.power_spread) * step.other_time_s
+        else:
+            want_idle = sum(idle_w * spread[p] * (t - times[p]) for p in times)
+        assert e - sum(energies.values()) == pytest.approx(want_idle, rel=1e-9)
+        assert want_idle >= idle_w * 0.5 * job.num_gpus * step.other_time_s > 0
     tot = sim_job.fixed_run(job, {"generation": gen, "training": train})
     assert tot.energy_j >= sum(tot.phase_energy_j.values()) > 0
