@@ -27,7 +27,8 @@ every worker until the last response ends; ``flexfloor`` predicts lengths
 runs out of responses asks ``release.FlexFloorPlanner`` for a release, committed through
 ``protocol.ReleaseRound`` (acks, deadline, abort). Expert copies cost their transfer time as a
 stall at the apply step. Invariants are checked at every decode step: every expert hosted by an
-active worker, no worker above its memory; every response must complete.
+active worker, no worker above its memory; every response must complete (a released worker
+stops decoding, so a response it still held is lost and counted incomplete).
 
 A pool of independent replicas of such a group (verl's engine replicas, each progressing on its
 own, all waiting at the RL step barrier) is ``simulate_pool``: the baseline keeps every GPU
@@ -325,7 +326,8 @@ class RolloutResult:
         release_s: per worker, when it left the group (``wall_s`` if it never left), s.
         expert_unavailable_steps: decode steps on which some expert had no active host.
         memory_overflow_steps: decode steps on which some active worker exceeded its memory.
-        incomplete_responses: responses not finished at the end (must be 0).
+        incomplete_responses: responses not finished at the end, those lost on a worker
+            released before they finished included (must be 0).
         releases_committed: release rounds committed.
         releases_aborted: release rounds aborted (missed deadline or refusal).
         expert_moves: expert copies made.
@@ -564,6 +566,7 @@ def simulate_rollout(
     queued = np.ones(n, dtype=bool)
     running = np.zeros(n, dtype=bool)
     done = np.zeros(n, dtype=bool)
+    lost = np.zeros(n, dtype=bool)  # on a worker released before they finished: never complete
     generated = np.zeros(n, dtype=np.int64)
     admit_seq = np.zeros(n, dtype=np.int64)  # admission order (preempt the newest first)
     seq = 0
@@ -736,7 +739,7 @@ def simulate_rollout(
         if not (worker_of == w).any():
             worker_done[w] = True  # nothing placed on it: finished from the start
 
-    while not done.all():
+    while not (done | lost).all():
         if queued.any():
             admit()
         preempt_for_growth()
@@ -790,11 +793,15 @@ def simulate_rollout(
                     for w in r.decision.release:
                         active[w] = False
                         release_s[w] = time_s
+                    # A released worker stops decoding: what it still held is lost.
+                    gone = ~done & np.isin(worker_of, r.decision.release)
+                    lost |= gone
+                    queued[gone] = running[gone] = False
                     committed += 1
                     rounds = None
             if rounds is None and step >= retry_at_step:
                 candidates = [w for w in range(workers) if active[w] and worker_done[w]]
-                if candidates and not done.all():
+                if candidates and not (done | lost).all():
                     plan = planner.plan(worker_states(), step)
                     if plan.release:
                         decision = protocol.make_decision(
@@ -808,7 +815,7 @@ def simulate_rollout(
                         rounds = _Round(decision, {w: step + 1 for w in decision.active_before})
                     else:
                         retry_at_step = step + PLAN_RETRY_STEPS  # wait for the batch to change
-        if not coarse or done.all():
+        if not coarse or (done | lost).all():
             continue
         # --- quiet steps until the next event, all at once --------------------------------
         active_ranks = [w for w in range(workers) if active[w]]
