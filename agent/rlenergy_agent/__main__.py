@@ -1,7 +1,9 @@
 """``rlenergy-agent``: build the services from settings, run until SIGTERM, reset clocks on exit.
 
 Order: GPUs (NVML or simulated) -> capability probe -> actuator start-up (stale-lock recovery)
--> energy meter (restored totals) -> pod map -> signal socket and ops port -> sampling loop.
+-> energy meter (restored totals) -> pod map -> Kubernetes API -> signal socket (callers
+authenticated by their pod's token, TokenReview) and ops port -> sampling loop (which also
+resets the GPUs of governed pods that ended, ``podlife``).
 On SIGTERM/SIGINT every lock the agent made is reset before exit (case #4a).
 """
 
@@ -22,7 +24,7 @@ from rlenergy.api import selector
 from rlenergy.gpu import base, errors
 from rlenergy.sim import gpu as sim_gpu
 from rlenergy.sim import models
-from rlenergy_agent import actuator, config, energy, server, service
+from rlenergy_agent import actuator, config, energy, identity, podlife, server, service
 from rlenergy_agent.nvml import backend, lib
 
 if TYPE_CHECKING:
@@ -103,6 +105,14 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
         settings.node_name, settings.policy_name, acts, meter, pods, mig_parent=mig_parent
     )
     return agent, dict(caps)
+
+
+def _no_api_review(token: str, audiences: Sequence[str]) -> identity.Review:
+    """Without the Kubernetes API no caller can be checked: every signal gets 503."""
+    raise identity.ReviewUnavailableError(
+        "the agent runs without the Kubernetes API (RLENERGY_AGENT_KUBE=false or no cluster "
+        "configuration), so no caller's token can be reviewed"
+    )
 
 
 def nvml_healthy(agent: service.Agent) -> bool:
@@ -216,11 +226,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         agent.set_plan(api_node.ClockPlan.model_validate(yaml.safe_load(args.plan.read_text())))
     stop = threading.Event()
-    resolve = server.cgroup_resolver(agent)
-    if settings.dev_caller_pod:
-        ns, _, name = settings.dev_caller_pod.partition("/")
-        resolve = server.same_user_resolver(service.PodRef(ns, name))
-    signals = server.SignalServer(settings.socket_path, agent, resolve)
+    api = None
+    reviewer: identity.Reviewer = _no_api_review
+    ended_in_api: podlife.EndedInApi | None = None
+    if settings.kube:
+        from rlenergy_agent import kube
+
+        try:
+            api = kube.load_api()
+            reviewer = kube.TokenReviewer().review
+            ended_in_api = kube.ended_pods(settings.node_name)
+        except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
+            log.error(
+                "no Kubernetes API (%s); reports, plan updates and caller checks disabled "
+                "(every signal is refused with 503)",
+                exc,
+            )
+    auth = identity.TokenAuthenticator(
+        reviewer, settings.token_audience, max_ttl_s=settings.token_cache_max_s
+    )
+    pod_ends = podlife.PodEndWatch(agent, ended_in_api, check_s=settings.pod_check_s)
+    signals = server.SignalServer(settings.socket_path, agent, auth)
     ops = server.OpsServer(
         settings.metrics_host,
         settings.metrics_port,
@@ -248,20 +274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(json.dumps({"ready": True, "metricsPort": ops.port}), flush=True)
     writer = watcher = finder = None
-    if settings.kube:
-        from rlenergy_agent import kube
-
-        try:
-            api = kube.load_api()
-            if discover:
-                finder = kube.PolicyDiscovery(api, settings.node_name)
-            else:
-                writer = kube.ReportWriter(
-                    api, settings.namespace, settings.policy_name, settings.node_name
-                )
-                watcher = kube.PlanWatcher(api, settings.namespace, settings.policy_name)
-        except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
-            log.error("no Kubernetes API (%s); reports and plan updates disabled", exc)
+    if api is not None:
+        if discover:
+            finder = kube.PolicyDiscovery(api, settings.node_name)
+        else:
+            writer = kube.ReportWriter(
+                api, settings.namespace, settings.policy_name, settings.node_name
+            )
+            watcher = kube.PlanWatcher(api, settings.namespace, settings.policy_name)
     last_poll = last_write = 0.0
     discovered: selector.Discovery | None = None
     # The first report goes out at once (the operator needs the GPUs' clock tables before the
@@ -270,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         while not stop.wait(settings.sample_interval_s):
             now = time.monotonic()
+            pod_ends.tick()  # reset on pod end, before this pass's report
             if finder is not None and now - last_poll >= settings.plan_poll_s:
                 found = rediscover(finder, agent, discovered)
                 if found is not None:

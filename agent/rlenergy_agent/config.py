@@ -68,10 +68,24 @@ class AgentSettings(BaseSettings):
     report_file: Path | None = Field(
         None, description="Local runs: also write the node report JSON here after each step."
     )
-    dev_caller_pod: str = Field(
-        "",
-        description="Development only: 'ns/name' that every caller running as the agent's own "
-        "Unix user is taken to be (no kubelet, no pod cgroups). Never set in a cluster.",
+    token_audience: str = Field(
+        "rlenergy-agent",
+        min_length=1,
+        description="Audience the trainer pods' projected service-account tokens must be valid "
+        "for (chart value agent.tokenAudience); checked by TokenReview.",
+    )
+    token_cache_max_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest a token's TokenReview is reused, s (also bounded by the token's "
+        "expiry): one API call per token and ten minutes keeps signals sub-ms.",
+    )
+    pod_check_s: float = Field(
+        3.0,
+        gt=0,
+        description="Period of the API check that a governed pod still runs, s (one pod listing "
+        "of this node, only while some pod is governed); with the kubelet's listing (every "
+        "sample) a pod's end resets its GPUs within 10 s.",
     )
     sim_gpus: int = Field(8, ge=1, le=16, description="GPUs of the sim backend.")
     sim_sku: str = Field("h100-sxm", description="SKU of the sim backend (rlenergy.sim).")

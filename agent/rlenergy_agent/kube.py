@@ -6,14 +6,16 @@ object), writes at most once per RL step (finished steps are batched) and retrie
 errors (429, 5xx, connection loss) with exponential backoff. The watcher polls the policy's
 ``status.plan`` (polling survives API server restarts and 410 Gone by construction); a deleted
 policy yields ``None`` so the agent resets clocks. ``PolicyDiscovery`` finds the policy that
-governs the node's GPU pods when none is configured. Callers: ``rlenergy_agent.__main__``.
+governs the node's GPU pods when none is configured. ``TokenReviewer`` checks the trainer
+pods' bearer tokens (``rlenergy_agent.identity``); ``ended_pods`` tells which governed pods
+ended (reset on pod end). Callers: ``rlenergy_agent.__main__``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import kubernetes
@@ -21,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rlenergy.api import node as api_node
 from rlenergy.api import selector
+from rlenergy_agent import identity, service
 
 log = logging.getLogger(__name__)
 
@@ -283,3 +286,100 @@ class PolicyDiscovery:
                     )
                 )
         return selector.discover(pods, policies)
+
+
+class TokenReviewer:
+    """Asks the API server whether a bearer token is valid (``TokenReview``).
+
+    ``authentication.k8s.io/v1``; RBAC: ``tokenreviews`` ``create``.
+
+    Args:
+        api: an ``AuthenticationV1Api`` (default: one on the process-wide configuration, made
+            at the first review, after ``load_api``).
+        timeout_s: per review deadline, s.
+    """
+
+    def __init__(self, api: Any | None = None, *, timeout_s: float = 5.0) -> None:
+        self._api = api
+        self.timeout_s = timeout_s
+
+    def review(self, token: str, audiences: Sequence[str]) -> identity.Review:
+        """The API server's verdict on ``token`` for ``audiences``.
+
+        Raises:
+            identity.ReviewUnavailableError: the review could not be made (API unreachable,
+                403 without the RBAC); the message says which.
+        """
+        if self._api is None:
+            self._api = kubernetes.client.AuthenticationV1Api()
+        body = kubernetes.client.V1TokenReview(
+            spec=kubernetes.client.V1TokenReviewSpec(token=token, audiences=list(audiences))
+        )
+        try:
+            res = self._api.create_token_review(body, _request_timeout=self.timeout_s)
+        except ApiException as exc:
+            hint = (
+                " (the agent's ClusterRole needs tokenreviews create)" if exc.status == 403 else ""
+            )
+            raise identity.ReviewUnavailableError(
+                f"TokenReview failed: {exc.status} {exc.reason}{hint}"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - urllib3 and socket errors: API unreachable
+            raise identity.ReviewUnavailableError(f"TokenReview failed: {exc}") from None
+        st = res.status
+        if st is None or not st.authenticated:
+            return identity.Review(
+                False, error=str(getattr(st, "error", "") or "not authenticated")
+            )
+        user = st.user
+        return identity.Review(
+            True,
+            username=str(user.username or ""),
+            extra={str(k): [str(x) for x in v or ()] for k, v in (user.extra or {}).items()},
+            audiences=tuple(str(a) for a in st.audiences or ()),
+        )
+
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def ended_pods(
+    node: str, core: Any | None = None
+) -> Callable[[Iterable[service.PodRef]], set[service.PodRef]]:
+    """``pods -> those of them that ended``, from one listing of the pods on ``node``.
+
+    A pod ended when it is no longer in the API, is being deleted (``deletionTimestamp``), is
+    terminal (``Succeeded``/``Failed``: completed, evicted, OOM-killed without restart) or was
+    replaced by a pod of the same name with another UID. RBAC: ``pods`` ``list`` (as discovery).
+
+    Args:
+        node: this node (field selector ``spec.nodeName``).
+        core: a ``CoreV1Api`` (default: one on the process-wide configuration, made at the
+            first call).
+
+    Raises (from the returned function):
+        kubernetes.client.exceptions.ApiException, OSError: the listing failed (the caller
+            tries again at the next check).
+    """
+    clients: list[Any] = [] if core is None else [core]
+
+    def ended(pods: Iterable[service.PodRef]) -> set[service.PodRef]:
+        if not clients:
+            clients.append(kubernetes.client.CoreV1Api())
+        listing = clients[0].list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        live: dict[tuple[str, str], str] = {}
+        for p in listing.items:
+            meta = p.metadata
+            if meta is None or meta.deletion_timestamp is not None:
+                continue
+            if p.status is not None and p.status.phase in TERMINAL_PHASES:
+                continue
+            live[(str(meta.namespace), str(meta.name))] = str(meta.uid or "")
+        out = set()
+        for pod in pods:
+            uid = live.get((pod.namespace, pod.name))
+            if uid is None or (uid and pod.uid and uid != pod.uid):
+                out.add(pod)
+        return out
+
+    return ended

@@ -664,18 +664,30 @@ class Agent:
             self.workloads[step] = workload
             self.dirty_steps.add(step)
 
+    def governed_pods(self) -> set[PodRef]:
+        """Pods this agent acts for: an open window, a GPU they drove last, or a park."""
+        with self._lock:
+            pods = set(self._open) | {p for p in self.pod_of.values() if p is not None}
+            return pods | {p.pod for p in self.parked.values()}
+
     def pod_gone(self, pod: PodRef) -> None:
-        """The pod ended: close its window and reset its GPUs' clocks."""
+        """The pod ended: close its window, end its parks, reset its GPUs to the default.
+
+        Its GPUs are the ones it drove last, parked, or has an open window on.
+        """
         with self._lock:
             w = self._open.get(pod)
+            parked = [u for u, p in self.parked.items() if p.pod == pod]
             gpus = [u for u, p in self.pod_of.items() if p == pod]
-            self._end_parks([u for u, p in self.parked.items() if p.pod == pod], self._clock())
+            gpus += [u for u in (*parked, *(w.gpus if w else ())) if u not in gpus]
+            self._end_parks(parked, self._clock())
             if w is not None and gpus:
                 self._close(pod, self.meter.mark(gpus))
             self.actuator.release(gpus, f"pod {pod} ended")
             for u in gpus:
                 self.phase_of[u] = "idle"
                 self.pod_of[u] = None
+            self.report_due = self.report_due or bool(gpus)
 
     def _close(self, pod: PodRef, end: energy.Mark) -> api_node.PhaseWindowReport | None:
         w = self._open.pop(pod, None)

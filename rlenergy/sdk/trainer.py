@@ -10,9 +10,13 @@ how much work it did, and the step's token workload::
     client.end_step(12, samples=256, response_tokens=..., prompt_tokens=..., valid_tokens=...)
 
 The agent listens on a Unix socket mounted into the pod (``RLENERGY_AGENT_SOCKET``, default
-``/var/run/rlenergy/agent.sock``) and authenticates the caller by its peer credentials, so the
-client sends no token. Signals are best effort: when the agent is unreachable the client logs
-once and the trainer carries on at default clocks (the agent never slows a job it cannot hear).
+``/var/run/rlenergy/agent.sock``). Each signal carries the pod's projected, audience-bound
+service-account token as ``Authorization: Bearer`` (file ``RLENERGY_AGENT_TOKEN_FILE``, default
+``/var/run/secrets/rlenergy/token``; re-read whenever the kubelet rotates it, and once more after
+a 401); the agent checks it with a TokenReview and acts only on that pod's own GPUs. Bodies and
+answers are the models of ``rlenergy.api.signals``. Signals are best effort: when the agent is
+unreachable the client logs once and the trainer carries on at default clocks (the agent never
+slows a job it cannot hear).
 Callers: trainer code, ``rlenergy.sdk.verl``.
 """
 
@@ -28,7 +32,10 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+import pydantic
+
 from rlenergy.api import node as api_node
+from rlenergy.api import signals
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,45 @@ class AgentRefusedError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"agent refused ({status}): {message}")
         self.status = status
+
+
+class BearerToken:
+    """The pod's projected token file, re-read when it changes (the kubelet rotates it).
+
+    The kubelet swaps a projected volume's files atomically (a new ``..data`` folder), so a
+    change of the file's inode, size or mtime is a new token; one ``stat`` per signal.
+
+    Args:
+        path: the token file.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None
+        self._header: str | None = None
+        self._warned = False
+
+    def header(self, *, reload: bool = False) -> str | None:
+        """``Bearer <token>``, or ``None`` when the file is missing or empty."""
+        try:
+            st = os.stat(self.path)
+            seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if reload or seen != self._seen:
+                with open(self.path, encoding="utf-8") as f:
+                    token = f.read().strip()
+                self._header = f"Bearer {token}" if token else None
+                self._seen = seen
+        except OSError as exc:
+            if not self._warned:
+                log.warning(
+                    "no rlenergy agent token at %s (%s): mount the projected serviceAccountToken "
+                    "volume (docs/verl.md); the agent will refuse the signals",
+                    self.path,
+                    exc,
+                )
+                self._warned = True
+            self._seen, self._header = None, None
+        return self._header
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -91,6 +137,8 @@ class RLEnergyClient:
         timeout_s: per request timeout, s (signals must not stall a trainer).
         strict: raise ``AgentRefusedError`` and ``OSError`` instead of logging (tests).
         gpus: GPU UUIDs this process drives (optional; the agent checks they are the pod's).
+        token_file: the pod's projected token (default: ``$RLENERGY_AGENT_TOKEN_FILE`` or
+            ``/var/run/secrets/rlenergy/token``).
     """
 
     def __init__(
@@ -100,8 +148,12 @@ class RLEnergyClient:
         timeout_s: float = 1.0,
         strict: bool = False,
         gpus: Sequence[str] = (),
+        token_file: str | None = None,
     ) -> None:
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV, DEFAULT_SOCKET)
+        self.token = BearerToken(
+            token_file or os.environ.get(signals.TOKEN_FILE_ENV, signals.DEFAULT_TOKEN_FILE)
+        )
         self.timeout_s = timeout_s
         self.strict = strict
         self.gpus = list(gpus)
@@ -109,17 +161,45 @@ class RLEnergyClient:
         self._warned = False
         self.last_response: dict[str, Any] = {}
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        data = json.dumps(body).encode()
-        for attempt in (0, 1):
+    def _signal(self, path: str, model: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]:
+        """Build the request (``rlenergy.api.signals``) and post it.
+
+        Raises:
+            pydantic.ValidationError: ``strict`` and the request is invalid (e.g. a negative
+                step); otherwise it is logged and not sent.
+        """
+        try:
+            message = model.model_validate(fields)
+        except pydantic.ValidationError as exc:
+            if self.strict:
+                raise
+            log.warning("rlenergy signal %s not sent: %s", path, exc)
+            return {}
+        return self._post(path, message)
+
+    def _post(self, path: str, message: pydantic.BaseModel | dict[str, Any]) -> dict[str, Any]:
+        """POST a request (a model, or a raw JSON object: tests of the agent's validation)."""
+        data = (
+            message.model_dump_json(by_alias=True, exclude_none=True).encode()
+            if isinstance(message, pydantic.BaseModel)
+            else json.dumps(message).encode()
+        )
+        reload = False
+        for attempt in (0, 1, 2):
             try:
                 if self._conn is None:
                     self._conn = _UnixConnection(self.socket_path, self.timeout_s)
-                self._conn.request(
-                    "POST", path, body=data, headers={"Content-Type": "application/json"}
-                )
+                headers = {"Content-Type": "application/json"}
+                auth = self.token.header(reload=reload)
+                if auth is not None:
+                    headers["Authorization"] = auth
+                self._conn.request("POST", path, body=data, headers=headers)
                 resp = self._conn.getresponse()
                 payload = json.loads(resp.read() or b"{}")
+                if resp.status == 401 and not reload and attempt < 2:
+                    self.close()
+                    reload = True  # the kubelet may have rotated the token: read it again
+                    continue
                 if resp.status >= 400:
                     raise AgentRefusedError(resp.status, str(payload.get("error", "")))
                 self.last_response = payload
@@ -155,15 +235,12 @@ class RLEnergyClient:
         Raises:
             AgentRefusedError: ``strict`` and the agent refused (e.g. not your GPU).
         """
-        body: dict[str, Any] = {"phase": name, "step": step}
-        if self.gpus:
-            body["gpus"] = self.gpus
-        self._post("/v1/phase", body)
+        self._signal("/v1/phase", signals.PhaseRequest, phase=name, step=step, gpus=self.gpus)
         return _PhaseContext(self, step)
 
     def progress(self, amount: float) -> None:
         """Report work done in the current phase since the last report (tokens)."""
-        self._post("/v1/progress", {"amount": amount})
+        self._signal("/v1/progress", signals.ProgressRequest, amount=amount)
 
     def progress_total(self, total: float) -> None:
         """Report the cumulative work done in the current phase so far.
@@ -176,7 +253,12 @@ class RLEnergyClient:
         """
         # The measurement time (CLOCK_MONOTONIC, shared by the node's processes) keeps the
         # request's transit out of the agent's slice boundaries.
-        self._post("/v1/progress", {"total": total, "atMonotonicSeconds": time.monotonic()})
+        self._signal(
+            "/v1/progress",
+            signals.ProgressRequest,
+            total=total,
+            atMonotonicSeconds=time.monotonic(),
+        )
 
     def end_step(
         self,
@@ -196,7 +278,7 @@ class RLEnergyClient:
             valid_tokens=valid_tokens,
             mean_context_tokens=mean_context_tokens,
         )
-        self._post("/v1/step", {"step": step, "workload": workload.model_dump(by_alias=True)})
+        self._signal("/v1/step", signals.StepRequest, step=step, workload=workload)
 
     def park(self, step: int, *, gpus: Sequence[str] = ()) -> dict[str, Any]:
         """Park this pod's GPUs (or ``gpus``, each the pod's own): a released rollout worker.
@@ -217,15 +299,12 @@ class RLEnergyClient:
         Raises:
             AgentRefusedError: ``strict`` and the agent refused (e.g. not your GPU).
         """
-        body: dict[str, Any] = {"step": step}
-        if gpus:
-            body["gpus"] = list(gpus)
-        return self._post("/v1/park", body)
+        return self._signal("/v1/park", signals.ParkRequest, step=step, gpus=list(gpus))
 
     def unpark(self, *, gpus: Sequence[str] = ()) -> float:
         """End this pod's parks (or those of ``gpus``) now; returns their GPU time, GPU-s."""
-        body: dict[str, Any] = {"gpus": list(gpus)} if gpus else {}
-        return float(self._post("/v1/unpark", body).get("releasedGpuSeconds", 0.0))
+        answer = self._signal("/v1/unpark", signals.UnparkRequest, gpus=list(gpus))
+        return float(answer.get("releasedGpuSeconds", 0.0))
 
     def publish_rollout(
         self,
@@ -244,13 +323,14 @@ class RLEnergyClient:
             next_step_workers: workers the next step needs; with ``releaseAction: scale`` the
                 operator resizes the worker set to it between steps (never below the floor).
         """
-        dispatch = api_node.RolloutDispatch(
+        self._signal(
+            "/v1/rollout",
+            api_node.RolloutDispatch,
             step=step,
             active_workers=active_workers,
             released_workers=released_workers,
             next_step_workers=next_step_workers,
         )
-        self._post("/v1/rollout", dispatch.model_dump(by_alias=True, exclude_none=True))
 
     def close(self) -> None:
         """Close the connection (reopened on the next call)."""

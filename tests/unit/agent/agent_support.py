@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-from rlenergy_agent import actuator, energy, service
+from rlenergy_agent import actuator, energy, identity, service
 from rlenergy_agent.nvml import backend
 from rlenergy_agent.testing import standin
 
 from rlenergy.api import node as api_node
+from rlenergy.sdk import trainer
 
 DriverFactory = Callable[..., standin.StandinDriver]
 
@@ -54,3 +57,77 @@ def standin_agent(
     agent = service.Agent(node, policy, act, meter, service.StaticPodMap(dict(pods)), clock=clock)
     agent.set_plan(plan)
     return agent
+
+
+AUDIENCE = "rlenergy-agent"
+
+
+class FakeReviews:
+    """A TokenReview stand-in for unit tests: tokens issued here are bound to a pod and node.
+
+    Args:
+        node: the node a token names by default.
+    """
+
+    def __init__(self, node: str = "node-1") -> None:
+        self.node = node
+        self.bound: dict[str, tuple[service.PodRef, str, str]] = {}
+        self.calls = 0
+        self.down = False
+
+    def issue(
+        self,
+        pod: service.PodRef,
+        *,
+        node: str | None = None,
+        audience: str = AUDIENCE,
+        exp_s: float | None = None,
+    ) -> str:
+        """A JWT-shaped token bound to ``pod`` (``exp`` claim ``exp_s``; default an hour)."""
+        import base64
+        import json
+        import time
+
+        claims = {
+            "exp": int(exp_s if exp_s is not None else time.time() + 3600),
+            "n": len(self.bound),
+        }
+        body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+        token = f"eyJhbGciOiJSUzI1NiJ9.{body}.c2ln"
+        self.bound[token] = (pod, self.node if node is None else node, audience)
+        return token
+
+    def review(self, token: str, audiences: Sequence[str]) -> identity.Review:
+        """What the API server would answer."""
+        self.calls += 1
+        if self.down:
+            raise identity.ReviewUnavailableError("connection refused")
+        hit = self.bound.get(token)
+        if hit is None:
+            return identity.Review(False, error="invalid bearer token")
+        pod, node, aud = hit
+        if aud not in audiences:
+            return identity.Review(
+                False, error="token audiences is invalid for the target audiences"
+            )
+        extra = {identity.EXTRA_POD_NAME: [pod.name], identity.EXTRA_POD_UID: [pod.uid]}
+        if node:
+            extra[identity.EXTRA_NODE_NAME] = [node]
+        return identity.Review(
+            True,
+            username=f"system:serviceaccount:{pod.namespace}:default",
+            extra=extra,
+            audiences=[aud],
+        )
+
+    def authenticator(self, **kw: Any) -> identity.TokenAuthenticator:
+        """A ``TokenAuthenticator`` over these reviews."""
+        return identity.TokenAuthenticator(self.review, AUDIENCE, **kw)
+
+    def client(
+        self, sock: Path, pod: service.PodRef, folder: Path, **kw: Any
+    ) -> trainer.RLEnergyClient:
+        """An SDK client of ``pod`` (its token written to a file in ``folder``)."""
+        token_file = folder / f"token-{len(self.bound)}"
+        token_file.write_text(self.issue(pod))
+        return trainer.RLEnergyClient(str(sock), token_file=str(token_file), **kw)

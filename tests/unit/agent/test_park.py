@@ -9,12 +9,12 @@ park another pod's GPU. The dispatcher's publication (``/v1/rollout``) reaches t
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
+import pydantic
 import pytest
-from agent_support import DriverFactory, standin_agent
+from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import metrics, server, service
 from rlenergy_agent.testing import standin
 
@@ -58,10 +58,11 @@ def test_park_locks_the_lowest_clock_until_the_next_step(
     worker, others = gpus[2:], gpus[:2]  # one rollout worker = 2 GPUs of the pod
     agent = _agent(drv, {POD_A: gpus})
     sock = short_tmp / "agent.sock"
-    srv = server.SignalServer(sock, agent, lambda pid: POD_A if pid == os.getpid() else None)
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
     srv.start()
     try:
-        client = trainer.RLEnergyClient(str(sock), strict=True)
+        client = reviews.client(sock, POD_A, short_tmp, strict=True)
         client.phase("generation", step=0)
         drv.set_work(gpus, "generation", "gen-0")
         drv.advance(4.0)
@@ -126,17 +127,17 @@ def test_a_pod_cannot_park_another_pods_gpu(make_driver: DriverFactory, short_tm
     drv = make_driver(2)
     agent = _agent(drv, {POD_A: [drv.uuids[0]], POD_B: [drv.uuids[1]]})
     sock = short_tmp / "agent.sock"
-    srv = server.SignalServer(sock, agent, lambda pid: POD_A if pid == os.getpid() else None)
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
     srv.start()
     try:
-        client = trainer.RLEnergyClient(str(sock), strict=True)
+        client = reviews.client(sock, POD_A, short_tmp, strict=True)
         with pytest.raises(trainer.AgentRefusedError) as info:
             client.park(0, gpus=[drv.uuids[1]])
         assert info.value.status == 403
         assert not drv.gpu(drv.uuids[1]).locked and not agent.parked
-        with pytest.raises(trainer.AgentRefusedError) as info:
-            client.park(-1)
-        assert info.value.status == 400
+        with pytest.raises(pydantic.ValidationError, match="greater than or equal to 0"):
+            client.park(-1)  # the SDK builds the typed request: refused before sending
         client.close()
     finally:
         srv.stop()
@@ -192,10 +193,11 @@ def test_dispatcher_publication_reaches_the_report(
     drv = make_driver(1)
     agent = _agent(drv, {POD_A: list(drv.uuids)})
     sock = short_tmp / "agent.sock"
-    srv = server.SignalServer(sock, agent, lambda pid: POD_A if pid == os.getpid() else None)
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
     srv.start()
     try:
-        client = trainer.RLEnergyClient(str(sock), strict=True)
+        client = reviews.client(sock, POD_A, short_tmp, strict=True)
         client.publish_rollout(3, active_workers=4, released_workers=2, next_step_workers=2)
         assert agent.report_due
         rollout = agent.report().rollout

@@ -4,13 +4,12 @@ progress at the boundaries, and the operator's aggregation feeds the slices to E
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
 
 import pytest
-from agent_support import DriverFactory, standin_agent
+from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server, service
 from rlenergy_agent.testing import standin
 
@@ -92,10 +91,11 @@ def test_probe_plan_runs_the_phase_as_metered_slices(
     drv = make_driver(2)
     agent = _agent(drv)
     sock = short_tmp / "agent.sock"
-    srv = server.SignalServer(sock, agent, lambda pid: POD if pid == os.getpid() else None)
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
     srv.start()
     try:
-        client = trainer.RLEnergyClient(str(sock), strict=True)
+        client = reviews.client(sock, POD, short_tmp, strict=True)
         client.phase("generation", step=0)
         assert _locked(drv) == SCHEDULE[0]  # the first slice's clock comes with the signal
         drv.set_work(drv.uuids, "generation", "gen")
@@ -159,10 +159,11 @@ def test_instant_power_failure_falls_back_to_counter_deltas(
     for u in drv.uuids:
         drv.gpu(u).fail_instant = standin.NOT_SUPPORTED
     sock = short_tmp / "agent.sock"
-    srv = server.SignalServer(sock, agent, lambda pid: POD if pid == os.getpid() else None)
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
     srv.start()
     try:
-        client = trainer.RLEnergyClient(str(sock), strict=True)
+        client = reviews.client(sock, POD, short_tmp, strict=True)
         client.phase("generation", step=0)
         drv.set_work(drv.uuids, "generation", "gen")
         truth, _ = _run_probed_phase(drv, agent, client, 8 * SLICE_S)

@@ -1,16 +1,15 @@
-"""Agent core end to end on the stand-in: SDK -> Unix socket (peer credentials) -> clocks,
+"""Agent core end to end on the stand-in: SDK -> Unix socket (bearer token) -> clocks,
 phase energy vs truth, report, metrics, pod-resources map, report writer."""
 
 from __future__ import annotations
 
 import logging
-import os
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_support import DriverFactory, standin_agent
+from agent_support import DriverFactory, FakeReviews, standin_agent
 from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import kube, metrics, podmap, server, service
 from rlenergy_agent.testing import standin
@@ -41,10 +40,11 @@ def test_sdk_signals_apply_clocks_and_meter_phases_within_1_percent(
     a_gpus, b_gpus = list(drv.uuids[:2]), list(drv.uuids[2:])
     agent = _agent(drv, {POD_A: a_gpus, POD_B: b_gpus})
     sock = short_tmp / "agent.sock"
-    srv = server.SignalServer(sock, agent, lambda pid: POD_A if pid == os.getpid() else None)
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
     srv.start()
     try:
-        client = trainer.RLEnergyClient(str(sock), strict=True)
+        client = reviews.client(sock, POD_A, short_tmp, strict=True)
         cb = verl.RLEnergyVerlCallback(client)
         for step in range(2):
             cb.on_generation_start(step)
@@ -83,8 +83,8 @@ def test_sdk_signals_apply_clocks_and_meter_phases_within_1_percent(
         # so nothing is unattributed; the totals cover every GPU
         assert report.measured_joules_total > 0
         # a pod signalling another pod's GPU is refused
-        intruder = trainer.RLEnergyClient(str(sock), strict=True, gpus=[b_gpus[0]])
-        with pytest.raises(trainer.AgentRefusedError) as info:
+        intruder = reviews.client(sock, POD_A, short_tmp, strict=True, gpus=[b_gpus[0]])
+        with pytest.raises(trainer.AgentRefusedError, match="does not hold GPU") as info:
             intruder.phase("generation", step=2)
         assert info.value.status == 403
         client.close()
@@ -97,14 +97,32 @@ def test_unknown_caller_is_refused(make_driver: DriverFactory, short_tmp: Path) 
     drv = make_driver(2)
     agent = _agent(drv, {POD_A: list(drv.uuids)})
     sock = short_tmp / "agent.sock"
-    srv = server.SignalServer(sock, agent, lambda pid: None)
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
     srv.start()
     try:
-        stranger = trainer.RLEnergyClient(str(sock), strict=True)
-        with pytest.raises(trainer.AgentRefusedError) as info:
+        # no token file at all: 401, and the message says what to mount
+        stranger = trainer.RLEnergyClient(
+            str(sock), strict=True, token_file=str(short_tmp / "absent")
+        )
+        with pytest.raises(trainer.AgentRefusedError, match="Bearer") as info:
             stranger.phase("generation", step=0)
+        assert info.value.status == 401
+        # a token the API server does not accept: 401
+        (short_tmp / "forged").write_text("eyJ.eyJ.forged")
+        forged = trainer.RLEnergyClient(
+            str(sock), strict=True, token_file=str(short_tmp / "forged")
+        )
+        with pytest.raises(trainer.AgentRefusedError, match="refused by the API") as info:
+            forged.phase("generation", step=0)
+        assert info.value.status == 401
+        # a valid token of a pod that holds no GPU here: 403
+        other = reviews.client(sock, POD_B, short_tmp, strict=True)
+        with pytest.raises(trainer.AgentRefusedError, match="holds no GPU") as info:
+            other.phase("generation", step=0)
         assert info.value.status == 403
         assert not any(drv.gpu(u).locked for u in drv.uuids)
+        assert agent.refused == 5  # each 401 is retried once after re-reading the token
     finally:
         srv.stop()
 
@@ -125,20 +143,6 @@ def test_sdk_without_agent_carries_on(short_tmp: Path, caplog: pytest.LogCapture
     # The same call in strict mode raises: the lenient client really swallowed an error.
     with pytest.raises(OSError):
         trainer.RLEnergyClient(absent, strict=True).phase("generation", step=0)
-
-
-def test_pod_uid_from_cgroup(tmp_path: Path) -> None:
-    proc = tmp_path / "proc"
-    (proc / "42").mkdir(parents=True)
-    (proc / "42" / "cgroup").write_text(
-        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-"
-        "pod11111111_2222_3333_4444_555555555555.slice/cri-containerd-abc.scope\n"
-    )
-    (proc / "43").mkdir()
-    (proc / "43" / "cgroup").write_text("0::/system.slice/sshd.service\n")
-    assert server.pod_uid_of_pid(42, proc) == POD_A.uid
-    assert server.pod_uid_of_pid(43, proc) is None
-    assert server.pod_uid_of_pid(44, proc) is None
 
 
 def test_case22_unattributed_bucket_and_clocks_only_on_allocated_gpus(

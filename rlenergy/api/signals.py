@@ -1,0 +1,180 @@
+"""Wire models of the trainer -> node agent signal protocol (HTTP over the agent's Unix socket).
+
+The trainer SDK (``rlenergy.sdk.trainer.RLEnergyClient``) sends these requests and the agent's
+signal server (``rlenergy_agent.server``) parses them with the same models, so the two sides
+cannot drift apart. JSON, camelCase aliases, unknown fields refused (a misspelt ``gpus`` must
+not silently widen a signal to every GPU of the pod).
+
+Every request carries ``Authorization: Bearer <token>``: the pod's projected, audience-bound
+service-account token (``TOKEN_AUDIENCE``; docs/agent.md). The agent answers:
+
+========================  =======================  =====================================
+path                      request                  answer (200)
+========================  =======================  =====================================
+``/v1/phase``             ``PhaseRequest``         ``PhaseAnswer``
+``/v1/progress``          ``ProgressRequest``      ``PodAnswer``
+``/v1/step``              ``StepRequest``          ``PodAnswer``
+``/v1/park``              ``ParkRequest``          ``ParkAnswer``
+``/v1/unpark``            ``UnparkRequest``        ``UnparkAnswer``
+``/v1/rollout``           ``RolloutDispatch``      ``PodAnswer``
+========================  =======================  =====================================
+
+Refusals are ``ErrorAnswer`` with status 400 (bad body), 401 (no or invalid token), 403 (the
+token's pod is not on this node or holds none of the named GPUs), 404 (unknown path), 409
+(stale rollout step), 413 (body too large) or 503 (the token could not be checked: API server
+unreachable).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+from pydantic import Field
+
+from rlenergy.api.node import RolloutDispatch, TokenWorkloadReport
+
+TOKEN_AUDIENCE = "rlenergy-agent"
+"""Default audience of the trainer pod's projected token (chart value ``agent.tokenAudience``)."""
+TOKEN_FILE_ENV = "RLENERGY_AGENT_TOKEN_FILE"
+"""Environment variable naming the token file in the trainer container."""
+DEFAULT_TOKEN_FILE = "/var/run/secrets/rlenergy/token"
+"""Where the trainer pod mounts the projected token by default (docs/verl.md)."""
+
+
+class _Wire(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+_GPUS: Any = Field(
+    default_factory=list,
+    max_length=64,
+    description="GPU (or MIG) UUIDs the signal is for, each the pod's own; empty: all of them.",
+)
+
+
+class PhaseRequest(_Wire):
+    """The pod enters ``phase`` of RL step ``step`` now (``idle``/``none``/``""``: between)."""
+
+    phase: str = Field(max_length=253, description="Phase name (generation, training, ...).")
+    step: int = Field(ge=0, description="RL step index.")
+    gpus: list[str] = _GPUS
+
+
+class AppliedClock(_Wire):
+    """What the actuator did on one GPU for a phase signal (read back from NVML)."""
+
+    requested_mhz: int | None = Field(alias="requestedMHz", description="Plan clock, MHz.")
+    target_mhz: int | None = Field(alias="targetMHz", description="Clock written, MHz.")
+    effective_mhz: int | None = Field(alias="effectiveMHz", description="Read back, MHz.")
+    skipped: str | None = Field(None, description="Why nothing was written (e.g. NoPermission).")
+    error: str | None = Field(None, description="NVML error, if the write failed.")
+
+
+class PhaseAnswer(_Wire):
+    """The answer to ``PhaseRequest``."""
+
+    pod: str = Field(description="The authenticated caller, ``namespace/name``.")
+    gpus: list[str] = Field(description="Physical GPU UUIDs acted on.")
+    latency_seconds: float = Field(
+        alias="latencySeconds", description="Signal received to clocks applied, s."
+    )
+    applied: dict[str, AppliedClock] = Field(description="Per GPU UUID.")
+
+
+class ProgressRequest(_Wire):
+    """Progress of the current phase: ``total`` (cumulative, preferred) or ``amount`` (delta)."""
+
+    total: float | None = Field(None, description="Progress of the phase so far (tokens, iters).")
+    amount: float | None = Field(None, description="Progress since the last report.")
+    at_monotonic_seconds: float | None = Field(
+        None,
+        alias="atMonotonicSeconds",
+        description="When the trainer measured ``total`` (CLOCK_MONOTONIC of the node), s.",
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _one_of(self) -> ProgressRequest:
+        if (self.total is None) == (self.amount is None):
+            raise ValueError("give exactly one of 'total' (cumulative) or 'amount' (delta)")
+        return self
+
+
+class StepRequest(_Wire):
+    """The pod finished RL step ``step`` with this token workload."""
+
+    step: int = Field(ge=0, description="RL step index.")
+    workload: TokenWorkloadReport
+
+
+class ParkRequest(_Wire):
+    """Park the pod's GPUs (or ``gpus``) at their lowest clock: a released rollout worker."""
+
+    step: int = Field(ge=0, description="RL step of the release.")
+    gpus: list[str] = _GPUS
+
+
+class ParkedGpu(_Wire):
+    """A GPU parked by a ``ParkRequest``."""
+
+    clock_mhz: int | None = Field(alias="clockMHz", description="Lock made (null: none).")
+
+
+class ParkApplied(_Wire):
+    """The actuator's read-back for a parked GPU."""
+
+    effective_mhz: int | None = Field(alias="effectiveMHz", description="Read back, MHz.")
+    error: str | None = Field(None, description="NVML error, if the write failed.")
+
+
+class ParkAnswer(_Wire):
+    """The answer to ``ParkRequest``."""
+
+    pod: str
+    parked: dict[str, ParkedGpu] = Field(description="GPUs parked by this signal.")
+    already: list[str] = Field(description="GPUs that were parked before (untouched).")
+    applied: dict[str, ParkApplied] = Field(description="Read-back where a clock was set.")
+
+
+class UnparkRequest(_Wire):
+    """End the pod's parks (all, or those of ``gpus``)."""
+
+    gpus: list[str] = _GPUS
+
+
+class UnparkAnswer(_Wire):
+    """The answer to ``UnparkRequest``."""
+
+    pod: str
+    released_gpu_seconds: float = Field(
+        alias="releasedGpuSeconds", description="GPU time of the parks ended, GPU-s."
+    )
+
+
+class PodAnswer(_Wire):
+    """The answer to progress, step and rollout signals: who was heard."""
+
+    pod: str
+
+
+class ErrorAnswer(_Wire):
+    """Any refusal (4xx/5xx): what is wrong and what to change."""
+
+    error: str
+
+
+REQUESTS: dict[str, type[pydantic.BaseModel]] = {
+    "/v1/phase": PhaseRequest,
+    "/v1/progress": ProgressRequest,
+    "/v1/step": StepRequest,
+    "/v1/park": ParkRequest,
+    "/v1/unpark": UnparkRequest,
+    "/v1/rollout": RolloutDispatch,
+}
+"""The request model of each signal path."""
+
+
+def requested_gpus(request: pydantic.BaseModel) -> list[str]:
+    """The GPUs a request names (empty: every GPU of the caller's pod, or none applies)."""
+    gpus = getattr(request, "gpus", None)
+    return list(gpus) if gpus else []

@@ -1,0 +1,242 @@
+"""Caller identity: bearer token -> TokenReview (cached) -> pod -> what it may signal.
+
+We test: the review cache (one TokenReview per token, reused until the token's expiry and at
+most ``max_ttl_s``, bounded in size, refusals cached briefly, 503 when the API cannot be
+asked); the checks on the review (audience, pod binding); ``authorize`` (other node, other
+UID, other pod's GPUs, MIG instances); the SDK's token file (re-read on rotation and after a
+401); the Kubernetes side (``kube.TokenReviewer`` on client objects). The real TokenReview
+against a real API server runs in the e2e, chaos and bench harnesses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_support import AUDIENCE, DriverFactory, FakeReviews, standin_agent
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from rlenergy_agent import identity, kube, server, service
+
+from rlenergy.api import node as api_node
+from rlenergy.sdk import trainer
+
+POD_A = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
+POD_B = service.PodRef("team-b", "rollout-0", "66666666-7777-8888-9999-000000000000")
+PLAN = api_node.ClockPlan(
+    step=0, phases=[api_node.PhasePlan(phase="generation", clockMHz=1395, state="locked")]
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_one_review_per_token_until_its_expiry_bounded_by_max_ttl() -> None:
+    reviews, mono, wall = FakeReviews(), Clock(), Clock()
+    wall.t = 1_700_000_000.0
+    auth = reviews.authenticator(max_ttl_s=60.0, clock=mono, wall=wall)
+    short = reviews.issue(POD_A, exp_s=wall.t + 10)
+    long = reviews.issue(POD_A, exp_s=wall.t + 3600)
+    for _ in range(100):
+        caller = auth.authenticate(f"Bearer {short}")
+    assert reviews.calls == 1 and auth.reviews == 1
+    assert (caller.namespace, caller.pod_name, caller.pod_uid) == (
+        POD_A.namespace,
+        POD_A.name,
+        POD_A.uid,
+    )
+    assert caller.node_name == "node-1" and caller.service_account == "default"
+    mono.t += 11  # past the token's exp: asked again
+    auth.authenticate(f"Bearer {short}")
+    assert reviews.calls == 2
+    auth.authenticate(f"Bearer {long}")
+    mono.t += 59
+    auth.authenticate(f"Bearer {long}")
+    assert reviews.calls == 3
+    mono.t += 2  # past max_ttl_s although the token is valid for an hour
+    auth.authenticate(f"Bearer {long}")
+    assert reviews.calls == 4
+
+
+def test_refusals_are_cached_briefly_and_the_cache_is_bounded() -> None:
+    reviews, mono = FakeReviews(), Clock()
+    auth = reviews.authenticator(negative_ttl_s=2.0, max_entries=3, clock=mono)
+    for _ in range(10):
+        with pytest.raises(identity.AuthError, match="refused by the API server") as info:
+            auth.authenticate("Bearer not-a-token")
+        assert info.value.status == 401
+    assert reviews.calls == 1
+    mono.t += 2.5
+    with pytest.raises(identity.AuthError):
+        auth.authenticate("Bearer not-a-token")
+    assert reviews.calls == 2
+    tokens = [reviews.issue(POD_A) for _ in range(5)]
+    for t in tokens:
+        auth.authenticate(f"Bearer {t}")
+    assert len(auth._cache) == 3  # noqa: SLF001 - the bound is the point
+    auth.authenticate(f"Bearer {tokens[-1]}")  # newest: still cached
+    calls = reviews.calls
+    auth.authenticate(f"Bearer {tokens[0]}")  # oldest: dropped, asked again
+    assert reviews.calls == calls + 1
+
+
+@pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer  ", "Basic dXNlcjpwYXNz"])
+def test_missing_token_is_401_naming_what_to_send(header: str | None) -> None:
+    auth = FakeReviews().authenticator()
+    with pytest.raises(identity.AuthError, match="Authorization: Bearer") as info:
+        auth.authenticate(header)
+    assert info.value.status == 401
+
+
+def test_api_unreachable_is_503_and_not_cached() -> None:
+    reviews = FakeReviews()
+    auth = reviews.authenticator()
+    token = reviews.issue(POD_A)
+    reviews.down = True
+    with pytest.raises(identity.AuthError, match="cannot check") as info:
+        auth.authenticate(f"Bearer {token}")
+    assert info.value.status == 503
+    reviews.down = False
+    assert auth.authenticate(f"Bearer {token}").pod_name == POD_A.name
+
+
+def test_wrong_audience_and_unbound_tokens_are_401() -> None:
+    reviews = FakeReviews()
+    auth = reviews.authenticator()
+    with pytest.raises(identity.AuthError, match="refused") as info:
+        auth.authenticate(f"Bearer {reviews.issue(POD_A, audience='https://kubernetes.default')}")
+    assert info.value.status == 401
+    # accepted, but the API server's answer names another audience only
+    review = identity.Review(True, "system:serviceaccount:a:default", {}, ["other"])
+    with pytest.raises(identity.AuthError, match="not valid for audience"):
+        identity.caller_of(review, AUDIENCE)
+    # a plain service-account token (no pod binding) names no pod
+    review = identity.Review(True, "system:serviceaccount:a:default", {}, [AUDIENCE])
+    with pytest.raises(identity.AuthError, match="not bound to a pod") as info:
+        identity.caller_of(review, AUDIENCE)
+    assert info.value.status == 401
+    review = identity.Review(True, "alice", {identity.EXTRA_POD_NAME: ["p"]}, [AUDIENCE])
+    with pytest.raises(identity.AuthError, match="alice is not bound"):
+        identity.caller_of(review, AUDIENCE)
+
+
+def test_token_expiry_parsing() -> None:
+    token = FakeReviews().issue(POD_A, exp_s=1234.0)
+    assert identity.token_expiry_s(token) == 1234.0
+    for bad in ("abc", "a.b", "a.!!!.c", "a.bnVsbA.c"):
+        assert identity.token_expiry_s(bad) is None
+
+
+def _caller(pod: service.PodRef, node: str = "node-1", uid: str | None = None) -> identity.Caller:
+    return identity.Caller(pod.namespace, pod.name, pod.uid if uid is None else uid, node, "sa")
+
+
+def test_authorize_node_uid_and_gpus(make_driver: DriverFactory) -> None:
+    drv = make_driver(4)
+    agent = standin_agent(
+        {POD_A: list(drv.uuids[:2]), POD_B: list(drv.uuids[2:])}, PLAN, lambda: drv.virtual_s
+    )
+    assert identity.authorize(agent, _caller(POD_A)) == POD_A
+    assert identity.authorize(agent, _caller(POD_A, node="")) == POD_A  # unscheduled when issued
+    assert identity.authorize(agent, _caller(POD_A), list(drv.uuids[:2])) == POD_A
+    cases: list[tuple[identity.Caller, list[str], str]] = [
+        (_caller(POD_A, node="node-7"), [], "runs on node node-7, this agent serves node node-1"),
+        (_caller(POD_A, uid="99999999-0000-0000-0000-000000000000"), [], "has UID"),
+        (_caller(service.PodRef("team-a", "ghost", "u")), [], "holds no GPU on node node-1"),
+        (_caller(POD_A), [drv.uuids[0], drv.uuids[2]], f"does not hold GPU(s) {drv.uuids[2]}"),
+    ]
+    for caller, gpus, message in cases:
+        with pytest.raises(identity.AuthError, match=re.escape(message)) as info:
+            identity.authorize(agent, caller, gpus)
+        assert info.value.status == 403
+    assert agent.refused == len(cases)
+    # a MIG instance of the pod's own GPU is the pod's
+    agent.mig_parent["MIG-aaaa"] = drv.uuids[0]
+    assert identity.authorize(agent, _caller(POD_A), ["MIG-aaaa"]) == POD_A
+
+
+def test_sdk_rereads_a_rotated_token_and_retries_once_after_401(
+    make_driver: DriverFactory, short_tmp: Path
+) -> None:
+    drv = make_driver(2)
+    agent = standin_agent({POD_A: list(drv.uuids)}, PLAN, lambda: drv.virtual_s)
+    reviews = FakeReviews()
+    sock = short_tmp / "agent.sock"
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
+    srv.start()
+    try:
+        # the kubelet's projected volume: token -> ..data/token, ..data swapped on rotation
+        vol = short_tmp / "vol"
+        (vol / "v1").mkdir(parents=True)
+        (vol / "v1" / "token").write_text(reviews.issue(POD_A) + "\n")
+        (vol / "..data").symlink_to("v1")
+        (vol / "token").symlink_to("..data/token")
+        client = trainer.RLEnergyClient(str(sock), strict=True, token_file=str(vol / "token"))
+        client.phase("generation", step=0)
+        assert client.last_response["pod"] == str(POD_A)
+        first = client.token.header()
+        (vol / "v2").mkdir()
+        (vol / "v2" / "token").write_text(reviews.issue(POD_A))
+        (vol / "..data.tmp").symlink_to("v2")
+        os.replace(vol / "..data.tmp", vol / "..data")
+        client.phase("training", step=0)
+        assert client.token.header() != first
+        assert reviews.calls == 2
+        # a token replaced in place without a visible stat change: the 401 makes it re-read
+        client.token._header = "Bearer revoked"  # noqa: SLF001 - what a cached old token does
+        client.phase("idle", step=0)
+        assert client.last_response["pod"] == str(POD_A)
+        client.close()
+    finally:
+        srv.stop()
+
+
+class _AuthApi:
+    def __init__(self, result: Any) -> None:
+        self.result = result
+        self.bodies: list[Any] = []
+
+    def create_token_review(self, body: Any, _request_timeout: float) -> Any:
+        self.bodies.append(body)
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+def test_token_reviewer_reads_the_api_servers_answer() -> None:
+    extra = {identity.EXTRA_POD_NAME: ["trainer-0"], identity.EXTRA_POD_UID: [POD_A.uid]}
+    ok = k8s.V1TokenReview(
+        spec=k8s.V1TokenReviewSpec(token="tok"),
+        status=k8s.V1TokenReviewStatus(
+            authenticated=True,
+            audiences=[AUDIENCE],
+            user=k8s.V1UserInfo(username="system:serviceaccount:team-a:default", extra=extra),
+        ),
+    )
+    api = _AuthApi(ok)
+    review = kube.TokenReviewer(api).review("tok", [AUDIENCE])
+    assert api.bodies[0].spec.token == "tok" and api.bodies[0].spec.audiences == [AUDIENCE]
+    assert identity.caller_of(review, AUDIENCE) == identity.Caller(
+        "team-a", "trainer-0", POD_A.uid, "", "default"
+    )
+    no = k8s.V1TokenReview(
+        spec=k8s.V1TokenReviewSpec(token="tok"),
+        status=k8s.V1TokenReviewStatus(authenticated=False, error="token has expired"),
+    )
+    assert kube.TokenReviewer(_AuthApi(no)).review("tok", [AUDIENCE]) == identity.Review(
+        False, error="token has expired"
+    )
+    with pytest.raises(identity.ReviewUnavailableError, match="tokenreviews create"):
+        kube.TokenReviewer(_AuthApi(ApiException(status=403, reason="Forbidden"))).review(
+            "tok", [AUDIENCE]
+        )
+    with pytest.raises(identity.ReviewUnavailableError, match="refused"):
+        kube.TokenReviewer(_AuthApi(ConnectionRefusedError("refused"))).review("tok", [AUDIENCE])

@@ -1,0 +1,140 @@
+"""Reset on pod end (``podlife.PodEndWatch``, ``kube.ended_pods``, ``Agent.pod_gone``).
+
+We test: a governed pod the kubelet no longer lists gets its GPUs reset (a parked GPU too)
+while another governed pod of the policy keeps its locks; the API check (gone, being deleted,
+terminal, replaced by another UID) runs at most every ``check_s`` and survives API errors; a
+pod that is still listed and running is left alone. The e2e test
+``tests/e2e/test_pod_end_reset.py`` deletes a real pod object and times the reset.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from typing import Any
+
+from agent_support import DriverFactory, standin_agent
+from kubernetes import client as k8s
+from rlenergy_agent import kube, podlife, service
+
+from rlenergy.api import node as api_node
+
+POD_A = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
+POD_B = service.PodRef("team-a", "trainer-1", "66666666-7777-8888-9999-000000000000")
+PLAN = api_node.ClockPlan(
+    step=0,
+    phases=[
+        api_node.PhasePlan(phase="generation", clockMHz=1395, state="locked"),
+        api_node.PhasePlan(phase="training", clockMHz=1755, state="locked"),
+    ],
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_pod_the_kubelet_drops_is_reset_parked_gpu_included(make_driver: DriverFactory) -> None:
+    drv = make_driver(4)
+    a, b = list(drv.uuids[:2]), list(drv.uuids[2:])
+    agent = standin_agent({POD_A: a, POD_B: b}, PLAN, lambda: drv.virtual_s)
+    agent.phase(POD_A, "generation", 0)
+    agent.park(POD_A, 0, gpu_uuids=[a[1]])  # a released rollout worker: lowest clock
+    agent.phase(POD_B, "training", 0)
+    assert all(drv.gpu(u).locked for u in drv.uuids) and a[1] in agent.parked
+    watch = podlife.PodEndWatch(agent)
+    assert watch.tick() == []  # both listed
+    assert isinstance(agent.podmap, service.StaticPodMap)
+    del agent.podmap.allocations[POD_A]  # the kubelet no longer lists it
+    assert watch.tick() == [POD_A]
+    assert not any(drv.gpu(u).locked for u in a)
+    assert all(drv.gpu(u).locked and drv.gpu(u).lock_max_mhz == 1755 for u in b)
+    assert not agent.parked and agent.released_gpu_seconds(a[1]) >= 0
+    assert POD_A not in agent.governed_pods() and agent.report_due
+    rep = {g.uuid: g for g in agent.report().gpus}
+    assert all(rep[u].locked_clock_mhz is None and rep[u].pod is None for u in a)
+    assert watch.tick() == []  # once
+
+
+def test_a_pod_that_only_parked_is_reset_too(make_driver: DriverFactory) -> None:
+    drv = make_driver(2)
+    agent = standin_agent({POD_A: list(drv.uuids)}, PLAN, lambda: drv.virtual_s)
+    agent.park(POD_A, 3)
+    assert all(drv.gpu(u).locked for u in drv.uuids)
+    agent.pod_gone(POD_A)
+    assert not any(drv.gpu(u).locked for u in drv.uuids) and not agent.parked
+
+
+def test_api_check_runs_every_check_s_and_survives_errors(make_driver: DriverFactory) -> None:
+    drv = make_driver(4)
+    agent = standin_agent(
+        {POD_A: list(drv.uuids[:2]), POD_B: list(drv.uuids[2:])}, PLAN, lambda: drv.virtual_s
+    )
+    calls: list[set[service.PodRef]] = []
+    answer: list[Any] = [set()]
+
+    def ended(pods: Iterable[service.PodRef]) -> set[service.PodRef]:
+        calls.append(set(pods))
+        if isinstance(answer[0], Exception):
+            raise answer[0]
+        return set(answer[0])
+
+    clock = Clock()
+    watch = podlife.PodEndWatch(agent, ended, check_s=3.0, clock=clock)
+    assert watch.tick() == [] and calls == []  # nothing governed: no API call
+    agent.phase(POD_A, "generation", 0)
+    agent.phase(POD_B, "generation", 0)
+    watch.tick()
+    assert calls == [{POD_A, POD_B}]
+    clock.t = 2.9
+    watch.tick()
+    assert len(calls) == 1
+    clock.t = 3.0
+    answer[0] = OSError("connection refused")
+    assert watch.tick() == [] and len(calls) == 2  # logged, retried at the next check
+    clock.t = 6.0
+    answer[0] = {POD_B}
+    assert watch.tick() == [POD_B]
+    assert not any(drv.gpu(u).locked for u in drv.uuids[2:])
+    assert all(drv.gpu(u).locked for u in drv.uuids[:2])
+
+
+class _Core:
+    def __init__(self, pods: list[k8s.V1Pod]) -> None:
+        self.pods = pods
+        self.selectors: list[str] = []
+
+    def list_pod_for_all_namespaces(self, field_selector: str) -> Any:
+        self.selectors.append(field_selector)
+        return k8s.V1PodList(items=self.pods)
+
+
+def _pod(ref: service.PodRef, phase: str = "Running", deleting: bool = False) -> k8s.V1Pod:
+    meta = k8s.V1ObjectMeta(namespace=ref.namespace, name=ref.name, uid=ref.uid)
+    if deleting:
+        meta.deletion_timestamp = datetime.datetime.now(datetime.UTC)
+    return k8s.V1Pod(metadata=meta, status=k8s.V1PodStatus(phase=phase))
+
+
+def test_ended_pods_reads_gone_deleting_terminal_and_replaced() -> None:
+    refs = [service.PodRef("ns", f"p{i}", f"uid-{i}") for i in range(7)]
+    core = _Core(
+        [
+            _pod(refs[0]),  # running: not ended
+            _pod(refs[1], deleting=True),
+            _pod(refs[2], "Succeeded"),
+            _pod(refs[3], "Failed"),  # evicted / OOM-killed without restart
+            _pod(service.PodRef("ns", "p4", "another-uid")),  # replaced
+            _pod(refs[6], "Pending"),
+            # refs[5]: gone from the API
+        ]
+    )
+    ended = kube.ended_pods("node-1", core)(refs)
+    assert ended == {refs[1], refs[2], refs[3], refs[4], refs[5]}
+    assert core.selectors == ["spec.nodeName=node-1"]
+    # a pod map without UIDs (the lookup has not run yet) matches by name
+    assert kube.ended_pods("node-1", core)([service.PodRef("ns", "p0")]) == set()
