@@ -65,8 +65,9 @@ bench-energy: $(STAMP)
 bench-rollout: $(STAMP)
 	$(PY) bench/rollout.py
 
-## Node agent on the stand-in NVML (gcc builds it into build/): signal->clock latency, RSS, energy error.
-bench-agent: $(STAMP)
+## Node agent on the stand-in NVML (gcc builds it into build/) with the real caller check (TokenReview
+## against a dev cluster started by the bench): signal->clock latency, RSS, energy error.
+bench-agent: $(STAMP) bins
 	$(PY) bench/agent.py
 
 ## Operator at scale: 250 and 1,000 KWOK GPU nodes x 8 GPUs, 20 policies, simulated agents

@@ -187,7 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, help="lock record and totals folder")
     parser.add_argument("--metrics-port", type=int, help="port of /metrics (0: any)")
     parser.add_argument("--observe", action="store_true", help="never write clocks")
-    parser.add_argument("--plan", type=Path, help="a ClockPlan JSON/YAML file (local runs)")
+    parser.add_argument(
+        "--plan",
+        type=Path,
+        help="a ClockPlan JSON/YAML file (local runs and benchmarks: no policy plan is polled "
+        "and no node report object written; the API still checks callers and pod ends)",
+    )
     parser.add_argument("--report-file", type=Path, help="also write the report JSON here")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -211,9 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = config.AgentSettings(**overrides)  # type: ignore[arg-type]
     if not settings.node_name:
         parser.error("--node or RLENERGY_AGENT_NODE_NAME is required")
-    discover = settings.kube and not settings.policy_name
-    if not settings.policy_name and not settings.kube:
-        settings.policy_name = "default"  # local runs without the API
+    discover = settings.kube and not settings.policy_name and args.plan is None
+    if not settings.policy_name and not discover:
+        settings.policy_name = "default"  # local runs without the API or with a plan file
     try:
         agent, _caps = build(settings)
     except lib.NvmlUnavailableError as exc:
@@ -274,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(json.dumps({"ready": True, "metricsPort": ops.port}), flush=True)
     writer = watcher = finder = None
-    if api is not None:
+    if api is not None and args.plan is None:  # a plan file: no policy plan, no report object
         if discover:
             finder = kube.PolicyDiscovery(api, settings.node_name)
         else:

@@ -129,16 +129,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         received = time.monotonic()
         try:
-            caller = self.auth.authenticate(self.headers.get("Authorization"))
-        except identity.AuthError as exc:
-            if exc.status != 503:
-                self.agent.refused += 1
-            self.close_connection = True  # the body is not read
-            self._refuse(exc.status, str(exc))
-            return
-        try:
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:
+            self.close_connection = True  # the body cannot be framed
             self._refuse(400, "bad request: Content-Length is not a number")
             return
         if length < 0 or length > MAX_BODY_BYTES:
@@ -150,7 +143,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 else f"bad request: negative Content-Length {length}",
             )
             return
+        # Read (at most MAX_BODY_BYTES) before the token check, so a refused caller's connection
+        # stays framed and its client can retry on it.
         raw = self.rfile.read(length) or b"{}"
+        try:
+            caller = self.auth.authenticate(self.headers.get("Authorization"))
+        except identity.AuthError as exc:
+            if exc.status != 503:
+                self.agent.refused += 1
+            self._refuse(exc.status, str(exc))
+            return
         model = signals.REQUESTS.get(self.path)
         if model is None:
             self._refuse(404, f"no endpoint {self.path} (known: {', '.join(signals.REQUESTS)})")

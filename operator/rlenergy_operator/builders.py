@@ -86,6 +86,7 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             {"name": "RLENERGY_AGENT_METRICS_PORT", "value": str(cfg.agent_metrics_port)},
             {"name": "RLENERGY_AGENT_STATE_DIR", "value": "/var/lib/rlenergy"},
             {"name": "RLENERGY_AGENT_SOCKET_PATH", "value": f"{AGENT_SOCKET_MOUNT}/agent.sock"},
+            {"name": "RLENERGY_AGENT_TOKEN_AUDIENCE", "value": cfg.agent_token_audience},
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
         ],

@@ -76,6 +76,9 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """hostPath of the folder holding the agent's signal socket ``agent.sock``; trainer pods
     mount the same host folder at ``/var/run/rlenergy`` (docs/verl.md). Default
     /var/run/rlenergy."""
+    agent_token_audience: str = pydantic.Field("rlenergy-agent", min_length=1)
+    """Audience the trainer pods' projected service-account tokens are issued for; the agents
+    accept only tokens valid for it (TokenReview). Default rlenergy-agent."""
     agent_cpu_request: str = "10m"
     """CPU request of the agent container. Default 10m."""
     agent_memory_request: str = "48Mi"

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from rlenergy_agent.testing import standin
 
-from rlenergy.devcluster import DevCluster
+from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.devcluster import process as dc_process
 from rlenergy.sdk import trainer
 from rlenergy.sim import models
@@ -154,7 +154,10 @@ class Agent:
         self.driver = standin.StandinDriver(
             self.work / "state", [(u, models.get_sku("h100-sxm")) for u in self.uuids]
         )
-        pod = f"{stack.namespace}/trainer-{node}"
+        # the trainer rank: a real pod object on the node and a token bound to it
+        self.pod = trainers.create_trainer(
+            stack.cluster.kubectl, stack.namespace, f"trainer-{node}", node, self.work
+        )
         env = dict(os.environ)
         env.update(self.driver.env(lib_dir))
         env.update(
@@ -163,8 +166,7 @@ class Agent:
                 "RLENERGY_AGENT_KUBE": "true",
                 "RLENERGY_AGENT_NAMESPACE": stack.namespace,
                 "RLENERGY_AGENT_POLICY_NAME": stack.policy,
-                "RLENERGY_AGENT_STATIC_PODS": json.dumps({pod: self.uuids}),
-                "RLENERGY_AGENT_DEV_CALLER_POD": pod,
+                "RLENERGY_AGENT_STATIC_PODS": json.dumps({self.pod.static_key: self.uuids}),
                 "RLENERGY_AGENT_PLAN_POLL_S": "0.5",
                 "RLENERGY_AGENT_SAMPLE_INTERVAL_S": "0.2",
                 "RLENERGY_AGENT_REPORT_INTERVAL_S": "0.5",
@@ -186,7 +188,9 @@ class Agent:
             "0",
         ]
         self.proc = Proc(argv, env, stack.tmp / f"agent-{node}.log")
-        self.client = trainer.RLEnergyClient(str(self.work / "a.sock"), timeout_s=5.0)
+        self.client = trainer.RLEnergyClient(
+            str(self.work / "a.sock"), timeout_s=5.0, token_file=str(self.pod.token_file)
+        )
 
     def start(self) -> None:
         (self.work / "a.sock").unlink(missing_ok=True)

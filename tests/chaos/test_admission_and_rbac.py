@@ -157,6 +157,7 @@ AGENT_RULES = [
     },
     {"apiGroups": ["rlenergy.io"], "resources": ["rlenergypolicies"], "verbs": ["get", "list"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
 ]
 
 # (who, verb, resource, namespace or "" for the operator's namespace, allowed)
@@ -196,6 +197,9 @@ MATRIX = [
     ("agent", "delete", "pods", "team-a", False),
     ("agent", "patch", "nodes", "", False),
     ("agent", "create", "daemonsets", "", False),
+    ("agent", "create", "tokenreviews", "", True),  # the trainer pods' tokens (identity.py)
+    ("agent", "create", "subjectaccessreviews", "", False),
+    ("operator", "create", "tokenreviews", "", False),
 ]
 
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import GPU_PRODUCT, GPUS_PER_NODE, NODES, wait_until
+from e2e_support import wait_until
 
-from rlenergy.devcluster import DevCluster, MissingBinaryError
+from rlenergy.devcluster import DevCluster
 
 E2E_DIR = Path(__file__).resolve().parent
 DEFAULT_TIMEOUT = 300  # seconds per test, including a cold cluster start on 2 cores
@@ -27,15 +27,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
 
 
-@pytest.fixture(scope="session")
-def dev_cluster() -> Iterator[DevCluster]:
-    cluster = DevCluster(startup_timeout=120)
-    try:
-        cluster.start(nodes=NODES, gpus_per_node=GPUS_PER_NODE, gpu_product=GPU_PRODUCT)
-    except MissingBinaryError as exc:
-        pytest.fail(f"e2e tests need the control-plane binaries: {exc}", pytrace=False)
-    with cluster:
-        yield cluster
+# ``dev_cluster`` (session) is in tests/conftest.py: the fuzz and integration tests use the same
+# control plane for their trainer pods' tokens.
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ from rlenergy_agent.testing import standin
 from rlenergy.api import node as api_node
 from rlenergy.api import selector
 from rlenergy.api.v1alpha1 import policy as api_policy
-from rlenergy.devcluster import DevCluster
+from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.sdk import trainer
 from rlenergy.sim import models
 
@@ -61,26 +61,6 @@ def _policy(name: str, sel: dict[str, Any]) -> str:
     body["metadata"] = {"name": name}
     body["spec"]["selector"] = sel
     return json.dumps(body)
-
-
-def _pod(name: str, node: str | None, labels: dict[str, str], gpus: int = 0) -> str:
-    container: dict[str, Any] = {"name": "trainer", "image": "registry.invalid/trainer:1"}
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
-    spec: dict[str, Any] = {
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-        "containers": [container],
-    }
-    if node:
-        spec["nodeName"] = node
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": labels},
-            "spec": spec,
-        }
-    )
 
 
 @pytest.fixture
@@ -124,7 +104,8 @@ def test_agent_discovers_follows_and_refuses_to_guess_its_policy(
             {"key": "job", "operator": "In", "values": ["dpo", "dpo-v2"]}
         ]}),
     )  # fmt: skip
-    k("create", "-n", ns, "-f", "-", input=_pod(POD, node, {"job": "grpo"}, gpus=2))
+    # the trainer: a pod object on the node and a token the API server bound to it
+    pod = trainers.create_trainer(k, ns, POD, node, tmp_path, labels={"job": "grpo"}, gpus=2)
     wait_until(
         lambda: get_json(dev_cluster, "pod", POD, "-n", ns)["status"].get("phase") == "Running",
         timeout=90,
@@ -151,7 +132,6 @@ def test_agent_discovers_follows_and_refuses_to_guess_its_policy(
             {
                 "KUBECONFIG": str(dev_cluster.kubeconfig),
                 "RLENERGY_AGENT_PODRESOURCES_SOCKET": kubelet_sock,
-                "RLENERGY_AGENT_DEV_CALLER_POD": f"{ns}/{POD}",
                 "RLENERGY_AGENT_SAMPLE_INTERVAL_S": "0.1",
                 "RLENERGY_AGENT_PLAN_POLL_S": "0.2",
                 "RLENERGY_AGENT_REPORT_INTERVAL_S": "0.2",
@@ -179,7 +159,9 @@ def test_agent_discovers_follows_and_refuses_to_guess_its_policy(
                 stderr=err,
                 text=True,
             )
-        client = trainer.RLEnergyClient(str(agent_sock), strict=True, timeout_s=10.0)
+        client = trainer.RLEnergyClient(
+            str(agent_sock), strict=True, timeout_s=10.0, token_file=str(pod.token_file)
+        )
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
@@ -289,7 +271,10 @@ def test_the_matcher_agrees_with_the_api_servers_label_selectors(
     dev_cluster: DevCluster, namespace: str
 ):
     for i, labels in enumerate(POD_LABELS):
-        dev_cluster.kubectl("create", "-n", namespace, "-f", "-", input=_pod(f"p{i}", None, labels))
+        dev_cluster.kubectl(
+            "create", "-n", namespace, "-f", "-",
+            input=json.dumps(trainers.pod_manifest(f"p{i}", None, labels=labels)),
+        )  # fmt: skip
     for sel in SELECTORS:
         query = api_policy.LabelSelector.model_validate(sel).to_query()
         listed = get_json(dev_cluster, "pods", "-n", namespace, "-l", query)["items"]

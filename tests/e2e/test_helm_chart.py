@@ -6,6 +6,7 @@ RBAC on the real API server (``kubectl auth can-i``).
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ def test_operator_renders_the_charts_agent_settings(
         "--set", "agent.image.repository=registry.example/agent", "--set", "agent.image.tag=9.9",
         "--set", "agent.priorityClassName=system-node-critical", "--set", "agent.metricsPort=9500",
         "--set", "agent.stateDir=/srv/rlenergy", "--set", "agent.resources.limits.memory=80Mi",
-        "--set", "agent.socketDir=/run/rl-sock",
+        "--set", "agent.socketDir=/run/rl-sock", "--set", "agent.tokenAudience=rle-prod",
     ]  # fmt: skip
     docs = _template(dev_cluster, *args)
     cm = next(
@@ -120,6 +121,7 @@ def test_operator_renders_the_charts_agent_settings(
     assert pod["serviceAccountName"] == "rl-rl-energy-agent"
     assert agent["ports"][0]["containerPort"] == 9500
     assert {"name": "RLENERGY_AGENT_METRICS_PORT", "value": "9500"} in agent["env"]
+    assert {"name": "RLENERGY_AGENT_TOKEN_AUDIENCE", "value": "rle-prod"} in agent["env"]
     assert agent["resources"]["limits"]["memory"] == "80Mi"
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     assert paths == {
@@ -214,3 +216,52 @@ def test_helm_install_and_least_privilege_rbac(dev_cluster: DevCluster, namespac
         assert not can(agent, "create", "daemonsets.apps", "-n", namespace)
     finally:
         dev_cluster.helm("uninstall", release, "-n", namespace, "--wait")
+
+
+def test_the_charts_agent_role_reviews_tokens_and_nothing_more(dev_cluster: DevCluster):
+    """The chart's agent ClusterRole, applied to the API server: TokenReview create (the trainer
+    pods' bearer tokens, ``rlenergy_agent.identity``) is granted, asked through a
+    SubjectAccessReview; other review kinds and pod reads beyond list are not."""
+    docs = _template(dev_cluster)
+    role = next(
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-agent")
+    )
+    assert {
+        "apiGroups": ["authentication.k8s.io"],
+        "resources": ["tokenreviews"],
+        "verbs": ["create"],
+    } in role["rules"]
+    binding = next(
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == role["metadata"]["name"]
+    )
+    (sa,) = binding["subjects"]
+    name = f"chart-agent-{uuid.uuid4().hex[:6]}"
+    role["metadata"] = {"name": name}
+    binding["metadata"] = {"name": name}
+    binding["roleRef"]["name"] = name
+    items = {"apiVersion": "v1", "kind": "List", "items": [role, binding]}
+    dev_cluster.kubectl("apply", "-f", "-", input=json.dumps(items))
+    try:
+        user = f"system:serviceaccount:{sa['namespace']}:{sa['name']}"
+
+        def allowed(group: str, resource: str, verb: str) -> bool:
+            review = {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user,
+                    "groups": ["system:serviceaccounts"],
+                    "resourceAttributes": {"group": group, "resource": resource, "verb": verb},
+                },
+            }
+            res = dev_cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review))
+            return bool(json.loads(res.stdout)["status"].get("allowed"))
+
+        assert allowed("authentication.k8s.io", "tokenreviews", "create")
+        assert not allowed("authorization.k8s.io", "subjectaccessreviews", "create")
+        assert not allowed("", "serviceaccounts/token", "create")
+        assert not allowed("", "pods", "get")
+    finally:
+        dev_cluster.kubectl("delete", "-f", "-", input=json.dumps(items), check=False)

@@ -2,14 +2,17 @@
 
 The real ``SignalServer`` over a Unix socket in front of a real ``service.Agent`` on simulated
 GPUs (``rlenergy_agent.__main__.build`` with the sim backend). The caller is one pod holding
-two of the node's GPUs. Properties:
+two of the node's GPUs: a real pod object on a KWOK node of the dev cluster, whose token the
+API server bound to it (``rlenergy.devcluster.trainers``); the server checks it by a real
+TokenReview (``rlenergy_agent.kube.TokenReviewer``, cached). Properties:
 
 * random JSON bodies, malformed bytes, wrong types, wrong step order, unknown paths: the server
   always answers (never a dropped connection or a 5xx), every refusal is 4xx with an ``error``
   that names what is wrong, and the agent keeps working (a valid signal is served afterwards
   and its node report still validates);
 * oversized bodies are refused with 413 naming the limit, without reading them;
-* a pod naming GPUs that are not its own gets 403 naming those GPUs; nothing is clocked.
+* a pod naming GPUs that are not its own gets 403 naming those GPUs; nothing is clocked;
+* random or missing ``Authorization`` headers get 401 (never a 5xx), nothing is clocked.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import http.client
 import json
 import socket
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,14 +29,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 from rlenergy_agent import __main__ as agent_main
-from rlenergy_agent import config, server, service
+from rlenergy_agent import config, identity, kube, server, service
 
 from rlenergy.api import node as api_node
+from rlenergy.api import signals
+from rlenergy.devcluster import DevCluster, nodes, trainers
 
-NODE = "fuzz-node"
-POD = service.PodRef("ns", "trainer")
-PATHS = ["/v1/phase", "/v1/progress", "/v1/step"]
+pytestmark = pytest.mark.e2e  # needs the control plane (the trainer's token, TokenReview)
+
+NODE = nodes.node_name(0)
+PATHS = ["/v1/phase", "/v1/progress", "/v1/step", "/v1/park", "/v1/unpark", "/v1/rollout"]
 
 
 class _Conn(http.client.HTTPConnection):
@@ -47,7 +56,9 @@ class _Conn(http.client.HTTPConnection):
 
 
 class Harness:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, cluster: DevCluster, namespace: str) -> None:
+        self.pod = trainers.create_trainer(cluster.kubectl, namespace, "trainer", NODE, work)
+        self.auth = f"Bearer {self.pod.token_file.read_text().strip()}"
         uuids = [f"GPU-sim-{NODE}-{i:02d}" for i in range(4)]
         self.mine, self.others = uuids[:2], uuids[2:]
         settings_ = config.AgentSettings(
@@ -57,7 +68,7 @@ class Harness:
             state_dir=work / "state",
             socket_path=work / "a.sock",
             kube=False,
-            static_pods=json.dumps({"ns/trainer": self.mine}),
+            static_pods=json.dumps({self.pod.static_key: self.mine}),
         )
         self.agent, _ = agent_main.build(settings_)
         self.agent.set_plan(
@@ -69,9 +80,13 @@ class Harness:
             )
         )
         self.path = str(work / "a.sock")
-        self.server = server.SignalServer(
-            Path(self.path), self.agent, server.same_user_resolver(POD)
+        api = k8s.AuthenticationV1Api(
+            k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
         )
+        self.authenticator = identity.TokenAuthenticator(
+            kube.TokenReviewer(api).review, signals.TOKEN_AUDIENCE
+        )
+        self.server = server.SignalServer(Path(self.path), self.agent, self.authenticator)
         self.server.start()
 
     def post(
@@ -79,7 +94,12 @@ class Harness:
     ) -> tuple[int, Any]:
         conn = _Conn(self.path)
         try:
-            conn.request("POST", path, body=body, headers=headers or {})
+            conn.request(
+                "POST",
+                path,
+                body=body,
+                headers={"Authorization": self.auth} if headers is None else headers,
+            )
             resp = conn.getresponse()
             data = resp.read()
             return resp.status, json.loads(data) if data else None
@@ -93,11 +113,14 @@ class Harness:
 
 
 @pytest.fixture(scope="module")
-def harness() -> Iterator[Harness]:
+def harness(dev_cluster: DevCluster) -> Iterator[Harness]:
     work = Path(tempfile.mkdtemp(dir="/tmp", prefix="rlfuzz-"))
-    h = Harness(work)
+    ns = f"fuzz-{uuid.uuid4().hex[:6]}"
+    dev_cluster.kubectl("create", "namespace", ns)
+    h = Harness(work, dev_cluster, ns)
     yield h
     h.server.stop()
+    dev_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def _still_works(h: Harness) -> None:
@@ -128,7 +151,7 @@ bodies = st.fixed_dictionaries(
         "phase": st.one_of(st.sampled_from(["generation", "training", "idle", ""]), json_values),
         "step": st.one_of(st.integers(-5, 10**20), json_values),
         "gpus": st.one_of(
-            st.lists(st.sampled_from(["GPU-sim-fuzz-node-00", "GPU-x", ""]), max_size=3),
+            st.lists(st.sampled_from([f"GPU-sim-{NODE}-00", "GPU-x", ""]), max_size=3),
             json_values,
         ),
         "amount": st.one_of(st.floats(allow_nan=True, allow_infinity=True), json_values),
@@ -205,7 +228,7 @@ def test_wrong_step_order_never_corrupts_the_report(harness: Harness, steps: lis
 @FUZZ
 @given(
     foreign=st.lists(
-        st.sampled_from(["GPU-sim-fuzz-node-02", "GPU-sim-fuzz-node-03", "GPU-elsewhere"]),
+        st.sampled_from([f"GPU-sim-{NODE}-02", f"GPU-sim-{NODE}-03", "GPU-elsewhere"]),
         min_size=1,
         max_size=3,
     )
@@ -229,6 +252,7 @@ def _raw(h: Harness, head: bytes, body: bytes) -> tuple[int, Any]:
     s.settimeout(10)
     s.connect(h.path)
     try:
+        head = head.replace(b"Host: x\r\n", f"Host: x\r\nAuthorization: {h.auth}\r\n".encode())
         s.sendall(head + body)
         resp = http.client.HTTPResponse(s)
         resp.begin()
@@ -258,7 +282,44 @@ def test_a_lying_content_length_does_not_block_other_callers(harness: Harness):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(harness.path)
     try:
-        s.sendall(b'POST /v1/phase HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{"phase":')
+        s.sendall(
+            b"POST /v1/phase HTTP/1.1\r\nHost: x\r\nAuthorization: "
+            + harness.auth.encode()
+            + b'\r\nContent-Length: 500\r\n\r\n{"phase":'
+        )
         _still_works(harness)  # served on another thread while that caller stalls
     finally:
         s.close()
+
+
+@FUZZ
+@given(
+    header=st.one_of(
+        st.none(),
+        st.text(max_size=60).filter(lambda t: "\r" not in t and "\n" not in t),
+        st.builds(lambda t: f"Bearer {t}", st.text(min_size=1, max_size=80)),
+        st.sampled_from(["Bearer", "Bearer ", "bearer x.y.z", "Basic dXNlcjpwYXNz"]),
+    ),
+    path=st.sampled_from(PATHS),
+)
+def test_random_authorization_headers_are_401_and_clock_nothing(
+    harness: Harness, header: str | None, path: str
+):
+    headers = {} if header is None else {"Authorization": header}
+    try:
+        status, answer = harness.post(
+            path, json.dumps({"phase": "generation", "step": 1}).encode(), headers
+        )
+    except (UnicodeEncodeError, ValueError):
+        return  # http.client refuses to send that header: nothing reached the agent
+    assert status == 401, answer
+    assert "token" in answer["error"], answer
+    assert harness.locked_others() == []
+    _still_works(harness)
+
+
+def test_one_token_review_serves_every_signal(harness: Harness):
+    before = harness.authenticator.reviews
+    for _ in range(20):
+        _still_works(harness)
+    assert harness.authenticator.reviews == before

@@ -7,7 +7,10 @@
   nvml``) whose pynvml loads the stand-in ``libnvidia-ml.so.1`` (``LD_LIBRARY_PATH``), each with
   its own state file played by a ``StandinDriver`` (8 simulated GPUs per node);
 * a simulated trainer, one rank per node, replaying a real verl trace through the trainer SDK
-  (``rlenergy.sdk.verl.RLEnergyVerlCallback``) to the agents' Unix sockets.
+  (``rlenergy.sdk.verl.RLEnergyVerlCallback``) to the agents' Unix sockets. Each rank is a
+  real pod object on its KWOK node (``trainer-<node>``) and signals with a token the API
+  server bound to that pod (``rlenergy.devcluster.trainers``); the agents check it by
+  TokenReview, as on a real node.
 
 The trainer closes the loop the way ``rlenergy.sim.job`` runs a phase: each rank's work
 fraction advances, tick by tick, at ``1 / time_factor`` of the SM clock its GPUs actually run
@@ -44,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from rlenergy.devcluster import trainers
 from rlenergy.sdk import trainer as sdk_trainer
 from rlenergy.sdk import verl as sdk_verl
 from rlenergy.sim import job as sim_job
@@ -105,6 +109,8 @@ class NodeAgent:
     proc: subprocess.Popen[str] | None = None
     metrics_port: int = 0
     callback: sdk_verl.RLEnergyVerlCallback | None = None
+    pod: trainers.TrainerPod | None = None
+    """The trainer rank's pod object and token (made by ``start_agents``)."""
 
     def plan_step(self) -> int:
         """The step of the plan the agent holds (-1: none)."""
@@ -217,15 +223,18 @@ class FullStack:
 
     def start_agents(self, *, timeout_s: float = 60.0) -> None:
         """Start one agent per node on the stand-in NVML; returns once each is listening."""
+        kubectl = trainers.kubectl_for(self.kubeconfig)
         for a in self.agents:
-            pod = f"{self.namespace}/trainer-{a.node}"
+            if a.pod is None:  # a restarted agent keeps its trainer pod
+                a.pod = trainers.create_trainer(
+                    kubectl, self.namespace, f"trainer-{a.node}", a.node, self.workdir / "tokens"
+                )
             env = {
                 **os.environ,
                 **a.driver.env(self.lib_dir),
                 "KUBECONFIG": str(self.kubeconfig),
                 "RLENERGY_AGENT_NAMESPACE": self.namespace,
-                "RLENERGY_AGENT_STATIC_PODS": json.dumps({pod: a.uuids}),
-                "RLENERGY_AGENT_DEV_CALLER_POD": pod,
+                "RLENERGY_AGENT_STATIC_PODS": json.dumps({a.pod.static_key: a.uuids}),
                 "RLENERGY_AGENT_SAMPLE_INTERVAL_S": "0.05",
                 "RLENERGY_AGENT_PLAN_POLL_S": "0.1",
                 "RLENERGY_AGENT_REPORT_INTERVAL_S": "0.1",
@@ -262,7 +271,10 @@ class FullStack:
             if not line or time.monotonic() > deadline:
                 raise RuntimeError(f"agent on {a.node} did not start:\n{self.agent_output(a)}")
             a.metrics_port = int(json.loads(line)["metricsPort"])
-            client = sdk_trainer.RLEnergyClient(str(a.socket), strict=True, timeout_s=10.0)
+            assert a.pod is not None
+            client = sdk_trainer.RLEnergyClient(
+                str(a.socket), strict=True, timeout_s=10.0, token_file=str(a.pod.token_file)
+            )
             a.callback = sdk_verl.RLEnergyVerlCallback(client)
 
     def agent_output(self, a: NodeAgent) -> str:

@@ -1,5 +1,8 @@
 """The agent as a process on the stand-in NVML, loaded by pynvml through LD_LIBRARY_PATH:
-SIGKILL mid-phase then restart resets the stale lock; SIGTERM resets every lock."""
+SIGKILL mid-phase then restart resets the stale lock; SIGTERM resets every lock.
+
+The trainer is a pod object on a KWOK node of the dev cluster and signals with a token the API
+server bound to it; the agent checks it by TokenReview (``rlenergy.devcluster.trainers``)."""
 
 from __future__ import annotations
 
@@ -9,44 +12,68 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rlenergy_agent.testing import standin
 
+from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.sdk import trainer
 from rlenergy.sim import models
+
+pytestmark = pytest.mark.e2e  # needs the control plane (the trainer's token)
 
 PLAN = {"step": 0, "phases": [{"phase": "generation", "clockMHz": 1100, "state": "locked"}]}
 
 
+class Setup:
+    def __init__(
+        self,
+        drv: standin.StandinDriver,
+        lib_dir: Path,
+        work: Path,
+        cluster: DevCluster,
+        pod: trainers.TrainerPod,
+    ) -> None:
+        self.drv, self.lib_dir, self.work, self.cluster, self.pod = drv, lib_dir, work, cluster, pod
+
+    def client(self) -> trainer.RLEnergyClient:
+        return trainer.RLEnergyClient(
+            str(self.work / "a.sock"), strict=True, token_file=str(self.pod.token_file)
+        )
+
+
 @pytest.fixture
-def setup(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[standin.StandinDriver, Path, Path]]:
+def setup(tmp_path_factory: pytest.TempPathFactory, dev_cluster: DevCluster) -> Iterator[Setup]:
     lib_dir = standin.build_library(tmp_path_factory.mktemp("standin-build"))
     work = Path(tempfile.mkdtemp(dir="/tmp", prefix="rlea-"))  # short path for the socket
+    ns = f"agent-proc-{uuid.uuid4().hex[:6]}"
+    dev_cluster.kubectl("create", "namespace", ns)
+    pod = trainers.create_trainer(dev_cluster.kubectl, ns, "trainer", dev_cluster.nodes[0], work)
     uuids = [f"GPU-proc-{i}" for i in range(4)]
     drv = standin.StandinDriver(work / "state", [(u, models.get_sku("h100-sxm")) for u in uuids])
     (work / "plan.json").write_text(json.dumps(PLAN))
-    yield drv, lib_dir, work
+    yield Setup(drv, lib_dir, work, dev_cluster, pod)
     drv.close()
+    dev_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def _start(drv: standin.StandinDriver, lib_dir: Path, work: Path) -> subprocess.Popen[str]:
+def _start(setup: Setup) -> subprocess.Popen[str]:
+    drv, lib_dir, work = setup.drv, setup.lib_dir, setup.work
     env = dict(os.environ)
     env.update(drv.env(lib_dir))
-    env["RLENERGY_AGENT_STATIC_PODS"] = json.dumps({"ns/trainer": list(drv.uuids[:2])})
-    env["RLENERGY_AGENT_DEV_CALLER_POD"] = "ns/trainer"
-    env["RLENERGY_AGENT_KUBE"] = "false"
+    env["RLENERGY_AGENT_STATIC_PODS"] = json.dumps({setup.pod.static_key: list(drv.uuids[:2])})
+    env["RLENERGY_AGENT_KUBE"] = "true"
+    env["KUBECONFIG"] = str(setup.cluster.kubeconfig)
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "rlenergy_agent",
             "--node",
-            "n1",
+            setup.pod.node,
             "--backend",
             "nvml",
             "--socket",
@@ -72,11 +99,11 @@ def _start(drv: standin.StandinDriver, lib_dir: Path, work: Path) -> subprocess.
 
 
 def test_sigkill_mid_phase_then_restart_resets_clocks(
-    setup: tuple[standin.StandinDriver, Path, Path],
+    setup: Setup,
 ) -> None:
-    drv, lib_dir, work = setup
-    proc = _start(drv, lib_dir, work)
-    client = trainer.RLEnergyClient(str(work / "a.sock"), strict=True)
+    drv = setup.drv
+    proc = _start(setup)
+    client = setup.client()
     client.phase("generation", step=0)
     client.close()
     locked = [u for u in drv.uuids if drv.gpu(u).locked]
@@ -84,7 +111,7 @@ def test_sigkill_mid_phase_then_restart_resets_clocks(
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     assert [u for u in drv.uuids if drv.gpu(u).locked] == locked  # the lock outlives the agent
-    proc = _start(drv, lib_dir, work)
+    proc = _start(setup)
     try:
         assert not any(drv.gpu(u).locked for u in drv.uuids)  # recovered at start-up
     finally:
@@ -92,10 +119,10 @@ def test_sigkill_mid_phase_then_restart_resets_clocks(
         assert proc.wait(timeout=30) == 0
 
 
-def test_sigterm_resets_every_lock(setup: tuple[standin.StandinDriver, Path, Path]) -> None:
-    drv, lib_dir, work = setup
-    proc = _start(drv, lib_dir, work)
-    client = trainer.RLEnergyClient(str(work / "a.sock"), strict=True)
+def test_sigterm_resets_every_lock(setup: Setup) -> None:
+    drv = setup.drv
+    proc = _start(setup)
+    client = setup.client()
     client.phase("generation", step=0)
     client.close()
     assert sum(drv.gpu(u).locked for u in drv.uuids) == 2
@@ -105,14 +132,14 @@ def test_sigterm_resets_every_lock(setup: tuple[standin.StandinDriver, Path, Pat
 
 
 def test_no_permission_agent_keeps_running_measure_only(
-    setup: tuple[standin.StandinDriver, Path, Path],
+    setup: Setup,
 ) -> None:
-    drv, lib_dir, work = setup
+    drv = setup.drv
     for u in drv.uuids:
         drv.gpu(u).fail_clock_set = standin.NO_PERMISSION
-    proc = _start(drv, lib_dir, work)
+    proc = _start(setup)
     try:
-        client = trainer.RLEnergyClient(str(work / "a.sock"), strict=True)
+        client = setup.client()
         client.phase("generation", step=0)
         applied = client.last_response["applied"]
         client.close()

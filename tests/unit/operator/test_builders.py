@@ -19,6 +19,7 @@ import pytest
 from rlenergy_operator import builders, settings
 
 from rlenergy.api import node as api_node
+from rlenergy.api import signals
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.sdk import trainer
 
@@ -60,6 +61,8 @@ def test_agent_daemonset():
     }
     assert mounts["socket"] == {"name": "socket", "mountPath": "/var/run/rlenergy"}
     assert env["RLENERGY_AGENT_SOCKET_PATH"]["value"] == trainer.DEFAULT_SOCKET
+    # the audience the trainer pods' projected tokens are issued for (chart agent.tokenAudience)
+    assert env["RLENERGY_AGENT_TOKEN_AUDIENCE"]["value"] == signals.TOKEN_AUDIENCE
     # no policy: one DaemonSet serves every policy, each agent discovers its node's policy
     assert "RLENERGY_AGENT_POLICY_NAME" not in env and "RLENERGY_AGENT_NAMESPACE" not in env
     # liveness and readiness on /healthz (fails only when NVML answers on no GPU, case #11a)
