@@ -91,27 +91,10 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
     )
     sock = work / "agent.sock"
     report = work / "report.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "rlenergy_agent",
-        "--node",
-        node,
-        "--backend",
-        "nvml",
-        "--socket",
-        str(sock),
-        "--state-dir",
-        str(work / "state-dir"),
-        "--metrics-port",
-        "0",
-        "--plan",
-        str(work / "plan.json"),
-        "--report-file",
-        str(report),
-        "--log-level",
-        "WARNING",
-    ]
+    cmd = standin.agent_argv(
+        node, sock, work / "state-dir", "--plan", str(work / "plan.json"),
+        "--report-file", str(report), "--log-level", "WARNING",
+    )  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

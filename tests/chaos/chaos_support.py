@@ -172,21 +172,7 @@ class Agent:
                 "RLENERGY_AGENT_REPORT_INTERVAL_S": "0.5",
             }
         )
-        argv = [
-            sys.executable,
-            "-m",
-            "rlenergy_agent",
-            "--node",
-            node,
-            "--backend",
-            "nvml",
-            "--socket",
-            str(self.work / "a.sock"),
-            "--state-dir",
-            str(self.work / "host"),
-            "--metrics-port",
-            "0",
-        ]
+        argv = standin.agent_argv(node, self.work / "a.sock", self.work / "host")
         self.proc = Proc(argv, env, stack.tmp / f"agent-{node}.log")
         self.client = trainer.RLEnergyClient(
             str(self.work / "a.sock"), timeout_s=5.0, token_file=str(self.pod.token_file)

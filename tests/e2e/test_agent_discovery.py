@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -139,21 +138,7 @@ def test_agent_discovers_follows_and_refuses_to_guess_its_policy(
         )
         with log_path.open("w") as err:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "rlenergy_agent",
-                    "--node",
-                    node,
-                    "--backend",
-                    "nvml",
-                    "--socket",
-                    str(agent_sock),
-                    "--state-dir",
-                    str(tmp_path / "state"),
-                    "--metrics-port",
-                    "0",
-                ],  # fmt: skip
+                standin.agent_argv(node, agent_sock, tmp_path / "state"),
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=err,

@@ -14,6 +14,8 @@ We check:
   gone), B's stay locked;
 * pod B's allocation leaves the kubelet's listing (its containers ended): its GPUs are reset
   within 10 s too;
+* with real tokens: pod B naming A's GPU, a pod of another node, and a token for another
+  audience are refused (403, 403, 401);
 * the agent log names both resets; the measured delays are printed.
 """
 
@@ -22,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -83,14 +84,8 @@ def test_a_pod_that_ends_gets_its_gpus_reset_within_10_s(
     kubelet = podmap.serve_fake_kubelet(kubelet_sock, lambda: dict(listed))
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
     log_path = tmp_path / "agent.log"
-    env = {
-        key: v
-        for key, v in os.environ.items()
-        if not key.startswith("RLENERGY_AGENT_")
-    }
-    with standin.StandinDriver(
-        tmp_path / "nvml.state", [(u, sku) for u in a_gpus + b_gpus]
-    ) as drv:
+    env = {key: v for key, v in os.environ.items() if not key.startswith("RLENERGY_AGENT_")}
+    with standin.StandinDriver(tmp_path / "nvml.state", [(u, sku) for u in a_gpus + b_gpus]) as drv:
         env.update(drv.env(lib_dir))
         env.update(
             {
@@ -100,11 +95,9 @@ def test_a_pod_that_ends_gets_its_gpus_reset_within_10_s(
         )
         with log_path.open("w") as err:
             proc = subprocess.Popen(
-                [
-                    sys.executable, "-m", "rlenergy_agent", "--node", node, "--backend", "nvml",
-                    "--socket", str(agent_sock), "--state-dir", str(tmp_path / "state"),
-                    "--metrics-port", "0", "--plan", str(tmp_path / "plan.json"),
-                ],  # fmt: skip
+                standin.agent_argv(
+                    node, agent_sock, tmp_path / "state", "--plan", str(tmp_path / "plan.json")
+                ),
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -129,6 +122,33 @@ def test_a_pod_that_ends_gets_its_gpus_reset_within_10_s(
                 return True
 
             wait_until(signal_all, timeout=30, what=f"signals accepted\n{log_path.read_text()}")
+            # real tokens, real TokenReview: another pod's GPU, another node's pod, another
+            # audience are all refused, and nothing is clocked by them
+            intruder = trainer.RLEnergyClient(
+                str(agent_sock), strict=True, token_file=str(pod_b.token_file), gpus=[a_gpus[0]]
+            )
+            with pytest.raises(trainer.AgentRefusedError, match="does not hold GPU") as info:
+                intruder.phase("generation", step=0)
+            assert info.value.status == 403
+            elsewhere = trainers.create_trainer(
+                k, namespace, "trainer-c", dev_cluster.nodes[2], tmp_path
+            )
+            far = trainer.RLEnergyClient(
+                str(agent_sock), strict=True, token_file=str(elsewhere.token_file)
+            )
+            with pytest.raises(trainer.AgentRefusedError, match="this agent serves node") as info:
+                far.phase("generation", step=0)
+            assert info.value.status == 403
+            wrong_aud = trainers.write_token(
+                tmp_path / "wrong-aud",
+                trainers.bound_token(k, namespace, pod_a.name, pod_a.uid, audience="other"),
+            )
+            stray = trainer.RLEnergyClient(str(agent_sock), strict=True, token_file=str(wrong_aud))
+            with pytest.raises(trainer.AgentRefusedError, match="refused by the API") as info:
+                stray.phase("generation", step=0)
+            assert info.value.status == 401
+            for c in (intruder, far, stray):
+                c.close()
             client_a.park(0, gpus=[a_gpus[1]])
             assert all(drv.gpu(u).locked for u in a_gpus + b_gpus)
             assert drv.gpu(a_gpus[1]).lock_max_mhz < drv.gpu(a_gpus[0]).lock_max_mhz  # parked

@@ -179,8 +179,11 @@ def test_park_and_scale_between_steps(
         for a in stack.agents:
             wait_until(lambda a=a: a.plan_step() >= 0, timeout=60, what=f"plan on {a.node}")
         clients = {
-            a.node: trainer.RLEnergyClient(str(a.socket), strict=True, timeout_s=10.0)
+            a.node: trainer.RLEnergyClient(
+                str(a.socket), strict=True, timeout_s=10.0, token_file=str(a.pod.token_file)
+            )
             for a in stack.agents
+            if a.pod is not None
         }
         driver_node, worker_node = stack.agents[0], stack.agents[1]
         released = worker_node.uuids[6:]  # rollout worker 3: the last 2 GPUs of node 1

@@ -391,3 +391,24 @@ def preload(lib_dir: Path, state_path: Path) -> None:
     """
     os.environ[STATE_ENV] = str(state_path)
     ctypes.CDLL(str(lib_dir / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+
+
+def agent_argv(
+    node: str, socket_path: Path, state_dir: Path, *extra: str, python: str | None = None
+) -> list[str]:
+    """The command line of an agent process on the stand-in NVML (``--backend nvml``).
+
+    Args:
+        node: the node it serves (the trainer pods' tokens must name it).
+        socket_path: its signal socket.
+        state_dir: its lock record and energy totals folder.
+        *extra: more arguments (``--plan``, ``--report-file``, ``--log-level``, ...).
+        python: the interpreter (default: this one).
+    """
+    import sys
+
+    return [
+        python or sys.executable, "-m", "rlenergy_agent", "--node", node, "--backend", "nvml",
+        "--socket", str(socket_path), "--state-dir", str(state_dir), "--metrics-port", "0",
+        *extra,
+    ]  # fmt: skip

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -68,25 +67,10 @@ def _start(setup: Setup) -> subprocess.Popen[str]:
     env["RLENERGY_AGENT_KUBE"] = "true"
     env["KUBECONFIG"] = str(setup.cluster.kubeconfig)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rlenergy_agent",
-            "--node",
-            setup.pod.node,
-            "--backend",
-            "nvml",
-            "--socket",
-            str(work / "a.sock"),
-            "--state-dir",
-            str(work / "host"),
-            "--metrics-port",
-            "0",
-            "--plan",
-            str(work / "plan.json"),
-            "--log-level",
-            "WARNING",
-        ],
+        standin.agent_argv(
+            setup.pod.node, work / "a.sock", work / "host",
+            "--plan", str(work / "plan.json"), "--log-level", "WARNING",
+        ),  # fmt: skip
         env=env,
         stdout=subprocess.PIPE,
         text=True,
