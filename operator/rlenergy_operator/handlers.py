@@ -31,7 +31,7 @@ from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
-from rlenergy_operator import builders, jobloop, kube, rollout, scheduling
+from rlenergy_operator import builders, coverage, jobloop, kube, metrics, rollout, scheduling
 from rlenergy_operator import reports as node_reports
 from rlenergy_operator import settings as op_settings
 
@@ -53,8 +53,9 @@ def _now() -> str:
 
 @kopf.on.startup()
 def operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Apply the kopf settings (finalizer name, status storage, peering, timeouts)."""
+    """Apply the kopf settings (finalizer, status storage, peering, timeouts); serve metrics."""
     op_settings.configure_kopf(settings, CFG)
+    metrics.serve(CFG.metrics_port)
 
 
 def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
@@ -64,6 +65,7 @@ def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
 @kopf.on.resume(*RESOURCE)
 @kopf.on.create(*RESOURCE)
 @kopf.on.update(*RESOURCE, field="spec")
+@metrics.counted("policy_reconcile")
 def policy_reconcile(
     spec: kopf.Spec,
     meta: kopf.Meta,
@@ -185,6 +187,7 @@ def policy_node_reports(
 
 
 @kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None)
+@metrics.counted("policy_loop")
 def policy_loop(
     spec: kopf.Spec,
     meta: kopf.Meta,
@@ -267,9 +270,9 @@ def policy_loop(
         if "agents_unschedulable" in memo
         else scheduling.last_finding(previous)
     )
-    deg = unschedulable or builders.degraded_condition(
-        nodes, loop.controller is not None, bool(reports)
-    )
+    base = builders.degraded_condition(nodes, loop.controller is not None, bool(reports))
+    # Some GPU nodes without an agent (policy_agents_check) unless a stronger finding stands.
+    deg = unschedulable or (base if base[0] else memo.get("agents_missing") or base)
     conds = builders.merge_conditions(
         previous,
         [
@@ -308,6 +311,14 @@ def policy_loop(
     diff = builders.merge_patch(old, new)
     for key, value in diff.items():
         patch.status[key] = value
+    metrics.policy_pass(
+        namespace,
+        name,
+        nodes.total,
+        nodes.ready,
+        max((r.last_step for r in reports), default=-1),
+        loop.account.through_step,
+    )
     if folded:
         logger.info("accounted steps %s; totals through step %d", folded, loop.account.through_step)
     if plan_changed:
@@ -324,11 +335,17 @@ def policy_loop(
         kopf.event(body, type="Warning", reason=deg[1], message=deg[2])
 
 
-_AGENT_CHECK: dict[str, Any] = {"at": float("-inf"), "found": None}
+_AGENT_CHECK: dict[str, Any] = {
+    "at": float("-inf"),
+    "found": None,
+    "coverage_at": float("-inf"),
+    "missing": None,
+}
 _AGENT_CHECK_LOCK = threading.Lock()
 
 
 @kopf.timer(*RESOURCE, interval=CFG.agent_check_interval_s, idle=None)
+@metrics.counted("policy_agents_check")
 def policy_agents_check(meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """Whether the node agents can schedule; what blocks them feeds ``policy_loop``'s Degraded.
 
@@ -359,12 +376,38 @@ def policy_agents_check(meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger
             template = builders.agent_daemonset(CFG)["spec"]["template"]["spec"]
             found = scheduling.agents_unschedulable(ds, template.get("tolerations") or [], nodes)
             _AGENT_CHECK.update(at=time.monotonic(), found=found)
+            metrics.daemonset(st if ds is not None else None)
+            _check_coverage(template, logger)
     if found != memo.get("agents_unschedulable"):
         logger.log(logging.WARNING if found else logging.INFO, "%s", found or "agents schedule")
     memo["agents_unschedulable"] = found
+    missing = _AGENT_CHECK["missing"]
+    if missing != memo.get("agents_missing"):
+        logger.log(logging.WARNING if missing else logging.INFO, "%s", missing or "agents cover")
+    memo["agents_missing"] = missing
+
+
+def _check_coverage(template: dict[str, Any], logger: logging.Logger) -> None:
+    """Every ``agent_coverage_interval_s``: which GPU nodes have no agent (all policies)."""
+    if time.monotonic() - _AGENT_CHECK["coverage_at"] < CFG.agent_coverage_interval_s:
+        return
+    try:
+        nodes = kube.all_nodes()
+    except kube.ApiError as exc:
+        logger.warning("agent coverage check: %s %s", exc.status, exc.reason)
+        return  # keep the last finding
+    cov = coverage.check(
+        nodes,
+        CFG.agent_gpu_node_label,
+        template.get("tolerations") or [],
+        template.get("nodeSelector") or {},
+    )
+    metrics.coverage(len(cov.unlabelled), len(cov.blocked))
+    _AGENT_CHECK.update(coverage_at=time.monotonic(), missing=coverage.finding(cov))
 
 
 @kopf.on.delete(*RESOURCE)
+@metrics.counted("policy_delete")
 def policy_delete(
     meta: kopf.Meta,
     status: kopf.Status,
@@ -377,6 +420,7 @@ def policy_delete(
 ) -> None:
     """Hold the finalizer until the GPUs are reset (or the deadline), then clean up."""
     _CHECKPOINTS.pop((namespace, name), None)
+    metrics.policy_gone(namespace, name)
     generation = int(meta.get("generation") or 0)
     now = _now()
     previous = list(status.get("conditions") or [])

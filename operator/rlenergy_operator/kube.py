@@ -144,6 +144,30 @@ def labelled_nodes(selector: str) -> list[dict[str, Any]]:
 
 
 @_unreachable_is_api_error
+def all_nodes() -> list[dict[str, Any]]:
+    """Every node as a plain dict, for the agent coverage check.
+
+    Keeps ``metadata`` (name, labels), ``spec.taints`` and the ``nvidia.com/gpu`` entry of
+    ``status.allocatable``.
+    """
+    core = kubernetes.client.CoreV1Api(_api())
+    resp = core.list_node(_preload_content=False)  # raw JSON, as labelled_nodes
+    items = json.loads(resp.data).get("items") or []
+    out = []
+    for n in items:
+        meta = n.get("metadata") or {}
+        gpus = ((n.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
+        out.append(
+            {
+                "metadata": {"name": meta.get("name", ""), "labels": meta.get("labels") or {}},
+                "spec": {"taints": (n.get("spec") or {}).get("taints") or []},
+                "status": {"allocatable": {} if gpus is None else {"nvidia.com/gpu": gpus}},
+            }
+        )
+    return out
+
+
+@_unreachable_is_api_error
 def live_policies() -> list[dict[str, Any]]:
     """Every RLEnergyPolicy in the cluster that is not being deleted."""
     api = kubernetes.client.CustomObjectsApi(_api())

@@ -88,6 +88,12 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     agent_check_interval_s: float = pydantic.Field(10.0, gt=0)
     """Seconds between checks, per policy, that the node agents can schedule: one read of the
     DaemonSet; the GPU nodes' taints only when it schedules no agent. Default 10 s."""
+    agent_coverage_interval_s: float = pydantic.Field(60.0, gt=0)
+    """Seconds between checks that every GPU node has a node agent: one list of all nodes
+    (their GPU label, taints, allocatable GPUs) for all policies. Default 60 s."""
+    metrics_port: int = pydantic.Field(0, ge=0, le=65535)
+    """Port of the operator's Prometheus ``/metrics`` on all addresses; 0: off. Default 0 (the
+    Helm chart sets ``operator.metricsPort``, 8081)."""
     reconcile_interval_s: float = pydantic.Field(2.0, gt=0)
     """Seconds between job-loop passes per policy (reads node reports, writes status).
     Default 2 s, so status lags the reports by at most about 2 s plus one API round trip."""

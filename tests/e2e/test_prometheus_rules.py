@@ -124,7 +124,7 @@ def test_every_alert_fires_on_its_fault_and_not_on_the_healthy_twin(tmp_path: Pa
                 series("rlenergy_agent_energy_samples_missing_total", good, "0x30"),
             ],
             bad,
-            "11m",  # a rate from the second sample (1 min), then 10 m of for
+            "11m",  # above 0.1/s once the 10 m range holds more than 1 min of failures, +10 m for
         ),
         "RLEnergyPolicyConflict": (
             [
@@ -141,6 +141,40 @@ def test_every_alert_fires_on_its_fault_and_not_on_the_healthy_twin(tmp_path: Pa
             ],
             {"node": "gpu-a", "policy": ""},
             "10m",
+        ),
+        "RLEnergyAgentsMissing": (
+            [
+                series("rlenergy_operator_gpu_nodes_without_agent", {"cause": "unlabelled"}, "1x30"),
+                series("rlenergy_operator_gpu_nodes_without_agent", {"cause": "blocked"}, "0x30"),
+                series("rlenergy_operator_agents", {"state": "desired"}, "8x30"),
+                series("rlenergy_operator_agents", {"state": "ready"}, "8x30"),
+            ],
+            {"cause": "unlabelled"},
+            "10m",
+        ),
+        "RLEnergyStatusStale": (
+            [  # the pass stamp stops at t = 0 s; the healthy policy's advances every minute
+                series(
+                    "rlenergy_operator_policy_last_pass_timestamp_seconds",
+                    {"namespace": "a", "policy": "stuck"},
+                    "0x30",
+                ),
+                series(
+                    "rlenergy_operator_policy_last_pass_timestamp_seconds",
+                    {"namespace": "a", "policy": "fine"},
+                    "0+60x30",
+                ),
+            ],
+            {"namespace": "a", "policy": "stuck"},
+            "7m",  # 120 s stale at 2 m (and not before), then 5 m of for
+        ),
+        "RLEnergyReconcileErrors": (
+            [
+                series("rlenergy_operator_reconcile_errors_total", {"handler": "policy_loop"}, "0+6x30"),
+                series("rlenergy_operator_reconcile_errors_total", {"handler": "policy_delete"}, "0x30"),
+            ],
+            {"handler": "policy_loop"},
+            "16m",  # rate over 10 m divides by the range: above 0.05/s once 5 m of errors
         ),
     }
     assert set(cases) == set(alerts), "every alert of the chart has a case here"
