@@ -66,7 +66,7 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     ``nvidia.com/gpu.present=true``) and matching the configured nodeSelector and affinity,
     tolerating the ``nvidia.com/gpu`` taint and the configured tolerations, with the
     configured runtimeClassName, imagePullSecrets and priorityClassName; the container gets
-    CAP_SYS_ADMIN (clock and power-limit writes through NVML) and nothing else: not
+    CAP_SYS_ADMIN (clock writes through NVML) and nothing else: not
     privileged, all other capabilities dropped, no privilege escalation, read-only root
     filesystem. hostPaths: the state folder, the kubelet's
     pod-resources folder (read-only) and the signal-socket folder shared with trainer pods. No

@@ -4,7 +4,7 @@ The page is built from the same structural OpenAPI schemas that ``rlenergy.api.c
 into the CRDs, so it documents exactly what the API server accepts: every field with its path,
 type, unit, default, whether it is required, its bounds and its description, then the CEL
 rules checked at admission and the ``kubectl get`` columns. Units come from the field names
-(the project's convention: ``clockMHz``, ``powerLimitWatts``, ``measuredJoules``,
+(the project's convention: ``clockMHz``, ``minClockMHz``, ``measuredJoules``,
 ``durationSeconds``), see ``unit_of``.
 
 Usage::

@@ -43,7 +43,6 @@ PATHS = [
     ("phases", 1, "clockRangeMHz", "minClockMHz"),
     ("phases", 1, "stepMHz"),
     ("phases", 0, "clockCandidatesMHz"),
-    ("phases", 0, "powerLimitWatts"),
     ("controller", "mode"),
     ("controller", "warmupSteps"),
     ("controller", "trialSteps"),

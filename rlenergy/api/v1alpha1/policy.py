@@ -141,13 +141,6 @@ class PhaseSpec(_Spec):
         le=10000,
         description="Spacing of candidates inside clockRangeMHz, MHz; must divide the span.",
     )
-    power_limit_watts: float | None = Field(
-        None,
-        alias="powerLimitWatts",
-        gt=0,
-        le=5000,
-        description="Optional GPU power limit during this phase, W.",
-    )
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> PhaseSpec:
@@ -469,12 +462,12 @@ class RLEnergyPolicySpec(_Spec):
     rollout: RolloutSpec | None = Field(
         None, description="MoE rollout worker release (FlexFloor); absent for dense models."
     )
-    phase_source: Literal["sdk", "annotation", "auto"] = Field(
+    phase_source: Literal["sdk"] = Field(
         "sdk",
         alias="phaseSource",
         description=(
-            "Where phase boundaries come from: sdk (trainer SDK), annotation (pod annotation "
-            "rlenergy.io/phase), auto (the agent's phase detector)."
+            "Where phase boundaries come from: sdk (the trainer SDK's phase signals to the node "
+            "agent), the only source the agent implements."
         ),
     )
 

@@ -86,7 +86,6 @@ def test_rows_carry_type_unit_default_bounds_and_description():
     assert "predicted default governor" in ratio.description
     assert rows[".spec.phases[].clockRangeMHz.minClockMHz"].unit == "MHz"
     assert rows[".spec.phases[].clockRangeMHz.minClockMHz"].required
-    assert rows[".spec.phases[].powerLimitWatts"].unit == "W"
     assert rows[".status.totals.savedJoules"].unit == "J"
     assert rows[".status.totals.savingPercent"].unit == "%"
     assert rows[".status.rollout.releasedGpuSeconds"].unit == "GPU-s"
