@@ -89,6 +89,17 @@ class AgentCollector(Collector):
             "Re-reads of a locked GPU that found it below the lock with no clock-event reason.",
             labels=["gpu_uuid", "node"],
         )
+        xratio = GaugeMetricFamily(
+            "rlenergy_agent_energy_crosscheck_ratio",
+            "Energy counter over integrated instant power in the last cross-check (30 s every "
+            "5 min; counter-metered GPUs), ratio.",
+            labels=["gpu_uuid", "node"],
+        )
+        xmismatch = CounterMetricFamily(
+            "rlenergy_agent_energy_crosscheck_mismatches",
+            "Cross-checks where counter and integrated power disagreed by more than 15 %.",
+            labels=["gpu_uuid", "node"],
+        )
         assigned = GaugeMetricFamily(
             "rlenergy_agent_gpu_assigned",
             "1 while a pod holds the GPU (kubelet pod-resources), else 0.",
@@ -158,6 +169,11 @@ class AgentCollector(Collector):
                 cap = a.actuator.caps.get(u)
                 cap_state.add_metric([u, node, cap.state, cap.limit], 1.0)
                 unexplained.add_metric([u, node], cap.shortfalls)
+                chk = a.crosscheck.gpus.get(u)
+                if chk is not None:
+                    xmismatch.add_metric([u, node], chk.mismatches)
+                    if chk.last is not None:
+                        xratio.add_metric([u, node], chk.last.ratio)
                 pod = a.pod_of.get(u)
                 assigned.add_metric([u, node], 0.0 if pod is None else 1.0)
                 name, ns = _pod_labels(pod)
@@ -172,7 +188,7 @@ class AgentCollector(Collector):
             hist = a.latency_hist
             lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
         yield from (energy, seconds, total, clock, locked, cap_state, unexplained, assigned)
-        yield from (info, condition)
+        yield from (info, condition, xratio, xmismatch)
         yield from (rejected, missing, tokens, saving, job_saving, lat)
         calls = CounterMetricFamily(
             "rlenergy_agent_nvml_calls",

@@ -35,7 +35,7 @@ from typing import Protocol
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
 from rlenergy_agent import actuator as act
-from rlenergy_agent import energy, histogram
+from rlenergy_agent import crosscheck, energy, histogram
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +286,8 @@ class Agent:
         """Valid tokens of every step ended here (a counter: not trimmed with the records)."""
         self.saving_ratio: dict[str, float] = {}
         """The policy status' saving / 100 per phase (``""``: the job), for /metrics."""
+        self.crosscheck = crosscheck.CrossCheck(meter, clock=clock)
+        """Energy counter vs integrated instant power, at a low duty cycle (``observe``)."""
         self.latency_hist = histogram.Histogram()
         """Phase signal received to clocks applied, s (``/metrics``: a histogram)."""
         self.dirty_steps: set[int] = set()
@@ -478,6 +480,8 @@ class Agent:
                 self._observe_clocks(pod, self.gpus_of(pod)[0])
             if self.actuator.watch_caps():
                 self.report_due = True  # an unexplained shortfall: report it now
+            if self.crosscheck.tick():
+                self.report_due = True  # counter and power disagree: report both numbers
 
     def progress(self, pod: PodRef, amount: float) -> None:
         """Add phase progress (tokens or iterations) to ``pod``'s open window.
@@ -809,6 +813,19 @@ class Agent:
                 released_gpu_seconds=self.step_released_gpu_s.get(step, 0.0),
             )
 
+    def _cross_check(self, uuid: str) -> api_node.EnergyCrossCheck | None:
+        chk = self.crosscheck.gpus.get(uuid)
+        if chk is None or chk.last is None:
+            return None
+        last = chk.last
+        return api_node.EnergyCrossCheck(
+            counterJoules=last.counter_j,
+            powerJoules=last.power_j,
+            windowSeconds=last.window_s,
+            mismatch=last.mismatch,
+            mismatches=chk.mismatches,
+        )
+
     def report(self) -> api_node.NodeReport:
         """The spec of this node's ``RLEnergyNodeReport``."""
         with self._lock:
@@ -851,6 +868,7 @@ class Agent:
                         effective_clock_mhz=cap.effective_mhz if cap.lock_mhz else None,
                         clock_state=cap.state,
                         clock_limit=cap.limit,
+                        energy_cross_check=self._cross_check(u),
                     )
                 )
                 if j is not None:

@@ -31,7 +31,16 @@ from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
-from rlenergy_operator import builders, coverage, jobloop, kube, metrics, rollout, scheduling
+from rlenergy_operator import (
+    builders,
+    coverage,
+    findings,
+    jobloop,
+    kube,
+    metrics,
+    rollout,
+    scheduling,
+)
 from rlenergy_operator import reports as node_reports
 from rlenergy_operator import settings as op_settings
 
@@ -325,6 +334,10 @@ def policy_loop(
         kopf.event(body, type="Normal", reason="PlanChanged", message=builders.describe_plan(plan))
     if ro.event is not None:
         kopf.event(body, type=ro.event[0], reason=ro.event[1], message=ro.event[2])
+    posted = memo.setdefault("cross_checks", {})
+    for (node, gpu, count), message in findings.cross_check_events(reports, posted):
+        kopf.event(body, type="Warning", reason=findings.REASON, message=message)
+        posted[(node, gpu)] = count
     if (
         deg[0]
         and next(

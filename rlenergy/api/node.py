@@ -197,6 +197,20 @@ GpuCondition = Literal["ok", "measureOnly", "degraded", "lost"]
 ClockState = Literal["unlocked", "settling", "asRequested", "capped", "unexplained", "idle"]
 
 
+class EnergyCrossCheck(_Wire):
+    """The last check of the energy counter against integrated instant power on one GPU."""
+
+    counter_joules: float = Field(
+        alias="counterJoules", ge=0, description="Energy from the counter over the check, J."
+    )
+    power_joules: float = Field(
+        alias="powerJoules", ge=0, description="Instant power integrated over the same time, J."
+    )
+    window_seconds: float = Field(alias="windowSeconds", ge=0, description="Check length, s.")
+    mismatch: bool = Field(description="The two disagree by more than the threshold (15 %).")
+    mismatches: int = Field(0, ge=0, description="Checks that mismatched since the agent began.")
+
+
 class GpuStatus(_Wire):
     """One GPU on the node."""
 
@@ -264,6 +278,11 @@ class GpuStatus(_Wire):
         alias="clockLimit",
         description="The clock-event reasons holding a capped GPU below its lock, e.g. "
         "SwPowerCap,SwThermalSlowdown.",
+    )
+    energy_cross_check: EnergyCrossCheck | None = Field(
+        None,
+        alias="energyCrossCheck",
+        description="Last energy counter vs instant power check (counter-metered GPUs only).",
     )
 
 

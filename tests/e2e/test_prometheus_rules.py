@@ -110,6 +110,14 @@ def test_every_alert_fires_on_its_fault_and_not_on_the_healthy_twin(tmp_path: Pa
             bad,
             "5m",
         ),
+        "RLEnergyEnergyCrossCheckMismatch": (
+            [  # one mismatch at 5 min on the bad GPU; the good GPU's checks all agree
+                series("rlenergy_agent_energy_crosscheck_mismatches_total", bad, "0x4 1x25"),
+                series("rlenergy_agent_energy_crosscheck_mismatches_total", good, "0x30"),
+            ],
+            bad,
+            "5m",
+        ),
         "RLEnergyNVMLDown": (
             [
                 series("rlenergy_agent_nvml_up", {"node": "gpu-a"}, "0x30"),

@@ -175,6 +175,7 @@ class _Sim:
     offset_mj: int = 0
     avg_w: float = 0.0
     power_w: float = 0.0
+    counter_gain: float = 1.0
     by_label_j: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
@@ -266,6 +267,14 @@ class StandinDriver:
         with self._lock:
             self._sims[uuid].spread = factor
 
+    def set_counter_gain(self, uuid: str, gain: float) -> None:
+        """From now on one GPU's energy counter advances ``gain`` x the true energy.
+
+        Power readings stay true: a board whose counter and power sensor disagree.
+        """
+        with self._lock:
+            self._sims[uuid].counter_gain = gain
+
     def reset_counter(self, uuid: str, to_mj: int = 0) -> None:
         """Simulate a driver reload: the energy counter restarts at ``to_mj`` (case #14)."""
         with self._lock:
@@ -312,7 +321,7 @@ class StandinDriver:
                 energy = power * dt_s
                 sim.power_w = power
                 sim.truth_j += energy
-                sim.since_reset_j += energy
+                sim.since_reset_j += energy * sim.counter_gain
                 sim.by_label_j[sim.label] = sim.by_label_j.get(sim.label, 0.0) + energy
                 alpha = min(dt_s / 1.0, 1.0)  # 1 s trailing average (NVML docs, Ampere+)
                 sim.avg_w += alpha * (power - sim.avg_w)
