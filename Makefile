@@ -12,6 +12,7 @@ MODE ?= sync
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
 .PHONY: bench-scale test-chaos test-field
+.PHONY: bench-peers test-peers
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +61,19 @@ unit: $(STAMP)
 
 bench-energy: $(STAMP)
 	$(PY) bench/energy.py
+
+## EE-RL beside Zeus's power-limit optimizer, a static-clock sweep and hindsight bounds
+## (bench/peers.py; installs the `peers` extra, real zeus from PyPI, into the venv once).
+PEERS_STAMP := $(VENV)/.peers-stamp
+$(PEERS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[dev,operator,agent,peers]'
+	@touch $@
+
+bench-peers: $(PEERS_STAMP)
+	$(PY) bench/peers.py
+
+test-peers: $(PEERS_STAMP)
+	$(PY) -m pytest -q -m peers tests/peers
 
 ## FlexFloor MoE rollout: verl-style baseline vs FlexFloor on every shipped trace.
 bench-rollout: $(STAMP)

@@ -74,6 +74,7 @@ class SimulatedGpu:
         self._sensors = models.catalog().sensors
         self.now_s = start_s
         self._locked: tuple[int, int] | None = None
+        self._power_limit_w = float(sku.power_limit_w)
         self._faults: set[Fault] = set()
         self._segments: list[Segment] = []
         self._starts: list[float] = []
@@ -147,7 +148,9 @@ class SimulatedGpu:
         """Clock the GPU runs ``kind`` at under the current lock (truth), MHz."""
         if kind == "idle":
             return float(self.sku.min_sm_clock_mhz)
-        return self.sku.effective_clock_mhz(kind, None if self._locked is None else self._locked[1])
+        return self.sku.effective_clock_mhz(
+            kind, None if self._locked is None else self._locked[1], self._power_limit_w
+        )
 
     def sm_clock_mhz(self) -> int:
         """Read-back of the SM clock now, MHz (rounded down to a supported step)."""
@@ -208,9 +211,40 @@ class SimulatedGpu:
         return int(power * self._rng.gauss(1.0, self._sensors.power_read_noise_frac) * 1000.0)
 
     def power_limit_mw(self) -> int:
-        """Power limit, mW."""
+        """Power limit in force, mW (``nvmlDeviceGetEnforcedPowerLimit``)."""
+        self._check()
+        return int(self._power_limit_w * 1000)
+
+    def power_limit_constraints_mw(self) -> tuple[int, int]:
+        """(min, max) settable limit, mW (``nvmlDeviceGetPowerManagementLimitConstraints``)."""
+        self._check()
+        return int(self.sku.min_power_limit_w * 1000), int(self.sku.power_limit_w * 1000)
+
+    def default_power_limit_mw(self) -> int:
+        """Default power limit, mW (``nvmlDeviceGetPowerManagementDefaultLimit``)."""
         self._check()
         return int(self.sku.power_limit_w * 1000)
+
+    def set_power_limit_mw(self, limit_mw: int) -> None:
+        """Set the power limit (``nvmlDeviceSetPowerManagementLimit``); it caps every clock.
+
+        Raises:
+            GpuNoPermissionError: NO_PERMISSION fault injected.
+            GpuTransientError: the limit is outside the constraints (NVML_ERROR_INVALID_ARGUMENT).
+        """
+        self._check()
+        if Fault.NO_PERMISSION in self._faults:
+            raise errors.GpuNoPermissionError(
+                "setting the power limit needs CAP_SYS_ADMIN (NVML_ERROR_NO_PERMISSION)", self._uuid
+            )
+        lo, hi = self.power_limit_constraints_mw()
+        if not lo <= limit_mw <= hi:
+            raise errors.GpuTransientError(
+                f"power limit {limit_mw} mW outside {lo}-{hi} mW (NVML_ERROR_INVALID_ARGUMENT)",
+                self._uuid,
+            )
+        self._power_limit_w = limit_mw / 1000.0
+        self.writes += 1
 
     def clock_event_reasons(self) -> frozenset[base.ClockEventReason]:
         """SW_POWER_CAP while the power limit holds the clock below the lock or boost."""
@@ -219,7 +253,7 @@ class SimulatedGpu:
         if kind == "idle":
             return frozenset({base.ClockEventReason.GPU_IDLE})
         target = self.sku.max_sm_clock_mhz if self._locked is None else self._locked[1]
-        if self.sku.power_capped_clock_mhz(kind) < target:
+        if self.sku.power_capped_clock_mhz(kind, self._power_limit_w) < target:
             return frozenset({base.ClockEventReason.SW_POWER_CAP})
         return frozenset()
 

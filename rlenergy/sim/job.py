@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -146,12 +146,19 @@ class Job:
 
     # ----- analytic truth ------------------------------------------------------------------
     def phase_truth(
-        self, step: workload.StepWork, phase: str, clock_mhz: float | None
+        self,
+        step: workload.StepWork,
+        phase: str,
+        clock_mhz: float | None,
+        power_limit_w: float | None = None,
     ) -> tuple[float, float]:
-        """(time s, energy J over the pool) of ``phase`` at a fixed lock (None: default)."""
+        """(time s, energy J over the pool) of ``phase`` at a fixed lock (None: default).
+
+        ``power_limit_w`` caps the clock as a set power limit does (None: the SKU's default).
+        """
         pw = step.phase(phase)
         noise = self._noise[step.index]
-        f = self.sku.effective_clock_mhz(pw.kind, clock_mhz)
+        f = self.sku.effective_clock_mhz(pw.kind, clock_mhz, power_limit_w)
         t = (
             pw.boost_time_s
             * self.pool_time_scale(phase)
@@ -162,13 +169,18 @@ class Job:
         return t, self.sku.power_w(pw.kind, f) * spread * noise.power[phase] * t
 
     def step_truth(
-        self, step: workload.StepWork, clocks_mhz: Mapping[str, float | None]
+        self,
+        step: workload.StepWork,
+        clocks_mhz: Mapping[str, float | None],
+        power_limit_w: float | None = None,
     ) -> tuple[float, float, dict[str, float], dict[str, float]]:
         """(time s, energy J, phase times, phase energies) of a step at fixed clocks."""
         times: dict[str, float] = {}
         energies: dict[str, float] = {}
         for phase in workload.PHASES:
-            times[phase], energies[phase] = self.phase_truth(step, phase, clocks_mhz.get(phase))
+            times[phase], energies[phase] = self.phase_truth(
+                step, phase, clocks_mhz.get(phase), power_limit_w
+            )
         return self._combine(step, times, energies)
 
     def _combine(
@@ -259,6 +271,7 @@ def run_job(
     *,
     on_step: object = None,
     faults: Mapping[int, Sequence[sim_gpu.Fault]] | None = None,
+    on_start: Callable[[Sequence[sim_gpu.SimulatedGpu]], None] | None = None,
 ) -> tuple[list[StepResult], list[sim_gpu.SimulatedGpu]]:
     """Play every step of ``job`` under ``policy``.
 
@@ -267,6 +280,8 @@ def run_job(
         policy: any ``FrequencyPolicy``.
         on_step: optional callable ``(StepResult) -> None`` (progress bars).
         faults: optional faults to inject into every GPU at a step index (an empty list clears).
+        on_start: optional callable given the simulated GPUs before the first step (peers
+            that drive the GPUs themselves, e.g. a power-limit optimizer, bind to them here).
 
     Returns:
         Per-step results and the simulated GPUs (their clocks are reset at the end).
@@ -284,6 +299,8 @@ def run_job(
     agent = _Agent(gpus)
     pools = job.pools()
     results: list[StepResult] = []
+    if on_start is not None:
+        on_start(gpus)
     for step in job.replay.steps:
         if faults and step.index in faults:
             for g in gpus:
@@ -421,13 +438,18 @@ def totals(job: Job, results: Sequence[StepResult]) -> Totals:
     )
 
 
-def fixed_run(job: Job, clocks_mhz: Mapping[str, float | None]) -> Totals:
-    """Totals of the whole job at fixed clocks per phase (None: default governor), analytically."""
+def fixed_run(
+    job: Job, clocks_mhz: Mapping[str, float | None], power_limit_w: float | None = None
+) -> Totals:
+    """Totals of the whole job at fixed clocks per phase (None: default governor), analytically.
+
+    ``power_limit_w``: a power limit held over the whole run (None: the SKU's default limit).
+    """
     t_sum = e_sum = 0.0
     pt = {p: 0.0 for p in workload.PHASES}
     pe = {p: 0.0 for p in workload.PHASES}
     for step in job.replay.steps:
-        t, e, times, energies = job.step_truth(step, clocks_mhz)
+        t, e, times, energies = job.step_truth(step, clocks_mhz, power_limit_w)
         t_sum += t
         e_sum += e
         for p in workload.PHASES:

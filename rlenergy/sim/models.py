@@ -69,6 +69,7 @@ class GpuSku(_Frozen):
     clock_step_mhz: int = pydantic.Field(gt=0)
     memory_clock_mhz: int = pydantic.Field(gt=0)
     power_limit_w: float = pydantic.Field(gt=0)
+    min_power_limit_w: float = pydantic.Field(gt=0)
     idle_power_w: float = pydantic.Field(gt=0)
     memory_bandwidth_tbps: float = pydantic.Field(gt=0)
     dense_bf16_tflops: float = pydantic.Field(gt=0)
@@ -99,18 +100,28 @@ class GpuSku(_Frozen):
         p = self.generation if kind == "generation" else self.training
         return float(p.pc_w + p.pd_w * (clock_mhz / self.max_sm_clock_mhz) ** p.a)
 
-    def power_capped_clock_mhz(self, kind: PhaseKind) -> float:
-        """Highest clock at which the phase stays within the power limit, MHz (continuous)."""
-        if kind == "idle" or self.power_w(kind, self.max_sm_clock_mhz) <= self.power_limit_w:
+    def power_capped_clock_mhz(self, kind: PhaseKind, power_limit_w: float | None = None) -> float:
+        """Highest clock at which the phase stays within the power limit, MHz (continuous).
+
+        Args:
+            kind: phase kind.
+            power_limit_w: board power limit, W (None: the SKU's default limit). A limit set
+                with ``nvmlDeviceSetPowerManagementLimit`` caps the default governor and any
+                lock alike [MODEL: the governor settles where the phase's P(f) meets the limit].
+        """
+        limit = self.power_limit_w if power_limit_w is None else power_limit_w
+        if kind == "idle" or self.power_w(kind, self.max_sm_clock_mhz) <= limit:
             return float(self.max_sm_clock_mhz)
         p = self.generation if kind == "generation" else self.training
-        ratio = max(self.power_limit_w - p.pc_w, 0.0) / p.pd_w
-        return float(self.max_sm_clock_mhz * ratio ** (1.0 / p.a))
+        ratio = max(limit - p.pc_w, 0.0) / p.pd_w
+        return float(max(self.max_sm_clock_mhz * ratio ** (1.0 / p.a), self.min_sm_clock_mhz))
 
-    def effective_clock_mhz(self, kind: PhaseKind, locked_max_mhz: float | None) -> float:
+    def effective_clock_mhz(
+        self, kind: PhaseKind, locked_max_mhz: float | None, power_limit_w: float | None = None
+    ) -> float:
         """Clock the GPU runs a phase at: the lock (or boost) capped by the power limit."""
         target = float(self.max_sm_clock_mhz) if locked_max_mhz is None else float(locked_max_mhz)
-        return min(target, self.power_capped_clock_mhz(kind))
+        return min(target, self.power_capped_clock_mhz(kind, power_limit_w))
 
 
 class ClockEstimate(_Frozen):
