@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--trace", default="verl-gpg-qwen2-7b-fsdp-8gpu", help="packaged trace name or a path"
     )
-    sim.add_argument("--gpu", default="h100-sxm", choices=models.sku_names())
+    sim.add_argument("--gpu", default="h100-sxm", choices=models.sku_names(published=True))
     sim.add_argument("--mode", default="sync", choices=("sync", "async"))
     sim.add_argument("--policy", help="RLEnergyPolicy YAML (or its spec)")
     sim.add_argument("--steps", type=int, default=200, help="RL steps (traces replay cyclically)")

@@ -294,7 +294,8 @@ class SimulatedGpu:
         self._current_kind = "idle"
         if until_s <= self.now_s:
             return 0.0
-        return self._append(until_s - self.now_s, self.sku.idle_power_w * self.power_spread, 0.0)
+        idle_w = self.sku.idle_power_for(None if self._locked is None else self._locked[1])
+        return self._append(until_s - self.now_s, idle_w * self.power_spread, 0.0)
 
     def true_energy_j(self) -> float:
         """Truth: joules since creation."""

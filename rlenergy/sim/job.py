@@ -181,22 +181,34 @@ class Job:
             times[phase], energies[phase] = self.phase_truth(
                 step, phase, clocks_mhz.get(phase), power_limit_w
             )
-        return self._combine(step, times, energies)
+        return self._combine(step, times, energies, clocks_mhz)
 
     def _combine(
-        self, step: workload.StepWork, times: dict[str, float], energies: dict[str, float]
+        self,
+        step: workload.StepWork,
+        times: dict[str, float],
+        energies: dict[str, float],
+        locks: Mapping[str, float | None] | None = None,
     ) -> tuple[float, float, dict[str, float], dict[str, float]]:
-        idle_w = self.sku.idle_power_w
+        """Step time and energy; idle GPUs draw ``idle_power_for`` the lock they hold.
+
+        ``locks``: per phase the clock its pool holds when it idles (sync: all GPUs idle after
+        the last phase, holding its lock; None: unlocked).
+        """
+        locks = locks or {}
         pools = self.pools()
         if self.mode == "sync":
             busy = sum(times.values())
             step_time = busy + step.other_time_s
+            idle_w = self.sku.idle_power_for(locks.get(workload.PHASES[-1]))
             idle_j = idle_w * sum(self.power_spread) * step.other_time_s
         else:
             busy = max(times.values())
             step_time = busy + step.other_time_s
             idle_j = sum(
-                idle_w * sum(self.power_spread[g] for g in pools[p]) * (step_time - times[p])
+                self.sku.idle_power_for(locks.get(p))
+                * sum(self.power_spread[g] for g in pools[p])
+                * (step_time - times[p])
                 for p in workload.PHASES
             )
         return step_time, sum(energies.values()) + idle_j, times, energies
@@ -315,6 +327,7 @@ def run_job(
         times: dict[str, float] = {}
         energies: dict[str, float] = {}
         measured: list[float | None] = []
+        held: dict[str, float | None] = {}
         for phase in workload.PHASES:
             pool = [gpus[i] for i in pools[phase]]
             if job.mode == "sync":
@@ -323,6 +336,7 @@ def run_job(
                     g.idle(start)
             decision = plan.phases.get(phase) or base.PhaseDecision(None, base.PhaseState.OBSERVE)
             obs, t, e = _run_phase(job, step, phase, pool, agent, decision, noise)
+            held[phase] = agent.applied[pool[0].uuid]
             phase_obs[phase] = obs
             times[phase], energies[phase] = t, e
             measured.append(obs.energy_j)
@@ -335,7 +349,7 @@ def run_job(
         idle_end = [_Agent.read(g) for g in gpus]
         idle_measured = _window(idle_start, idle_end, max(idle_t, default=0.0))
         measured.append(idle_measured)
-        step_time, energy, _, _ = job._combine(step, times, energies)
+        step_time, energy, _, _ = job._combine(step, times, energies, held)
         policy.observe(base.StepObservation(step.index, step.workload, phase_obs))
         known = [m for m in measured if m is not None]
         result = StepResult(
@@ -504,13 +518,16 @@ def oracle(
                 t[i, j], e[i, j] = job.phase_truth(s, p, c)
         tables[p] = (t, e)
     other = np.array([s.other_time_s for s in steps])
-    idle_w = sku.idle_power_w
     chosen: dict[str, int | None] = {}
     if job.mode == "sync":
         for p in workload.PHASES:
             t, e = tables[p]
             ratio = t[0].sum() / t.sum(axis=1)
             energy = e.sum(axis=1)
+            if p == workload.PHASES[-1]:
+                # The last phase's lock is held while the GPUs idle (idle_power_for).
+                idle = np.array([sku.idle_power_for(c) for c in grid[p]])
+                energy = energy + idle * sum(job.power_spread) * other.sum()
             ok = ratio >= thresholds.get(p, 0.95) - 1e-12
             best = int(np.argmin(np.where(ok, energy, np.inf)))
             chosen[p] = grid[p][best]
@@ -521,7 +538,9 @@ def oracle(
         st = sum(job.power_spread[g] for g in pools["training"])
         busy = np.maximum(tg[:, None, :], tt[None, :, :])
         step_t = busy + other
-        idle = idle_w * (sg * (step_t - tg[:, None, :]) + st * (step_t - tt[None, :, :]))
+        iw_g = np.array([sku.idle_power_for(c) for c in grid["generation"]])[:, None, None]
+        iw_t = np.array([sku.idle_power_for(c) for c in grid["training"]])[None, :, None]
+        idle = iw_g * sg * (step_t - tg[:, None, :]) + iw_t * st * (step_t - tt[None, :, :])
         energy = (eg[:, None, :] + et[None, :, :] + idle).sum(axis=2)
         total_t = step_t.sum(axis=2)
         ratio = total_t[0, 0] / total_t

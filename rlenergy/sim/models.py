@@ -100,6 +100,10 @@ class GpuSku(_Frozen):
         p = self.generation if kind == "generation" else self.training
         return float(p.pc_w + p.pd_w * (clock_mhz / self.max_sm_clock_mhz) ** p.a)
 
+    def idle_power_for(self, locked_mhz: float | None) -> float:
+        """Idle power, W, with a clock lock held (``locked_mhz``) or not (this family: the same)."""
+        return self.idle_power_w
+
     def power_capped_clock_mhz(self, kind: PhaseKind, power_limit_w: float | None = None) -> float:
         """Highest clock at which the phase stays within the power limit, MHz (continuous).
 
@@ -232,17 +236,27 @@ def catalog() -> Catalog:
     return Catalog.model_validate(raw)
 
 
-def sku_names() -> tuple[str, ...]:
-    """Names accepted by ``get_sku``."""
-    return tuple(catalog().skus)
+def sku_names(*, published: bool = False) -> tuple[str, ...]:
+    """Names accepted by ``get_sku`` (with ``published``: also the second family's curves)."""
+    if not published:
+        return tuple(catalog().skus)
+    from rlenergy.sim import published as published_family
+
+    return (*catalog().skus, *published_family.curve_names())
 
 
 def get_sku(name: str) -> GpuSku:
     """Return the SKU model called ``name``.
 
+    ``<sku>:<curve>`` names a curve of the published family (``rlenergy.sim.published``).
+
     Raises:
         KeyError: unknown SKU; the message lists the known ones.
     """
+    if ":" in name:
+        from rlenergy.sim import published as published_family
+
+        return published_family.get(name)
     skus = catalog().skus
     if name not in skus:
         raise KeyError(f"unknown GPU {name!r}; known: {', '.join(skus)}")
