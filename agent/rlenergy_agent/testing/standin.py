@@ -91,6 +91,7 @@ class GpuState(ctypes.Structure):
         ("clock_cap_mhz", ctypes.c_uint32),
         ("call_delay_us", ctypes.c_uint32),
         ("silent_cap", ctypes.c_uint32),
+        ("min_power_limit_mw", ctypes.c_uint32),
     ]
 
 
@@ -230,6 +231,7 @@ class StandinDriver:
                 g.sm_clocks_mhz[j] = c
             g.max_sm_clock_mhz = sku.max_sm_clock_mhz
             g.power_limit_mw = int(sku.power_limit_w * 1000)
+            g.min_power_limit_mw = int(sku.min_power_limit_w * 1000)
             g.idle = 1
             sim = _Sim(sku, (power_spread or {}).get(uuid, 1.0), offset_mj=counter_offset_mj)
             sim.avg_w = sim.power_w = sku.idle_power_w * sim.spread

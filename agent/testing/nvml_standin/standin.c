@@ -504,6 +504,19 @@ nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *
 nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *mw) {
     return nvmlDeviceGetEnforcedPowerLimit(device, mw);
 }
+/* The stand-in never changes its limit, so the default limit is the one in force. */
+nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *mw) {
+    return nvmlDeviceGetEnforcedPowerLimit(device, mw);
+}
+nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, unsigned int *lo,
+                                                          unsigned int *hi) {
+    ENTER(device);
+    if (device->fail_power) return device->fail_power;
+    if (lo == NULL || hi == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *lo = device->min_power_limit_mw;
+    *hi = device->power_limit_mw;
+    return NVML_SUCCESS;
+}
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *u) {
     ENTER(device);

@@ -57,6 +57,7 @@ typedef struct {
     uint32_t clock_cap_mhz;       /* "lock accepted but effective clock lower": cap, 0 = none */
     uint32_t call_delay_us;       /* added latency per call (persistence mode off) */
     uint32_t silent_cap;          /* 1: the cap is reported with no clock-event reason */
+    uint32_t min_power_limit_mw;  /* lower power-limit constraint (the upper is power_limit_mw) */
 } standin_gpu_t;
 
 typedef struct {
