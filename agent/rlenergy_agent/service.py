@@ -35,7 +35,7 @@ from typing import Protocol
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
 from rlenergy_agent import actuator as act
-from rlenergy_agent import crosscheck, energy, histogram
+from rlenergy_agent import crosscheck, energy, histogram, shares
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ class Agent:
         devices = self.podmap.devices_of(pod)
         physical: list[str] = []
         for d in devices:
-            u = self.mig_parent.get(d, d)
+            u = shares.physical(d, self.mig_parent)
             if u in self.actuator.gpus and u not in physical:
                 physical.append(u)
         return tuple(physical), devices
@@ -390,7 +390,7 @@ class Agent:
         if not gpus:
             self.refused += 1
             raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
-        foreign = [g for g in gpu_uuids if self.mig_parent.get(g, g) not in gpus]
+        foreign = [g for g in gpu_uuids if shares.physical(g, self.mig_parent) not in gpus]
         if foreign:
             self.refused += 1
             raise SignalRefused(f"pod {pod} does not hold GPU(s) {', '.join(foreign)}", 403)
@@ -693,11 +693,27 @@ class Agent:
                 self.pod_of[u] = None
             self.report_due = self.report_due or bool(gpus)
 
+    def _shared(self, pod: PodRef, win: energy.Window) -> energy.Window:
+        """``win`` with each shared GPU's energy scaled to ``pod``'s share (``shares``)."""
+        split = shares.shares(
+            {(p.namespace, p.name): d for p, d in self.podmap.pods().items()},
+            self.mig_parent,
+            {u: c.mig_uuids for u, c in self.actuator.controls.items() if c.mig_uuids},
+        )
+        key = (pod.namespace, pod.name)
+        factor = {u: split.get((key, u), 1.0) for u in win.per_gpu_j}
+        if all(f == 1.0 for f in factor.values()):
+            return win
+        per = {u: None if j is None else j * factor[u] for u, j in win.per_gpu_j.items()}
+        values = list(per.values())
+        total = None if any(v is None for v in values) else sum(v for v in values if v is not None)
+        return dataclasses.replace(win, energy_j=total, per_gpu_j=per)
+
     def _close(self, pod: PodRef, end: energy.Mark) -> api_node.PhaseWindowReport | None:
         w = self._open.pop(pod, None)
         if w is None:
             return None
-        win = self.meter.window(w.mark, end)
+        win = self._shared(pod, self.meter.window(w.mark, end))
         now = self._clock()
         released = w.released_gpu_s + sum(
             max(now - max(p.since_s, w.started_s), 0.0)
@@ -834,7 +850,7 @@ class Agent:
             unattributed = 0.0
             attributed = {u for u, p in self.pod_of.items() if p is not None}
             for pod_devices in self.podmap.pods().values():
-                attributed.update(self.mig_parent.get(d, d) for d in pod_devices)
+                attributed.update(shares.physical(d, self.mig_parent) for d in pod_devices)
             for u, ctl in self.actuator.controls.items():
                 j = self.meter.total_j(u)
                 st = self.meter.state[u]
@@ -920,7 +936,8 @@ class Agent:
         if not gpus:
             self.refused += 1
             raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
-        targets = list(dict.fromkeys(self.mig_parent.get(g, g) for g in gpu_uuids)) or list(gpus)
+        named = (shares.physical(g, self.mig_parent) for g in gpu_uuids)
+        targets = list(dict.fromkeys(named)) or list(gpus)
         foreign = [g for g in targets if g not in gpus]
         if foreign:
             self.refused += 1
@@ -958,7 +975,7 @@ class Agent:
             The GPU time of the parks ended, GPU-s.
         """
         with self._lock:
-            wanted = {self.mig_parent.get(g, g) for g in gpu_uuids}
+            wanted = {shares.physical(g, self.mig_parent) for g in gpu_uuids}
             ended = [
                 u for u, p in self.parked.items() if p.pod == pod and (not wanted or u in wanted)
             ]

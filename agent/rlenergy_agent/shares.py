@@ -1,0 +1,58 @@
+"""Shared GPUs: each physical GPU's energy is booked once, split over the pods that share it.
+
+A GPU can be shared two ways: MIG (the kubelet hands out MIG device UUIDs, several per physical
+GPU) and time-slicing (the NVIDIA device plugin's replicas, device IDs ``<GPU UUID>::<n>``).
+Each instance sees the whole GPU's power, so booking every pod's window with the GPU's full
+energy multiplies it by the number of sharers (issue #16, item 4). Here a pod's window books
+``share(pod, gpu)`` of the GPU's energy:
+
+* MIG: the pod's instances over all MIG instances of the GPU (``mig_uuids``), so a job owning
+  k of n instances books k/n; instances no pod holds leave their share unbooked (it shows in
+  the node report's unattributed energy). Instances count equally: MIG profiles of different
+  sizes are not weighted (the agent does not read profile sizes from NVML);
+* time-slicing: the pod's replicas over every replica of the GPU any pod holds;
+* a whole GPU held by one pod: 1.
+
+Pure functions; ``rlenergy_agent.service`` applies them when a window closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+
+REPLICA_SEPARATOR = "::"
+"""The NVIDIA device plugin names time-sliced replicas ``<GPU UUID>::<replica index>``."""
+
+
+def physical(device: str, mig_parent: Mapping[str, str]) -> str:
+    """The physical GPU UUID of a kubelet device ID (MIG instance, replica, or a GPU)."""
+    if device in mig_parent:
+        return mig_parent[device]
+    base, sep, index = device.rpartition(REPLICA_SEPARATOR)
+    return base if sep and index.isdigit() else device
+
+
+def shares(
+    pods: Mapping[Hashable, Sequence[str]],
+    mig_parent: Mapping[str, str],
+    mig_instances: Mapping[str, Sequence[str]],
+) -> dict[tuple[Hashable, str], float]:
+    """``(pod, physical GPU) -> share`` of the GPU's energy each pod's windows book.
+
+    Args:
+        pods: every pod on the node with its kubelet device IDs.
+        mig_parent: MIG instance UUID -> physical GPU UUID.
+        mig_instances: physical GPU UUID -> its MIG instance UUIDs (MIG-enabled GPUs only).
+    """
+    held: dict[tuple[Hashable, str], int] = {}
+    replicas: dict[str, set[str]] = {}
+    for pod, devices in pods.items():
+        for d in devices:
+            gpu = physical(d, mig_parent)
+            held[(pod, gpu)] = held.get((pod, gpu), 0) + 1
+            replicas.setdefault(gpu, set()).add(d)
+    out: dict[tuple[Hashable, str], float] = {}
+    for (pod, gpu), n in held.items():
+        total = len(mig_instances.get(gpu, ())) or len(replicas[gpu])
+        out[(pod, gpu)] = min(n / max(total, 1), 1.0)
+    return out
