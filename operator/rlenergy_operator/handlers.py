@@ -37,6 +37,7 @@ from rlenergy_operator import (
     findings,
     jobloop,
     kube,
+    liveness,
     metrics,
     rollout,
     scheduling,
@@ -48,6 +49,8 @@ CFG = op_settings.OperatorConfig()
 RESOURCE = (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL)
 REPORT_RESOURCE = (api_nodereport.GROUP, api_nodereport.VERSION, api_nodereport.PLURAL)
 
+ECHOES = liveness.EchoTracker(CFG.watch_echo_bound_s)
+"""Status writes of the job loop waiting for the policy watch to bring them back."""
 _CHECKPOINTS: dict[tuple[str, str], int] = {}
 """(namespace, policy) -> the job loop's ``totals.throughStep``: the index drops older records."""
 
@@ -69,6 +72,24 @@ def operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
     return api_policy.parse_policy({"spec": dict(spec)}, require_selector=True)
+
+
+@kopf.on.probe(id="policy_watch")
+def policy_watch_probe(**_: Any) -> str:
+    """Liveness: fail while a status write has not come back through the policy watch.
+
+    Raises:
+        kopf.PermanentError: a write waited longer than ``watch_echo_bound_s`` (``/healthz``
+            then answers 500 and the kubelet restarts the operator).
+    """
+    overdue = ECHOES.overdue()
+    if overdue:
+        (ns, name), waited = max(overdue.items(), key=lambda kv: kv[1])
+        raise kopf.PermanentError(
+            f"policy watch silent: the status written to {ns}/{name} {waited:.0f} s ago never "
+            f"came back ({len(overdue)} policies waiting)"
+        )
+    return "ok"
 
 
 @kopf.on.resume(*RESOURCE)
@@ -218,6 +239,8 @@ def policy_loop(
     """
     if meta.get("deletionTimestamp"):
         return
+    version = str(meta.get("resourceVersion") or "")
+    ECHOES.seen((namespace, name), version)
     generation = int(meta.get("generation") or 0)
     if status.get("observedGeneration") != generation:
         # policy_reconcile has not recorded this generation yet. The timer starts beside the
@@ -320,6 +343,8 @@ def policy_loop(
     diff = builders.merge_patch(old, new)
     for key, value in diff.items():
         patch.status[key] = value
+    if diff:
+        ECHOES.wrote((namespace, name), version)
     metrics.policy_pass(
         namespace,
         name,
@@ -434,6 +459,7 @@ def policy_delete(
     """Hold the finalizer until the GPUs are reset (or the deadline), then clean up."""
     _CHECKPOINTS.pop((namespace, name), None)
     metrics.policy_gone(namespace, name)
+    ECHOES.forget((namespace, name))
     generation = int(meta.get("generation") or 0)
     now = _now()
     previous = list(status.get("conditions") or [])

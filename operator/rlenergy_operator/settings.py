@@ -91,6 +91,9 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     agent_coverage_interval_s: float = pydantic.Field(60.0, gt=0)
     """Seconds between checks that every GPU node has a node agent: one list of all nodes
     (their GPU label, taints, allocatable GPUs) for all policies. Default 60 s."""
+    watch_echo_bound_s: float = pydantic.Field(180.0, gt=0)
+    """Seconds a status write may wait for the policy watch to bring it back before the
+    liveness probe fails (``rlenergy_operator.liveness``). Default 180 s."""
     metrics_port: int = pydantic.Field(0, ge=0, le=65535)
     """Port of the operator's Prometheus ``/metrics`` on all addresses; 0: off. Default 0 (the
     Helm chart sets ``operator.metricsPort``, 8081)."""
