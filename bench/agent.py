@@ -29,8 +29,8 @@ from pathlib import Path
 from rlenergy_agent.testing import standin
 
 from rlenergy.devcluster import DevCluster, trainers
+from rlenergy.gpu import models
 from rlenergy.sdk import trainer
-from rlenergy.sim import models
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = {

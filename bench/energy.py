@@ -1,7 +1,7 @@
 """EE-RL energy benchmark: every shipped trace x {sync, async} x GPU curves of both physics families.
 
-The first family is ``h100-sxm`` and ``b200`` (``rlenergy.sim.models``, the model EE-RL's fit
-assumes); the second is every curve of ``rlenergy.sim.published`` (shapes from published
+The first family is ``h100-sxm`` and ``b200`` (``rlenergy.gpu.models``, the model EE-RL's fit
+assumes); the second is every curve of ``rlenergy.gpu.published`` (shapes from published
 measurements: ``h100-sxm:hbm-decode`` etc.). Prints one row per run (online saving, oracle
 saving, their ratio, throughput vs default, the lowest phase throughput ratio, trial steps,
 measured-vs-true energy) and, last, per family one line with the worst ``online_to_oracle`` and
@@ -21,7 +21,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from rlenergy.sim import published, report, traces
+from rlenergy.gpu import published
+from rlenergy.sim import report, traces
 
 GPUS = ("h100-sxm", "b200")
 MODES = ("sync", "async")

@@ -43,8 +43,9 @@ from zeus.optimizer.power_limit import MaxSlowdownConstraint  # noqa: E402
 
 from rlenergy.api.v1alpha1 import policy as api_policy  # noqa: E402
 from rlenergy.control.freq import config  # noqa: E402
+from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job  # noqa: E402
-from rlenergy.sim import models, peers, report, traces, workload  # noqa: E402
+from rlenergy.sim import peers, report, traces, workload  # noqa: E402
 
 GPUS = ("h100-sxm", "b200")
 MODES = ("sync", "async")

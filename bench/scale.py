@@ -48,8 +48,9 @@ from rlenergy_agent import kube as agent_kube
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, base
 from rlenergy.devcluster import DevCluster
+from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, workload
+from rlenergy.sim import workload
 
 ROOT = Path(__file__).resolve().parents[1]
 GPUS_PER_NODE = 8

@@ -5,7 +5,7 @@ The real ``zeus`` package (pinned in pyproject's ``peers`` extra) runs unchanged
 ``zeus.device.gpu.common.GPU`` / ``GPUs`` subclasses (``SimZeusGPU``), installed as the
 singleton that ``zeus.device.get_gpus()`` returns. Zeus calls, as on a real node,
 get/set power limit, power-limit constraints, persistence mode and the energy counter; a power
-limit caps the default governor as ``rlenergy.sim.models.GpuSku.power_capped_clock_mhz`` models
+limit caps the default governor as ``rlenergy.gpu.models.GpuSku.power_capped_clock_mhz`` models
 it.
 
 Three framework hooks are bound to the simulated job, which plays the training framework:

@@ -172,7 +172,7 @@ def cmd_rollout_sim(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
-    from rlenergy.sim import models
+    from rlenergy.gpu import models
 
     parser = argparse.ArgumentParser(
         prog="rlenergy", description="GPU energy control for RL post-training."

@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING
 
 from rlenergy.api import selector
 from rlenergy.gpu import base, errors
-from rlenergy.sim import gpu as sim_gpu
-from rlenergy.sim import models
 from rlenergy_agent import actuator, config, energy, identity, podlife, server, service
 from rlenergy_agent.nvml import backend, lib
 
@@ -53,14 +51,9 @@ def parse_static_pods(text: str) -> dict[service.PodRef, list[str]]:
 
 def _gpus(settings: config.AgentSettings) -> tuple[dict[str, base.Gpu], dict[str, object]]:
     if settings.backend == "sim":
-        sku = models.get_sku(settings.sim_sku)
-        sims = {
-            f"GPU-sim-{settings.node_name}-{i:02d}": sim_gpu.SimulatedGpu(
-                sku, f"GPU-sim-{settings.node_name}-{i:02d}", seed=i
-            )
-            for i in range(settings.sim_gpus)
-        }
-        return dict(sims), {}
+        from rlenergy_agent.testing import simgpus
+
+        return simgpus.simulated_gpus(settings.node_name, settings.sim_sku, settings.sim_gpus), {}
     found = backend.discover()
     for index, why in found.lost.items():
         log.error("GPU at NVML index %d skipped: %s", index, why)

@@ -1,6 +1,6 @@
 """Applies the plan's SM clock to GPUs the moment a phase starts; resets locks it made.
 
-Safety rules (DESIGN.md section 8, cases #1, #3-#7):
+Safety rules (docs/agent.md "Clocks"; cases #1, #3-#7 in docs/troubleshooting.md):
 
 * idempotent: a write happens only when the target differs from what the agent applied, except
   on GPUs with persistence mode off, where a set done earlier may have silently reverted

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import kubernetes
-from kubernetes.client.exceptions import ApiException
+from kubernetes.client.exceptions import ApiException as ApiException
 
 from rlenergy.api import node as api_node
 from rlenergy.api import selector
@@ -48,12 +48,12 @@ def load_api(kubeconfig: str | None = None) -> Any:
             process-wide default configuration is left alone.
     """
     if kubeconfig is not None:
-        client = kubernetes.config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
         return kubernetes.client.CustomObjectsApi(client)
     try:
-        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+        kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+        kubernetes.config.load_kube_config()
     return kubernetes.client.CustomObjectsApi()
 
 
@@ -327,7 +327,7 @@ class TokenReviewer:
         except Exception as exc:  # noqa: BLE001 - urllib3 and socket errors: API unreachable
             raise identity.ReviewUnavailableError(f"TokenReview failed: {exc}") from None
         st = res.status
-        if st is None or not st.authenticated:
+        if st is None or not st.authenticated or st.user is None:
             return identity.Review(
                 False, error=str(getattr(st, "error", "") or "not authenticated")
             )

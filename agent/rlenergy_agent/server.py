@@ -63,12 +63,12 @@ def dispatch(
         return signals.PhaseAnswer(
             pod=who,
             gpus=list(res.gpus),
-            latencySeconds=res.latency_s,
+            latency_seconds=res.latency_s,
             applied={
                 u: signals.AppliedClock(
-                    requestedMHz=r.requested_mhz,
-                    targetMHz=r.target_mhz,
-                    effectiveMHz=r.effective_mhz,
+                    requested_mhz=r.requested_mhz,
+                    target_mhz=r.target_mhz,
+                    effective_mhz=r.effective_mhz,
                     skipped=r.skipped,
                     error=r.error,
                 )
@@ -90,16 +90,16 @@ def dispatch(
         parked = agent.park(pod, req.step, gpu_uuids=req.gpus)
         return signals.ParkAnswer(
             pod=who,
-            parked={u: signals.ParkedGpu(clockMHz=c) for u, c in parked.parked.items()},
+            parked={u: signals.ParkedGpu(clock_mhz=c) for u, c in parked.parked.items()},
             already=list(parked.already),
             applied={
-                u: signals.ParkApplied(effectiveMHz=r.effective_mhz, error=r.error)
+                u: signals.ParkApplied(effective_mhz=r.effective_mhz, error=r.error)
                 for u, r in parked.applied.items()
             },
         )
     if isinstance(req, signals.UnparkRequest):
         released = agent.unpark(pod, gpu_uuids=req.gpus)
-        return signals.UnparkAnswer(pod=who, releasedGpuSeconds=released)
+        return signals.UnparkAnswer(pod=who, released_gpu_seconds=released)
     if isinstance(req, api_node.RolloutDispatch):
         agent.publish_rollout(pod, req)
         return signals.PodAnswer(pod=who)

@@ -1,7 +1,7 @@
 """The node agent's core: phase signals in, clocks and energy windows out.
 
 ``Agent`` holds the current ``ClockPlan`` and applies it locally the moment a phase starts
-(clock switches never wait for the operator, DESIGN.md section 2). A phase signal names the
+(clock switches never wait for the operator, docs/architecture.md). A phase signal names the
 calling pod (authenticated by the server), so only that pod's GPUs, as the kubelet allocated
 them, are clocked and metered (case #22). Each phase window is closed by the next signal; a
 step's windows become one ``StepRecord`` for the node report. Energy of GPUs no pod holds is
@@ -835,9 +835,9 @@ class Agent:
             return None
         last = chk.last
         return api_node.EnergyCrossCheck(
-            counterJoules=last.counter_j,
-            powerJoules=last.power_j,
-            windowSeconds=last.window_s,
+            counter_joules=last.counter_j,
+            power_joules=last.power_j,
+            window_seconds=last.window_s,
             mismatch=last.mismatch,
             mismatches=chk.mismatches,
         )

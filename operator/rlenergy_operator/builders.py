@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
+
+import pydantic
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
@@ -189,7 +191,7 @@ def condition(
     previous: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A condition; ``lastTransitionTime`` moves only when ``status`` changes."""
-    value = "True" if status else "False"
+    value: Literal["True", "False"] = "True" if status else "False"
     old = next((c for c in previous if c.get("type") == type_), None)
     since = old["lastTransitionTime"] if old and old.get("status") == value else now
     cond = api_status.Condition(
@@ -197,8 +199,8 @@ def condition(
         status=value,
         reason=reason,
         message=message,
-        lastTransitionTime=since,
-        observedGeneration=generation,
+        last_transition_time=since,
+        observed_generation=generation,
     )
     return cond.model_dump(by_alias=True, exclude_none=True)
 
@@ -328,3 +330,36 @@ def degraded_condition(
     if has_reports and not has_clock_table:
         return True, "NoClockTable", "no node reported the GPUs' supported clocks"
     return False, "AsExpected", "no errors"
+
+
+def unacknowledged_resets(items: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``node/GPU-uuid`` of every GPU whose clock reset is not acknowledged yet.
+
+    Args:
+        items: the policy's RLEnergyNodeReport objects as listed (a spec that does not parse
+            is skipped: its agent cannot acknowledge anything).
+    """
+    pending: list[str] = []
+    for item in items:
+        try:
+            rep = api_node.NodeReport.model_validate(item.get("spec") or {})
+        except pydantic.ValidationError:
+            continue
+        pending += [f"{rep.node_name}/{g.uuid}" for g in rep.gpus if not g.reset_acknowledged]
+    return pending
+
+
+def reset_wait_message(pending: int, waited_s: float, deadline_s: float) -> str:
+    """Progressing's message while the deletion waits for reset acknowledgements."""
+    return (
+        f"waiting for {pending} GPUs to acknowledge the clock reset "
+        f"({waited_s:.0f}/{deadline_s:.0f} s)"
+    )
+
+
+def reset_deadline_message(pending: Sequence[str], deadline_s: float) -> str:
+    """Degraded's message when the reset deadline passed with GPUs unacknowledged."""
+    return (
+        f"reset deadline {deadline_s:.0f} s passed; {len(pending)} GPUs never "
+        f"acknowledged the reset (first: {pending[0]}); the finalizer is lifted anyway"
+    )

@@ -13,18 +13,24 @@
 The handlers write only ``status`` (through the /status subresource, which kopf detects) and
 one finalizer; never the spec, labels or annotations (GitOps). They return None, so kopf
 stores no handler results in status. Errors from the library become kopf errors here.
+
+Each handler is I/O and kopf glue over pure modules: ``jobloop`` (plans, accounting),
+``loopstatus`` (the loop's status), ``conditions`` (one pass's conditions), ``builders`` and
+``scheduling``. State lives in kopf's memo, none in this module: per policy the job loop and
+its report cache; operator-wide (set at start-up, shared by every object's memo copy) the
+checkpoints the report index trims by and the agent-scheduling finding.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import kopf
-import pydantic
 
 from rlenergy import errors
 from rlenergy.api import node as api_node
@@ -33,11 +39,13 @@ from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy_operator import (
     builders,
+    conditions,
     coverage,
     findings,
     jobloop,
     kube,
     liveness,
+    loopstatus,
     metrics,
     rollout,
     scheduling,
@@ -48,11 +56,23 @@ from rlenergy_operator import settings as op_settings
 CFG = op_settings.OperatorConfig()
 RESOURCE = (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL)
 REPORT_RESOURCE = (api_nodereport.GROUP, api_nodereport.VERSION, api_nodereport.PLURAL)
-
+DAEMONSET = f"{CFG.namespace}/{CFG.agent_daemonset_name}"
 ECHOES = liveness.EchoTracker(CFG.watch_echo_bound_s)
 """Status writes of the job loop waiting for the policy watch to bring them back."""
-_CHECKPOINTS: dict[tuple[str, str], int] = {}
-"""(namespace, policy) -> the job loop's ``totals.throughStep``: the index drops older records."""
+
+
+@dataclasses.dataclass
+class AgentCheck:
+    """The last agent-scheduling finding, operator-wide (in the start-up memo).
+
+    One DaemonSet serves every policy, so one check per interval serves them all.
+    """
+
+    at: float = float("-inf")
+    found: tuple[bool, str, str] | None = None
+    coverage_at: float = float("-inf")
+    missing: tuple[bool, str, str] | None = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 def _now() -> str:
@@ -63,11 +83,32 @@ def _now() -> str:
     )
 
 
+def _pass(meta: kopf.Meta, status: kopf.Status) -> conditions.PassConditions:
+    generation = int(meta.get("generation") or 0)
+    return conditions.PassConditions(status.get("conditions"), generation=generation, now=_now())
+
+
+def _dump(model: Any) -> Any:
+    return model.model_dump(by_alias=True, exclude_none=True)
+
+
+def _temporary(
+    what: str, exc: kube.ApiError, delay: float = CFG.retry_delay_s
+) -> kopf.TemporaryError:
+    return kopf.TemporaryError(f"{what}: {exc.status} {exc.reason}", delay=delay)
+
+
 @kopf.on.startup()
-def operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Apply the kopf settings (finalizer, status storage, peering, timeouts); serve metrics."""
+def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Apply the kopf settings (finalizer, status storage, peering, timeouts); serve metrics.
+
+    The global memo gets the operator-wide state; kopf gives each object a shallow copy, so
+    every policy and node report sees the same ``checkpoints`` and ``agent_check``.
+    """
     op_settings.configure_kopf(settings, CFG)
     metrics.serve(CFG.metrics_port)
+    memo["checkpoints"] = {}  # (namespace, policy) -> the loop's totals.throughStep
+    memo["agent_check"] = AgentCheck()
 
 
 def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
@@ -84,7 +125,8 @@ def policy_watch_probe(**_: Any) -> str:
     """
     overdue = ECHOES.overdue()
     if overdue:
-        (ns, name), waited = max(overdue.items(), key=lambda kv: kv[1])
+        key, waited = max(overdue.items(), key=lambda kv: kv[1])
+        ns, name = cast(tuple[str, str], key)
         raise kopf.PermanentError(
             f"policy watch silent: the status written to {ns}/{name} {waited:.0f} s ago never "
             f"came back ({len(overdue)} policies waiting)"
@@ -97,107 +139,45 @@ def policy_watch_probe(**_: Any) -> str:
 @kopf.on.update(*RESOURCE, field="spec")
 @metrics.counted("policy_reconcile")
 def policy_reconcile(
+    *,
     spec: kopf.Spec,
-    meta: kopf.Meta,
     status: kopf.Status,
+    meta: kopf.Meta,
     patch: kopf.Patch,
     memo: kopf.Memo,
     body: kopf.Body,
-    logger: logging.Logger,
+    logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """Validate, ensure the node agents, set observedGeneration and conditions."""
-    generation = int(meta.get("generation") or 0)
-    previous = list(status.get("conditions") or [])
-    now = _now()
+    """Validate, ensure the node agents, set observedGeneration, conditions, the first plan."""
+    conds = _pass(meta, status)
     memo["loop"] = None  # rebuilt by the next loop pass (restart or new spec)
     try:
         parsed = _parse(spec)
     except errors.InvalidInputError as exc:
         # Admission refuses almost every bad spec; what it cannot check lands here.
-        bad = [
-            builders.condition(
-                "Ready",
-                False,
-                "InvalidSpec",
-                str(exc),
-                generation=generation,
-                now=now,
-                previous=previous,
-            ),
-            builders.condition(
-                "Degraded",
-                True,
-                "InvalidSpec",
-                str(exc),
-                generation=generation,
-                now=now,
-                previous=previous,
-            ),
-        ]
-        patch.status["conditions"] = builders.merge_conditions(previous, bad)
-        patch.status["observedGeneration"] = generation
+        conditions.invalid_spec(conds, str(exc))
+        patch.status["conditions"] = conds.merged()
+        patch.status["observedGeneration"] = conds.generation
         kopf.event(body, type="Warning", reason="InvalidSpec", message=str(exc))
         logger.warning("invalid spec: %s", exc)
         return
     try:
         action = kube.ensure_daemonset(builders.agent_daemonset(CFG))
     except kube.ApiError as exc:
-        raise kopf.TemporaryError(
-            f"node-agent DaemonSet {CFG.namespace}/{CFG.agent_daemonset_name}: "
-            f"{exc.status} {exc.reason}",
-            delay=CFG.retry_delay_s,
-        ) from exc
+        raise _temporary(f"node-agent DaemonSet {DAEMONSET}", exc) from exc
     if action != "unchanged":
-        logger.info(
-            "node-agent DaemonSet %s/%s %s", CFG.namespace, CFG.agent_daemonset_name, action
-        )
-    conds = [
-        builders.condition(
-            "Ready",
-            True,
-            "AgentsDeployed",
-            f"spec accepted; node agents: DaemonSet {CFG.namespace}/{CFG.agent_daemonset_name}",
-            generation=generation,
-            now=now,
-            previous=previous,
-        )
-    ]
-    have = {c.get("type") for c in previous}
-    if "Progressing" not in have:
-        conds.append(
-            builders.condition(
-                "Progressing",
-                True,
-                "WaitingForReports",
-                "no complete RL step reported yet",
-                generation=generation,
-                now=now,
-            )
-        )
-    degraded = next((c for c in previous if c.get("type") == "Degraded"), None)
-    if degraded is None or degraded.get("reason") == "InvalidSpec":
-        conds.append(
-            builders.condition(
-                "Degraded",
-                False,
-                "AsExpected",
-                "no errors",
-                generation=generation,
-                now=now,
-                previous=previous,
-            )
-        )
-    patch.status["conditions"] = builders.merge_conditions(previous, conds)
-    patch.status["observedGeneration"] = generation
+        logger.info("node-agent DaemonSet %s %s", DAEMONSET, action)
+    conditions.accepted(conds, DAEMONSET)
+    patch.status["conditions"] = conds.merged()
+    patch.status["observedGeneration"] = conds.generation
     if not status.get("plan"):
-        loop = jobloop.JobLoop(parsed, generation)
-        patch.status["plan"] = loop.plan(now).model_dump(by_alias=True, exclude_none=True)
+        patch.status["plan"] = _dump(jobloop.first_plan(parsed, conds.generation, conds.now))
 
 
 @kopf.index(*REPORT_RESOURCE)
 def policy_node_reports(
-    namespace: str, name: str, meta: kopf.Meta, spec: kopf.Spec, **_: Any
+    *, namespace: str | None, name: str, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, **_: Any
 ) -> dict[tuple[str, str], node_reports.IndexedReport] | None:
     """Index every node report by (namespace, policy), as the watch delivers it.
 
@@ -208,71 +188,40 @@ def policy_node_reports(
     policy = spec.get("policyName")
     if not policy:
         return None
-    key = (namespace, str(policy))
-    return {
-        key: node_reports.IndexedReport.from_spec(
-            name, str(meta.get("resourceVersion") or ""), spec, _CHECKPOINTS.get(key, -1)
-        )
-    }
+    key = (str(namespace), str(policy))
+    version = str(meta.get("resourceVersion") or "")
+    after = memo["checkpoints"].get(key, -1)
+    return {key: node_reports.IndexedReport.from_spec(name, version, spec, after)}
 
 
-@kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None)
-@metrics.counted("policy_loop")
-def policy_loop(
-    spec: kopf.Spec,
-    meta: kopf.Meta,
-    status: kopf.Status,
-    patch: kopf.Patch,
+def _fold(
     memo: kopf.Memo,
-    body: kopf.Body,
-    namespace: str,
-    name: str,
-    logger: logging.Logger,
-    policy_node_reports: kopf.Index[tuple[str, str], node_reports.IndexedReport] | None = None,
-    **_: Any,
-) -> None:
-    """One pass of the job loop: node reports -> controller -> plan, status.
+    parsed: api_policy.RLEnergyPolicySpec,
+    generation: int,
+    current: api_status.RLEnergyPolicyStatus,
+    key: tuple[str, str],
+    logger: kopf.Logger,
+    indexed: kopf.Index[tuple[str, str], node_reports.IndexedReport] | None,
+) -> tuple[jobloop.JobLoop, list[api_node.NodeReport], list[int]]:
+    """The policy's job loop (rebuilt after a restart or a new generation) over its reports.
 
     Reports come from the ``policy_node_reports`` index (``reports.ReportCache.refresh``); a
-    restore after a new spec generation replays every record and GETs the reports whose indexed
-    copies were trimmed.
+    rebuild replays every record and GETs the reports whose indexed copies were trimmed.
+    Returns the loop, the reports and the steps folded in this pass.
     """
-    if meta.get("deletionTimestamp"):
-        return
-    version = str(meta.get("resourceVersion") or "")
-    ECHOES.seen((namespace, name), version)
-    generation = int(meta.get("generation") or 0)
-    if status.get("observedGeneration") != generation:
-        # policy_reconcile has not recorded this generation yet. The timer starts beside the
-        # create/update handler; a pass on the older status would write conditions without
-        # the Ready that the handler is about to set, and Ready would be lost.
-        return
-    try:
-        parsed = _parse(spec)
-    except errors.InvalidInputError:
-        return  # policy_reconcile reported it
     loop: jobloop.JobLoop | None = memo.get("loop")
-    rebuild = loop is None or loop.generation != generation
-    cache = memo.get("reports")
-    if cache is None:
-        cache = memo["reports"] = node_reports.ReportCache(
-            kube.node_report_versions, kube.node_report
-        )
+    if loop is not None and loop.generation != generation:
+        loop = None
+    if memo.get("reports") is None:
+        memo["reports"] = node_reports.ReportCache(kube.node_report_versions, kube.node_report)
+    after = -1 if loop is None else loop.account.through_step  # records after the checkpoint
+    got = None if indexed is None else indexed.get(key, ())
     try:
-        # Only records after the checkpoint are parsed; a rebuild replays every record.
-        after = -1 if rebuild or loop is None else loop.account.through_step
-        indexed = (
-            None if policy_node_reports is None else policy_node_reports.get((namespace, name), [])
-        )
-        reports = cache.refresh(namespace, name, after, logger, indexed)
+        reports = memo["reports"].refresh(*key, after, logger, got)
     except kube.ApiError as exc:
-        raise kopf.TemporaryError(
-            f"listing node reports: {exc.status} {exc.reason}", delay=CFG.retry_delay_s
-        ) from exc
-    current = api_status.RLEnergyPolicyStatus.model_validate(dict(status))
-    if loop is None or loop.generation != generation:
-        loop = jobloop.JobLoop.restore(parsed, generation, current, reports)
-        memo["loop"] = loop
+        raise _temporary("listing node reports", exc) from exc
+    if loop is None:
+        loop = memo["loop"] = jobloop.JobLoop.restore(parsed, generation, current, reports)
         logger.info(
             "job loop rebuilt: %d steps replayed from %d node reports, totals through step %d",
             loop.replayed,
@@ -280,154 +229,141 @@ def policy_loop(
             loop.account.through_step,
         )
     folded = loop.advance(reports)
-    _CHECKPOINTS[(namespace, name)] = loop.account.through_step
-    old_plan = status.get("plan")
-    plan = loop.plan(issued_at=(old_plan or {}).get("issuedAt") or _now())
-    plan_changed = builders.plan_changed(old_plan, plan)
-    if plan_changed:
-        plan = plan.model_copy(update={"issued_at": _now()})
-    phases = loop.phase_status()
-    nodes = builders.node_summary(reports)
-    now = _now()
-    previous = list(status.get("conditions") or [])
-    prog = (
-        builders.progress_condition(phases)
-        if loop.controller is not None
-        else (True, "WaitingForReports", "no complete RL step with a clock table reported yet")
+    memo["checkpoints"][key] = loop.account.through_step
+    return loop, reports, folded
+
+
+@kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None)
+@metrics.counted("policy_loop")
+def policy_loop(
+    *,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    logger: kopf.Logger,
+    policy_node_reports: kopf.Index[tuple[str, str], node_reports.IndexedReport] | None = None,
+    **_: Any,
+) -> None:
+    """One pass of the job loop: node reports -> controller -> plan, status.
+
+    Not before ``policy_reconcile`` recorded this generation: kopf runs timers beside change
+    handlers, and a pass on the older status would drop the Ready it is about to set.
+    """
+    if meta.get("deletionTimestamp"):
+        return
+    key, version = (str(namespace), name), str(meta.get("resourceVersion") or "")
+    ECHOES.seen(key, version)
+    conds = _pass(meta, status)
+    if status.get("observedGeneration") != conds.generation:
+        return
+    try:
+        parsed = _parse(spec)
+    except errors.InvalidInputError:
+        return  # policy_reconcile reported it
+    current = api_status.RLEnergyPolicyStatus.model_validate(dict(status))
+    loop, reports, folded = _fold(
+        memo, parsed, conds.generation, current, key, logger, policy_node_reports
     )
-    # No agent can schedule (policy_agents_check) explains everything else: it goes first;
-    # after a restart the last finding stands until the first check (no Degraded flap).
-    unschedulable = (
-        memo["agents_unschedulable"]
-        if "agents_unschedulable" in memo
-        else scheduling.last_finding(previous)
-    )
-    base = builders.degraded_condition(nodes, loop.controller is not None, bool(reports))
-    # Some GPU nodes without an agent (policy_agents_check) unless a stronger finding stands.
-    deg = unschedulable or (base if base[0] else memo.get("agents_missing") or base)
-    conds = builders.merge_conditions(
-        previous,
-        [
-            builders.condition(
-                "Progressing",
-                prog[0],
-                prog[1],
-                prog[2],
-                generation=generation,
-                now=now,
-                previous=previous,
-            ),
-            builders.condition(
-                "Degraded",
-                deg[0],
-                deg[1],
-                deg[2],
-                generation=generation,
-                now=now,
-                previous=previous,
-            ),
-        ],
-    )
-    new: dict[str, Any] = {
-        "plan": plan.model_dump(by_alias=True, exclude_none=True),
-        "phases": [p.model_dump(by_alias=True, exclude_none=True) for p in phases],
-        "totals": loop.totals().model_dump(by_alias=True, exclude_none=True),
-        "nodes": nodes.model_dump(by_alias=True, exclude_none=True),
-        "conditions": conds,
-    }
-    ro = rollout.reconcile(parsed, current.rollout, reports, namespace, now)
-    if ro.status is not None:
-        new["rollout"] = ro.status.model_dump(by_alias=True, exclude_none=True)
-    old = {k: status.get(k) for k in new}
-    # Compare first: status-only writes cause watch events (HARNESS section 6, pitfall 4).
-    diff = builders.merge_patch(old, new)
-    for key, value in diff.items():
-        patch.status[key] = value
-    if diff:
-        ECHOES.wrote((namespace, name), version)
-    metrics.policy_pass(
-        namespace,
-        name,
-        nodes.total,
-        nodes.ready,
-        max((r.last_step for r in reports), default=-1),
-        loop.account.through_step,
-    )
-    if folded:
-        logger.info("accounted steps %s; totals through step %d", folded, loop.account.through_step)
-    if plan_changed:
-        kopf.event(body, type="Normal", reason="PlanChanged", message=builders.describe_plan(plan))
-    if ro.event is not None:
-        kopf.event(body, type=ro.event[0], reason=ro.event[1], message=ro.event[2])
+    out = loopstatus.assemble(loop, reports, status.get("plan"), conds, *_findings(memo, conds))
+    ro = rollout.reconcile(parsed, current.rollout, reports, key[0], conds.now)
+    new = dict(out.fields) | ({} if ro.status is None else {"rollout": _dump(ro.status)})
+    if _write_status(patch, status, new):
+        ECHOES.wrote(key, version)
+    _after_pass(memo, key, loop, reports, folded, body, out, ro, logger)
+
+
+Finding = tuple[bool, str, str]
+
+
+def _findings(memo: kopf.Memo, conds: conditions.PassConditions) -> tuple[Finding | None, ...]:
+    """(agents unschedulable, GPU nodes without an agent) from ``policy_agents_check``.
+
+    After a restart the last scheduling finding stands until the first check (no flap).
+    """
+    unschedulable = memo.get("agents_unschedulable", scheduling.last_finding(conds.previous))
+    return unschedulable, memo.get("agents_missing")
+
+
+def _write_status(patch: kopf.Patch, status: kopf.Status, new: dict[str, Any]) -> bool:
+    """Patch the fields of ``new`` that differ from ``status``; whether any did.
+
+    Compare first: status-only writes cause watch events.
+    """
+    diff = builders.merge_patch({k: status.get(k) for k in new}, new)
+    patch.status.update(diff)
+    return bool(diff)
+
+
+def _cross_check_events(
+    memo: kopf.Memo, body: kopf.Body, reports: list[api_node.NodeReport]
+) -> None:
+    """A Warning per new energy cross-check finding (``findings``), once per GPU and count."""
     posted = memo.setdefault("cross_checks", {})
     for (node, gpu, count), message in findings.cross_check_events(reports, posted):
         kopf.event(body, type="Warning", reason=findings.REASON, message=message)
         posted[(node, gpu)] = count
-    if (
-        deg[0]
-        and next(
-            (c for c in previous if c.get("type") == "Degraded" and c.get("status") == "True"), None
-        )
-        is None
-    ):
-        kopf.event(body, type="Warning", reason=deg[1], message=deg[2])
 
 
-_AGENT_CHECK: dict[str, Any] = {
-    "at": float("-inf"),
-    "found": None,
-    "coverage_at": float("-inf"),
-    "missing": None,
-}
-_AGENT_CHECK_LOCK = threading.Lock()
+def _after_pass(
+    memo: kopf.Memo,
+    key: tuple[str, str],
+    loop: jobloop.JobLoop,
+    reports: list[api_node.NodeReport],
+    folded: list[int],
+    body: kopf.Body,
+    out: loopstatus.LoopStatus,
+    ro: rollout.Result,
+    logger: kopf.Logger,
+) -> None:
+    """The log line, metrics and Events of one pass (plan, rollout, Degraded, cross-checks)."""
+    if folded:
+        logger.info("accounted steps %s; totals through step %d", folded, loop.account.through_step)
+    newest = max((r.last_step for r in reports), default=-1)
+    nodes = out.nodes
+    metrics.policy_pass(*key, nodes.total, nodes.ready, newest, loop.account.through_step)
+    if out.plan_changed:
+        message = builders.describe_plan(out.plan)
+        kopf.event(body, type="Normal", reason="PlanChanged", message=message)
+    if ro.event is not None:
+        kopf.event(body, type=ro.event[0], reason=ro.event[1], message=ro.event[2])
+    _cross_check_events(memo, body, reports)
+    if out.degraded_now:
+        kopf.event(body, type="Warning", reason=out.degraded[1], message=out.degraded[2])
 
 
-@kopf.timer(*RESOURCE, interval=CFG.agent_check_interval_s, idle=None)
-@metrics.counted("policy_agents_check")
-def policy_agents_check(meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    """Whether the node agents can schedule; what blocks them feeds ``policy_loop``'s Degraded.
+def _agents_finding(check: AgentCheck, logger: kopf.Logger) -> tuple[bool, str, str] | None:
+    """Degraded from one read of the DaemonSet (``scheduling.agents_unschedulable``).
 
-    One read of the DaemonSet; only when it schedules no agent, the GPU nodes and their taints.
+    The GPU nodes are read only when the controller has seen the template and placed nothing.
+
+    Raises:
+        rlenergy_operator.kube.ApiError: a read failed.
     """
-    if meta.get("deletionTimestamp"):
-        return
-    with _AGENT_CHECK_LOCK:
-        # One DaemonSet serves every policy: one check per interval for all of them.
-        if time.monotonic() - _AGENT_CHECK["at"] < CFG.agent_check_interval_s:
-            found = _AGENT_CHECK["found"]
-        else:
-            try:
-                ds = kube.read_daemonset(CFG.namespace, CFG.agent_daemonset_name)
-                st = (ds or {}).get("status") or {}
-                current = int(st.get("observedGeneration") or 0) >= int(
-                    ((ds or {}).get("metadata") or {}).get("generation") or 0
-                )
-                # The nodes only when the controller has seen the template and placed nothing.
-                nodes = (
-                    kube.labelled_nodes(CFG.agent_gpu_node_label)
-                    if ds is not None and current and not int(st.get("desiredNumberScheduled") or 0)
-                    else []
-                )
-            except kube.ApiError as exc:
-                logger.warning("agent scheduling check: %s %s", exc.status, exc.reason)
-                return  # keep the last finding
-            template = builders.agent_daemonset(CFG)["spec"]["template"]["spec"]
-            found = scheduling.agents_unschedulable(ds, template.get("tolerations") or [], nodes)
-            _AGENT_CHECK.update(at=time.monotonic(), found=found)
-            metrics.daemonset(st if ds is not None else None)
-            _check_coverage(template, logger)
-    if found != memo.get("agents_unschedulable"):
-        logger.log(logging.WARNING if found else logging.INFO, "%s", found or "agents schedule")
-    memo["agents_unschedulable"] = found
-    missing = _AGENT_CHECK["missing"]
-    if missing != memo.get("agents_missing"):
-        logger.log(logging.WARNING if missing else logging.INFO, "%s", missing or "agents cover")
-    memo["agents_missing"] = missing
+    ds = kube.read_daemonset(CFG.namespace, CFG.agent_daemonset_name)
+    st = (ds or {}).get("status") or {}
+    seen = int(st.get("observedGeneration") or 0) >= int(
+        ((ds or {}).get("metadata") or {}).get("generation") or 0
+    )
+    nodes = (
+        kube.labelled_nodes(CFG.agent_gpu_node_label)
+        if ds is not None and seen and not int(st.get("desiredNumberScheduled") or 0)
+        else []
+    )
+    template = builders.agent_daemonset(CFG)["spec"]["template"]["spec"]
+    found = scheduling.agents_unschedulable(ds, template.get("tolerations") or [], nodes)
+    metrics.daemonset(st if ds is not None else None)
+    _check_coverage(check, template, logger)
+    return found
 
 
-def _check_coverage(template: dict[str, Any], logger: logging.Logger) -> None:
+def _check_coverage(check: AgentCheck, template: dict[str, Any], logger: kopf.Logger) -> None:
     """Every ``agent_coverage_interval_s``: which GPU nodes have no agent (all policies)."""
-    if time.monotonic() - _AGENT_CHECK["coverage_at"] < CFG.agent_coverage_interval_s:
+    if time.monotonic() - check.coverage_at < CFG.agent_coverage_interval_s:
         return
     try:
         nodes = kube.all_nodes()
@@ -441,109 +377,87 @@ def _check_coverage(template: dict[str, Any], logger: logging.Logger) -> None:
         template.get("nodeSelector") or {},
     )
     metrics.coverage(len(cov.unlabelled), len(cov.blocked))
-    _AGENT_CHECK.update(coverage_at=time.monotonic(), missing=coverage.finding(cov))
+    check.coverage_at, check.missing = time.monotonic(), coverage.finding(cov)
+
+
+@kopf.timer(*RESOURCE, interval=CFG.agent_check_interval_s, idle=None)
+@metrics.counted("policy_agents_check")
+def policy_agents_check(*, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Whether the node agents can schedule; what blocks them feeds ``policy_loop``'s Degraded.
+
+    One check per interval serves every policy (``AgentCheck`` in the start-up memo).
+    """
+    if meta.get("deletionTimestamp"):
+        return
+    check: AgentCheck = memo["agent_check"]
+    with check.lock:
+        if time.monotonic() - check.at >= CFG.agent_check_interval_s:
+            try:
+                check.found = _agents_finding(check, logger)
+            except kube.ApiError as exc:
+                logger.warning("agent scheduling check: %s %s", exc.status, exc.reason)
+                return  # keep the last finding
+            check.at = time.monotonic()
+    for field, found, fine in (
+        ("agents_unschedulable", check.found, "agents schedule"),
+        ("agents_missing", check.missing, "agents cover"),
+    ):
+        if found != memo.get(field):
+            logger.log(logging.WARNING if found else logging.INFO, "%s", found or fine)
+        memo[field] = found
+
+
+def _unacknowledged(namespace: str, name: str) -> list[str]:
+    try:
+        raw = kube.node_reports(namespace, name)
+    except kube.ApiError as exc:
+        raise _temporary("listing node reports", exc, delay=2) from exc
+    return builders.unacknowledged_resets(raw)
+
+
+def _delete_daemonset_if_last(meta: kopf.Meta, logger: kopf.Logger) -> None:
+    try:
+        others = [p for p in kube.live_policies() if p["metadata"].get("uid") != meta.get("uid")]
+        if not others and kube.delete_daemonset(CFG.namespace, CFG.agent_daemonset_name):
+            logger.info("no policy left: deleted DaemonSet %s", DAEMONSET)
+    except kube.ApiError as exc:
+        raise _temporary("DaemonSet clean-up", exc, delay=2) from exc
 
 
 @kopf.on.delete(*RESOURCE)
 @metrics.counted("policy_delete")
 def policy_delete(
+    *,
     meta: kopf.Meta,
     status: kopf.Status,
     patch: kopf.Patch,
+    memo: kopf.Memo,
     body: kopf.Body,
-    namespace: str,
+    namespace: str | None,
     name: str,
-    logger: logging.Logger,
+    logger: kopf.Logger,
     **_: Any,
 ) -> None:
     """Hold the finalizer until the GPUs are reset (or the deadline), then clean up."""
-    _CHECKPOINTS.pop((namespace, name), None)
-    metrics.policy_gone(namespace, name)
-    ECHOES.forget((namespace, name))
-    generation = int(meta.get("generation") or 0)
-    now = _now()
-    previous = list(status.get("conditions") or [])
-    old_plan = status.get("plan") or {}
-    reset = api_node.ClockPlan(
-        step=int(old_plan.get("step") or 0),
-        policyGeneration=generation,
-        enforce=False,
-        phases=[
-            api_node.PhasePlan(
-                phase=p.get("phase", ""),
-                clockMHz=None,
-                state="fallback",
-                reason="policy deleted: reset to default",
-            )
-            for p in old_plan.get("phases", [])
-        ],
-        issuedAt=now,
-    )
-    if old_plan.get("enforce", True) or any(p.get("clockMHz") for p in old_plan.get("phases", [])):
-        patch.status["plan"] = reset.model_dump(by_alias=True, exclude_none=True)
-    try:
-        raw = kube.node_reports(namespace, name)
-    except kube.ApiError as exc:
-        raise kopf.TemporaryError(
-            f"listing node reports: {exc.status} {exc.reason}", delay=2
-        ) from exc
-    pending = []
-    for item in raw:
-        try:
-            rep = api_node.NodeReport.model_validate(item.get("spec") or {})
-        except pydantic.ValidationError:
-            continue
-        pending += [f"{rep.node_name}/{g.uuid}" for g in rep.gpus if not g.reset_acknowledged]
+    memo["checkpoints"].pop((str(namespace), name), None)
+    metrics.policy_gone(str(namespace), name)
+    ECHOES.forget((str(namespace), name))
+    conds = _pass(meta, status)
+    reset = jobloop.reset_plan(status.get("plan") or {}, conds.generation, conds.now)
+    if reset is not None:
+        patch.status["plan"] = _dump(reset)
+    pending = _unacknowledged(str(namespace), name)
     deleted = datetime.datetime.fromisoformat(str(meta["deletionTimestamp"]).replace("Z", "+00:00"))
     waited = (datetime.datetime.now(datetime.UTC) - deleted).total_seconds()
     if pending and waited < CFG.reset_deadline_s:
-        msg = (
-            f"waiting for {len(pending)} GPUs to acknowledge the clock reset "
-            f"({waited:.0f}/{CFG.reset_deadline_s:.0f} s)"
-        )
-        patch.status["conditions"] = builders.merge_conditions(
-            previous,
-            [
-                builders.condition(
-                    "Progressing",
-                    True,
-                    "ResettingClocks",
-                    msg,
-                    generation=generation,
-                    now=now,
-                    previous=previous,
-                )
-            ],
-        )
+        msg = builders.reset_wait_message(len(pending), waited, CFG.reset_deadline_s)
+        conds.condition("Progressing", True, "ResettingClocks", msg)
+        patch.status["conditions"] = conds.merged()
         raise kopf.TemporaryError(msg, delay=min(2.0, CFG.reset_deadline_s))
     if pending:
-        msg = (
-            f"reset deadline {CFG.reset_deadline_s:.0f} s passed; {len(pending)} GPUs never "
-            f"acknowledged the reset (first: {pending[0]}); the finalizer is lifted anyway"
-        )
-        patch.status["conditions"] = builders.merge_conditions(
-            previous,
-            [
-                builders.condition(
-                    "Degraded",
-                    True,
-                    "ResetDeadlineExceeded",
-                    msg,
-                    generation=generation,
-                    now=now,
-                    previous=previous,
-                )
-            ],
-        )
+        msg = builders.reset_deadline_message(pending, CFG.reset_deadline_s)
+        conds.condition("Degraded", True, "ResetDeadlineExceeded", msg)
+        patch.status["conditions"] = conds.merged()
         kopf.event(body, type="Warning", reason="ResetDeadlineExceeded", message=msg)
         logger.warning("%s", msg)
-    try:
-        others = [p for p in kube.live_policies() if p["metadata"].get("uid") != meta.get("uid")]
-        if not others and kube.delete_daemonset(CFG.namespace, CFG.agent_daemonset_name):
-            logger.info(
-                "no policy left: deleted DaemonSet %s/%s", CFG.namespace, CFG.agent_daemonset_name
-            )
-    except kube.ApiError as exc:
-        raise kopf.TemporaryError(
-            f"DaemonSet clean-up: {exc.status} {exc.reason}", delay=2
-        ) from exc
+    _delete_daemonset_if_last(meta, logger)

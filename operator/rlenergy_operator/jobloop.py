@@ -25,45 +25,58 @@ compared (never counted as 0, field case #9).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rlenergy.api import node as api_node
 from rlenergy.api import workload as api_workload
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import aggregate, base, config, eerl
-from rlenergy.sim import models as sim_models
+from rlenergy.gpu import models as gpu_models
 
 
 @dataclasses.dataclass
 class PhaseAccount:
-    """Running sums of one phase."""
+    """Running sums of one phase; each field is the ``status.phases[]`` field of that name."""
 
-    measured_j: float = 0.0
-    compared_measured_j: float = 0.0
-    predicted_j: float = 0.0
-    measured_s: float = 0.0
-    predicted_s: float = 0.0
-    last_epvt_j: float | None = None
-    last_predicted_epvt_j: float | None = None
+    measured_joules: float = 0.0
+    compared_measured_joules: float = 0.0
+    predicted_default_joules: float = 0.0
+    measured_seconds: float = 0.0
+    predicted_default_seconds: float = 0.0
+    energy_per_valid_token_joules: float | None = None
+    predicted_default_energy_per_valid_token_joules: float | None = None
 
 
 @dataclasses.dataclass
 class Account:
-    """Running sums of the job (restored from ``status.totals`` after a restart)."""
+    """Running sums of the job (restored from ``status.totals`` after a restart).
+
+    Each field but ``phases`` is the ``status.totals`` field of that name, so the restore and
+    the output are one loop over the fields (``_TOTALS_FIELDS``).
+    """
 
     through_step: int = -1
     steps: int = 0
-    measured_j: float = 0.0
-    compared_measured_j: float = 0.0
-    predicted_j: float = 0.0
-    measured_s: float = 0.0
-    predicted_s: float = 0.0
+    measured_joules: float = 0.0
+    compared_measured_joules: float = 0.0
+    predicted_default_joules: float = 0.0
+    measured_seconds: float = 0.0
+    predicted_default_seconds: float = 0.0
     valid_tokens: float = 0.0
     compared_steps: int = 0
     unknown_energy_steps: int = 0
     missed_steps: int = 0
     phases: dict[str, PhaseAccount] = dataclasses.field(default_factory=dict)
+
+
+_TOTALS_FIELDS = tuple(f.name for f in dataclasses.fields(Account) if f.name != "phases")
+_PHASE_FIELDS = tuple(f.name for f in dataclasses.fields(PhaseAccount))
+
+
+def _fields(source: object, names: Sequence[str]) -> dict[str, Any]:
+    return {n: getattr(source, n) for n in names}
 
 
 def _pct(saved: float, predicted: float) -> float | None:
@@ -110,30 +123,12 @@ class JobLoop:
         """
         loop = cls(spec, generation)
         if status is not None and status.totals is not None:
-            t = status.totals
-            acc = loop.account
-            acc.through_step = t.through_step
-            acc.steps = t.steps
-            acc.measured_j = t.measured_joules
-            acc.predicted_j = t.predicted_default_joules
-            acc.compared_measured_j = t.compared_measured_joules
-            acc.measured_s = t.measured_seconds
-            acc.predicted_s = t.predicted_default_seconds
-            acc.valid_tokens = t.valid_tokens
-            acc.compared_steps = t.compared_steps
-            acc.unknown_energy_steps = t.unknown_energy_steps
-            acc.missed_steps = t.missed_steps
+            loop.account = Account(
+                **_fields(status.totals, _TOTALS_FIELDS), phases=loop.account.phases
+            )
             for ph in status.phases:
-                if ph.name in acc.phases:
-                    acc.phases[ph.name] = PhaseAccount(
-                        measured_j=ph.measured_joules,
-                        compared_measured_j=ph.compared_measured_joules,
-                        predicted_j=ph.predicted_default_joules,
-                        measured_s=ph.measured_seconds,
-                        predicted_s=ph.predicted_default_seconds,
-                        last_epvt_j=ph.energy_per_valid_token_joules,
-                        last_predicted_epvt_j=ph.predicted_default_energy_per_valid_token_joules,
-                    )
+                if ph.name in loop.account.phases:
+                    loop.account.phases[ph.name] = PhaseAccount(**_fields(ph, _PHASE_FIELDS))
         for step in aggregate.known_steps(reports):
             if step > loop.account.through_step:
                 break
@@ -213,14 +208,18 @@ class JobLoop:
             pc = self.controller.phases.get(name)
             p_e, p_t = _predict(pc, ph, obs.workload)
             if ph.energy_j is not None:
-                pa.measured_j += ph.energy_j
+                pa.measured_joules += ph.energy_j
             if ph.energy_j is not None and p_e is not None and p_t is not None:
-                pa.compared_measured_j += ph.energy_j
-                pa.predicted_j += p_e
-                pa.measured_s += ph.duration_s
-                pa.predicted_s += p_t
-            pa.last_epvt_j = ph.energy_j / valid if ph.energy_j is not None and valid > 0 else None
-            pa.last_predicted_epvt_j = p_e / valid if p_e is not None and valid > 0 else None
+                pa.compared_measured_joules += ph.energy_j
+                pa.predicted_default_joules += p_e
+                pa.measured_seconds += ph.duration_s
+                pa.predicted_default_seconds += p_t
+            pa.energy_per_valid_token_joules = (
+                ph.energy_j / valid if ph.energy_j is not None and valid > 0 else None
+            )
+            pa.predicted_default_energy_per_valid_token_joules = (
+                p_e / valid if p_e is not None and valid > 0 else None
+            )
             pred_energy = None if pred_energy is None or p_e is None else pred_energy + p_e
             if p_t is not None:
                 pred_times.append(p_t)
@@ -231,18 +230,18 @@ class JobLoop:
         if step_energy is None:
             acc.unknown_energy_steps += 1
             return
-        acc.measured_j += step_energy
+        acc.measured_joules += step_energy
         if pred_energy is None or len(pred_times) != len(obs.phases):
             return
         acc.compared_steps += 1
-        acc.compared_measured_j += step_energy
-        acc.predicted_j += pred_energy
+        acc.compared_measured_joules += step_energy
+        acc.predicted_default_joules += pred_energy
         if self.spec.mode == "async":  # pools run at once: the slower one sets the step
-            acc.measured_s += max(meas_times, default=0.0)
-            acc.predicted_s += max(pred_times, default=0.0)
+            acc.measured_seconds += max(meas_times, default=0.0)
+            acc.predicted_default_seconds += max(pred_times, default=0.0)
         else:
-            acc.measured_s += sum(meas_times)
-            acc.predicted_s += sum(pred_times)
+            acc.measured_seconds += sum(meas_times)
+            acc.predicted_default_seconds += sum(pred_times)
 
     # ----- outputs -----------------------------------------------------------------------
     @property
@@ -252,40 +251,32 @@ class JobLoop:
 
     def plan(self, issued_at: str) -> api_node.ClockPlan:
         """The plan for the next step (default governor until the clock table is known)."""
-        enforce = self.spec.controller.mode == "enforce"
         step = self.next_step
-        phases: list[api_node.PhasePlan] = []
         if self.controller is None:
-            state: api_node.PlanState = "warmup" if enforce else "observe"
-            for p in self.spec.phases:
-                phases.append(
-                    api_node.PhasePlan(
-                        phase=p.name, clockMHz=None, state=state, reason="waiting for clock table"
-                    )
+            return first_plan(self.spec, self.generation, issued_at, step=step)
+        decided = self._decide(step)
+        phases: list[api_node.PhasePlan] = []
+        for p in self.spec.phases:
+            d = decided.phases.get(p.name)
+            if d is None:
+                continue
+            phases.append(
+                api_node.PhasePlan(
+                    phase=p.name,
+                    clock_mhz=d.clock_mhz,
+                    state=d.state.value,
+                    probe_clocks_mhz=list(d.probe_clocks_mhz),
+                    probe_slice_seconds=round(d.probe_slice_s, 6),
+                    reason=d.reason,
+                    since_step=self.since[p.name][0],
                 )
-        else:
-            decided = self._decide(step)
-            for p in self.spec.phases:
-                d = decided.phases.get(p.name)
-                if d is None:
-                    continue
-                phases.append(
-                    api_node.PhasePlan(
-                        phase=p.name,
-                        clockMHz=d.clock_mhz,
-                        state=d.state.value,
-                        probeClocksMHz=list(d.probe_clocks_mhz),
-                        probeSliceSeconds=round(d.probe_slice_s, 6),
-                        reason=d.reason,
-                        sinceStep=self.since[p.name][0],
-                    )
-                )
+            )
         return api_node.ClockPlan(
             step=step,
-            policyGeneration=self.generation,
-            enforce=enforce,
+            policy_generation=self.generation,
+            enforce=self.spec.controller.mode == "enforce",
             phases=phases,
-            issuedAt=issued_at,
+            issued_at=issued_at,
         )
 
     def phase_status(self) -> list[api_status.PhaseStatus]:
@@ -300,30 +291,26 @@ class JobLoop:
             clock = s.get("clock_mhz")
             retrials = s.get("retrials") or []
             threshold = s.get("threshold", p.min_throughput_ratio)
-            saved = pa.predicted_j - pa.compared_measured_j
+            saved = pa.predicted_default_joules - pa.compared_measured_joules
             advice = {} if enforce else self._recommend(p)
             out.append(
                 api_status.PhaseStatus.model_validate(
                     {
                         **advice,
+                        **_fields(pa, _PHASE_FIELDS),
                         "name": p.name,
                         "state": state,
-                        "clockMHz": clock if state == "locked" else None,
-                        "minThroughputRatio": threshold,
-                        "throughputRatio": _ratio(pa.predicted_s, pa.measured_s),
-                        "energyPerValidTokenJoules": pa.last_epvt_j,
-                        "predictedDefaultEnergyPerValidTokenJoules": pa.last_predicted_epvt_j,
-                        "measuredJoules": pa.measured_j,
-                        "predictedDefaultJoules": pa.predicted_j,
-                        "comparedMeasuredJoules": pa.compared_measured_j,
-                        "measuredSeconds": pa.measured_s,
-                        "predictedDefaultSeconds": pa.predicted_s,
-                        "saving": {
-                            "percent": _pct(saved, pa.predicted_j),
-                            "joules": saved if pa.predicted_j > 0 else None,
-                        },
+                        "clock_mhz": clock if state == "locked" else None,
+                        "min_throughput_ratio": threshold,
+                        "throughput_ratio": _ratio(
+                            pa.predicted_default_seconds, pa.measured_seconds
+                        ),
+                        "saving": api_status.Saving(
+                            percent=_pct(saved, pa.predicted_default_joules),
+                            joules=saved if pa.predicted_default_joules > 0 else None,
+                        ),
                         "selections": s.get("selections", 0),
-                        "lastRetrialReason": retrials[-1]
+                        "last_retrial_reason": retrials[-1]
                         if isinstance(retrials, list) and retrials
                         else None,
                     }
@@ -332,23 +319,23 @@ class JobLoop:
         return out
 
     def _recommend(self, phase: api_policy.PhaseSpec) -> dict[str, object]:
-        """Observe mode: the GPU model's clock for ``phase`` (status fields, camelCase).
+        """Observe mode: the GPU model's clock for ``phase`` (``PhaseStatus`` field names).
 
         Observe mode never changes clocks, so nothing but the default governor is measured;
-        the recommendation is the SKU model's prior (``rlenergy.sim.models``), labelled so.
+        the recommendation is the SKU model's prior (``rlenergy.gpu.models``), labelled so.
         """
         if self.controller is None or self.last_workload is None:
-            return {"recommendationBasis": "waiting for a complete step with a clock table"}
+            return {"recommendation_basis": "waiting for a complete step with a clock table"}
         if phase.name not in ("generation", "training"):
-            return {"recommendationBasis": f"no GPU model for a custom phase {phase.name!r}"}
-        sku = sim_models.sku_for_nvml_name(self.gpu_name or "")
+            return {"recommendation_basis": f"no GPU model for a custom phase {phase.name!r}"}
+        sku = gpu_models.sku_for_nvml_name(self.gpu_name or "")
         if sku is None:
             gpus = self.gpu_name or "mixed or unnamed GPUs"
-            return {"recommendationBasis": f"no GPU model for {gpus}"}
+            return {"recommendation_basis": f"no GPU model for {gpus}"}
         pc = self.controller.phases.get(phase.name)
         clocks = pc.settings.allowed_mhz if pc is not None else self.clocks_mhz
-        kind: sim_models.PhaseKind = "generation" if phase.name == "generation" else "training"
-        est = sim_models.estimate_best_clock(
+        kind: gpu_models.PhaseKind = "generation" if phase.name == "generation" else "training"
+        est = gpu_models.estimate_best_clock(
             sku,
             kind,
             phase.min_throughput_ratio,
@@ -357,33 +344,82 @@ class JobLoop:
         )
         basis = f"{sku.key} [MODEL] phase curves at the newest step's tokens, not measured"
         if est is None:
-            return {"recommendationBasis": f"{basis}: no clock keeps the threshold"}
+            return {"recommendation_basis": f"{basis}: no clock keeps the threshold"}
         return {
-            "recommendedClockMHz": est.clock_mhz,
-            "estimatedSavingPercent": round(100.0 * (1.0 - est.energy_ratio), 2),
-            "recommendationBasis": basis,
+            "recommended_clock_mhz": est.clock_mhz,
+            "estimated_saving_percent": round(100.0 * (1.0 - est.energy_ratio), 2),
+            "recommendation_basis": basis,
         }
 
     def totals(self) -> api_status.Totals:
         """Job totals (the restart checkpoint included)."""
         a = self.account
-        saved = a.predicted_j - a.compared_measured_j
+        saved = a.predicted_default_joules - a.compared_measured_joules
         return api_status.Totals(
-            steps=a.steps,
-            throughStep=a.through_step,
-            measuredJoules=a.measured_j,
-            predictedDefaultJoules=a.predicted_j,
-            comparedMeasuredJoules=a.compared_measured_j,
-            savedJoules=saved,
-            savingPercent=_pct(saved, a.predicted_j),
-            throughputRatio=_ratio(a.predicted_s, a.measured_s),
-            measuredSeconds=a.measured_s,
-            predictedDefaultSeconds=a.predicted_s,
-            validTokens=a.valid_tokens,
-            comparedSteps=a.compared_steps,
-            unknownEnergySteps=a.unknown_energy_steps,
-            missedSteps=a.missed_steps,
+            **_fields(a, _TOTALS_FIELDS),
+            saved_joules=saved,
+            saving_percent=_pct(saved, a.predicted_default_joules),
+            throughput_ratio=_ratio(a.predicted_default_seconds, a.measured_seconds),
         )
+
+
+def first_plan(
+    spec: api_policy.RLEnergyPolicySpec, generation: int, issued_at: str, *, step: int = 0
+) -> api_node.ClockPlan:
+    """The plan before any clock table is known: every phase on the default governor.
+
+    The one place the first plan is built: ``policy_reconcile`` publishes it with Ready (so a
+    policy is never Ready without a plan), and ``JobLoop.plan`` returns it until the first
+    node report carries the GPUs' supported clocks.
+    """
+    enforce = spec.controller.mode == "enforce"
+    state: api_node.PlanState = "warmup" if enforce else "observe"
+    return api_node.ClockPlan(
+        step=step,
+        policy_generation=generation,
+        enforce=enforce,
+        phases=[
+            api_node.PhasePlan(
+                phase=p.name, clock_mhz=None, state=state, reason="waiting for clock table"
+            )
+            for p in spec.phases
+        ],
+        issued_at=issued_at,
+    )
+
+
+def reset_plan(
+    published: Mapping[str, Any], generation: int, issued_at: str
+) -> api_node.ClockPlan | None:
+    """The plan that resets every phase to the default governor when the policy is deleted.
+
+    Args:
+        published: the ``status.plan`` the agents follow now (camelCase, may be empty).
+        generation: ``metadata.generation`` of the policy being deleted.
+        issued_at: RFC 3339 time of the reset.
+
+    Returns:
+        The reset plan (observe, no clock, state ``fallback``) for the published plan's step
+        and phases; None when the published plan already locks nothing and enforces nothing.
+    """
+    phases = published.get("phases", [])
+    if not (published.get("enforce", True) or any(p.get("clockMHz") for p in phases)):
+        return None
+    return api_node.ClockPlan(
+        step=int(published.get("step") or 0),
+        policy_generation=generation,
+        enforce=False,
+        phases=[
+            api_node.PhasePlan(
+                phase=p.get("phase", ""),
+                clock_mhz=None,
+                state="fallback",
+                reason="policy deleted: reset to default",
+            )
+            for p in phases
+        ],
+        issued_at=issued_at,
+    )
 
 
 def _predict(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import kubernetes
 import urllib3
@@ -74,7 +74,7 @@ def ensure_daemonset(body: dict[str, Any]) -> str:
         if exc.status != 404:
             raise
         try:
-            apps.create_namespaced_daemon_set(ns, body)
+            apps.create_namespaced_daemon_set(ns, cast(Any, body))  # a plain dict body
         except k8s_errors.ApiException as exc2:
             if exc2.status != 409:  # another pass created it meanwhile
                 raise
@@ -133,7 +133,7 @@ def labelled_nodes(selector: str) -> list[dict[str, Any]]:
     core = kubernetes.client.CoreV1Api(_api())
     # Raw JSON, not client models: a 1,000-node listing as models cost ~100 MB of operator RSS.
     resp = core.list_node(label_selector=selector, _preload_content=False)
-    items = json.loads(resp.data).get("items") or []
+    items = json.loads(cast(Any, resp).data).get("items") or []  # urllib3 response
     return [
         {
             "metadata": {"name": (n.get("metadata") or {}).get("name", "")},
@@ -152,7 +152,7 @@ def all_nodes() -> list[dict[str, Any]]:
     """
     core = kubernetes.client.CoreV1Api(_api())
     resp = core.list_node(_preload_content=False)  # raw JSON, as labelled_nodes
-    items = json.loads(resp.data).get("items") or []
+    items = json.loads(cast(Any, resp).data).get("items") or []  # urllib3 response
     out = []
     for n in items:
         meta = n.get("metadata") or {}
@@ -171,8 +171,9 @@ def all_nodes() -> list[dict[str, Any]]:
 def live_policies() -> list[dict[str, Any]]:
     """Every RLEnergyPolicy in the cluster that is not being deleted."""
     api = kubernetes.client.CustomObjectsApi(_api())
-    listing = api.list_cluster_custom_object(
-        api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL
+    listing = cast(
+        dict[str, Any],
+        api.list_cluster_custom_object(api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL),
     )
     return [
         item
@@ -185,12 +186,15 @@ def live_policies() -> list[dict[str, Any]]:
 def node_reports(namespace: str, policy_name: str) -> list[dict[str, Any]]:
     """The RLEnergyNodeReports of one policy (selected on ``spec.policyName``)."""
     api = kubernetes.client.CustomObjectsApi(_api())
-    listing = api.list_namespaced_custom_object(
-        api_nodereport.GROUP,
-        api_nodereport.VERSION,
-        namespace,
-        api_nodereport.PLURAL,
-        field_selector=f"spec.policyName={policy_name}",
+    listing = cast(
+        dict[str, Any],
+        api.list_namespaced_custom_object(
+            api_nodereport.GROUP,
+            api_nodereport.VERSION,
+            namespace,
+            api_nodereport.PLURAL,
+            field_selector=f"spec.policyName={policy_name}",
+        ),
     )
     items: list[dict[str, Any]] = listing.get("items", [])
     return items
@@ -207,13 +211,16 @@ def node_report_versions(namespace: str, policy_name: str) -> dict[str, str]:
     nothing changed costs one small request instead of every report's step records.
     """
     api = kubernetes.client.CustomObjectsApi(_api())
-    listing = api.list_namespaced_custom_object(
-        api_nodereport.GROUP,
-        api_nodereport.VERSION,
-        namespace,
-        api_nodereport.PLURAL,
-        field_selector=f"spec.policyName={policy_name}",
-        _headers={"Accept": _METADATA_LIST},
+    listing = cast(
+        dict[str, Any],
+        api.list_namespaced_custom_object(
+            api_nodereport.GROUP,
+            api_nodereport.VERSION,
+            namespace,
+            api_nodereport.PLURAL,
+            field_selector=f"spec.policyName={policy_name}",
+            _headers={"Accept": _METADATA_LIST},
+        ),
     )
     return {
         str(item["metadata"]["name"]): str(item["metadata"]["resourceVersion"])
@@ -308,7 +315,7 @@ def patch_ray_worker_group(
     """
     group, version, plural = RAY_CLUSTER
     at = f"/spec/workerGroupSpecs/{int(index)}"
-    ops = [
+    ops: list[dict[str, Any]] = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
         {"op": "test", "path": f"{at}/groupName", "value": group_name},
         {"op": "add", "path": f"{at}/replicas", "value": int(replicas)},

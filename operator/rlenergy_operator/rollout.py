@@ -1,6 +1,6 @@
 """FlexFloor actuation in the operator: ``status.rollout`` and between-steps worker-set resizing.
 
-Where the numbers come from (DESIGN section 2: agents never write the policy, the trainer has
+Where the numbers come from (docs/architecture.md: agents never write the policy, the trainer has
 no Kubernetes credentials):
 
 * **released GPU time and occupancy**: each node agent parks a released rollout worker's GPUs
@@ -210,15 +210,15 @@ def reconcile(
         workers_to_delete: Sequence[str] | None = None,
     ) -> api_status.ScaleStatus:
         return api_status.ScaleStatus(
-            forStep=for_step,
+            for_step=for_step,
             desired=desired,
             current=current,
             target=target,
             floor=minimum,
             reason=reason,
             message=message,
-            workersToDelete=list(workers_to_delete) if workers_to_delete else None,
-            decidedAt=now,
+            workers_to_delete=list(workers_to_delete) if workers_to_delete else None,
+            decided_at=now,
         )
 
     what = f"{ref.kind} {namespace}/{ref.name}"

@@ -98,13 +98,13 @@ def agents_unschedulable(
     shown = ", ".join(names[:MAX_NAMED_NODES]) + (
         f" and {len(names) - MAX_NAMED_NODES} more" if len(names) > MAX_NAMED_NODES else ""
     )
-    taints = sorted({t for ts in blocked.values() for t in ts})
+    named = sorted({t for ts in blocked.values() for t in ts})
     message = (
         f"no node agent can schedule: the agent pods do not tolerate the taint"
-        f"{'s' if len(taints) > 1 else ''} {', '.join(taints)} of the {len(names)} GPU "
+        f"{'s' if len(named) > 1 else ''} {', '.join(named)} of the {len(names)} GPU "
         f"node{'s' if len(names) > 1 else ''} ({shown})"
     )
-    if any(t.split(":")[0].split("=")[0] == GPU_TAINT_KEY for t in taints):
+    if any(t.split(":")[0].split("=")[0] == GPU_TAINT_KEY for t in named):
         message += (
             f"; the {GPU_TAINT_KEY} toleration is missing (agent.tolerateGpuTaint=false). "
             f"Fix: {FIX_GPU_TAINT}"

@@ -144,7 +144,10 @@ class PolicyDiffBaseStorage(kopf.StatusDiffBaseStorage):
     """
 
     def build(
-        self, *, body: kopf.Body, extra_fields: Iterable[str] | None = None
+        self,
+        *,
+        body: kopf.Body,
+        extra_fields: Iterable[str | tuple[str, ...] | list[str] | None] | None = None,
     ) -> kopf.BodyEssence:
         """The essence kopf compares; empty for an RLEnergyNodeReport (never compared)."""
         if body.get("kind") == api_nodereport.KIND:

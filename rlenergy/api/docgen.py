@@ -1,6 +1,6 @@
 """Generate the CRD reference page (``docs/reference/crds.md``) from the pydantic models.
 
-The page is built from the same structural OpenAPI schemas that ``rlenergy.api.crdgen`` puts
+The page is built from the same structural OpenAPI schemas that ``rlenergy.api.crds`` puts
 into the CRDs, so it documents exactly what the API server accepts: every field with its path,
 type, unit, default, whether it is required, its bounds and its description, then the CEL
 rules checked at admission and the ``kubectl get`` columns. Units come from the field names
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlenergy.api import crdgen
+from rlenergy.api import crds
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy.api.v1alpha1 import policy as api_policy
 
@@ -168,7 +168,7 @@ def walk(schema: dict[str, Any], root: str) -> Iterator[FieldRow | RuleRow]:
     """Rows for every field below ``schema`` (depth first, schema order), then its rules.
 
     Args:
-        schema: a structural OpenAPI v3 object schema (``crdgen.openapi_schema`` output).
+        schema: a structural OpenAPI v3 object schema (``crds.openapi_schema`` output).
         root: path of ``schema`` itself (``spec``, ``status``).
 
     Yields:
@@ -268,8 +268,8 @@ def _section(title: str, schema: dict[str, Any], root: str) -> list[str]:
 
 def render() -> str:
     """The whole reference page as Markdown."""
-    policy = crdgen.policy_crd()
-    report = crdgen.nodereport_crd()
+    policy = crds.policy_crd()
+    report = crds.nodereport_crd()
     pschema = policy["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     rschema = report["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     lines = [

@@ -14,9 +14,13 @@ from typing import Literal
 import pydantic
 from pydantic import Field
 
+from rlenergy.api import naming
+
 
 class _Wire(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    model_config = pydantic.ConfigDict(
+        populate_by_name=True, alias_generator=naming.camel, extra="ignore", frozen=True
+    )
 
 
 PlanState = Literal["warmup", "trial", "locked", "fallback", "observe"]
@@ -28,25 +32,20 @@ class PhasePlan(_Wire):
     phase: str = Field(description="Phase name (generation, training or custom).")
     clock_mhz: int | None = Field(
         None,
-        alias="clockMHz",
         description="SM clock to lock during the phase; null = default governor.",
     )
     state: PlanState = Field(description="Selection state that produced this plan.")
     probe_clocks_mhz: list[int | None] = Field(
         default_factory=list,
-        alias="probeClocksMHz",
         description=(
             "When set, run the phase as slices cycling through these clocks "
             "(null = default governor)."
         ),
     )
-    probe_slice_seconds: float = Field(
-        0.0, alias="probeSliceSeconds", ge=0, description="Probe slice length, s."
-    )
+    probe_slice_seconds: float = Field(0.0, ge=0, description="Probe slice length, s.")
     reason: str = Field("", description="Why, for humans.")
     since_step: int | None = Field(
         None,
-        alias="sinceStep",
         ge=0,
         description="First RL step this phase has run with this clock and state.",
     )
@@ -56,14 +55,11 @@ class ClockPlan(_Wire):
     """The operator's plan for a policy's GPUs, valid from ``step`` on."""
 
     step: int = Field(ge=0, description="First RL step the plan applies to.")
-    policy_generation: int = Field(
-        0, alias="policyGeneration", ge=0, description="metadata.generation planned for."
-    )
+    policy_generation: int = Field(0, ge=0, description="metadata.generation planned for.")
     enforce: bool = Field(True, description="False in observe mode: agents never touch clocks.")
     phases: list[PhasePlan] = Field(default_factory=list, description="One entry per phase.")
     issued_at: str | None = Field(
         None,
-        alias="issuedAt",
         description="RFC 3339 time the operator published this plan.",
     )
 
@@ -76,19 +72,14 @@ class TokenWorkloadReport(_Wire):
     """The step's token workload as the trainer SDK reported it (job level)."""
 
     samples: int = Field(ge=0, description="Samples (responses) in the step's batch.")
-    response_tokens: float = Field(
-        alias="responseTokens", ge=0, description="Response tokens generated in the step."
-    )
-    prompt_tokens: float = Field(
-        alias="promptTokens", ge=0, description="Prompt tokens of the step's samples."
-    )
+    response_tokens: float = Field(ge=0, description="Response tokens generated in the step.")
+    prompt_tokens: float = Field(ge=0, description="Prompt tokens of the step's samples.")
     valid_tokens: float = Field(
-        alias="validTokens",
         ge=0,
         description="Valid training tokens: response tokens of samples that reach the update.",
     )
     mean_context_tokens: float = Field(
-        alias="meanContextTokens", ge=0, description="Mean prompt + response tokens per sample."
+        ge=0, description="Mean prompt + response tokens per sample."
     )
 
 
@@ -96,16 +87,14 @@ class SliceReport(_Wire):
     """One probe slice on this node (energy summed over the node's GPUs of the job)."""
 
     clock_mhz: int | None = Field(
-        None, alias="clockMHz", description="SM clock of the slice, MHz; null = default governor."
+        None, description="SM clock of the slice, MHz; null = default governor."
     )
-    duration_seconds: float = Field(
-        alias="durationSeconds", ge=0, description="Length of the slice, s."
-    )
+    duration_seconds: float = Field(ge=0, description="Length of the slice, s.")
     progress: float = Field(
         ge=0, description="Work done in the slice, in the SDK's unit for the phase."
     )
     energy_joules: float | None = Field(
-        None, alias="energyJoules", ge=0, description="Energy of the slice, J; null = unknown."
+        None, ge=0, description="Energy of the slice, J; null = unknown."
     )
 
 
@@ -113,23 +102,18 @@ class PhaseWindowReport(_Wire):
     """One phase window of one step on this node."""
 
     phase: str = Field(description="Phase name as the trainer SDK signalled it.")
-    duration_seconds: float = Field(
-        alias="durationSeconds", ge=0, description="Length of the window, s."
-    )
+    duration_seconds: float = Field(ge=0, description="Length of the window, s.")
     energy_joules: float | None = Field(
         None,
-        alias="energyJoules",
         ge=0,
         description="Counter deltas summed over the node's GPUs; null = unknown.",
     )
     requested_clock_mhz: int | None = Field(
         None,
-        alias="requestedClockMHz",
         description="SM clock the plan asked for, MHz; null = default governor.",
     )
     applied_clock_mhz: int | None = Field(
         None,
-        alias="appliedClockMHz",
         description="Lowest SM clock read back on the window's GPUs after the switch, MHz.",
     )
     slowdown: bool = Field(
@@ -141,7 +125,6 @@ class PhaseWindowReport(_Wire):
     error: str | None = Field(None, description="Errors in the window (NVML calls), for humans.")
     energy_source: str | None = Field(
         None,
-        alias="energySource",
         description="counter | power_integration | averaged_power | unavailable | mixed.",
     )
     incomplete: bool = Field(
@@ -149,23 +132,18 @@ class PhaseWindowReport(_Wire):
     )
     low_confidence: bool = Field(
         False,
-        alias="lowConfidence",
         description="Averaged power only and the window is shorter than twice its 1 s average.",
     )
     gpu_energy_joules: dict[str, float | None] = Field(
         default_factory=dict,
-        alias="gpuEnergyJoules",
         description="Per GPU UUID energy of the window, J (null = unknown).",
     )
     progress: float = Field(
         0.0, ge=0, description="Work the trainer SDK reported in the window (its unit)."
     )
-    gpu_seconds: float = Field(
-        0.0, alias="gpuSeconds", ge=0, description="Window time x the window's GPUs, GPU-s."
-    )
+    gpu_seconds: float = Field(0.0, ge=0, description="Window time x the window's GPUs, GPU-s.")
     released_gpu_seconds: float = Field(
         0.0,
-        alias="releasedGpuSeconds",
         ge=0,
         description="Part of gpuSeconds the GPUs spent parked (released rollout workers), GPU-s.",
     )
@@ -181,13 +159,11 @@ class StepRecord(_Wire):
     )
     idle_energy_joules: float | None = Field(
         None,
-        alias="idleEnergyJoules",
         ge=0,
         description="Energy outside phase windows during the step.",
     )
     released_gpu_seconds: float = Field(
         0.0,
-        alias="releasedGpuSeconds",
         ge=0,
         description="GPU time parked in this step as released rollout workers, GPU-s.",
     )
@@ -200,13 +176,9 @@ ClockState = Literal["unlocked", "settling", "asRequested", "capped", "unexplain
 class EnergyCrossCheck(_Wire):
     """The last check of the energy counter against integrated instant power on one GPU."""
 
-    counter_joules: float = Field(
-        alias="counterJoules", ge=0, description="Energy from the counter over the check, J."
-    )
-    power_joules: float = Field(
-        alias="powerJoules", ge=0, description="Instant power integrated over the same time, J."
-    )
-    window_seconds: float = Field(alias="windowSeconds", ge=0, description="Check length, s.")
+    counter_joules: float = Field(ge=0, description="Energy from the counter over the check, J.")
+    power_joules: float = Field(ge=0, description="Instant power integrated over the same time, J.")
+    window_seconds: float = Field(ge=0, description="Check length, s.")
     mismatch: bool = Field(description="The two disagree by more than the threshold (15 %).")
     mismatches: int = Field(0, ge=0, description="Checks that mismatched since the agent began.")
 
@@ -224,30 +196,22 @@ class GpuStatus(_Wire):
     reason: str = Field(
         "", description="Why the condition is not ok, e.g. NoPermission, ClockListUnavailable."
     )
-    locked_clock_mhz: int | None = Field(
-        None, alias="lockedClockMHz", description="Current lock; null = default."
-    )
+    locked_clock_mhz: int | None = Field(None, description="Current lock; null = default.")
     reset_acknowledged: bool = Field(
         False,
-        alias="resetAcknowledged",
         description="Clocks returned to the default governor after policy removal.",
     )
-    energy_joules_total: float = Field(
-        0.0, alias="energyJoulesTotal", ge=0, description="Running energy total of the GPU, J."
-    )
+    energy_joules_total: float = Field(0.0, ge=0, description="Running energy total of the GPU, J.")
     supported_clocks_mhz: list[int] = Field(
         default_factory=list,
-        alias="supportedClocksMHz",
         description="Supported SM clocks at the highest memory clock, MHz (NVML); for candidates.",
     )
     energy_source: str | None = Field(
         None,
-        alias="energySource",
         description="counter | power_integration | averaged_power | unavailable.",
     )
     energy_known: bool = Field(
         True,
-        alias="energyKnown",
         description="False when no energy reading works (energyJoulesTotal is then meaningless).",
     )
     phase: str | None = Field(None, description="Current phase on this GPU (idle-watchdog hint).")
@@ -258,30 +222,25 @@ class GpuStatus(_Wire):
     )
     requested_clock_mhz: int | None = Field(
         None,
-        alias="requestedClockMHz",
         description="SM clock the plan asks for on this GPU, MHz; null = default governor.",
     )
     effective_clock_mhz: int | None = Field(
         None,
-        alias="effectiveClockMHz",
         description="SM clock read back after the lock settled (re-read while locked), MHz.",
     )
     clock_state: ClockState = Field(
         "unlocked",
-        alias="clockState",
         description="The lock against what the GPU runs: unlocked, settling, asRequested, "
         "capped (below the lock with a clock-event reason), unexplained (below it with none), "
         "idle.",
     )
     clock_limit: str = Field(
         "",
-        alias="clockLimit",
         description="The clock-event reasons holding a capped GPU below its lock, e.g. "
         "SwPowerCap,SwThermalSlowdown.",
     )
     energy_cross_check: EnergyCrossCheck | None = Field(
         None,
-        alias="energyCrossCheck",
         description="Last energy counter vs instant power check (counter-metered GPUs only).",
     )
 
@@ -296,15 +255,10 @@ class RolloutDispatch(_Wire):
     """
 
     step: int = Field(ge=0, description="RL step the counts describe.")
-    active_workers: int = Field(
-        alias="activeWorkers", ge=0, description="Rollout workers in the EP group at the end."
-    )
-    released_workers: int = Field(
-        0, alias="releasedWorkers", ge=0, description="Workers released during the step."
-    )
+    active_workers: int = Field(ge=0, description="Rollout workers in the EP group at the end.")
+    released_workers: int = Field(0, ge=0, description="Workers released during the step.")
     next_step_workers: int | None = Field(
         None,
-        alias="nextStepWorkers",
         ge=1,
         description="Workers the next step needs (the operator resizes the worker set).",
     )
@@ -313,32 +267,27 @@ class RolloutDispatch(_Wire):
 class NodeReport(_Wire):
     """Spec of an ``RLEnergyNodeReport``: one per policy and node, written by that node's agent."""
 
-    policy_name: str = Field(
-        alias="policyName", description="RLEnergyPolicy of this report (same namespace)."
-    )
-    node_name: str = Field(alias="nodeName", description="Node whose agent writes this report.")
+    policy_name: str = Field(description="RLEnergyPolicy of this report (same namespace).")
+    node_name: str = Field(description="Node whose agent writes this report.")
     gpus: list[GpuStatus] = Field(
         default_factory=list, description="The node's GPUs, one entry per physical GPU."
     )
     steps: list[StepRecord] = Field(
         default_factory=list, description="Most recent step records (bounded), oldest first."
     )
-    last_step: int = Field(-1, alias="lastStep", description="Newest step reported (-1: none).")
+    last_step: int = Field(-1, description="Newest step reported (-1: none).")
     measured_joules_total: float = Field(
         0.0,
-        alias="measuredJoulesTotal",
         ge=0,
         description="Sum of energyJoulesTotal over the node's GPUs whose energy is known, J.",
     )
     unattributed_joules_total: float = Field(
         0.0,
-        alias="unattributedJoulesTotal",
         ge=0,
         description="Energy of GPUs no pod holds (case #22), J.",
     )
     released_gpu_seconds_total: float = Field(
         0.0,
-        alias="releasedGpuSecondsTotal",
         ge=0,
         description="GPU time parked as released rollout workers since the agent started, GPU-s.",
     )

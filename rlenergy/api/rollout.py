@@ -23,23 +23,27 @@ from typing import Literal, Protocol
 import pydantic
 from pydantic import Field
 
+from rlenergy.api import naming
+
 
 class _Wire(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = pydantic.ConfigDict(
+        extra="forbid", populate_by_name=True, alias_generator=naming.camel, frozen=True
+    )
 
 
 class PromptInfo(_Wire):
     """One prompt of a rollout batch."""
 
-    prompt_id: str = Field(alias="promptId", min_length=1, description="Stable id across epochs.")
-    prompt_tokens: int = Field(alias="promptTokens", ge=0, description="Prompt length, tokens.")
+    prompt_id: str = Field(min_length=1, description="Stable id across epochs.")
+    prompt_tokens: int = Field(ge=0, description="Prompt length, tokens.")
     responses: int = Field(1, ge=1, description="Responses sampled for it (GRPO group size).")
 
 
 class PlacementRequest(_Wire):
     """The dispatcher asks where to decode a batch."""
 
-    rollout_id: str = Field(alias="rolloutId", min_length=1, description="RL step identifier.")
+    rollout_id: str = Field(min_length=1, description="RL step identifier.")
     workers: list[int] = Field(min_length=1, description="Active EP ranks at the step start.")
     prompts: list[PromptInfo] = Field(min_length=1)
 
@@ -47,32 +51,30 @@ class PlacementRequest(_Wire):
 class Assignment(_Wire):
     """Where one response decodes."""
 
-    prompt_id: str = Field(alias="promptId")
-    response_index: int = Field(alias="responseIndex", ge=0, description="Index in its group.")
+    prompt_id: str = Field()
+    response_index: int = Field(ge=0, description="Index in its group.")
     worker: int = Field(ge=0, description="EP rank that decodes it.")
-    predicted_tokens: float = Field(alias="predictedTokens", ge=1, description="Tokens.")
+    predicted_tokens: float = Field(ge=1, description="Tokens.")
     queued: bool = Field(False, description="Waits for KV memory to free before it starts.")
 
 
 class PlacementResponse(_Wire):
     """The planner's answer to a ``PlacementRequest``."""
 
-    rollout_id: str = Field(alias="rolloutId")
+    rollout_id: str = Field()
     assignments: list[Assignment]
 
 
 class ProgressReport(_Wire):
     """One rollout worker's state at a decode step."""
 
-    rollout_id: str = Field(alias="rolloutId")
+    rollout_id: str = Field()
     worker: int = Field(ge=0)
-    decode_step: int = Field(alias="decodeStep", ge=0)
+    decode_step: int = Field(ge=0)
     unfinished: int = Field(ge=0, description="Responses queued or running on the worker.")
     experts: list[int] = Field(description="Expert indices resident on the worker.")
-    kv_bytes: int = Field(alias="kvBytes", ge=0, description="KV cache in use, bytes.")
-    kv_reserved_bytes: int = Field(
-        0, alias="kvReservedBytes", ge=0, description="Predicted further KV growth, bytes."
-    )
+    kv_bytes: int = Field(ge=0, description="KV cache in use, bytes.")
+    kv_reserved_bytes: int = Field(0, ge=0, description="Predicted further KV growth, bytes.")
 
 
 class ExpertMove(_Wire):
@@ -86,14 +88,14 @@ class ExpertMove(_Wire):
 class ReleaseDecision(_Wire):
     """Workers leave the EP group at ``applyAtStep`` if all ranks ack by the deadline."""
 
-    rollout_id: str = Field(alias="rolloutId")
-    decision_id: int = Field(alias="decisionId", ge=0)
+    rollout_id: str = Field()
+    decision_id: int = Field(ge=0)
     release: list[int] = Field(min_length=1, description="EP ranks that leave.")
     moves: list[ExpertMove] = Field(default_factory=list)
-    active_before: list[int] = Field(alias="activeBefore", min_length=1)
-    decided_at_step: int = Field(alias="decidedAtStep", ge=0)
-    ack_deadline_step: int = Field(alias="ackDeadlineStep", ge=0)
-    apply_at_step: int = Field(alias="applyAtStep", ge=0)
+    active_before: list[int] = Field(min_length=1)
+    decided_at_step: int = Field(ge=0)
+    ack_deadline_step: int = Field(ge=0)
+    apply_at_step: int = Field(ge=0)
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> ReleaseDecision:
@@ -115,8 +117,8 @@ class ReleaseDecision(_Wire):
 class ReleaseAck(_Wire):
     """A rank's answer to a ``ReleaseDecision``."""
 
-    rollout_id: str = Field(alias="rolloutId")
-    decision_id: int = Field(alias="decisionId", ge=0)
+    rollout_id: str = Field()
+    decision_id: int = Field(ge=0)
     worker: int = Field(ge=0)
     ok: bool = Field(True, description="False refuses the release (the round aborts).")
     reason: str | None = Field(None, description="Why the rank refused.")
@@ -125,10 +127,10 @@ class ReleaseAck(_Wire):
 class ReleaseOutcome(_Wire):
     """How a release round ended."""
 
-    rollout_id: str = Field(alias="rolloutId")
-    decision_id: int = Field(alias="decisionId", ge=0)
+    rollout_id: str = Field()
+    decision_id: int = Field(ge=0)
     status: Literal["Committed", "Aborted"]
-    active_workers: list[int] = Field(alias="activeWorkers", min_length=1)
+    active_workers: list[int] = Field(min_length=1)
     reason: str | None = None
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import pydantic
 from pydantic import Field
 
+from rlenergy.api import naming
 from rlenergy.api.node import RolloutDispatch, TokenWorkloadReport
 
 TOKEN_AUDIENCE = "rlenergy-agent"
@@ -43,7 +44,9 @@ DEFAULT_TOKEN_FILE = "/var/run/secrets/rlenergy/token"
 
 
 class _Wire(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = pydantic.ConfigDict(
+        extra="forbid", populate_by_name=True, alias_generator=naming.camel, frozen=True
+    )
 
 
 _GPUS: Any = Field(
@@ -64,9 +67,9 @@ class PhaseRequest(_Wire):
 class AppliedClock(_Wire):
     """What the actuator did on one GPU for a phase signal (read back from NVML)."""
 
-    requested_mhz: int | None = Field(alias="requestedMHz", description="Plan clock, MHz.")
-    target_mhz: int | None = Field(alias="targetMHz", description="Clock written, MHz.")
-    effective_mhz: int | None = Field(alias="effectiveMHz", description="Read back, MHz.")
+    requested_mhz: int | None = Field(description="Plan clock, MHz.")
+    target_mhz: int | None = Field(description="Clock written, MHz.")
+    effective_mhz: int | None = Field(description="Read back, MHz.")
     skipped: str | None = Field(None, description="Why nothing was written (e.g. NoPermission).")
     error: str | None = Field(None, description="NVML error, if the write failed.")
 
@@ -76,9 +79,7 @@ class PhaseAnswer(_Wire):
 
     pod: str = Field(description="The authenticated caller, ``namespace/name``.")
     gpus: list[str] = Field(description="Physical GPU UUIDs acted on.")
-    latency_seconds: float = Field(
-        alias="latencySeconds", description="Signal received to clocks applied, s."
-    )
+    latency_seconds: float = Field(description="Signal received to clocks applied, s.")
     applied: dict[str, AppliedClock] = Field(description="Per GPU UUID.")
 
 
@@ -89,7 +90,6 @@ class ProgressRequest(_Wire):
     amount: float | None = Field(None, description="Progress since the last report.")
     at_monotonic_seconds: float | None = Field(
         None,
-        alias="atMonotonicSeconds",
         description="When the trainer measured ``total`` (CLOCK_MONOTONIC of the node), s.",
     )
 
@@ -117,13 +117,13 @@ class ParkRequest(_Wire):
 class ParkedGpu(_Wire):
     """A GPU parked by a ``ParkRequest``."""
 
-    clock_mhz: int | None = Field(alias="clockMHz", description="Lock made (null: none).")
+    clock_mhz: int | None = Field(description="Lock made (null: none).")
 
 
 class ParkApplied(_Wire):
     """The actuator's read-back for a parked GPU."""
 
-    effective_mhz: int | None = Field(alias="effectiveMHz", description="Read back, MHz.")
+    effective_mhz: int | None = Field(description="Read back, MHz.")
     error: str | None = Field(None, description="NVML error, if the write failed.")
 
 
@@ -146,9 +146,7 @@ class UnparkAnswer(_Wire):
     """The answer to ``UnparkRequest``."""
 
     pod: str
-    released_gpu_seconds: float = Field(
-        alias="releasedGpuSeconds", description="GPU time of the parks ended, GPU-s."
-    )
+    released_gpu_seconds: float = Field(description="GPU time of the parks ended, GPU-s.")
 
 
 class PodAnswer(_Wire):

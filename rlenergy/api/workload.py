@@ -1,7 +1,8 @@
 """Token workload of one RL step, as the trainer-side SDK reports it.
 
-The EE-RL default-governor model is a function of this workload (DESIGN section 4, step 2), so
-steps with different response lengths become comparable.
+The EE-RL default-governor model is a function of this workload (warm-up, step 2 of the module
+docstring of ``rlenergy.control.freq.eerl``), so steps with different response lengths become
+comparable.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ class TokenWorkload:
         samples: samples that reach the training update.
         response_tokens: all generated response tokens (valid or not).
         prompt_tokens: prompt tokens of the trained samples.
-        valid_tokens: response tokens of samples that reach the update (DESIGN section 4).
+        valid_tokens: response tokens of samples that reach the update.
         mean_context_tokens: mean context length during decode (prompt + half the response).
     """
 

@@ -14,7 +14,7 @@ COUNTER_WRAP_MJ = 2**64
 
 MAX_PLAUSIBLE_POWER_W = 3000.0
 """Upper bound on a single GPU's power used to reject absurd counter jumps [MODEL]:
-the largest part we support draws 1,200 W (GB200; calibration/README.md)."""
+the largest part we support draws 1,200 W (GB200)."""
 
 
 @dataclasses.dataclass(frozen=True)

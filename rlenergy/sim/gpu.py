@@ -20,8 +20,7 @@ import dataclasses
 import enum
 import random
 
-from rlenergy.gpu import base, errors
-from rlenergy.sim import models
+from rlenergy.gpu import base, errors, models
 
 
 class Fault(enum.Enum):

@@ -26,8 +26,9 @@ from rlenergy.control.freq import base
 from rlenergy.gpu import base as gpu_base
 from rlenergy.gpu import energy as gpu_energy
 from rlenergy.gpu import errors as gpu_errors
+from rlenergy.gpu import models
 from rlenergy.sim import gpu as sim_gpu
-from rlenergy.sim import models, workload
+from rlenergy.sim import workload
 
 Mode = Literal["sync", "async"]
 TOKEN_RATE_SIGMA_1S = 0.02

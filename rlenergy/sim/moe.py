@@ -49,7 +49,7 @@ import numpy.typing as npt
 
 from rlenergy import errors
 from rlenergy.control.moe import base, placement, predictor, protocol, release
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -216,7 +216,7 @@ class RolloutConfig:
 
     Attributes:
         model: the MoE model.
-        gpu: GPU SKU key (``rlenergy.sim.models``; memory from ``GPU_MEMORY_GB``).
+        gpu: GPU SKU key (``rlenergy.gpu.models``; memory from ``GPU_MEMORY_GB``).
         workers: rollout workers in the EP group (one GPU each).
         num_experts: experts (default: the model's); the model's expert weights are split
             evenly over them, so the weight footprint stays the model's.

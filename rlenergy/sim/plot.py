@@ -18,7 +18,7 @@ def plot_report(rep: sim_report.SimulationReport, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rlenergy.sim import models
+    from rlenergy.gpu import models
 
     sku = models.get_sku(rep.gpu)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)

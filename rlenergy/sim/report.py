@@ -16,8 +16,9 @@ from typing import Any
 from rlenergy import errors
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.control.freq import config, eerl
+from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, traces, workload
+from rlenergy.sim import traces, workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +179,7 @@ def simulate(
 
     Args:
         trace: packaged trace name or path (CSV or verl console log).
-        gpu: simulated SKU (``rlenergy.sim.models.sku_names()``).
+        gpu: simulated SKU (``rlenergy.gpu.models.sku_names()``).
         mode: ``sync`` or ``async``.
         steps: RL steps to replay (cyclically if the trace is shorter).
         policy: the policy spec (default: both phases at minThroughputRatio 0.95). Its

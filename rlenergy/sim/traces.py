@@ -82,7 +82,7 @@ class StepRecord:
 
     @property
     def valid_tokens(self) -> float:
-        """Response tokens of samples that reach the training update (DESIGN section 4)."""
+        """Response tokens of samples that reach the update (``TokenWorkload.valid_tokens``)."""
         return self.samples * self.response_length_mean
 
     @property

@@ -3,7 +3,7 @@
 A ``StepWork`` is one RL step's GPU work on a simulated SKU: per phase the time it would take
 at maximum boost clock (``boost_time_s``), the context length that sets how memory bound decode
 is, and the token workload the SDK would report. Phase times logged on another GPU are
-rescaled through ``rlenergy.sim.models`` (generation by memory bandwidth, training by dense
+rescaled through ``rlenergy.gpu.models`` (generation by memory bandwidth, training by dense
 BF16 throughput [MODEL]); token counts are used as logged.
 """
 
@@ -14,7 +14,8 @@ import math
 import random
 
 from rlenergy.api import workload as api_workload
-from rlenergy.sim import models, traces
+from rlenergy.gpu import models
+from rlenergy.sim import traces
 
 PHASES: tuple[str, ...] = ("generation", "training")
 

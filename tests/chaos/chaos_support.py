@@ -34,8 +34,8 @@ from rlenergy_agent.testing import standin
 
 from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.devcluster import process as dc_process
+from rlenergy.gpu import models
 from rlenergy.sdk import trainer
-from rlenergy.sim import models
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"

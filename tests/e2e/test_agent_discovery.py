@@ -41,8 +41,8 @@ from rlenergy.api import node as api_node
 from rlenergy.api import selector
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.devcluster import DevCluster, trainers
+from rlenergy.gpu import models
 from rlenergy.sdk import trainer
-from rlenergy.sim import models
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"

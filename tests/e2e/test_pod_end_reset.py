@@ -35,8 +35,8 @@ from rlenergy_agent import podmap
 from rlenergy_agent.testing import standin
 
 from rlenergy.devcluster import DevCluster, trainers
+from rlenergy.gpu import models
 from rlenergy.sdk import trainer
-from rlenergy.sim import models
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = {"step": 0, "phases": [{"phase": "generation", "clockMHz": 1395, "state": "locked"}]}

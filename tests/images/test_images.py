@@ -241,7 +241,7 @@ def test_agent_standin_nvml(images: dict[str, Unpacked], tmp_path: Path) -> None
         pytest.fail("gcc missing: cannot build the stand-in libnvidia-ml; run `apt-get install -y gcc`")
     from rlenergy_agent.testing import standin
 
-    from rlenergy.sim import models
+    from rlenergy.gpu import models
 
     image = images["agent"]
     lib_dir = standin.build_library(tmp_path / "standin")

@@ -14,8 +14,9 @@ try:
 except ModuleNotFoundError as exc:  # pragma: no cover - the message is the fix
     raise RuntimeError(f"{exc}; install the peers extra: make test-peers") from exc
 
+from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, traces, workload
+from rlenergy.sim import traces, workload
 
 pytestmark = pytest.mark.peers
 

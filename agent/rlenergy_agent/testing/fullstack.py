@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from rlenergy.devcluster import trainers
+from rlenergy.gpu import models
 from rlenergy.sdk import trainer as sdk_trainer
 from rlenergy.sdk import verl as sdk_verl
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, traces, workload
+from rlenergy.sim import traces, workload
 from rlenergy_agent import kube
 from rlenergy_agent.testing import standin
 

@@ -3,7 +3,7 @@
 The C library (``agent/testing/nvml_standin/standin.c``) answers the NVML calls the agent
 makes from a memory-mapped state file; this module creates that file, writes the simulated
 physics into it (energy counter in mJ, trailing-average and instant power, the clock each GPU
-would run unlocked) from the SKU models of ``rlenergy.sim.models``, keeps the ground truth, and
+would run unlocked) from the SKU models of ``rlenergy.gpu.models``, keeps the ground truth, and
 injects faults (NO_PERMISSION, NOT_SUPPORTED, GPU_IS_LOST, counter reset, "lock accepted but
 effective clock lower", set ``clock_cap_mhz`` at any time, also after the lock; with
 ``silent_cap`` the cap shows no clock-event reason). Callers: the agent's tests,
@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 MAGIC = 0x524C4E56
 VERSION = 1

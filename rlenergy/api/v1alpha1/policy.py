@@ -22,6 +22,7 @@ from pydantic import Field
 from pydantic.config import JsonDict
 
 from rlenergy import errors
+from rlenergy.api import naming
 
 GROUP = "rlenergy.io"
 VERSION = "v1alpha1"
@@ -42,7 +43,9 @@ def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
 
 
 class _Spec(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = pydantic.ConfigDict(
+        extra="forbid", populate_by_name=True, alias_generator=naming.camel, frozen=True
+    )
 
 
 class ClockRange(_Spec):
@@ -113,7 +116,6 @@ class PhaseSpec(_Spec):
     )
     min_throughput_ratio: float = Field(
         0.95,
-        alias="minThroughputRatio",
         gt=0.0,
         le=1.0,
         description=(
@@ -123,7 +125,6 @@ class PhaseSpec(_Spec):
     )
     clock_candidates_mhz: list[ClockMHz] | None = Field(
         None,
-        alias="clockCandidatesMHz",
         min_length=1,
         max_length=32,
         description="Explicit candidate SM clocks, MHz, no repeats; each must be supported.",
@@ -131,12 +132,10 @@ class PhaseSpec(_Spec):
     )
     clock_range_mhz: ClockRange | None = Field(
         None,
-        alias="clockRangeMHz",
         description="Candidate SM clock range, MHz (instead of clockCandidatesMHz).",
     )
     step_mhz: int | None = Field(
         None,
-        alias="stepMHz",
         gt=0,
         le=10000,
         description="Spacing of candidates inside clockRangeMHz, MHz; must divide the span.",
@@ -172,21 +171,19 @@ class ControllerSpec(_Spec):
         ),
     )
     warmup_steps: int = Field(
-        2, alias="warmupSteps", ge=1, le=100, description="Default-governor RL steps before trials."
+        2, ge=1, le=100, description="Default-governor RL steps before trials."
     )
     trial_steps: int = Field(
-        8, alias="trialSteps", ge=1, le=100, description="Most trial RL steps per selection round."
+        8, ge=1, le=100, description="Most trial RL steps per selection round."
     )
     drift_threshold: float = Field(
         0.25,
-        alias="driftThreshold",
         gt=0.0,
         le=10.0,
         description="Relative workload change (e.g. 0.25 = 25 %) that forces a re-trial.",
     )
     max_trial_fraction: float = Field(
         0.25,
-        alias="maxTrialFraction",
         gt=0.0,
         le=1.0,
         description="Share of RL steps that may run trials, in (0, 1].",
@@ -253,12 +250,11 @@ class LabelSelector(_Spec):
 
     match_labels: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
         None,
-        alias="matchLabels",
         max_length=64,
         description="Labels every selected pod carries.",
     )
     match_expressions: list[LabelSelectorRequirement] | None = Field(
-        None, alias="matchExpressions", max_length=16, description="Label requirements, ANDed."
+        None, max_length=16, description="Label requirements, ANDed."
     )
 
     @pydantic.model_validator(mode="after")
@@ -307,7 +303,6 @@ class WorkerSetRef(_Spec):
     )
     worker_group_name: str | None = Field(
         None,
-        alias="workerGroupName",
         min_length=1,
         max_length=63,
         description="RayCluster worker group that runs the rollout workers.",
@@ -325,9 +320,7 @@ class ExpertsSpec(_Spec):
 
     count: int = Field(ge=1, le=65536, description="Experts per MoE layer.")
     replicas: int = Field(1, ge=1, le=64, description="Replicas every expert must keep.")
-    bytes_per_expert: int = Field(
-        alias="bytesPerExpert", ge=1, description="Memory of one expert over all layers, bytes."
-    )
+    bytes_per_expert: int = Field(ge=1, description="Memory of one expert over all layers, bytes.")
 
 
 class RolloutSpec(_Spec):
@@ -358,15 +351,12 @@ class RolloutSpec(_Spec):
     )
 
     worker_set_ref: WorkerSetRef | None = Field(
-        None, alias="workerSetRef", description="Worker set to shrink (releaseAction scale)."
+        None, description="Worker set to shrink (releaseAction scale)."
     )
     experts: ExpertsSpec = Field(description="Experts that must stay available.")
-    min_active_workers: int = Field(
-        1, alias="minActiveWorkers", ge=1, le=4096, description="Never release below this."
-    )
+    min_active_workers: int = Field(1, ge=1, le=4096, description="Never release below this.")
     worker_memory_bytes: int | None = Field(
         None,
-        alias="workerMemoryBytes",
         ge=1,
         le=2**50,
         description=(
@@ -377,14 +367,12 @@ class RolloutSpec(_Spec):
     )
     dense_bytes: int = Field(
         0,
-        alias="denseBytes",
         ge=0,
         le=2**50,
         description="Non-expert weights every worker holds (attention, embeddings), bytes.",
     )
     release_action: Literal["park", "scale"] = Field(
         "park",
-        alias="releaseAction",
         description=(
             "park: the node agent runs a released worker's GPUs at the lowest supported SM "
             "clock until the step ends; scale: the same, and between steps the operator "
@@ -464,7 +452,6 @@ class RLEnergyPolicySpec(_Spec):
     )
     phase_source: Literal["sdk"] = Field(
         "sdk",
-        alias="phaseSource",
         description=(
             "Where phase boundaries come from: sdk (the trainer SDK's phase signals to the node "
             "agent), the only source the agent implements."

@@ -16,11 +16,14 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field
 
+from rlenergy.api import naming
 from rlenergy.api import node as api_node
 
 
 class _Status(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    model_config = pydantic.ConfigDict(
+        extra="ignore", populate_by_name=True, alias_generator=naming.camel, frozen=True
+    )
 
 
 ConditionType = Literal["Ready", "Progressing", "Degraded"]
@@ -40,13 +43,10 @@ class Condition(_Status):
     )
     message: str = Field("", max_length=32768, description="What happened, for humans.")
     last_transition_time: str = Field(
-        alias="lastTransitionTime",
         description="RFC 3339 time the status last changed.",
         json_schema_extra={"format": "date-time"},
     )
-    observed_generation: int = Field(
-        0, alias="observedGeneration", ge=0, description="metadata.generation it describes."
-    )
+    observed_generation: int = Field(0, ge=0, description="metadata.generation it describes.")
 
 
 class Saving(_Status):
@@ -71,12 +71,10 @@ class PhaseStatus(_Status):
     )
     clock_mhz: int | None = Field(
         None,
-        alias="clockMHz",
         description="Chosen SM clock, MHz; absent = default governor (or none chosen yet).",
     )
     recommended_clock_mhz: int | None = Field(
         None,
-        alias="recommendedClockMHz",
         description=(
             "Observe mode: the clock the GPU model prefers for this phase under "
             "minThroughputRatio, MHz (a model prior; enforce mode measures instead)."
@@ -84,7 +82,6 @@ class PhaseStatus(_Status):
     )
     estimated_saving_percent: float | None = Field(
         None,
-        alias="estimatedSavingPercent",
         description=(
             "Observe mode: phase energy saving the GPU model expects at recommendedClockMHz, "
             "% of the default governor's (a [MODEL] estimate, not a measurement)."
@@ -92,17 +89,14 @@ class PhaseStatus(_Status):
     )
     recommendation_basis: str | None = Field(
         None,
-        alias="recommendationBasis",
         description="Observe mode: where recommendedClockMHz comes from, or why there is none.",
     )
     min_throughput_ratio: float | None = Field(
         None,
-        alias="minThroughputRatio",
         description="Effective threshold (async mode may relax it into the slower pool's slack).",
     )
     throughput_ratio: float | None = Field(
         None,
-        alias="throughputRatio",
         description=(
             "Predicted default-governor phase time / measured phase time over the compared "
             "steps, trials included (1 = as fast as the default)."
@@ -110,43 +104,32 @@ class PhaseStatus(_Status):
     )
     energy_per_valid_token_joules: float | None = Field(
         None,
-        alias="energyPerValidTokenJoules",
         description="Measured phase energy per valid token of the newest complete step, J.",
     )
     predicted_default_energy_per_valid_token_joules: float | None = Field(
         None,
-        alias="predictedDefaultEnergyPerValidTokenJoules",
         description="Predicted default-governor phase energy per valid token, same step, J.",
     )
-    measured_joules: float = Field(
-        0.0, alias="measuredJoules", ge=0, description="Measured phase energy, all steps, J."
-    )
+    measured_joules: float = Field(0.0, ge=0, description="Measured phase energy, all steps, J.")
     predicted_default_joules: float = Field(
         0.0,
-        alias="predictedDefaultJoules",
         ge=0,
         description="Predicted default-governor phase energy over the compared steps, J.",
     )
     compared_measured_joules: float = Field(
         0.0,
-        alias="comparedMeasuredJoules",
         ge=0,
         description="Measured phase energy of the compared steps, J.",
     )
-    measured_seconds: float = Field(
-        0.0, alias="measuredSeconds", ge=0, description="Phase time of the compared steps, s."
-    )
+    measured_seconds: float = Field(0.0, ge=0, description="Phase time of the compared steps, s.")
     predicted_default_seconds: float = Field(
         0.0,
-        alias="predictedDefaultSeconds",
         ge=0,
         description="Predicted default-governor phase time of the compared steps, s.",
     )
     saving: Saving = Field(default_factory=Saving, description="Saving of this phase.")
     selections: int = Field(0, ge=0, description="Clock selections made so far.")
-    last_retrial_reason: str | None = Field(
-        None, alias="lastRetrialReason", description="Why the newest re-trial started."
-    )
+    last_retrial_reason: str | None = Field(None, description="Why the newest re-trial started.")
 
 
 class Totals(_Status):
@@ -155,70 +138,57 @@ class Totals(_Status):
     steps: int = Field(0, ge=0, description="Complete RL steps accounted.")
     through_step: int = Field(
         -1,
-        alias="throughStep",
         ge=-1,
         description="Newest step accounted (-1: none); the restart checkpoint.",
     )
-    measured_joules: float = Field(
-        0.0, alias="measuredJoules", ge=0, description="Measured GPU energy, J."
-    )
+    measured_joules: float = Field(0.0, ge=0, description="Measured GPU energy, J.")
     predicted_default_joules: float = Field(
         0.0,
-        alias="predictedDefaultJoules",
         ge=0,
         description="Predicted default-governor energy of the compared steps, J.",
     )
     compared_measured_joules: float = Field(
         0.0,
-        alias="comparedMeasuredJoules",
         ge=0,
         description="Measured energy of the compared steps, J.",
     )
     saved_joules: float = Field(
         0.0,
-        alias="savedJoules",
         description="predictedDefaultJoules - comparedMeasuredJoules, J.",
     )
     measured_seconds: float = Field(
         0.0,
-        alias="measuredSeconds",
         ge=0,
         description="Busy time of the compared steps (phases), s.",
     )
     predicted_default_seconds: float = Field(
         0.0,
-        alias="predictedDefaultSeconds",
         ge=0,
         description="Predicted default-governor busy time of the compared steps, s.",
     )
     saving_percent: float | None = Field(
         None,
-        alias="savingPercent",
         description="savedJoules / predictedDefaultJoules x 100; absent when not computable.",
     )
     throughput_ratio: float | None = Field(
         None,
-        alias="throughputRatio",
         description="Predicted default step time / measured step time over the compared steps.",
     )
     valid_tokens: float = Field(
-        0.0, alias="validTokens", ge=0, description="Valid training tokens (DESIGN section 4)."
+        0.0, ge=0, description="Valid training tokens (responses that reach the update)."
     )
     compared_steps: int = Field(
         0,
-        alias="comparedSteps",
         ge=0,
         description="Steps with both a measured energy and a default prediction.",
     )
     unknown_energy_steps: int = Field(
         0,
-        alias="unknownEnergySteps",
         ge=0,
         description="Steps whose energy was unknown (an unreadable counter): never counted as 0.",
     )
     missed_steps: int = Field(
         0,
-        alias="missedSteps",
         ge=0,
         description="Steps that left the node reports' window before they were accounted.",
     )
@@ -227,9 +197,7 @@ class Totals(_Status):
 class ScaleStatus(_Status):
     """The newest between-steps resize decision of the rollout worker set (releaseAction scale)."""
 
-    for_step: int = Field(
-        alias="forStep", ge=0, description="RL step the dispatcher asked the worker count for."
-    )
+    for_step: int = Field(ge=0, description="RL step the dispatcher asked the worker count for.")
     desired: int = Field(ge=1, description="Workers the dispatcher asked for, workers.")
     current: int = Field(ge=0, description="Replicas of the worker set when decided, workers.")
     target: int = Field(ge=0, description="Replicas after the decision, workers.")
@@ -247,7 +215,6 @@ class ScaleStatus(_Status):
     message: str = Field("", description="What happened, for humans.")
     workers_to_delete: list[str] | None = Field(
         None,
-        alias="workersToDelete",
         description=(
             "RayCluster: the released worker pods this shrink named in the group's "
             "scaleStrategy.workersToDelete."
@@ -255,7 +222,6 @@ class ScaleStatus(_Status):
     )
     decided_at: str | None = Field(
         None,
-        alias="decidedAt",
         description="RFC 3339 time of the decision.",
         json_schema_extra={"format": "date-time"},
     )
@@ -282,16 +248,12 @@ class RolloutStatus(_Status):
     )
     released_gpu_seconds: float = Field(
         0.0,
-        alias="releasedGpuSeconds",
         ge=0,
         description="GPU time parked as released rollout workers, over the folded steps, GPU-s.",
     )
-    parked_gpus: int = Field(
-        0, alias="parkedGpus", ge=0, description="GPUs parked now (node reports), GPUs."
-    )
+    parked_gpus: int = Field(0, ge=0, description="GPUs parked now (node reports), GPUs.")
     occupied_gpu_seconds: float = Field(
         0.0,
-        alias="occupiedGpuSeconds",
         ge=0,
         description=(
             "GPU time in generation windows minus the parked part, over the folded steps, GPU-s."
@@ -299,13 +261,11 @@ class RolloutStatus(_Status):
     )
     response_tokens: float = Field(
         0.0,
-        alias="responseTokens",
         ge=0,
         description="Response tokens of the folded steps (trainer SDK), tokens.",
     )
     tokens_per_occupied_gpu_second: float | None = Field(
         None,
-        alias="tokensPerOccupiedGpuSecond",
         description=(
             "responseTokens / occupiedGpuSeconds, tokens per GPU-s; absent before a step "
             "with generation time is folded."
@@ -313,7 +273,6 @@ class RolloutStatus(_Status):
     )
     through_step: int = Field(
         -1,
-        alias="throughStep",
         ge=-1,
         description="Newest step folded into the sums (-1: none); the restart checkpoint.",
     )
@@ -355,7 +314,7 @@ class RLEnergyPolicyStatus(_Status):
     """Observed state of an RLEnergyPolicy."""
 
     observed_generation: int | None = Field(
-        None, alias="observedGeneration", description="metadata.generation last reconciled."
+        None, description="metadata.generation last reconciled."
     )
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -1,4 +1,4 @@
-"""Candidate SM clocks for EE-RL trials (DESIGN section 4, step 1)."""
+"""Candidate SM clocks for EE-RL trials (step 1 of the ``rlenergy.control.freq.eerl`` docstring)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from rlenergy import errors
 
 DEFAULT_CANDIDATES = 7
-"""About 6-8 points between max and about half of max (DESIGN section 4)."""
+"""About 6-8 points between max and about half of max [MODEL]."""
 LOWEST_FRACTION = 0.5
-"""Lowest candidate as a fraction of the max clock (DESIGN section 4)."""
+"""Lowest candidate as a fraction of the max clock [MODEL]."""
 
 
 def thin_candidates(

@@ -1,9 +1,9 @@
 """EE-RL: online per-phase SM clock selection for RL post-training (arXiv 2611.05748).
 
-DESIGN section 4 defines the algorithm. This module keeps its definitions (candidates, a
+The definitions are the project's own (the paper's full text was not at hand): candidates, a
 default-governor model fitted on warm-up steps over the step's tokens, trials against the
 default governor on the same tokens, a throughput threshold per phase, monitor and re-select,
-default governor on error) and changes how trials measure, because measurements asked for it:
+default governor on error; trials measure inside a phase, because measurements asked for it:
 
 1. Candidates: about 7 supported clocks between max and half of max, or from the policy.
 2. Warm-up: ``warmup_steps`` under the default governor fit ``predictor.DefaultModel`` (time
@@ -624,7 +624,7 @@ class PhaseController:
         Default-governor windows are their own answer. Windows at a locked clock or probed in
         slices use the paired-probe fit (``probe.PhaseModelFit``): time x throughput ratio and
         energy / energy-per-token ratio, per slice for probes. Without a fit (or without power
-        data) the default-governor model over tokens is used (DESIGN section 4 step 2); it is
+        data) the default-governor model over tokens is used (step 2 above); it is
         the less precise estimate on real traces (2-11 % per step), so the fit is preferred.
         Returns (None, None) for windows with errors or when nothing is known yet.
         """

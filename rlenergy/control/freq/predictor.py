@@ -1,12 +1,12 @@
 """Default-governor model: what a phase would cost under the default governor on given tokens.
 
-DESIGN section 4, step 2: fitted per phase on warm-up steps under the default governor as a
-function of the step's token workload, so steps with different response lengths are comparable.
-Model: ``time_s = a + b * tokens`` and ``energy_j = c + d * tokens`` by least squares with a
-small ridge toward a pure per-token rate (stable with 2-3 warm-up points). ``relative_sigma``
-is the residual spread; on the shipped verl traces it is 2-11 % for generation, which is why
-trial decisions use in-phase interleaved probes (``rlenergy.control.freq.probe``) rather than
-step-level comparisons against this model.
+EE-RL warm-up (step 2 of the ``rlenergy.control.freq.eerl`` docstring): fitted per phase on warm-up
+steps under the default governor as a function of the step's token workload, so steps with different
+response lengths are comparable. Model: ``time_s = a + b * tokens`` and ``energy_j = c + d *
+tokens`` by least squares with a small ridge toward a pure per-token rate (stable with 2-3 warm-up
+points). ``relative_sigma`` is the residual spread; on the shipped verl traces it is 2-11 % for
+generation, which is why trial decisions use in-phase interleaved probes
+(``rlenergy.control.freq.probe``) rather than step-level comparisons against this model.
 """
 
 from __future__ import annotations

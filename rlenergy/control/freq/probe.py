@@ -129,10 +129,10 @@ class PhaseModelFit:
 
     Throughput ratio vs the default governor at clock ``c`` (the default governor runs at
     ``f_default``, below ``f_max`` when the power limit binds), with ``u = 1 - m``:
-    ``r(c) = (u (f_max/f_default - 1) + 1) / (u (f_max/c - 1) + 1)``; power ratio
-    ``p(c) = 1 + beta ((c/f_max)**2 - (f_default/f_max)**2)`` (calibration/README.md phase
-    model, a = 2). Each block gives one linear equation in ``u`` and one in ``beta``, so both
-    are least-squares slopes with standard errors from the residuals.
+    ``r(c) = (u (f_max/f_default - 1) + 1) / (u (f_max/c - 1) + 1)``; power ratio ``p(c) = 1 + beta
+    ((c/f_max)**2 - (f_default/f_max)**2)`` (the phase model of ``rlenergy.gpu.models``,
+    docs/simulator.md, a = 2). Each block gives one linear equation in ``u`` and one in ``beta``, so
+    both are least-squares slopes with standard errors from the residuals.
 
     Attributes:
         u: share of phase time that scales with the SM clock (1 - m).

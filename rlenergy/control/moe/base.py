@@ -1,6 +1,6 @@
 """Vocabulary of FlexFloor planning: the MoE memory layout, a worker's state, release outcomes.
 
-FlexFloor (DESIGN section 4) plans an expert-parallel (EP) MoE rollout: which rollout worker
+FlexFloor (docs/flexfloor.md) plans an expert-parallel (EP) MoE rollout: which rollout worker
 decodes which prompt, and when a worker whose own responses are done may leave the EP group
 while every expert stays available to the all-to-all. Everything here is pure data: the
 planner modules (``predictor``, ``placement``, ``release``, ``protocol``) are deterministic and
@@ -84,10 +84,10 @@ class MoeLayout:
 def expert_floor(num_experts: int, expert_slots_per_worker: int) -> int:
     """Fewest EP workers that hold all experts: ``ceil(num_experts / slots_per_worker)``.
 
-    This is the check vLLM added after a DP2->DP1 shrink killed its engine (vllm-project/vllm
-    PR #52702, CASES.md #29): with ``current_dp`` ranks and ``num_physical_experts`` expert
-    slots in total, the minimum is ``ceil(num_experts * current_dp / num_physical_experts)``,
-    i.e. ``slots_per_worker = num_physical_experts / current_dp``.
+    This is the check vLLM added after a DP2->DP1 shrink killed its engine (vllm-project/vllm PR
+    #52702, case #29 in docs/troubleshooting.md): with ``current_dp`` ranks and
+    ``num_physical_experts`` expert slots in total, the minimum is ``ceil(num_experts * current_dp /
+    num_physical_experts)``, i.e. ``slots_per_worker = num_physical_experts / current_dp``.
 
     Args:
         num_experts: logical experts per MoE layer.
@@ -107,7 +107,7 @@ def expert_floor(num_experts: int, expert_slots_per_worker: int) -> int:
 
 
 def validate_parallelism(data_parallel_size: int, expert_parallel_size: int) -> None:
-    """Refuse DP/EP combinations that hang or cannot shrink (CASES.md #29).
+    """Refuse DP/EP combinations that hang or cannot shrink (case #29 in docs/troubleshooting.md).
 
     FlexFloor releases data-parallel attention ranks of one expert-parallel group, so the
     rollout must run EP across its DP ranks: ``expert_parallel_size == data_parallel_size``

@@ -1,7 +1,7 @@
 """Step-synchronous commit of a release: every rank leaves at the same decode step, or none.
 
-A rank that drops a peer from the all-to-all one step before the others hangs the collectives
-(CASES.md #26: DP skew past the NCCL timeout). So a release is a two-phase round:
+A rank that drops a peer from the all-to-all one step before the others hangs the collectives (case
+#26 in docs/troubleshooting.md: DP skew past the NCCL timeout). So a release is a two-phase round:
 
 1. the planner's ``ReleasePlan`` becomes a ``ReleaseDecision`` at decode step ``s0``, naming
    ``ack_deadline_step = s0 + ack_window_steps`` and ``apply_at_step = ack_deadline_step +

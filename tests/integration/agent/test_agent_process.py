@@ -19,8 +19,8 @@ import pytest
 from rlenergy_agent.testing import standin
 
 from rlenergy.devcluster import DevCluster, trainers
+from rlenergy.gpu import models
 from rlenergy.sdk import trainer
-from rlenergy.sim import models
 
 pytestmark = pytest.mark.e2e  # needs the control plane (the trainer's token)
 

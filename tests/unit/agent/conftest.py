@@ -12,7 +12,7 @@ from agent_support import DriverFactory, make_uuids
 from rlenergy_agent.nvml import lib
 from rlenergy_agent.testing import standin
 
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 H100 = models.get_sku("h100-sxm")
 

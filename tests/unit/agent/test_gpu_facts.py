@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rlenergy_agent.testing import standin
 
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 SCRIPT = Path(__file__).resolve().parents[3] / "hack" / "gpu-facts"
 H100 = models.get_sku("h100-sxm")

@@ -7,8 +7,7 @@ from agent_support import DriverFactory
 from rlenergy_agent.nvml import backend, lib
 from rlenergy_agent.testing import standin
 
-from rlenergy.gpu import base, errors
-from rlenergy.sim import models
+from rlenergy.gpu import base, errors, models
 
 
 def test_nvml_gpu_satisfies_the_gpu_protocol(make_driver: DriverFactory) -> None:

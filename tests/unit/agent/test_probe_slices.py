@@ -15,8 +15,8 @@ from rlenergy_agent.testing import standin
 
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, probe
+from rlenergy.gpu import models
 from rlenergy.sdk import trainer
-from rlenergy.sim import models
 
 POD = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
 H100 = models.get_sku("h100-sxm")

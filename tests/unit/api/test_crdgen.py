@@ -20,17 +20,18 @@ import pydantic
 import yaml
 
 from rlenergy.api import crdgen
+from rlenergy.api import crds as api_crds
 from rlenergy.api.v1alpha1 import status as api_status
 
 CRDS = Path(__file__).resolve().parents[3] / "crds"
 
 
 def _policy_schema() -> dict[str, Any]:
-    return crdgen.policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return api_crds.policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def test_committed_crds_match_the_models():
-    assert crdgen.drift(CRDS) == [], "run: python -m rlenergy.api.crdgen"
+    assert api_crds.drift(CRDS) == [], "run: python -m rlenergy.api.crdgen"
 
 
 def test_check_mode_fails_on_drift(tmp_path: Path):
@@ -55,7 +56,7 @@ def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_schemas_are_structural():
-    for crd in (crdgen.policy_crd(), crdgen.nodereport_crd()):
+    for crd in (api_crds.policy_crd(), api_crds.nodereport_crd()):
         schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         for path, node in _walk(schema):
             if path == ".metadata":
@@ -109,7 +110,7 @@ def test_status_schema_declares_every_status_field():
 
 
 def test_names_columns_subresource():
-    crd = crdgen.policy_crd()
+    crd = api_crds.policy_crd()
     names = crd["spec"]["names"]
     assert names["shortNames"] == ["rlep"] and names["categories"] == ["rlenergy"]
     version = crd["spec"]["versions"][0]

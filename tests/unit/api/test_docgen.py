@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from rlenergy.api import crdgen, docgen
+from rlenergy.api import crds as api_crds
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "reference" / "crds.md"
@@ -56,8 +57,8 @@ def test_check_mode(tmp_path: Path):
 
 def test_every_schema_field_is_documented_once():
     text = docgen.render()
-    policy = crdgen.policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    report = crdgen.nodereport_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    policy = api_crds.policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    report = api_crds.nodereport_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     policy_paths = _schema_paths(policy["properties"]["spec"], "spec") + _schema_paths(
         policy["properties"]["status"], "status"
     )
@@ -75,7 +76,7 @@ def test_rows_carry_type_unit_default_bounds_and_description():
     rows = {
         r.path: r
         for r in docgen.walk(
-            crdgen.policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], ""
+            api_crds.policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], ""
         )
         if isinstance(r, docgen.FieldRow)
     }
@@ -118,7 +119,7 @@ def test_unit_of(name: str, unit: str):
 
 def test_every_cel_rule_is_listed():
     text = docgen.render()
-    messages = _rules(crdgen.policy_crd()) + _rules(crdgen.nodereport_crd())
+    messages = _rules(api_crds.policy_crd()) + _rules(api_crds.nodereport_crd())
     assert len(messages) >= 8
     for message in messages:
         assert f": {message}. Rule: `" in text, message

@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, base
+from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, workload
+from rlenergy.sim import workload
 
 NODES = ("kwok-gpu-0", "kwok-gpu-1", "kwok-gpu-2")
 GPUS_PER_NODE = 8

@@ -17,7 +17,7 @@ from typing import Any
 from rlenergy_operator import builders, handlers, jobloop, kube, settings
 from sim_nodes import SimNodes
 
-from rlenergy.api import crdgen
+from rlenergy.api import crds as api_crds
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy
 
@@ -64,7 +64,7 @@ def test_case16_every_written_status_key_is_declared():
             by_alias=True, exclude_none=True
         ),
     }
-    schema = crdgen.policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema = api_crds.policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     declared = _schema_paths(schema["properties"]["status"], ".status")
     assert _paths(written, ".status") - declared == set()
 

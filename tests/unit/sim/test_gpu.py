@@ -2,9 +2,8 @@
 
 import pytest
 
-from rlenergy.gpu import base, errors
+from rlenergy.gpu import base, errors, models
 from rlenergy.sim import gpu as sim_gpu
-from rlenergy.sim import models
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlenergy.control.freq import base
+from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, traces, workload
+from rlenergy.sim import traces, workload
 
 
 def _job(

@@ -4,7 +4,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 
 @pytest.mark.parametrize("name", ["h100-sxm", "h200", "b200"])
@@ -59,7 +59,7 @@ def test_unknown_sku_lists_the_known_ones() -> None:
 def test_every_sku_parameter_line_has_a_source_or_model_label() -> None:
     from importlib import resources
 
-    text = resources.files("rlenergy.sim").joinpath("data/gpus.yaml").read_text()
+    text = resources.files("rlenergy.gpu").joinpath("data/gpus.yaml").read_text()
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped or stripped.startswith("#") or stripped.endswith(":"):

@@ -2,10 +2,10 @@
 
 import pytest
 
-from rlenergy.gpu import errors
+from rlenergy.gpu import errors, models
 from rlenergy.sim import gpu as sim_gpu
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, peers, traces, workload
+from rlenergy.sim import peers, traces, workload
 
 H100 = models.get_sku("h100-sxm")
 B200 = models.get_sku("b200")

@@ -4,9 +4,10 @@ import math
 
 import pytest
 
+from rlenergy.gpu import models, published
 from rlenergy.sim import gpu as sim_gpu
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, published, report
+from rlenergy.sim import report
 
 CURVES = published.curve_names()
 

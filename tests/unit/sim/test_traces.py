@@ -3,7 +3,8 @@
 import pytest
 
 from rlenergy import errors
-from rlenergy.sim import models, traces, workload
+from rlenergy.gpu import models
+from rlenergy.sim import traces, workload
 
 STEP_TRACES = traces.packaged_trace_names()
 

@@ -5,7 +5,7 @@ import pytest
 from rlenergy import errors
 from rlenergy.api.v1alpha1 import policy
 from rlenergy.control.freq import candidates, config
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 H100 = models.get_sku("h100-sxm").supported_sm_clocks_mhz()
 

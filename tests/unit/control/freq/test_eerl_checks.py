@@ -15,7 +15,7 @@ from __future__ import annotations
 from rlenergy.api import workload as api_workload
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.control.freq import base, config, eerl, probe
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 SKU = models.get_sku("h100-sxm")
 WL = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)

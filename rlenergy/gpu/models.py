@@ -3,7 +3,7 @@
 Callers: ``rlenergy.sim.gpu`` (the simulated device), ``rlenergy.sim.workload`` (rescaling
 trace phase times to a SKU) and ``rlenergy.sim.job`` (ground truth and the oracle).
 
-Model (calibration/README.md, [MODEL]): at SM clock ``f`` with boost clock ``f0``
+Model (docs/simulator.md, "GPU model", [MODEL]): at SM clock ``f`` with boost clock ``f0``
 
 * time  ``t(f) = t(f0) * ((1 - m) * f0 / f + m)``
 * power ``P(f) = Pc + Pd * (f / f0) ** a``
@@ -228,7 +228,7 @@ class Catalog(_Frozen):
 @functools.cache
 def catalog() -> Catalog:
     """Load and validate the packaged ``data/gpus.yaml`` (cached)."""
-    text = resources.files("rlenergy.sim").joinpath("data/gpus.yaml").read_text()
+    text = resources.files("rlenergy.gpu").joinpath("data/gpus.yaml").read_text()
     raw = yaml.safe_load(text)
     for section in ("skus", "reference_gpus"):
         for key, value in raw[section].items():
@@ -240,7 +240,7 @@ def sku_names(*, published: bool = False) -> tuple[str, ...]:
     """Names accepted by ``get_sku`` (with ``published``: also the second family's curves)."""
     if not published:
         return tuple(catalog().skus)
-    from rlenergy.sim import published as published_family
+    from rlenergy.gpu import published as published_family
 
     return (*catalog().skus, *published_family.curve_names())
 
@@ -248,13 +248,13 @@ def sku_names(*, published: bool = False) -> tuple[str, ...]:
 def get_sku(name: str) -> GpuSku:
     """Return the SKU model called ``name``.
 
-    ``<sku>:<curve>`` names a curve of the published family (``rlenergy.sim.published``).
+    ``<sku>:<curve>`` names a curve of the published family (``rlenergy.gpu.published``).
 
     Raises:
         KeyError: unknown SKU; the message lists the known ones.
     """
     if ":" in name:
-        from rlenergy.sim import published as published_family
+        from rlenergy.gpu import published as published_family
 
         return published_family.get(name)
     skus = catalog().skus

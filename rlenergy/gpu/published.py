@@ -1,6 +1,6 @@
 """A second family of GPU curves, shaped on published measurements (``data/gpus-published.yaml``).
 
-The first family (``rlenergy.sim.models``) is the model EE-RL's fit assumes,
+The first family (``rlenergy.gpu.models``) is the model EE-RL's fit assumes,
 ``t(f) = t0((1-m) f0/f + m)``. This family is not: each curve reproduces a shape that public
 measurements show (the sources are ../shared/calibration/published-dvfs/README.md rows, named in
 the YAML beside every number, or [MODEL]):
@@ -33,7 +33,7 @@ from importlib import resources
 import pydantic
 import yaml
 
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 
 class _Frozen(pydantic.BaseModel):
@@ -159,7 +159,7 @@ class PublishedSku(models.GpuSku):
 
 @functools.cache
 def _raw() -> dict[str, object]:
-    text = resources.files("rlenergy.sim").joinpath("data/gpus-published.yaml").read_text()
+    text = resources.files("rlenergy.gpu").joinpath("data/gpus-published.yaml").read_text()
     data: dict[str, object] = yaml.safe_load(text)
     return data
 
