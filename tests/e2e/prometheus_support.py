@@ -54,12 +54,27 @@ class PrometheusServer:
         targets: static scrape targets.
         workdir: folder for the config, the TSDB and the log.
         job: the scrape job's name.
+        target_labels: labels Prometheus adds to every scraped series (as the Prometheus
+            Operator adds ``namespace``, ``pod``, ``container``, ``service``, ``endpoint`` from
+            service discovery).
+        honor_labels: on a clash keep the scraped label (``honor_labels: true``) instead of
+            renaming it ``exported_<name>``.
     """
 
-    def __init__(self, targets: Sequence[str], workdir: Path, job: str = "rlenergy-agents"):
+    def __init__(
+        self,
+        targets: Sequence[str],
+        workdir: Path,
+        job: str = "rlenergy-agents",
+        *,
+        target_labels: dict[str, str] | None = None,
+        honor_labels: bool = False,
+    ):
         self.targets = list(targets)
         self.workdir = workdir
         self.job = job
+        self.target_labels = dict(target_labels or {})
+        self.honor_labels = honor_labels
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / "prometheus.log"
@@ -79,7 +94,11 @@ class PrometheusServer:
                 "evaluation_interval": f"{SCRAPE_INTERVAL_S:g}s",
             },
             "scrape_configs": [
-                {"job_name": self.job, "static_configs": [{"targets": self.targets}]}
+                {
+                    "job_name": self.job,
+                    "honor_labels": self.honor_labels,
+                    "static_configs": [{"targets": self.targets, "labels": self.target_labels}],
+                }
             ],
         }
         cfg = self.workdir / "prometheus.yml"

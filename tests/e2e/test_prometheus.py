@@ -13,11 +13,20 @@ status:
   tokens, hence ``max``), against ``phases[].measuredJoules`` and ``totals.measuredJoules`` over
   ``totals.validTokens``. Both sides add the same float64 window energies in a different
   order: they agree to ~1e-13 relative; ``REL_TOLERANCE`` leaves room for nothing else;
-* the saving ratio, through the Grafana dashboard's own expressions (``100 * avg by (phase)
-  (rlenergy_agent_saving_ratio)``, ``100 * avg(rlenergy_agent_job_saving_ratio)``), against
-  ``phases[].saving.percent`` and ``totals.savingPercent``: the agents republish the operator's
-  figure (an agent cannot predict the default governor's energy), so this checks the path from
-  the status through every agent, the scrape and the query, not the saving's computation.
+* the saving ratio, through the Grafana dashboard's own expressions (read from
+  ``helm/rl-energy/files/dashboard.json``), against ``phases[].saving.percent`` and
+  ``totals.savingPercent``: the agents republish the operator's figure (an agent cannot predict
+  the default governor's energy), so this checks the path from the status through every agent,
+  the scrape and the query, not the saving's computation;
+* every dashboard query, with the template variables a user picks (the trainer's namespace, the
+  policy), answers without error: energy per valid token and phase power one series per phase,
+  the SM clock panel per phase and kind (issue #16: the energy-per-token panel summed without
+  ``by (phase)``).
+
+Prometheus scrapes the agents as the chart's ServiceMonitor makes the Prometheus Operator scrape
+them: with the target labels it adds (``namespace``, ``pod``, ... of the agent pod) and the
+chart's ``honorLabels``, so the trainer pod's ``pod``/``namespace`` labels the agents export
+survive (no ``exported_namespace``) and the dashboard's namespace filter finds them.
 
 The comparison uses a status that did not change while Prometheus scraped every agent after it.
 """
@@ -29,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import chart_support
 import pytest
 import yaml
 from e2e_support import wait_until
@@ -38,11 +48,45 @@ from rlenergy_agent.testing import fullstack, standin
 
 from rlenergy.devcluster import DevCluster
 
+pytestmark = pytest.mark.field
+
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"
 STEPS = service.MAX_STEPS_KEPT + 4
 """More steps than an agent's report keeps: counters must not follow the trimmed records."""
 REL_TOLERANCE = 1e-9
+DASHBOARD = ROOT / "helm" / "rl-energy" / "files" / "dashboard.json"
+OPERATOR_TARGET_LABELS = {
+    "namespace": "rl-energy-system",
+    "pod": "rlenergy-node-agent-x7k2p",
+    "container": "agent",
+    "endpoint": "metrics",
+    "service": "rl-rl-energy-agent-metrics",
+}
+"""Target labels the Prometheus Operator sets on a ServiceMonitor's targets (the agent pod's)."""
+
+
+def _dashboard_queries(namespace: str, policy: str) -> dict[tuple[int, str], str]:
+    """(panel id, refId) -> the panel's expression with the user's variable choices."""
+    board = json.loads(DASHBOARD.read_text())
+    subst = {"$namespace": namespace, "$policy": policy, "$__rate_interval": "10m"}
+    out = {}
+    for panel in board["panels"]:
+        for t in panel.get("targets", []):
+            expr = t["expr"]
+            for var, value in subst.items():
+                expr = expr.replace(var, value)
+            assert "$" not in expr, f"unknown dashboard variable in {t['expr']}"
+            out[(panel["id"], t["refId"])] = expr
+    return out
+
+
+def _honor_labels() -> bool:
+    docs = chart_support.template("--set", "metrics.serviceMonitor.enabled=true")
+    (monitor,) = [
+        d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-agent")
+    ]
+    return bool(monitor["spec"]["endpoints"][0]["honorLabels"])
 
 
 def _policy() -> dict[str, Any]:
@@ -76,7 +120,12 @@ def test_prometheus_scrapes_agents_matching_the_policy_status(
         dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(policy))
         stack.start_agents()
         targets = [f"127.0.0.1:{a.metrics_port}" for a in stack.agents]
-        with PrometheusServer(targets, tmp_path / "prometheus") as prom:
+        honor = _honor_labels()
+        assert honor, "the chart's ServiceMonitor keeps the agents' pod/namespace labels"
+        with PrometheusServer(
+            targets, tmp_path / "prometheus", target_labels=OPERATOR_TARGET_LABELS,
+            honor_labels=honor,
+        ) as prom:  # fmt: skip
             assert prom.value("count(up == 1)") == len(stack.agents)
             job, _factor = fullstack.compressed_replay(
                 fullstack.DEFAULT_TRACE, stack.sku, STEPS, num_gpus=24,
@@ -84,6 +133,7 @@ def test_prometheus_scrapes_agents_matching_the_policy_status(
             )  # fmt: skip
             stack.run_trainer(job)
             wait_until(lambda: _settled(stack), timeout=60, what="every step accounted")
+            board = _dashboard_queries(namespace, name)
 
             # A status that stays the same while Prometheus scrapes every agent after it.
             deadline = time.monotonic() + 90
@@ -107,8 +157,13 @@ def test_prometheus_scrapes_agents_matching_the_policy_status(
                         "sum(rlenergy_agent_gpu_phase_energy_joules_total)"
                         " / scalar(max(rlenergy_agent_valid_tokens_total))"
                     ),
-                    "saving": prom.query("100 * avg by (phase) (rlenergy_agent_saving_ratio)"),
-                    "job_saving": prom.query("100 * avg(rlenergy_agent_job_saving_ratio)"),
+                    "saving": prom.query(board[(2, "A")]),
+                    "job_saving": prom.query(board[(2, "B")]),
+                    "namespaces": prom.query(
+                        "count by (namespace, exported_namespace)"
+                        " (rlenergy_agent_gpu_phase_energy_joules_total)"
+                    ),
+                    "board": {k: prom.query(e) for k, e in board.items()},
                 }
                 after = _settled(stack)
                 if after is not None and _figures(after) == _figures(before):
@@ -148,7 +203,22 @@ def test_prometheus_scrapes_agents_matching_the_policy_status(
     }
     assert "generation" in want, phases  # generation locked below max with a saving
     assert saving == pytest.approx(want, abs=1e-9)
-    assert results["job_saving"] == pytest.approx({(): totals["savingPercent"]}, abs=1e-9)
+    assert results["job_saving"] == pytest.approx(
+        {(("policy", name),): totals["savingPercent"]}, abs=1e-9
+    )
+    # The trainer's namespace survives the Prometheus Operator's target labels (honorLabels).
+    assert set(results["namespaces"]) == {(("namespace", namespace),)}, results["namespaces"]
+    # Every dashboard panel answers; energy per token and power come one series per phase.
+    panels = results["board"]
+    phase_sets = {
+        k: {dict(labels).get("phase") for labels in panels[k]} for k in ((1, "A"), (5, "A"))
+    }
+    assert phase_sets == {k: {*fullstack.PHASES, "idle"} for k in phase_sets}, panels
+    for labels, value in panels[(1, "A")].items():
+        assert dict(labels)["policy"] == name and 0 < value < float("inf"), (labels, value)
+    # the clock panel is instantaneous: after the run every GPU is idle at its read-back clock
+    clock_panel = {(dict(k)["phase"], dict(k)["kind"]) for k in panels[(3, "A")]}
+    assert clock_panel and all(kind in ("requested", "effective") for _, kind in clock_panel)
     print(
         f"prometheus e2e: {STEPS} steps, {totals['measuredJoules'] / tokens:.6g} J per valid "
         f"token, saving {totals['savingPercent']:.3f} %, took {time.monotonic() - t0:.1f} s"
