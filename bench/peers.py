@@ -165,7 +165,7 @@ def main() -> int:
     for r in rows:
         cells = [f"{r['methods'][m][0]:+.1%} {r['methods'][m][1]:.3f}" for m in cols[3:-2]]
         table.add_row(
-            r["trace"][:30],
+            r["trace"][:40],
             r["gpu"],
             r["mode"],
             *cells,
