@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from rich.console import Console
@@ -33,16 +34,19 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--family", choices=("both", "first", "published"), default="both")
+    parser.add_argument("--traces", default="", help="comma-separated (default: every shipped)")
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     gpus = (GPUS if args.family != "published" else ()) + (
         published.curve_names() if args.family != "first" else ()
     )
+    names = [t for t in args.traces.split(",") if t] or traces.packaged_trace_names()
     rows = []
     t0 = time.perf_counter()
-    for name in traces.packaged_trace_names():
-        for gpu in gpus:
-            for mode in MODES:
+    for mode in args.modes.split(","):
+        for name in names:
+            for gpu in gpus:
                 rep = report.simulate(name, gpu, mode, steps=args.steps, seed=args.seed)
                 rows.append(
                     {
@@ -63,6 +67,15 @@ def main() -> int:
                         "clocks": {p.name: p.final_clock_mhz for p in rep.phases},
                         "oracle_clocks": {p.name: p.oracle_clock_mhz for p in rep.phases},
                     }
+                )
+                r = rows[-1]
+                print(
+                    f"{name} {gpu} {mode}: online {r['online_saving']:.1%} oracle "
+                    f"{r['oracle_saving']:.1%} online/oracle {r['online_to_oracle']:.2f} "
+                    f"throughput {r['throughput_ratio']:.3f} phase margin "
+                    f"{r['phase_throughput_margin']:+.3f}",
+                    file=sys.stderr,
+                    flush=True,
                 )
     elapsed = time.perf_counter() - t0
     if args.json:
