@@ -18,15 +18,15 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-from rlenergy.api import selector
+from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
-from rlenergy_agent import actuator, config, energy, identity, podlife, server, service
+from rlenergy_agent import actuator, config, energy, identity, nodeloop, podlife, server, service
+from rlenergy_agent.nodeloop import leave_policy as leave_policy
+from rlenergy_agent.nodeloop import rediscover as rediscover
+from rlenergy_agent.nodeloop import write_report as write_report
 from rlenergy_agent.nvml import backend, lib
-
-if TYPE_CHECKING:
-    from rlenergy_agent import kube as kube_t
 
 log = logging.getLogger("rlenergy_agent")
 
@@ -123,55 +123,7 @@ def nvml_healthy(agent: service.Agent) -> bool:
     return False
 
 
-def rediscover(
-    finder: kube_t.PolicyDiscovery, agent: service.Agent, last: selector.Discovery | None
-) -> selector.Discovery | None:
-    """The policy governing the node's GPU pods now; ``None`` when the API failed.
-
-    The caller then keeps its current policy. A changed outcome is logged: a conflict as an
-    error (the node governs nothing until one selector is narrowed), else at info.
-    """
-    try:
-        found = finder.discover((p.namespace, p.name) for p in agent.podmap.pods())
-    except Exception as exc:  # noqa: BLE001 - keep the current policy on API errors
-        log.warning("policy discovery failed, keeping the current policy: %s", exc)
-        return None
-    if last is None or (found.reason, found.policy, found.message) != (
-        last.reason,
-        last.policy,
-        last.message,
-    ):
-        level = logging.ERROR if found.reason == "Conflict" else logging.INFO
-        log.log(level, "policy discovery: %s: %s", found.reason, found.message)
-    agent.discovery = (found.reason, "" if found.policy is None else str(found.policy))
-    return found
-
-
-def leave_policy(agent: service.Agent, writer: kube_t.ReportWriter | None, new: str) -> None:
-    """Reset every clock of the current policy, then serve ``new`` (``""``: none).
-
-    The old policy's operator gets a last report with the resets acknowledged; the new one
-    starts from a clean slate.
-    """
-    agent.set_plan(None)
-    if writer is not None:
-        try:
-            writer.write(agent.report())
-        except Exception as exc:  # noqa: BLE001 - the clocks are reset either way
-            log.warning("last report for %s failed: %s", writer.policy, exc)
-        log.info("left policy %s/%s: clocks reset", writer.namespace, writer.policy)
-    agent.switch_policy(new)
-
-
-def write_report(path: Path, agent: service.Agent) -> None:
-    """Write the node report as JSON (atomic replace; local runs and benchmarks)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(agent.report().model_dump_json(by_alias=True))
-    tmp.replace(path)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the agent until SIGTERM/SIGINT; returns the exit code."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlenergy-agent", description=__doc__)
     parser.add_argument("--node", help="node name (env RLENERGY_AGENT_NODE_NAME)")
     parser.add_argument("--backend", choices=["nvml", "sim"], help="GPU backend")
@@ -188,10 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--report-file", type=Path, help="also write the report JSON here")
     parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    return parser
+
+
+def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> config.AgentSettings:
+    """Settings from the environment, overridden by the command line."""
     overrides: Mapping[str, object] = {
         k: v
         for k, v in {
@@ -209,6 +162,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = config.AgentSettings(**overrides)  # type: ignore[arg-type]
     if not settings.node_name:
         parser.error("--node or RLENERGY_AGENT_NODE_NAME is required")
+    return settings
+
+
+def _plan_file(path: Path) -> api_node.ClockPlan:
+    import yaml
+
+    return api_node.ClockPlan.model_validate(yaml.safe_load(path.read_text()))
+
+
+def _cluster(
+    settings: config.AgentSettings,
+) -> tuple[Any, identity.Reviewer, podlife.EndedInApi | None]:
+    """(CustomObjectsApi or None, token reviewer, pod-end lister) from the cluster config."""
+    if settings.kube:
+        from rlenergy_agent import kube
+
+        try:
+            api = kube.load_api()
+            return api, kube.TokenReviewer().review, kube.ended_pods(settings.node_name)
+        except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
+            log.error(
+                "no Kubernetes API (%s); reports, plan updates and caller checks disabled "
+                "(every signal is refused with 503)",
+                exc,
+            )
+    return None, _no_api_review, None
+
+
+def _shutdown(
+    settings: config.AgentSettings,
+    agent: service.Agent,
+    signals: server.SignalServer,
+    ops: server.OpsServer,
+) -> None:
+    """Stop the servers and the prober, reset every lock, save the energy totals."""
+    signals.stop()
+    ops.stop()
+    agent.stop_prober()
+    agent.actuator.reset_all("agent shutdown")
+    agent.meter.sample()
+    agent.meter.save()
+    if settings.report_file is not None:
+        nodeloop.write_report(settings.report_file, agent)
+    if settings.backend == "nvml":
+        backend.shutdown()
+    time.sleep(0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the agent until SIGTERM/SIGINT; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    settings = _settings(parser, args)
     discover = settings.kube and not settings.policy_name and args.plan is None
     if not settings.policy_name and not discover:
         settings.policy_name = "default"  # local runs without the API or with a plan file
@@ -218,28 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("NVML unavailable, clock control disabled: %s", exc)
         return 3
     if args.plan is not None:
-        import yaml
-
-        from rlenergy.api import node as api_node
-
-        agent.set_plan(api_node.ClockPlan.model_validate(yaml.safe_load(args.plan.read_text())))
+        agent.set_plan(_plan_file(args.plan))
     stop = threading.Event()
-    api = None
-    reviewer: identity.Reviewer = _no_api_review
-    ended_in_api: podlife.EndedInApi | None = None
-    if settings.kube:
-        from rlenergy_agent import kube
-
-        try:
-            api = kube.load_api()
-            reviewer = kube.TokenReviewer().review
-            ended_in_api = kube.ended_pods(settings.node_name)
-        except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
-            log.error(
-                "no Kubernetes API (%s); reports, plan updates and caller checks disabled "
-                "(every signal is refused with 503)",
-                exc,
-            )
+    api, reviewer, ended_in_api = _cluster(settings)
     auth = identity.TokenAuthenticator(
         reviewer, settings.token_audience, max_ttl_s=settings.token_cache_max_s
     )
@@ -271,91 +261,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ops.port,
     )
     print(json.dumps({"ready": True, "metricsPort": ops.port}), flush=True)
-    writer = watcher = finder = None
-    if api is not None and args.plan is None:  # a plan file: no policy plan, no report object
-        if discover:
-            finder = kube.PolicyDiscovery(api, settings.node_name)
-        else:
-            writer = kube.ReportWriter(
-                api, settings.namespace, settings.policy_name, settings.node_name
-            )
-            watcher = kube.PlanWatcher(api, settings.namespace, settings.policy_name)
-    last_poll = last_write = 0.0
-    discovered: selector.Discovery | None = None
-    # The first report goes out at once (the operator needs the GPUs' clock tables before the
-    # first step), and again whenever the plan changes (reset acknowledgements on deletion).
-    state_changed = True
+    # A plan file: no policy plan, no report object.
+    follow = api if args.plan is None else None
+    loop = nodeloop.NodeLoop(settings, agent, pod_ends, follow, discover=discover, stop=stop)
     try:
-        while not stop.wait(settings.sample_interval_s):
-            now = time.monotonic()
-            pod_ends.tick()  # reset on pod end, before this pass's report
-            if finder is not None and now - last_poll >= settings.plan_poll_s:
-                found = rediscover(finder, agent, discovered)
-                if found is not None:
-                    discovered = found
-                    current = None if watcher is None else (watcher.namespace, watcher.policy)
-                    ref = found.policy
-                    if (None if ref is None else (ref.namespace, ref.name)) != current:
-                        leave_policy(agent, writer, "" if ref is None else ref.name)
-                        writer = watcher = None
-                        if ref is not None:
-                            writer = kube.ReportWriter(
-                                api, ref.namespace, ref.name, agent.node_name
-                            )
-                            watcher = kube.PlanWatcher(api, ref.namespace, ref.name)
-                        state_changed = True
-                if watcher is None:  # nothing to poll: next discovery in plan_poll_s
-                    last_poll = now
-            if watcher is not None and now - last_poll >= settings.plan_poll_s:
-                last_poll = now
-                try:
-                    exists, plan = watcher.poll()
-                    agent.saving_ratio = watcher.saving_ratio
-                    if not exists or plan != agent.plan:
-                        enforced = agent.plan is not None and agent.plan.enforce
-                        agent.set_plan(plan)
-                        state_changed = state_changed or enforced != bool(plan and plan.enforce)
-                except Exception as exc:  # noqa: BLE001 - keep the last plan on API errors
-                    log.warning("plan poll failed: %s", exc)
-            # Only finished steps count (a running step's record still changes); the set is
-            # taken before the report is built, so a step that finishes during the write
-            # stays dirty for the next one.
-            pending = agent.finished_dirty_steps() if writer is not None else set()
-            if agent.report_due:  # a park or a dispatcher publication (FlexFloor)
-                agent.report_due = False
-                state_changed = True
-            if writer is not None and (
-                state_changed
-                or (
-                    pending and (now - last_write >= settings.report_interval_s or len(pending) > 1)
-                )
-            ):
-                last_write = now
-                try:
-                    writer.write(agent.report())
-                    agent.dirty_steps.difference_update(pending)
-                    state_changed = False
-                except Exception as exc:  # noqa: BLE001 - retried at the next step
-                    log.warning("report write failed: %s", exc)
-            agent.meter.sample()
-            agent.observe()
-            agent.meter.save()
-            if settings.report_file is not None and agent.dirty_steps:
-                if writer is None:
-                    agent.dirty_steps.clear()
-                write_report(settings.report_file, agent)
+        loop.run()
     finally:
-        signals.stop()
-        ops.stop()
-        agent.stop_prober()
-        agent.actuator.reset_all("agent shutdown")
-        agent.meter.sample()
-        agent.meter.save()
-        if settings.report_file is not None:
-            write_report(settings.report_file, agent)
-        if settings.backend == "nvml":
-            backend.shutdown()
-        time.sleep(0)
+        _shutdown(settings, agent, signals, ops)
     return 0
 
 

@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException as ApiException
 
 from rlenergy.api import node as api_node
 from rlenergy.api import selector
-from rlenergy_agent import identity, service
+from rlenergy_agent import identity, pods
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +345,7 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 def ended_pods(
     node: str, core: Any | None = None
-) -> Callable[[Iterable[service.PodRef]], set[service.PodRef]]:
+) -> Callable[[Iterable[pods.PodRef]], set[pods.PodRef]]:
     """``pods -> those of them that ended``, from one listing of the pods on ``node``.
 
     A pod ended when it is no longer in the API, is being deleted (``deletionTimestamp``), is
@@ -363,7 +363,7 @@ def ended_pods(
     """
     clients: list[Any] = [] if core is None else [core]
 
-    def ended(pods: Iterable[service.PodRef]) -> set[service.PodRef]:
+    def ended(pods: Iterable[pods.PodRef]) -> set[pods.PodRef]:
         if not clients:
             clients.append(kubernetes.client.CoreV1Api())
         listing = clients[0].list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")

@@ -23,7 +23,7 @@ from google.protobuf import (  # type: ignore[import-untyped]
     message_factory,
 )
 
-from rlenergy_agent import service
+from rlenergy_agent import pods as pod_types
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ ListResponse = message_class("ListPodResourcesResponse")
 
 
 class PodResourcesClient:
-    """Lists GPU allocations from the kubelet; satisfies ``service.PodMap`` (cached).
+    """Lists GPU allocations from the kubelet; satisfies ``pod_types.PodMap`` (cached).
 
     Args:
         socket_path: the kubelet pod-resources socket.
@@ -122,17 +122,17 @@ class PodResourcesClient:
         self._max_age_s = max_age_s
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._cache: dict[service.PodRef, tuple[str, ...]] = {}
+        self._cache: dict[pod_types.PodRef, tuple[str, ...]] = {}
         self._at = -1e18
 
-    def refresh(self) -> dict[service.PodRef, tuple[str, ...]]:
+    def refresh(self) -> dict[pod_types.PodRef, tuple[str, ...]]:
         """List allocations now.
 
         Raises:
             grpc.RpcError: the kubelet did not answer.
         """
         resp = self._list(ListRequest(), timeout=self._timeout_s)
-        out: dict[service.PodRef, tuple[str, ...]] = {}
+        out: dict[pod_types.PodRef, tuple[str, ...]] = {}
         for pod in resp.pod_resources:
             devices: list[str] = []
             for c in pod.containers:
@@ -143,13 +143,13 @@ class PodResourcesClient:
                         devices.extend(str(x) for x in d.device_ids)
             if devices:
                 uid = self._uid_of(pod.namespace, pod.name) if self._uid_of else ""
-                out[service.PodRef(str(pod.namespace), str(pod.name), uid)] = tuple(devices)
+                out[pod_types.PodRef(str(pod.namespace), str(pod.name), uid)] = tuple(devices)
         with self._lock:
             self._cache = out
             self._at = time.monotonic()
         return out
 
-    def pods(self) -> Mapping[service.PodRef, tuple[str, ...]]:
+    def pods(self) -> Mapping[pod_types.PodRef, tuple[str, ...]]:
         """Allocations, refreshed when older than ``max_age_s`` (stale on kubelet errors)."""
         if time.monotonic() - self._at > self._max_age_s:
             try:
@@ -159,7 +159,7 @@ class PodResourcesClient:
         with self._lock:
             return dict(self._cache)
 
-    def devices_of(self, pod: service.PodRef) -> tuple[str, ...]:
+    def devices_of(self, pod: pod_types.PodRef) -> tuple[str, ...]:
         """Device IDs of ``pod`` (matched by namespace and name)."""
         for p, devices in self.pods().items():
             if (p.namespace, p.name) == (pod.namespace, pod.name):

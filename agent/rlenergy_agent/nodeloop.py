@@ -1,0 +1,202 @@
+"""The agent's node loop: policy discovery, plan updates, report writes and sampling.
+
+``NodeLoop.run`` wakes every ``sample_interval_s`` until ``stop``: it resets the clocks of
+pods that ended (``podlife``), finds the policy that governs the node's GPU pods when none is
+configured (``kube.PolicyDiscovery``, every ``plan_poll_s``), adopts the policy's plan
+(``kube.PlanWatcher``), writes the node report (the first at once, then whenever the plan's
+enforcement or a park changes, and for finished steps at most every ``report_interval_s``
+unless several wait), and samples energy. ``rlenergy_agent.__main__`` composes it with the
+signal and ops servers (as kepler composes its services in ``cmd/kepler/main.go``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlenergy.api import selector
+from rlenergy_agent import config, podlife, service
+
+if TYPE_CHECKING:
+    from rlenergy_agent import kube as kube_t
+
+log = logging.getLogger("rlenergy_agent")
+
+
+def rediscover(
+    finder: kube_t.PolicyDiscovery, agent: service.Agent, last: selector.Discovery | None
+) -> selector.Discovery | None:
+    """The policy governing the node's GPU pods now; ``None`` when the API failed.
+
+    The caller then keeps its current policy. A changed outcome is logged: a conflict as an
+    error (the node governs nothing until one selector is narrowed), else at info.
+    """
+    try:
+        found = finder.discover((p.namespace, p.name) for p in agent.podmap.pods())
+    except Exception as exc:  # noqa: BLE001 - keep the current policy on API errors
+        log.warning("policy discovery failed, keeping the current policy: %s", exc)
+        return None
+    if last is None or (found.reason, found.policy, found.message) != (
+        last.reason,
+        last.policy,
+        last.message,
+    ):
+        level = logging.ERROR if found.reason == "Conflict" else logging.INFO
+        log.log(level, "policy discovery: %s: %s", found.reason, found.message)
+    agent.discovery = (found.reason, "" if found.policy is None else str(found.policy))
+    return found
+
+
+def leave_policy(agent: service.Agent, writer: kube_t.ReportWriter | None, new: str) -> None:
+    """Reset every clock of the current policy, then serve ``new`` (``""``: none).
+
+    The old policy's operator gets a last report with the resets acknowledged; the new one
+    starts from a clean slate.
+    """
+    agent.set_plan(None)
+    if writer is not None:
+        try:
+            writer.write(agent.report())
+        except Exception as exc:  # noqa: BLE001 - the clocks are reset either way
+            log.warning("last report for %s failed: %s", writer.policy, exc)
+        log.info("left policy %s/%s: clocks reset", writer.namespace, writer.policy)
+    agent.switch_policy(new)
+
+
+def write_report(path: Path, agent: service.Agent) -> None:
+    """Write the node report as JSON (atomic replace; local runs and benchmarks)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(agent.report().model_dump_json(by_alias=True))
+    tmp.replace(path)
+
+
+class NodeLoop:
+    """The node loop of one agent.
+
+    Args:
+        settings: the agent's settings (intervals, namespace, policy, report file).
+        agent: the agent core.
+        pod_ends: the pod-end watch (``tick`` each pass).
+        api: a ``CustomObjectsApi``, or None (no cluster, or a plan file: no policy plan is
+            followed and no report object written).
+        discover: find the governing policy (no policy configured) instead of following
+            ``settings.policy_name``.
+        stop: the event that ends ``run`` (a new one when None).
+    """
+
+    def __init__(
+        self,
+        settings: config.AgentSettings,
+        agent: service.Agent,
+        pod_ends: podlife.PodEndWatch,
+        api: Any,
+        *,
+        discover: bool,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.settings = settings
+        self.agent = agent
+        self.pod_ends = pod_ends
+        self.api = api
+        self.writer: kube_t.ReportWriter | None = None
+        self.watcher: kube_t.PlanWatcher | None = None
+        self.finder: kube_t.PolicyDiscovery | None = None
+        if api is not None:
+            from rlenergy_agent import kube
+
+            if discover:
+                self.finder = kube.PolicyDiscovery(api, settings.node_name)
+            else:
+                self.writer = kube.ReportWriter(
+                    api, settings.namespace, settings.policy_name, settings.node_name
+                )
+                self.watcher = kube.PlanWatcher(api, settings.namespace, settings.policy_name)
+        self.last_poll = self.last_write = 0.0
+        self.discovered: selector.Discovery | None = None
+        # The first report goes out at once (the operator needs the GPUs' clock tables before
+        # the first step), and again whenever the plan changes (reset acknowledgements on
+        # deletion).
+        self.state_changed = True
+        self._stop = stop if stop is not None else threading.Event()
+
+    def run(self) -> None:
+        """Pass every ``sample_interval_s`` until ``stop``."""
+        while not self._stop.wait(self.settings.sample_interval_s):
+            self.tick(time.monotonic())
+
+    def stop(self) -> None:
+        """End ``run`` after the current pass."""
+        self._stop.set()
+
+    def tick(self, now: float) -> None:
+        """One pass at monotonic time ``now``, s."""
+        self.pod_ends.tick()  # reset on pod end, before this pass's report
+        if self.finder is not None and now - self.last_poll >= self.settings.plan_poll_s:
+            self._discover(now, self.finder)
+        if self.watcher is not None and now - self.last_poll >= self.settings.plan_poll_s:
+            self.last_poll = now
+            self._poll(self.watcher)
+        self._report(now)
+        agent = self.agent
+        agent.meter.sample()
+        agent.observe()
+        agent.meter.save()
+        if self.settings.report_file is not None and agent.dirty_steps:
+            if self.writer is None:
+                agent.dirty_steps.clear()
+            write_report(self.settings.report_file, agent)
+
+    def _discover(self, now: float, finder: kube_t.PolicyDiscovery) -> None:
+        from rlenergy_agent import kube
+
+        found = rediscover(finder, self.agent, self.discovered)
+        if found is not None:
+            self.discovered = found
+            watcher = self.watcher
+            current = None if watcher is None else (watcher.namespace, watcher.policy)
+            ref = found.policy
+            if (None if ref is None else (ref.namespace, ref.name)) != current:
+                leave_policy(self.agent, self.writer, "" if ref is None else ref.name)
+                self.writer = self.watcher = None
+                if ref is not None:
+                    self.writer = kube.ReportWriter(
+                        self.api, ref.namespace, ref.name, self.agent.node_name
+                    )
+                    self.watcher = kube.PlanWatcher(self.api, ref.namespace, ref.name)
+                self.state_changed = True
+        if self.watcher is None:  # nothing to poll: next discovery in plan_poll_s
+            self.last_poll = now
+
+    def _poll(self, watcher: kube_t.PlanWatcher) -> None:
+        agent = self.agent
+        try:
+            exists, plan = watcher.poll()
+            agent.saving_ratio = watcher.saving_ratio
+            if not exists or plan != agent.plan:
+                enforced = agent.plan is not None and agent.plan.enforce
+                agent.set_plan(plan)
+                self.state_changed = self.state_changed or enforced != bool(plan and plan.enforce)
+        except Exception as exc:  # noqa: BLE001 - keep the last plan on API errors
+            log.warning("plan poll failed: %s", exc)
+
+    def _report(self, now: float) -> None:
+        agent, writer = self.agent, self.writer
+        # Only finished steps count (a running step's record still changes); the set is taken
+        # before the report is built, so a step that finishes during the write stays dirty for
+        # the next one.
+        pending = agent.finished_dirty_steps() if writer is not None else set()
+        if agent.report_due:  # a park or a dispatcher publication (FlexFloor)
+            agent.report_due = False
+            self.state_changed = True
+        due = now - self.last_write >= self.settings.report_interval_s or len(pending) > 1
+        if writer is not None and (self.state_changed or (pending and due)):
+            self.last_write = now
+            try:
+                writer.write(agent.report())
+                agent.dirty_steps.difference_update(pending)
+                self.state_changed = False
+            except Exception as exc:  # noqa: BLE001 - retried at the next step
+                log.warning("report write failed: %s", exc)

@@ -1,0 +1,163 @@
+"""Parked GPUs of released rollout workers (FlexFloor): park, unpark, released GPU time."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+from rlenergy.api import node as api_node
+from rlenergy_agent import actuator as act
+from rlenergy_agent import shares
+from rlenergy_agent.pods import PodRef
+from rlenergy_agent.state import (
+    AgentState,
+    SignalRefused,
+    _Park,
+)
+
+log = logging.getLogger("rlenergy_agent.service")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParkResult:
+    """What one park signal did.
+
+    Attributes:
+        parked: GPUs parked by this signal, UUID -> lock made, MHz (``None``: none written).
+        already: GPUs that were parked before (idempotent: untouched).
+        applied: per UUID the actuator's result (read-back included) where a clock was set.
+    """
+
+    parked: Mapping[str, int | None]
+    already: tuple[str, ...]
+    applied: Mapping[str, act.ApplyResult]
+
+
+class Parks(AgentState):
+    """Parks of ``service.Agent`` (a mixin over ``state.AgentState``)."""
+
+    def park(self, pod: PodRef, step: int, *, gpu_uuids: Sequence[str] = ()) -> ParkResult:
+        """Park ``pod``'s GPUs at their lowest supported SM clock: a released rollout worker.
+
+        The park lasts until the pod's next working phase signal or a signal of a later step
+        (the plan's clock is applied then), the end of ``step`` (``end_step``: default
+        governor), ``unpark``, the pod's end, or the plan's removal (every lock reset). Parking
+        a parked GPU does nothing (idempotent). Under an observe plan (or none) no clock is
+        written, but the released time is still accounted.
+
+        Args:
+            pod: the authenticated caller.
+            step: RL step of the release.
+            gpu_uuids: GPUs to park, each the pod's own (empty: every GPU of the pod).
+
+        Returns:
+            What was parked, with the actuator's read-back.
+
+        Raises:
+            SignalRefused: the pod holds no GPU here (404), names a GPU it does not hold
+                (403), or a negative step (400).
+        """
+        gpus, devices = self.gpus_of(pod)
+        if not gpus:
+            self.refused += 1
+            raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
+        named = (shares.physical(g, self.mig_parent) for g in gpu_uuids)
+        targets = list(dict.fromkeys(named)) or list(gpus)
+        foreign = [g for g in targets if g not in gpus]
+        if foreign:
+            self.refused += 1
+            raise SignalRefused(f"pod {pod} does not hold GPU(s) {', '.join(foreign)}", 403)
+        if step < 0:
+            raise SignalRefused("step must be >= 0", 400)
+        with self._lock:
+            enforce = self.plan is not None and self.plan.enforce
+            now = self._clock()
+            parked: dict[str, int | None] = {}
+            applied: dict[str, act.ApplyResult] = {}
+            already = tuple(u for u in targets if u in self.parked)
+            for u in targets:
+                if u in self.parked:
+                    continue
+                ctl = self.actuator.controls[u]
+                clock: int | None = None
+                if enforce and ctl.supported_mhz:
+                    r = applied[u] = self.actuator.apply(
+                        u, min(ctl.supported_mhz), owner_uuids=devices
+                    )
+                    clock = r.target_mhz if r.error is None and r.skipped is None else None
+                self.parked[u] = _Park(pod, step, now, clock)
+                parked[u] = clock
+            self.steps.setdefault(step, {})
+            self.report_due = self.report_due or bool(parked)
+            if parked:
+                log.info("parked %s for pod %s at step %d", ", ".join(parked), pod, step)
+            return ParkResult(parked, already, applied)
+
+    def unpark(self, pod: PodRef, *, gpu_uuids: Sequence[str] = ()) -> float:
+        """End ``pod``'s parks (all, or ``gpu_uuids``) and apply the plan's current clock.
+
+        Returns:
+            The GPU time of the parks ended, GPU-s.
+        """
+        with self._lock:
+            wanted = {shares.physical(g, self.mig_parent) for g in gpu_uuids}
+            ended = [
+                u for u, p in self.parked.items() if p.pod == pod and (not wanted or u in wanted)
+            ]
+            released = self._end_parks(ended, self._clock())
+            w = self._open.get(pod)
+            entry = self._entry_for(w.phase) if w is not None else None
+            clock = w.probe.clock_mhz if w is not None and w.probe is not None else None
+            if w is not None and w.probe is None and entry is not None:
+                clock = entry.clock_mhz
+            _gpus, devices = self.gpus_of(pod)
+            for u in ended:
+                self.actuator.apply(u, clock, owner_uuids=devices)
+            return released
+
+    def _end_parks(self, uuids: Iterable[str], now_s: float) -> float:
+        """Account and forget the parks of ``uuids`` (clocks are the caller's business)."""
+        total = 0.0
+        for u in list(uuids):
+            p = self.parked.pop(u, None)
+            if p is None:
+                continue
+            dt = max(now_s - p.since_s, 0.0)
+            total += dt
+            self.released_gpu_s[u] = self.released_gpu_s.get(u, 0.0) + dt
+            self.step_released_gpu_s[p.step] = self.step_released_gpu_s.get(p.step, 0.0) + dt
+            self.dirty_steps.add(p.step)
+            w = self._open.get(p.pod)
+            if w is not None and u in w.gpus:
+                w.released_gpu_s += max(now_s - max(p.since_s, w.started_s), 0.0)
+            self.report_due = True
+        return total
+
+    def released_gpu_seconds(self, uuid: str) -> float:
+        """Parked time of ``uuid`` so far, ongoing park included, GPU-s (a counter)."""
+        with self._lock:
+            p = self.parked.get(uuid)
+            ongoing = max(self._clock() - p.since_s, 0.0) if p is not None else 0.0
+            return self.released_gpu_s.get(uuid, 0.0) + ongoing
+
+    def publish_rollout(self, pod: PodRef, dispatch: api_node.RolloutDispatch) -> None:
+        """Keep the rollout dispatcher's publication for the node report (newest step wins).
+
+        Raises:
+            SignalRefused: the pod holds no GPU on this node (404), or the step is older
+                than the one already published (409).
+        """
+        gpus, _ = self.gpus_of(pod)
+        if not gpus:
+            self.refused += 1
+            raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
+        with self._lock:
+            if self.dispatch is not None and dispatch.step < self.dispatch.step:
+                raise SignalRefused(
+                    f"step {dispatch.step} is older than the published step {self.dispatch.step}",
+                    409,
+                )
+            if dispatch != self.dispatch:
+                self.dispatch = dispatch
+                self.report_due = True

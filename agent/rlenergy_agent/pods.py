@@ -1,0 +1,52 @@
+"""The pod map's types: which pod holds which devices, as the kubelet allocated them.
+
+``PodRef`` names a pod, ``PodMap`` is what the agent asks (``rlenergy_agent.podmap`` reads the
+kubelet's PodResources API; ``StaticPodMap`` serves local runs and tests). No agent module
+below imports this one's users: the core (``service``), the pod-resources client, the caller
+checks and the pod-end watch all import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class PodRef:
+    """A pod, as the kubelet knows it."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class PodMap(Protocol):
+    """Which device IDs (GPU or MIG UUIDs) the kubelet allocated to which pod."""
+
+    def devices_of(self, pod: PodRef) -> tuple[str, ...]:
+        """Device IDs allocated to ``pod`` (empty: none or unknown pod)."""
+        ...
+
+    def pods(self) -> Mapping[PodRef, tuple[str, ...]]:
+        """Every pod with allocated GPUs."""
+        ...
+
+
+class StaticPodMap:
+    """A fixed pod map (the ``sim`` backend and tests)."""
+
+    def __init__(self, allocations: Mapping[PodRef, Sequence[str]]) -> None:
+        self.allocations = {p: tuple(d) for p, d in allocations.items()}
+
+    def devices_of(self, pod: PodRef) -> tuple[str, ...]:
+        """Device IDs of ``pod``."""
+        return self.allocations.get(pod, ())
+
+    def pods(self) -> Mapping[PodRef, tuple[str, ...]]:
+        """All allocations."""
+        return dict(self.allocations)

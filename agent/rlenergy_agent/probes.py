@@ -1,0 +1,217 @@
+"""In-phase probe slices (EE-RL trials): the prober thread, slice boundaries, power samples.
+
+The first slice's clock is applied by the phase signal (``service.Agent.phase``); the prober
+(``probe_tick``, on its own thread) switches the lock at each later slice boundary through the
+idempotent actuator, samples instant power a few times per slice and keeps the trainer's
+cumulative progress log, interpolated at the boundaries when the window closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+
+from rlenergy.api import node as api_node
+from rlenergy.gpu import errors
+from rlenergy_agent import energy
+from rlenergy_agent.pods import PodRef
+from rlenergy_agent.state import (
+    MAX_PROGRESS_LOG,
+    MAX_REPORT_AGE_S,
+    POWER_SAMPLES_PER_SLICE,
+    PROBER_IDLE_WAIT_S,
+    AgentState,
+    SignalRefused,
+    _Open,
+    _Probe,
+    _Slice,
+)
+
+log = logging.getLogger("rlenergy_agent.service")
+
+
+class ProbeSlices(AgentState):
+    """ProbeSlices of ``service.Agent`` (a mixin over ``state.AgentState``)."""
+
+    def progress(self, pod: PodRef, amount: float) -> None:
+        """Add phase progress (tokens or iterations) to ``pod``'s open window.
+
+        Raises:
+            SignalRefused: a negative or non-finite amount (it would poison the window).
+        """
+        if not math.isfinite(amount) or amount < 0:
+            raise SignalRefused(f"progress amount must be a finite number >= 0, got {amount}", 400)
+        with self._lock:
+            w = self._open.get(pod)
+            if w is not None:
+                w.progress += amount
+                self._log_progress(w)
+
+    def progress_total(self, pod: PodRef, total: float, at_s: float | None = None) -> None:
+        """Set the cumulative progress of ``pod``'s current phase (tokens or iterations so far).
+
+        Cumulative reports lose nothing when one is dropped, and a probed window interpolates
+        them at its slice boundaries.
+
+        Args:
+            pod: the authenticated caller.
+            total: progress of the phase so far.
+            at_s: when the trainer measured it (``CLOCK_MONOTONIC``, shared by the processes
+                of a node); taken only when it lies within ``MAX_REPORT_AGE_S`` before now and
+                after the previous report, else the arrival time is used. It keeps the
+                request's transit and queueing out of the slice boundaries.
+
+        Raises:
+            SignalRefused: a negative or non-finite total.
+        """
+        if not math.isfinite(total) or total < 0:
+            raise SignalRefused(f"progress total must be a finite number >= 0, got {total}", 400)
+        with self._lock:
+            w = self._open.get(pod)
+            if w is not None:
+                w.progress = total
+                self._log_progress(w, at_s)
+
+    def _log_progress(self, w: _Open, at_s: float | None = None) -> None:
+        if w.probe is None or len(w.progress_log) >= MAX_PROGRESS_LOG:
+            return
+        now = self._clock()
+        t = now
+        if at_s is not None and math.isfinite(at_s) and now - MAX_REPORT_AGE_S <= at_s <= now:
+            t = max(at_s, w.progress_log[-1][0] if w.progress_log else w.started_s)
+        w.progress_log.append((t, w.progress))
+
+    def probe_tick(self) -> float | None:
+        """Switch probe slices that are due and take due power samples.
+
+        Returns:
+            When the next slice boundary or power sample is due (this clock), or ``None`` when
+            no window is probed.
+        """
+        with self._lock:
+            now = self._clock()
+            due: float | None = None
+            for w in self._open.values():
+                p = w.probe
+                if p is None:
+                    continue
+                if now >= p.boundary_s:
+                    self._next_slice(w, p)
+                elif now >= p.next_sample_s:
+                    self._sample_power(w, p)
+                    p.next_sample_s += p.slice_s / POWER_SAMPLES_PER_SLICE
+                    if p.power_n >= POWER_SAMPLES_PER_SLICE:
+                        p.next_sample_s = math.inf
+                nxt = min(p.boundary_s, p.next_sample_s)
+                due = nxt if due is None else min(due, nxt)
+            return due
+
+    def _sample_power(self, w: _Open, p: _Probe) -> None:
+        total = 0.0
+        for u in w.gpus:
+            try:
+                total += self.actuator.gpus[u].instant_power_mw() / 1000.0
+            except errors.GpuError:
+                p.power_failed = True
+                return
+        p.power_w += total
+        p.power_n += 1
+
+    def _finish_slice(self, w: _Open, p: _Probe, end_s: float, mark: energy.Mark) -> None:
+        duration = max(end_s - p.start_s, 0.0)
+        energy_j: float | None
+        if p.power_n and not p.power_failed:
+            energy_j = p.power_w / p.power_n * duration
+        else:
+            energy_j = self.meter.window(p.start_mark, mark).energy_j
+        p.done.append(_Slice(p.clock_mhz, p.start_s, end_s, energy_j))
+
+    def _next_slice(self, w: _Open, p: _Probe) -> None:
+        nxt = p.schedule[(p.index + 1) % len(p.schedule)]
+        results = [
+            self.actuator.apply(u, nxt, owner_uuids=w.devices)
+            for u in w.gpus
+            if u not in self.parked
+        ]
+        now = self._clock()  # the new clock is in effect from here
+        mark = self.meter.mark(w.gpus)
+        self._finish_slice(w, p, now, mark)
+        p.index += 1
+        p.begin(now, mark)
+        self.probe_switches += 1
+        w.slowdown = w.slowdown or any(r.slowdown for r in results)
+        for r in results:
+            if r.error and len(w.errors) < 8:
+                w.errors.append(f"{r.uuid}: {r.error}")
+
+    def _slice_reports(self, w: _Open, p: _Probe) -> list[api_node.SliceReport]:
+        log_t = [t for t, _ in w.progress_log]
+        log_p = [v for _, v in w.progress_log]
+
+        def at(t: float) -> float:
+            return _interpolate(log_t, log_p, t)
+
+        out = []
+        for sl in p.done:
+            progress = max(at(sl.end_s) - at(sl.start_s), 0.0)
+            out.append(
+                api_node.SliceReport(
+                    clock_mhz=sl.clock_mhz,
+                    duration_seconds=sl.end_s - sl.start_s,
+                    progress=progress,
+                    energy_joules=None if sl.energy_j is None else max(sl.energy_j, 0.0),
+                )
+            )
+        return out
+
+    def start_prober(self) -> None:
+        """Run ``probe_tick`` on a thread, waking at each due boundary or sample."""
+        if self._prober is not None:
+            return
+        self._stop.clear()
+
+        def run() -> None:
+            while not self._stop.is_set():
+                self._wake.clear()
+                try:
+                    due = self.probe_tick()
+                except Exception:  # noqa: BLE001 - the prober must outlive one bad tick
+                    log.exception("probe tick failed")
+                    due = None
+                wait = PROBER_IDLE_WAIT_S if due is None else max(due - self._clock(), 0.0)
+                if wait > 0:
+                    self._wake.wait(wait)
+
+        self._prober = threading.Thread(target=run, name="prober", daemon=True)
+        self._prober.start()
+
+    def stop_prober(self) -> None:
+        """Stop the prober thread."""
+        if self._prober is not None:
+            self._stop.set()
+            self._wake.set()
+            self._prober.join(timeout=5)
+            self._prober = None
+
+
+def _interpolate(ts: Sequence[float], values: Sequence[float], t: float) -> float:
+    """Piecewise-linear value of a cumulative log at ``t`` (clamped to its ends)."""
+    if not ts:
+        return 0.0
+    if t <= ts[0]:
+        return values[0]
+    if t >= ts[-1]:
+        return values[-1]
+    lo, hi = 0, len(ts) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ts[mid] <= t:
+            lo = mid
+        else:
+            hi = mid
+    span = ts[hi] - ts[lo]
+    if span <= 0:
+        return values[hi]
+    return values[lo] + (values[hi] - values[lo]) * (t - ts[lo]) / span

@@ -1,0 +1,170 @@
+"""Step records and the node report: closed windows counted, trimmed, reported."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from rlenergy.api import node as api_node
+from rlenergy_agent import energy, shares
+from rlenergy_agent.state import (
+    IDLE,
+    MAX_STEPS_KEPT,
+    AgentState,
+)
+
+log = logging.getLogger("rlenergy_agent.service")
+
+
+class StepRecords(AgentState):
+    """StepRecords of ``service.Agent`` (a mixin over ``state.AgentState``)."""
+
+    def _count(self, win: energy.Window, phase: str = IDLE) -> None:
+        """Add a closed window to the per-GPU phase counters of /metrics."""
+        for u, j in win.per_gpu_j.items():
+            key = (u, phase)
+            if j is not None:
+                self.phase_energy_j[key] = self.phase_energy_j.get(key, 0.0) + j
+            self.phase_seconds[key] = self.phase_seconds.get(key, 0.0) + win.duration_s
+
+    def _trim(self) -> None:
+        while len(self.steps) > MAX_STEPS_KEPT:
+            oldest = min(self.steps)
+            del self.steps[oldest]
+            self.workloads.pop(oldest, None)
+            self.step_released_gpu_s.pop(oldest, None)
+            self.idle_j.pop(oldest, None)
+
+    def _finished(self, steps: Iterable[int]) -> set[int]:
+        newest = max(self.steps, default=-1)
+        return {s for s in steps if s in self.steps and (s in self.workloads or s < newest)}
+
+    def finished_dirty_steps(self) -> set[int]:
+        """Changed steps that are finished (a report written now carries them for good).
+
+        A step's record changes until the trainer closes it, so the writer clears only these
+        after a write; a step still running stays dirty for the write after it ends.
+        """
+        with self._lock:
+            self.dirty_steps.intersection_update(self.steps)
+            return self._finished(self.dirty_steps)
+
+    def step_record(self, step: int) -> api_node.StepRecord:
+        """The node's record of ``step``: one window per phase (summed over pods)."""
+        with self._lock:
+            phases: list[api_node.PhaseWindowReport] = []
+            for _phase, windows in sorted(self.steps.get(step, {}).items()):
+                energies = [w.energy_joules for w in windows]
+                per_gpu: dict[str, float | None] = {}
+                for w in windows:
+                    per_gpu.update(w.gpu_energy_joules)
+                applied = [w.applied_clock_mhz for w in windows if w.applied_clock_mhz]
+                phases.append(
+                    windows[0].model_copy(
+                        update={
+                            "duration_seconds": max(w.duration_seconds for w in windows),
+                            "energy_joules": None
+                            if any(e is None for e in energies)
+                            else sum(e for e in energies if e is not None),
+                            "applied_clock_mhz": min(applied) if applied else None,
+                            "slowdown": any(w.slowdown for w in windows),
+                            "incomplete": any(w.incomplete for w in windows),
+                            "gpu_energy_joules": per_gpu,
+                            "progress": sum(w.progress for w in windows),
+                            "slices": [s for w in windows for s in w.slices],
+                            "gpu_seconds": sum(w.gpu_seconds for w in windows),
+                            "released_gpu_seconds": sum(w.released_gpu_seconds for w in windows),
+                        }
+                    )
+                )
+            workload = self.workloads.get(step) or api_node.TokenWorkloadReport(
+                samples=0, response_tokens=0, prompt_tokens=0, valid_tokens=0, mean_context_tokens=0
+            )
+            return api_node.StepRecord(
+                step=step,
+                workload=workload,
+                phases=phases,
+                idle_energy_joules=self.idle_j.get(step, 0.0),
+                released_gpu_seconds=self.step_released_gpu_s.get(step, 0.0),
+            )
+
+    def _cross_check(self, uuid: str) -> api_node.EnergyCrossCheck | None:
+        chk = self.crosscheck.gpus.get(uuid)
+        if chk is None or chk.last is None:
+            return None
+        last = chk.last
+        return api_node.EnergyCrossCheck(
+            counter_joules=last.counter_j,
+            power_joules=last.power_j,
+            window_seconds=last.window_s,
+            mismatch=last.mismatch,
+            mismatches=chk.mismatches,
+        )
+
+    def report(self) -> api_node.NodeReport:
+        """The spec of this node's ``RLEnergyNodeReport``."""
+        with self._lock:
+            gpus = []
+            total = 0.0
+            unattributed = 0.0
+            attributed = {u for u, p in self.pod_of.items() if p is not None}
+            for pod_devices in self.podmap.pods().values():
+                attributed.update(shares.physical(d, self.mig_parent) for d in pod_devices)
+            for u, ctl in self.actuator.controls.items():
+                j = self.meter.total_j(u)
+                st = self.meter.state[u]
+                cap = self.actuator.caps.get(u)
+                condition = ctl.condition
+                reason = ctl.reason
+                if st.lost_at is not None:
+                    condition, reason = "lost", reason or "GPULost"
+                elif st.source == "unavailable" and condition == "ok":
+                    condition, reason = "degraded", "TelemetryUnavailable"
+                gpus.append(
+                    api_node.GpuStatus(
+                        uuid=u,
+                        name=getattr(self.actuator.gpus[u], "name", ""),
+                        condition=condition,
+                        reason=reason,
+                        locked_clock_mhz=ctl.applied_mhz,
+                        # Acknowledged once nothing is locked under a plan that locks
+                        # nothing: the operator's reset plan on deletion (enforce false) or
+                        # no plan at all (the policy is gone).
+                        reset_acknowledged=(self.plan is None or not self.plan.enforce)
+                        and ctl.applied_mhz is None,
+                        energy_joules_total=j or 0.0,
+                        energy_source=st.source,
+                        energy_known=j is not None,
+                        phase=self.phase_of.get(u, "idle"),
+                        pod=str(self.pod_of[u]) if self.pod_of.get(u) else None,
+                        supported_clocks_mhz=list(ctl.supported_mhz),
+                        parked=u in self.parked,
+                        requested_clock_mhz=ctl.requested_mhz,
+                        effective_clock_mhz=cap.effective_mhz if cap.lock_mhz else None,
+                        clock_state=cap.state,
+                        clock_limit=cap.limit,
+                        energy_cross_check=self._cross_check(u),
+                    )
+                )
+                if j is not None:
+                    total += j
+                    if u not in attributed:
+                        unattributed += j
+            # Only finished steps: the trainer closed them (end_step) or moved past them. The
+            # operator folds a step as soon as every node reported it, so a step still running
+            # (its generation window closed, training under way) must not appear yet.
+            done = sorted(self._finished(self.steps))
+            steps = [self.step_record(s) for s in done]
+            return api_node.NodeReport(
+                policy_name=self.policy_name,
+                node_name=self.node_name,
+                gpus=gpus,
+                steps=steps,
+                last_step=max(done, default=-1),
+                measured_joules_total=total,
+                unattributed_joules_total=unattributed,
+                released_gpu_seconds_total=sum(
+                    self.released_gpu_seconds(u) for u in self.actuator.controls
+                ),
+                rollout=self.dispatch,
+            )

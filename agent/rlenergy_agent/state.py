@@ -1,0 +1,201 @@
+"""The agent's shared state: the fields every concern reads and writes under ``Agent._lock``.
+
+``AgentState`` declares the fields (``service.Agent.__init__`` sets them); the concern modules
+(``probes``: in-phase probe slices, ``parks``: parked rollout workers, ``records``: step
+records and the node report) are mixins over it, so each holds one concern's methods while
+``service.Agent`` keeps the lock, the shared state and the phase windows. The window and
+probe records (``_Open``, ``_Probe``, ``_Slice``, ``_Park``) and the limits live here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+
+from rlenergy.api import node as api_node
+from rlenergy_agent import actuator as act
+from rlenergy_agent import crosscheck, energy, histogram
+from rlenergy_agent.pods import PodMap, PodRef
+
+log = logging.getLogger("rlenergy_agent.service")
+
+IDLE_PHASES = frozenset({"idle", "none", ""})
+IDLE = "idle"
+"""The window name of the time between phases (energy reported as ``idleEnergyJoules``)."""
+MAX_STEPS_KEPT = 32
+"""Step records kept in the report (bounded, oldest dropped)."""
+POWER_SAMPLES_PER_SLICE = 4
+"""Instant-power reads per probe slice, spread evenly over it (the energy counter updates only
+every 20-100 ms, too coarse for slices of a few tens of ms)."""
+PROBER_IDLE_WAIT_S = 1.0
+"""The prober thread's wait when no probe runs (a phase signal wakes it at once)."""
+MAX_REPORT_AGE_S = 0.5
+"""A progress report's own timestamp is trusted when at most this old on arrival, s."""
+MAX_PROGRESS_LOG = 100_000
+"""Progress reports kept per probed window (a runaway caller cannot grow it without bound)."""
+
+
+@dataclasses.dataclass
+class _Slice:
+    """One finished probe slice (progress is filled in when the window closes)."""
+
+    clock_mhz: int | None
+    start_s: float
+    end_s: float
+    energy_j: float | None
+
+
+@dataclasses.dataclass
+class _Probe:
+    """The slicing state of a probed window.
+
+    Attributes:
+        schedule: slice clocks, cycled (``None`` = default governor).
+        slice_s: planned slice length, s.
+        index: the current slice's position in the phase (0-based).
+        start_s: when the current slice started (its clock applied), s.
+        start_mark: counter totals at the current slice's start (fallback energy).
+        power_w: sum over samples of the instant power summed over the window's GPUs, W.
+        power_n: samples in ``power_w``.
+        power_failed: an instant-power read failed in this slice (use counter deltas).
+        next_sample_s: when the next power sample is due, s.
+        done: finished slices.
+    """
+
+    schedule: tuple[int | None, ...]
+    slice_s: float
+    start_s: float
+    start_mark: energy.Mark
+    next_sample_s: float
+    origin_s: float = 0.0
+    index: int = 0
+    power_w: float = 0.0
+    power_n: int = 0
+    power_failed: bool = False
+    done: list[_Slice] = dataclasses.field(default_factory=list)
+
+    @property
+    def clock_mhz(self) -> int | None:
+        """The current slice's clock."""
+        return self.schedule[self.index % len(self.schedule)]
+
+    @property
+    def boundary_s(self) -> float:
+        """When the current slice ends.
+
+        Boundaries lie on a fixed grid from the phase start, so a late switch shortens the next
+        slice instead of shifting every later one.
+        """
+        return self.origin_s + (self.index + 1) * self.slice_s
+
+    def begin(self, t_s: float, mark: energy.Mark) -> None:
+        """Start a slice at ``t_s``."""
+        self.start_s = t_s
+        self.start_mark = mark
+        self.power_w = 0.0
+        self.power_n = 0
+        self.power_failed = False
+        self.next_sample_s = t_s + 0.5 * self.slice_s / POWER_SAMPLES_PER_SLICE
+
+
+@dataclasses.dataclass
+class _Open:
+    """An open phase window of one pod."""
+
+    phase: str
+    step: int
+    mark: energy.Mark
+    started_s: float
+    requested_mhz: int | None
+    applied: list[int]
+    slowdown: bool
+    errors: list[str]
+    progress: float = 0.0
+    gpus: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    probe: _Probe | None = None
+    progress_log: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    """(time s, cumulative progress) reports, kept while the window is probed."""
+    released_gpu_s: float = 0.0
+    """GPU time of parks that ended inside this window, GPU-s."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Park:
+    """A parked GPU: a released rollout worker's, at its lowest SM clock until its step ends.
+
+    Attributes:
+        pod: the pod that parked it.
+        step: RL step of the release.
+        since_s: when it was parked (this agent's clock), s.
+        clock_mhz: the lock made (``None``: nothing written: observe plan or no clock control).
+    """
+
+    pod: PodRef
+    step: int
+    since_s: float
+    clock_mhz: int | None
+
+
+class SignalRefused(Exception):
+    """A phase signal the agent will not act on.
+
+    Args:
+        message: why.
+        status: HTTP status to answer with (403 not your GPU, 404 no GPUs, 400 bad input).
+    """
+
+    def __init__(self, message: str, status: int = 403) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class AgentState:
+    """The fields of ``service.Agent`` that its concern mixins share (set in its ``__init__``)."""
+
+    node_name: str
+    policy_name: str
+    actuator: act.Actuator
+    meter: energy.EnergyMeter
+    podmap: PodMap
+    mig_parent: dict[str, str]
+    _clock: Callable[[], float]
+    _lock: threading.RLock
+    plan: api_node.ClockPlan | None
+    _open: dict[PodRef, _Open]
+    steps: dict[int, dict[str, list[api_node.PhaseWindowReport]]]
+    workloads: dict[int, api_node.TokenWorkloadReport]
+    phase_of: dict[str, str]
+    pod_of: dict[str, PodRef | None]
+    phase_energy_j: dict[tuple[str, str], float]
+    phase_seconds: dict[tuple[str, str], float]
+    valid_tokens_total: float
+    saving_ratio: dict[str, float]
+    crosscheck: crosscheck.CrossCheck
+    latency_hist: histogram.Histogram
+    dirty_steps: set[int]
+    idle_j: dict[int, float | None]
+    refused: int
+    probe_switches: int
+    parked: dict[str, _Park]
+    released_gpu_s: dict[str, float]
+    step_released_gpu_s: dict[int, float]
+    dispatch: api_node.RolloutDispatch | None
+    report_due: bool
+    discovery: tuple[str, str] | None
+    _wake: threading.Event
+    _stop: threading.Event
+    _prober: threading.Thread | None
+
+    def gpus_of(self, pod: PodRef) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(physical GPUs, devices) of ``pod`` (``service.Agent.gpus_of``)."""
+        raise NotImplementedError
+
+    def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
+        raise NotImplementedError
+
+    def released_gpu_seconds(self, uuid: str) -> float:
+        """GPU time of the parks of ``uuid``, GPU-s (``parks.Parks``)."""
+        raise NotImplementedError
