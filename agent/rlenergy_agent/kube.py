@@ -242,8 +242,9 @@ class PolicyDiscovery:
     """Finds the policy that governs this node's GPU pods (``rlenergy.api.selector``).
 
     Reads the labels of the pods on the node (one listing, field selector ``spec.nodeName``)
-    and the policies of the GPU pods' namespaces; the choice itself is pure. RBAC: list pods,
-    list policies (cluster-wide ClusterRole; only the pods' namespaces are read).
+    and the policies of the GPU pods' namespaces; the choice itself is pure. RBAC: list pods
+    (cluster-wide), list policies (cluster-wide, or a Role in each served namespace of a
+    namespaced install: a namespace that answers 403 has no policy for this agent).
 
     Args:
         api: a ``CustomObjectsApi``.
@@ -275,7 +276,14 @@ class PolicyDiscovery:
         pods = [selector.PodLabels(ns, name, labels.get((ns, name), {})) for ns, name in wanted]
         policies: list[selector.PolicySelector] = []
         for ns in sorted({ns for ns, _ in wanted}):
-            objs = self.api.list_namespaced_custom_object(GROUP, VERSION, ns, POLICY_PLURAL)
+            try:
+                objs = self.api.list_namespaced_custom_object(GROUP, VERSION, ns, POLICY_PLURAL)
+            except ApiException as exc:
+                if exc.status != 403:
+                    raise
+                # A namespaced install (chart rbac.watchNamespaces) grants the policies of the
+                # served namespaces only: a GPU pod elsewhere is governed by no policy of ours.
+                continue
             for obj in objs.get("items") or ():
                 # a policy being deleted stays matched: its reset plan is acknowledged as usual
                 meta = obj.get("metadata") or {}

@@ -269,8 +269,14 @@ def policy_loop(
     loop, reports, folded = _fold(
         memo, parsed, conds.generation, current, key, logger, policy_node_reports
     )
-    out = loopstatus.assemble(loop, reports, status.get("plan"), conds, *_findings(memo, conds))
-    ro = rollout.reconcile(parsed, current.rollout, reports, key[0], conds.now)
+    ro = rollout.reconcile(parsed, current.rollout, reports, key[0], conds.now, policy=name)
+    unschedulable, missing = _findings(memo, conds)
+    # A worker set that does not opt in to scaling (rollout, optin) ranks with "no agent can
+    # schedule": it is what the policy's owner has to act on.
+    refused = None if ro.degraded is None else (True, *ro.degraded)
+    out = loopstatus.assemble(
+        loop, reports, status.get("plan"), conds, unschedulable or refused, missing
+    )
     new = dict(out.fields) | ({} if ro.status is None else {"rollout": _dump(ro.status)})
     if _write_status(patch, status, new):
         ECHOES.wrote(key, version)
@@ -417,7 +423,11 @@ def _unacknowledged(namespace: str, name: str) -> list[str]:
 
 def _delete_daemonset_if_last(meta: kopf.Meta, logger: kopf.Logger) -> None:
     try:
-        others = [p for p in kube.live_policies() if p["metadata"].get("uid") != meta.get("uid")]
+        others = [
+            p
+            for p in kube.live_policies(CFG.served_namespaces)
+            if p["metadata"].get("uid") != meta.get("uid")
+        ]
         if not others and kube.delete_daemonset(CFG.namespace, CFG.agent_daemonset_name):
             logger.info("no policy left: deleted DaemonSet %s", DAEMONSET)
     except kube.ApiError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
 import kubernetes
@@ -168,15 +168,26 @@ def all_nodes() -> list[dict[str, Any]]:
 
 
 @_unreachable_is_api_error
-def live_policies() -> list[dict[str, Any]]:
-    """Every RLEnergyPolicy in the cluster that is not being deleted."""
+def live_policies(namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Every RLEnergyPolicy that is not being deleted: cluster-wide, or in ``namespaces``.
+
+    Args:
+        namespaces: the namespaces the operator serves (a namespaced install: one list per
+            namespace, Roles only); empty: one cluster-wide list.
+    """
     api = kubernetes.client.CustomObjectsApi(_api())
-    listing = cast(
-        dict[str, Any],
-        api.list_cluster_custom_object(api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL),
-    )
+    g, v, plural = api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL
+    listings = [
+        cast(dict[str, Any], listing)
+        for listing in (
+            [api.list_namespaced_custom_object(g, v, ns, plural) for ns in namespaces]
+            if namespaces
+            else [api.list_cluster_custom_object(g, v, plural)]
+        )
+    ]
     return [
         item
+        for listing in listings
         for item in listing.get("items", [])
         if not item.get("metadata", {}).get("deletionTimestamp")
     ]
@@ -250,6 +261,42 @@ SCALE_RESOURCES: dict[str, tuple[str, str, str]] = {
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 }
 """Worker-set kinds resized through their ``/scale`` subresource: (group, version, plural)."""
+
+
+_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+@_unreachable_is_api_error
+def worker_set_annotations(kind: str, namespace: str, name: str) -> dict[str, str] | None:
+    """``metadata.annotations`` of a worker set (the opt-in, ``optin.ANNOTATION``).
+
+    A metadata-only GET (``PartialObjectMetadata``: no pod template). RBAC: ``get`` on the
+    kind (the ``/scale`` subresource carries no annotations).
+
+    Args:
+        kind: a key of ``SCALE_RESOURCES``.
+        namespace: the worker set's namespace (the policy's).
+        name: its name.
+
+    Returns:
+        The annotations (empty when it has none); ``None`` when the object (or its kind) does
+        not exist (404).
+    """
+    group, version, plural = SCALE_RESOURCES[kind]
+    api = kubernetes.client.CustomObjectsApi(_api())
+    obj = _unless_missing(
+        functools.partial(api.get_namespaced_custom_object, _headers={"Accept": _METADATA}),
+        group,
+        version,
+        namespace,
+        plural,
+        name,
+    )
+    if obj is None:
+        return None
+    return {
+        str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("annotations") or {}).items()
+    }
 
 
 @_unreachable_is_api_error

@@ -21,6 +21,9 @@ no Kubernetes credentials):
   are all parked in the node reports) and patches the group's ``replicas`` and
   ``scaleStrategy.workersToDelete`` (KubeRay deletes exactly those pods). Fewer released pods
   known than the shrink needs: refused (``WorkersUnknown``), never guessed.
+* **the workload's opt-in** (no confused deputy, ``optin``): a worker set whose annotation
+  ``rlenergy.io/allow-scale-by`` does not name the policy is never resized; the decision is
+  ``ScaleNotAllowed``, the policy ``Degraded`` with how to opt in, re-checked every pass.
 
 Pure: ``layout``, ``floor``, ``newest_dispatch``, ``fold``, ``worker_group``. I/O (through
 ``kube``): ``reconcile``. Callers: ``rlenergy_operator.handlers.policy_loop``.
@@ -39,7 +42,7 @@ from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import aggregate
 from rlenergy.control.moe import base as moe_base
 from rlenergy.control.moe import scale
-from rlenergy_operator import kube
+from rlenergy_operator import kube, optin
 
 ROLLOUT_PHASE = "generation"
 """The phase whose windows are rollout (occupied GPU time)."""
@@ -148,10 +151,13 @@ class Result:
     Attributes:
         status: the new ``status.rollout`` (``None``: the policy has no rollout section).
         event: a Kubernetes event to emit (type, reason, message), when a decision was made.
+        degraded: (reason, message) of a Degraded condition the policy should show (the worker
+            set does not opt in), else ``None``.
     """
 
     status: api_status.RolloutStatus | None
     event: tuple[str, str, str] | None = None
+    degraded: tuple[str, str] | None = None
 
 
 def reconcile(
@@ -160,12 +166,14 @@ def reconcile(
     reports: Sequence[api_node.NodeReport],
     namespace: str,
     now: str,
+    *,
+    policy: str,
 ) -> Result:
     """Fold the reports into ``status.rollout`` and, for ``scale``, resize the worker set.
 
     A resize is decided once per published step (``scale.forStep`` in status); a missing
-    worker set or an API error is retried at the next pass (reason ``WorkerSetNotFound`` /
-    ``ScaleFailed``), never raised.
+    worker set, one that does not opt in (``optin``) or an API error is retried at the next
+    pass (reason ``WorkerSetNotFound`` / ``ScaleNotAllowed`` / ``ScaleFailed``), never raised.
 
     Args:
         spec: the validated policy spec.
@@ -173,6 +181,7 @@ def reconcile(
         reports: the policy's node reports.
         namespace: the policy's namespace (the worker set's too).
         now: RFC 3339 time for ``scale.decidedAt``.
+        policy: the policy's name (the one the worker set's opt-in must name).
     """
     ro = spec.rollout
     if ro is None:
@@ -196,7 +205,7 @@ def reconcile(
     for_step = dispatch.step + 1
     desired = dispatch.next_step_workers
     prev = status.scale
-    retry = ("WorkerSetNotFound", "ScaleFailed", "WorkersUnknown")
+    retry = ("WorkerSetNotFound", "ScaleFailed", "WorkersUnknown", optin.REASON)
     if prev is not None and (
         prev.for_step > for_step or (prev.for_step == for_step and prev.reason not in retry)
     ):
@@ -224,11 +233,18 @@ def reconcile(
     what = f"{ref.kind} {namespace}/{ref.name}"
     if ref.kind == "RayCluster":
         return _reconcile_ray_group(
-            status, prev, decided, what, namespace, ref, for_step, desired, minimum, reports
+            status, prev, decided, what, namespace, ref, for_step, desired, minimum, reports, policy
         )
     if ref.kind not in kube.SCALE_RESOURCES:
         s = decided(0, 0, "UnsupportedWorkerSet", f"{what}: {ref.kind} cannot be resized")
         return Result(_with_active(status, s), ("Warning", s.reason, s.message))
+    try:
+        annotations = kube.worker_set_annotations(ref.kind, namespace, ref.name)
+    except kube.ApiError as exc:
+        s = decided(0, 0, "ScaleFailed", f"{what}: reading: {exc.status} {exc.reason}")
+        return Result(_with_active(status, s))
+    if annotations is not None and not optin.allows(annotations, policy):
+        return _not_allowed(status, prev, decided, ref, namespace, policy)
     try:
         current = kube.scale_replicas(ref.kind, namespace, ref.name)
     except kube.ApiError as exc:
@@ -303,6 +319,7 @@ def _reconcile_ray_group(
     desired: int,
     minimum: int,
     reports: Sequence[api_node.NodeReport],
+    policy: str,
 ) -> Result:
     """Resize a RayCluster worker group: ``replicas`` and ``scaleStrategy.workersToDelete``.
 
@@ -322,6 +339,8 @@ def _reconcile_ray_group(
     if obj is None or found is None:
         s = decided(0, 0, "WorkerSetNotFound", f"{what} not found; retrying")
         return Result(_with_active(status, s))
+    if not optin.allows((obj.get("metadata") or {}).get("annotations"), policy):
+        return _not_allowed(status, prev, decided, ref, namespace, policy)
     index, group = found
     gpus = [(g.pod, g.parked) for r in reports for g in r.gpus]
     g = scale.decide_group_scale(group, desired, minimum, gpus)
@@ -358,6 +377,29 @@ def _reconcile_ray_group(
         return Result(_with_active(status, prev))
     kind = "Warning" if d.action is scale.ScaleAction.REFUSED else "Normal"
     return Result(_with_active(status, s), (kind, s.reason, s.message))
+
+
+def _not_allowed(
+    status: api_status.RolloutStatus,
+    prev: api_status.ScaleStatus | None,
+    decided: _Decided,
+    ref: api_policy.WorkerSetRef,
+    namespace: str,
+    policy: str,
+) -> Result:
+    """``ScaleNotAllowed``: the worker set is left alone; Degraded says how to opt in.
+
+    The same refusal again keeps the stored decision (no new ``decidedAt``, no status write).
+    """
+    message = optin.refusal(ref.kind, namespace, ref.name, policy)
+    s = decided(0, 0, optin.REASON, message)
+    if prev is not None and (prev.for_step, prev.reason, prev.message) == (
+        s.for_step,
+        s.reason,
+        s.message,
+    ):
+        s = prev
+    return Result(_with_active(status, s), degraded=(optin.REASON, message))
 
 
 def _with_active(

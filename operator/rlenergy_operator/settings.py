@@ -120,6 +120,16 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     kopf's default of CPUs + 4. Default 16."""
     post_events: bool = True
     """Post Kubernetes Events for plan changes and errors. Default true."""
+    watch_namespaces: str = pydantic.Field("", pattern=r"^[a-z0-9,-]*$")
+    """Comma-separated namespaces the operator serves (a namespaced install, chart value
+    ``rbac.watchNamespaces``; pass the same as ``--namespace`` flags). Empty, the default:
+    every namespace. When set, kopf's cluster scan of CRDs and namespaces is off (those grants
+    are cluster-wide) and policies are listed per namespace."""
+
+    @property
+    def served_namespaces(self) -> tuple[str, ...]:
+        """``watch_namespaces`` as a tuple; empty: every namespace."""
+        return tuple(n for n in self.watch_namespaces.split(",") if n)
 
 
 def peering_priority(pod_name: str) -> int:
@@ -186,3 +196,6 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
     settings.background.cancellation_polling = 2.0
     # Logger records become Events only from WARNING up; plan changes are posted explicitly.
     settings.posting.level = logging.WARNING
+    # A namespaced install has Roles only: no cluster-wide CRD/namespace watches (kopf then
+    # serves exactly the --namespace names, docs/operations.md "Privilege").
+    settings.scanning.disabled = bool(cfg.served_namespaces)

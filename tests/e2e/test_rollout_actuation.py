@@ -49,6 +49,7 @@ POOL = "rollout-pool"
 FLOOR = 2
 GB = 10**9
 RESPONSE_TOKENS = 4096.0
+OPT_IN = {"rlenergy.io/allow-scale-by": "moe-rollout"}
 
 
 def _pool(replicas: int) -> dict[str, Any]:
@@ -56,7 +57,8 @@ def _pool(replicas: int) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": POOL},
+        # the workload's opt-in: the operator resizes only worker sets that name the policy
+        "metadata": {"name": POOL, "annotations": OPT_IN},
         "spec": {
             "replicas": replicas,
             "serviceName": POOL,
@@ -406,7 +408,7 @@ def test_leaderworkerset_is_resized_through_the_generic_scale_subresource(
     lws = {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
-        "metadata": {"name": POOL},
+        "metadata": {"name": POOL, "annotations": OPT_IN},
         "spec": {"replicas": 3, "leaderWorkerTemplate": {"size": 2}},
     }
     dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(lws))
@@ -465,7 +467,7 @@ def test_raycluster_worker_group_deletes_the_released_pod_by_name(
     rc = {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": {"name": cluster},
+        "metadata": {"name": cluster, "annotations": OPT_IN},
         "spec": {
             "headGroupSpec": {"rayStartParams": {}, "template": template},
             "workerGroupSpecs": [

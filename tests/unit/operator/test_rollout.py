@@ -14,7 +14,11 @@ We test these aspects:
   it is refused (``WorkersUnknown``, one Warning event, retried at the next pass, no status
   churn); below the floor refused; growth clears the deleted pod's entry; a missing cluster or
   group is retried, a failed (guarded) patch is ``ScaleFailed`` and retried, an autoscaled
-  cluster is ``UnsupportedWorkerSet``.
+  cluster is ``UnsupportedWorkerSet``;
+* no confused deputy (``optin``): a StatefulSet or RayCluster whose ``rlenergy.io/allow-scale-by``
+  does not name the policy (absent, another policy, a prefix of the name) is never resized:
+  ``ScaleNotAllowed``, a Degraded finding naming the ``kubectl annotate`` command, re-checked
+  every pass without status churn; once it opts in, the same publication resizes it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rlenergy_operator import kube, rollout
+from rlenergy_operator import kube, optin, rollout
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy as api_policy
@@ -131,12 +135,18 @@ def test_floor_and_newest_dispatch():
 class _WorkerSet:
     """An in-memory worker set in place of the /scale calls."""
 
-    def __init__(self, replicas: int | None) -> None:
+    def __init__(self, replicas: int | None, allow: str = "p") -> None:
         self.replicas = replicas
         self.patches: list[int] = []
+        self.annotations = {optin.ANNOTATION: allow}
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(kube, "scale_replicas", lambda kind, ns, name: self.replicas)
+        monkeypatch.setattr(
+            kube,
+            "worker_set_annotations",
+            lambda kind, ns, name: None if self.replicas is None else dict(self.annotations),
+        )
 
         def patch(kind: str, ns: str, name: str, replicas: int) -> None:
             self.patches.append(replicas)
@@ -155,7 +165,7 @@ def test_reconcile_resizes_once_per_published_step_and_refuses_below_the_floor(
     ws = _WorkerSet(4)
     ws.install(monkeypatch)
     spec = _spec()
-    r = rollout.reconcile(spec, None, _published(0, 2), "ns", "2026-01-01T00:00:00Z")
+    r = rollout.reconcile(spec, None, _published(0, 2), "ns", "2026-01-01T00:00:00Z", policy="p")
     assert ws.patches == [2]
     assert r.status is not None and r.status.scale is not None
     assert (r.status.scale.for_step, r.status.scale.reason) == (1, "ShrinkBetweenSteps")
@@ -163,17 +173,17 @@ def test_reconcile_resizes_once_per_published_step_and_refuses_below_the_floor(
     assert r.event is not None and r.event[:2] == ("Normal", "ShrinkBetweenSteps")
     # the same publication again: decided already, no second patch, even if someone rescaled
     ws.replicas = 5
-    r2 = rollout.reconcile(spec, r.status, _published(0, 2), "ns", "t")
+    r2 = rollout.reconcile(spec, r.status, _published(0, 2), "ns", "t", policy="p")
     assert ws.patches == [2] and r2.event is None
     # below the floor: refused, untouched
-    r3 = rollout.reconcile(spec, r2.status, _published(1, 1), "ns", "t")
+    r3 = rollout.reconcile(spec, r2.status, _published(1, 1), "ns", "t", policy="p")
     assert ws.patches == [2] and ws.replicas == 5
     assert r3.status is not None and r3.status.scale is not None
     assert r3.status.scale.reason == "ShrinkRejected"
     assert "minimum is 2" in r3.status.scale.message
     assert r3.event is not None and r3.event[:2] == ("Warning", "ShrinkRejected")
     # growth for the next step
-    r4 = rollout.reconcile(spec, r3.status, _published(2, 4), "ns", "t")
+    r4 = rollout.reconcile(spec, r3.status, _published(2, 4), "ns", "t", policy="p")
     assert ws.patches == [2, 4]
     assert r4.status is not None and r4.status.active == 4
 
@@ -183,13 +193,13 @@ def test_reconcile_retries_a_missing_worker_set_and_leaves_park_policies_alone(
 ):
     ws = _WorkerSet(None)
     ws.install(monkeypatch)
-    r = rollout.reconcile(_spec(), None, _published(0, 2), "ns", "t")
+    r = rollout.reconcile(_spec(), None, _published(0, 2), "ns", "t", policy="p")
     assert r.status is not None and r.status.scale is not None
     assert r.status.scale.reason == "WorkerSetNotFound" and not ws.patches
     ws.replicas = 4
-    r2 = rollout.reconcile(_spec(), r.status, _published(0, 2), "ns", "t")
+    r2 = rollout.reconcile(_spec(), r.status, _published(0, 2), "ns", "t", policy="p")
     assert ws.patches == [2]
-    park = rollout.reconcile(_spec("park"), None, _published(1, 1), "ns", "t")
+    park = rollout.reconcile(_spec("park"), None, _published(1, 1), "ns", "t", policy="p")
     assert ws.patches == [2]
     assert park.status is not None and park.status.scale is None
     assert r2.status is not None
@@ -214,7 +224,11 @@ class _RayCluster:
 
     def __init__(self, replicas: int, **group: Any) -> None:
         self.obj: dict[str, Any] | None = {
-            "metadata": {"name": "rc", "resourceVersion": "1"},
+            "metadata": {
+                "name": "rc",
+                "resourceVersion": "1",
+                "annotations": {optin.ANNOTATION: "other, p"},
+            },
             "spec": {
                 "workerGroupSpecs": [
                     {"groupName": "other", "replicas": 1},
@@ -278,7 +292,7 @@ def test_raycluster_shrink_names_the_released_pod_and_refuses_rather_than_guess(
     spec = _ray_spec()
     working = {"aaaaa": False, "bbbbb": False, "ccccc": False}
     # the publication arrives before the park shows in a report: refused, not guessed
-    r = rollout.reconcile(spec, None, _ray_reports(0, 2, working), "ns", "t0")
+    r = rollout.reconcile(spec, None, _ray_reports(0, 2, working), "ns", "t0", policy="p")
     assert rc.patches == []
     assert r.status is not None and r.status.scale is not None
     assert r.status.scale.reason == "WorkersUnknown"
@@ -286,11 +300,11 @@ def test_raycluster_shrink_names_the_released_pod_and_refuses_rather_than_guess(
     assert r.status.active == 3
     assert r.event is not None and r.event[:2] == ("Warning", "WorkersUnknown")
     # the next pass, nothing new: no second event, the same status (no write)
-    r2 = rollout.reconcile(spec, r.status, _ray_reports(0, 2, working), "ns", "t1")
+    r2 = rollout.reconcile(spec, r.status, _ray_reports(0, 2, working), "ns", "t1", policy="p")
     assert r2.event is None and r2.status == r.status and rc.patches == []
     # the park reaches the report: the released pod is deleted by name
     parked = {**working, "bbbbb": True}
-    r3 = rollout.reconcile(spec, r2.status, _ray_reports(0, 2, parked), "ns", "t2")
+    r3 = rollout.reconcile(spec, r2.status, _ray_reports(0, 2, parked), "ns", "t2", policy="p")
     assert rc.patches == [(2, [RAY_POD + "bbbbb"])]
     assert rc.group["replicas"] == 2
     assert r3.status is not None and r3.status.scale is not None
@@ -300,15 +314,15 @@ def test_raycluster_shrink_names_the_released_pod_and_refuses_rather_than_guess(
     assert r3.event is not None and r3.event[:2] == ("Normal", "ShrinkBetweenSteps")
     assert RAY_POD + "bbbbb" in r3.event[2]
     # decided: the same publication does nothing more
-    r4 = rollout.reconcile(spec, r3.status, _ray_reports(0, 2, parked), "ns", "t3")
+    r4 = rollout.reconcile(spec, r3.status, _ray_reports(0, 2, parked), "ns", "t3", policy="p")
     assert len(rc.patches) == 1 and r4.event is None
     # below the floor (2): refused, untouched
     gone = {"aaaaa": True, "ccccc": False}
-    r5 = rollout.reconcile(spec, r4.status, _ray_reports(1, 1, gone), "ns", "t4")
+    r5 = rollout.reconcile(spec, r4.status, _ray_reports(1, 1, gone), "ns", "t4", policy="p")
     assert r5.status is not None and r5.status.scale is not None
     assert r5.status.scale.reason == "ShrinkRejected" and len(rc.patches) == 1
     # growth: replicas up, the deleted pod's entry cleared
-    r6 = rollout.reconcile(spec, r5.status, _ray_reports(2, 3, gone), "ns", "t5")
+    r6 = rollout.reconcile(spec, r5.status, _ray_reports(2, 3, gone), "ns", "t5", policy="p")
     assert rc.patches[-1] == (3, [])
     assert r6.status is not None and r6.status.active == 3
     assert r6.event is not None and r6.event[:2] == ("Normal", "GrowBetweenSteps")
@@ -320,29 +334,29 @@ def test_raycluster_missing_group_patch_conflict_and_autoscaler(monkeypatch: pyt
     spec = _ray_spec()
     reps = _ray_reports(0, 2, {"aaaaa": True, "bbbbb": False})
     obj, rc.obj = rc.obj, None
-    r = rollout.reconcile(spec, None, reps, "ns", "t")
+    r = rollout.reconcile(spec, None, reps, "ns", "t", policy="p")
     assert r.status is not None and r.status.scale is not None
     assert r.status.scale.reason == "WorkerSetNotFound"
     assert "worker group rollout" in r.status.scale.message
     assert obj is not None
     obj["spec"]["workerGroupSpecs"][1]["groupName"] = "renamed"
     rc.obj = obj
-    r = rollout.reconcile(spec, r.status, reps, "ns", "t")
+    r = rollout.reconcile(spec, r.status, reps, "ns", "t", policy="p")
     assert r.status is not None and r.status.scale is not None
     assert r.status.scale.reason == "WorkerSetNotFound" and rc.patches == []
     obj["spec"]["workerGroupSpecs"][1]["groupName"] = "rollout"
     rc.fail = kube.ApiError(status=422, reason="test operation failed")
-    r = rollout.reconcile(spec, r.status, reps, "ns", "t")
+    r = rollout.reconcile(spec, r.status, reps, "ns", "t", policy="p")
     assert r.status is not None and r.status.scale is not None
     assert r.status.scale.reason == "ScaleFailed" and "422" in r.status.scale.message
     rc.fail = None  # retried at the next pass
-    r = rollout.reconcile(spec, r.status, reps, "ns", "t")
+    r = rollout.reconcile(spec, r.status, reps, "ns", "t", policy="p")
     assert rc.patches == [(2, [RAY_POD + "aaaaa"])]
     auto = _RayCluster(3)
     auto.install(monkeypatch)
     assert auto.obj is not None
     auto.obj["spec"]["enableInTreeAutoscaling"] = True
-    r = rollout.reconcile(spec, None, reps, "ns", "t")
+    r = rollout.reconcile(spec, None, reps, "ns", "t", policy="p")
     assert r.status is not None and r.status.scale is not None
     assert r.status.scale.reason == "UnsupportedWorkerSet" and auto.patches == []
     assert r.event is not None and r.event[0] == "Warning"
@@ -371,3 +385,49 @@ def test_worker_group_reads_the_kuberay_fields():
     assert i == 0 and (g.replicas, g.min_replicas, g.max_replicas) == (4, 1, 8)
     assert g.workers_to_delete == ("rc-rollout-worker-aaaaa",) and not g.autoscaling
     assert rollout.worker_group(obj, "nope", "ns") is None
+
+
+@pytest.mark.parametrize("allow", ["", "other", "p2", "p-x, q"])
+def test_a_worker_set_that_does_not_opt_in_is_never_resized(
+    monkeypatch: pytest.MonkeyPatch, allow: str
+):
+    ws = _WorkerSet(4, allow=allow)
+    ws.install(monkeypatch)
+    r = rollout.reconcile(_spec(), None, _published(0, 2), "ns", "t0", policy="p")
+    assert ws.patches == [] and ws.replicas == 4
+    assert r.status is not None and r.status.scale is not None
+    assert r.status.scale.reason == "ScaleNotAllowed"
+    assert r.degraded is not None and r.degraded[0] == "ScaleNotAllowed"
+    assert "kubectl annotate statefulset pool -n ns rlenergy.io/allow-scale-by=p" in r.degraded[1]
+    assert r.status.scale.message == r.degraded[1] and r.event is None
+    assert r.status.active == 4  # the dispatcher's count, not a target that was never applied
+    # the next pass: the same refusal, the same stored decision (no status write)
+    r2 = rollout.reconcile(_spec(), r.status, _published(0, 2), "ns", "t1", policy="p")
+    assert r2.status == r.status and ws.patches == []
+    # the workload's owner opts in: the same publication is now applied
+    ws.annotations = {optin.ANNOTATION: f"{allow},p" if allow else "p"}
+    r3 = rollout.reconcile(_spec(), r2.status, _published(0, 2), "ns", "t2", policy="p")
+    assert ws.patches == [2] and r3.degraded is None
+    assert r3.status is not None and r3.status.scale is not None
+    assert r3.status.scale.reason == "ShrinkBetweenSteps"
+
+
+def test_a_raycluster_that_does_not_opt_in_is_never_patched(monkeypatch: pytest.MonkeyPatch):
+    rc = _RayCluster(3)
+    assert rc.obj is not None
+    rc.obj["metadata"]["annotations"] = {}
+    rc.install(monkeypatch)
+    reps = _ray_reports(0, 2, {"aaaaa": True, "bbbbb": False})
+    r = rollout.reconcile(_ray_spec(), None, reps, "ns", "t", policy="p")
+    assert rc.patches == [] and r.degraded is not None
+    assert "kubectl annotate raycluster rc -n ns rlenergy.io/allow-scale-by=p" in r.degraded[1]
+    rc.obj["metadata"]["annotations"] = {optin.ANNOTATION: "p"}
+    r = rollout.reconcile(_ray_spec(), r.status, reps, "ns", "t", policy="p")
+    assert rc.patches == [(2, [RAY_POD + "aaaaa"])] and r.degraded is None
+
+
+def test_optin_names_policies_exactly():
+    assert optin.allows({optin.ANNOTATION: " a , b "}, "b")
+    assert not optin.allows({optin.ANNOTATION: "*"}, "b")
+    assert not optin.allows({optin.ANNOTATION: "ab"}, "a")
+    assert not optin.allows(None, "a") and not optin.allows({}, "a")
