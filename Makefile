@@ -11,7 +11,7 @@ MODE ?= sync
 
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
-.PHONY: bench-scale test-chaos test-field
+.PHONY: bench-scale test-chaos test-field test-privilege
 .PHONY: bench-peers test-peers
 
 $(STAMP): pyproject.toml
@@ -93,6 +93,12 @@ bench-scale: $(STAMP) bins
 ## agent's metrics and the chart's alerts, the Prometheus e2e, the chart for real clusters.
 test-field: $(STAMP) bins
 	$(PY) -m pytest -q -m field
+
+## Least privilege on the real API server alone (tests/e2e/test_privilege.py; also in `make test`):
+## node-scoped report writes with pod-bound tokens, the RBAC matrix, no confused deputy, the
+## namespaced install.
+test-privilege: $(STAMP) bins
+	$(PY) -m pytest -q tests/e2e/test_privilege.py
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins

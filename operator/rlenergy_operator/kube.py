@@ -294,9 +294,8 @@ def worker_set_annotations(kind: str, namespace: str, name: str) -> dict[str, st
     )
     if obj is None:
         return None
-    return {
-        str(k): str(v) for k, v in ((obj.get("metadata") or {}).get("annotations") or {}).items()
-    }
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return {str(k): str(v) for k, v in annotations.items()}
 
 
 @_unreachable_is_api_error

@@ -536,6 +536,9 @@ class DevCluster:
                 f"--client-ca-file={pki.client_ca_cert}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=RBAC",
+                # On by default; named so that the chart's node-scoped report policy
+                # (helm/rl-energy/templates/admission.yaml) never silently stops applying.
+                "--enable-admission-plugins=ValidatingAdmissionPolicy",
                 "--allow-privileged=true",
                 f"--service-account-issuer={self._server}",
                 f"--service-account-key-file={pki.sa_pub}",

@@ -1,0 +1,601 @@
+"""Least privilege, checked by the real API server (``make test-privilege``; in ``make test``).
+
+The chart is installed with helm (the operator as a local process where it must run); every
+allow/deny below is the API server's answer, through one of three real paths:
+
+* **a pod-bound token**: a pod of the agent's ServiceAccount on KWOK node A, a TokenRequest
+  bound to that pod (the API server puts ``authentication.kubernetes.io/node-name: A`` in the
+  token's user info, shown by a TokenReview), and the agent's own ``ReportWriter`` writing
+  reports with it. The chart's ValidatingAdmissionPolicy lets it write node A's report and
+  refuses node B's (create, a patch moving a report to another node, a patch of B's report,
+  a label naming B) and every write with a token bound to no pod; reads stay allowed;
+* **SubjectAccessReviews** for each ServiceAccount the chart creates and for a tenant user
+  (``RBAC_MATRIX``, ``NAMESPACED_MATRIX``): which verbs on which resources, cluster-wide and
+  namespaced install;
+* **the operator run with its ServiceAccount's token** (not the admin's): a tenant who may
+  create policies but not scale a StatefulSet names that StatefulSet in a policy; the
+  operator does not resize it (``ScaleNotAllowed``, Degraded with the ``kubectl annotate``
+  command), the tenant cannot set the opt-in, the workload's owner can, and then the
+  StatefulSet is resized; the namespaced install's operator serves its namespace with Roles
+  only (Ready, a delete whose finalizer is lifted) and never touches another namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_support import get_json, wait_until
+from kubernetes.client.exceptions import ApiException
+from rlenergy_agent import kube as agent_kube
+from rlenergy_agent.testing import fullstack, standin
+
+from rlenergy.api import node as api_node
+from rlenergy.devcluster import DevCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "rl-energy"
+NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
+TENANT = "alice@team.example"
+
+
+@dataclass
+class Install:
+    """One helm release of the chart."""
+
+    release: str
+    namespace: str
+
+    @property
+    def operator_sa(self) -> str:
+        return f"{self.release}-rl-energy"
+
+    @property
+    def agent_sa(self) -> str:
+        return f"{self.release}-rl-energy-agent"
+
+
+def _ns(cluster: DevCluster, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    wait_until(
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        timeout=60,
+        what=f"serviceaccount/default in {name}",
+    )
+    return name
+
+
+def _install(cluster: DevCluster, release: str, *values: str) -> Install:
+    ns = _ns(cluster, release)
+    cluster.helm(
+        "install", release, str(CHART), "-n", ns, "--set", "operator.replicas=0", *values,
+        "--wait", "--timeout", "90s",
+    )  # fmt: skip
+    return Install(release, ns)
+
+
+@pytest.fixture(scope="module")
+def teams(dev_cluster: DevCluster, crds: None) -> dict[str, str]:
+    """Two tenant namespaces; ``a`` is served by both installs' cluster-wide one only."""
+    return {"a": _ns(dev_cluster, "team-a"), "b": _ns(dev_cluster, "team-b")}
+
+
+@pytest.fixture(scope="module")
+def install(dev_cluster: DevCluster, teams: dict[str, str]) -> Iterator[Install]:
+    """The chart with its defaults: cluster-wide, node-scoped report writes."""
+    inst = _install(dev_cluster, "priv")
+    yield inst
+    dev_cluster.helm("uninstall", inst.release, "-n", inst.namespace, "--wait", check=False)
+
+
+@pytest.fixture(scope="module")
+def namespaced(dev_cluster: DevCluster, teams: dict[str, str]) -> Iterator[Install]:
+    """The chart limited to team b (``rbac.watchNamespaces``)."""
+    inst = _install(dev_cluster, "privns", "--set", f"rbac.watchNamespaces={{{teams['b']}}}")
+    yield inst
+    dev_cluster.helm("uninstall", inst.release, "-n", inst.namespace, "--wait", check=False)
+
+
+# ----- tokens --------------------------------------------------------------------------------
+def _agent_pod(cluster: DevCluster, inst: Install, node: str) -> str:
+    """A pod of the agent's ServiceAccount on ``node`` (KWOK runs it), as the DaemonSet has."""
+    name = f"agent-{node}"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": inst.namespace},
+        "spec": {
+            "serviceAccountName": inst.agent_sa,
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "agent", "image": "registry.invalid/agent:1"}],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    return name
+
+
+def _token(cluster: DevCluster, inst: Install, sa: str, pod: str | None = None) -> str:
+    """A TokenRequest for ``sa``; bound to ``pod`` (its node goes into the user info)."""
+    bound = ["--bound-object-kind=Pod", f"--bound-object-name={pod}"] if pod else []
+    res = cluster.kubectl("create", "token", sa, "-n", inst.namespace, "--duration=1h", *bound)
+    return res.stdout.strip()
+
+
+def _review(cluster: DevCluster, token: str) -> dict[str, Any]:
+    body = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": {"token": token},
+    }
+    res = cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(body))
+    status: dict[str, Any] = json.loads(res.stdout)["status"]
+    return status
+
+
+def _token_kubeconfig(cluster: DevCluster, token: str, path: Path) -> Path:
+    """The admin kubeconfig's server and CA with ``token`` as the only credential."""
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    ctx = admin["contexts"][0]["context"]
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": "token", "user": {"token": token}}],
+        "contexts": [{"name": "token", "context": {"cluster": ctx["cluster"], "user": "token"}}],
+        "current-context": "token",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _api(cluster: DevCluster, token: str, tmp_path: Path) -> Any:
+    cfg = _token_kubeconfig(cluster, token, tmp_path / f"kc-{uuid.uuid4().hex[:6]}")
+    return agent_kube.load_api(str(cfg))
+
+
+def _report(node: str) -> api_node.NodeReport:
+    return api_node.NodeReport.model_validate(
+        {"policyName": "p", "nodeName": node, "gpus": [{"uuid": f"GPU-{node}-00"}]}
+    )
+
+
+def _refused(exc: pytest.ExceptionInfo[ApiException], text: str) -> None:
+    assert exc.value.status == 403, exc.value
+    assert text in str(exc.value.body), exc.value.body
+
+
+# ----- node-scoped report writes -------------------------------------------------------------
+def test_a_pod_bound_agent_token_names_its_node(dev_cluster: DevCluster, install: Install):
+    node = dev_cluster.nodes[0]
+    token = _token(dev_cluster, install, install.agent_sa, _agent_pod(dev_cluster, install, node))
+    st = _review(dev_cluster, token)
+    assert st["authenticated"], st
+    assert st["user"]["username"] == f"system:serviceaccount:{install.namespace}:{install.agent_sa}"
+    assert st["user"]["extra"][NODE_NAME_KEY] == [node], st["user"]
+
+
+def test_the_agent_writes_its_own_node_report_and_no_other(
+    dev_cluster: DevCluster, install: Install, teams: dict[str, str], tmp_path: Path
+):
+    node_a, node_b = dev_cluster.nodes[0], dev_cluster.nodes[1]
+    ns = teams["a"]
+    token = _token(dev_cluster, install, install.agent_sa, _agent_pod(dev_cluster, install, node_a))
+    api = _api(dev_cluster, token, tmp_path)
+    own = agent_kube.ReportWriter(api, ns, "p", node_a, max_retries=1)
+    own.write(_report(node_a))  # create
+    own.write(_report(node_a))  # patch
+    assert get_json(dev_cluster, "rlenr", own.name, "-n", ns)["spec"]["nodeName"] == node_a
+    # node B's report, written by node A's agent: refused at create
+    other = agent_kube.ReportWriter(api, ns, "p", node_b, max_retries=1)
+    with pytest.raises(ApiException) as exc:
+        other.write(_report(node_b))
+    _refused(exc, f"the node agent on node {node_a} may write only its own node report")
+    # a report named for node A that says node B: refused (the name proves nothing)
+    with pytest.raises(ApiException) as exc:
+        api.patch_namespaced_custom_object(
+            agent_kube.GROUP, agent_kube.VERSION, ns, agent_kube.REPORT_PLURAL, own.name,
+            {"spec": {"nodeName": node_b}},
+        )  # fmt: skip
+    _refused(exc, "may write only its own node report")
+    # node B's report as its own agent wrote it (admin here): A may read it, not patch it
+    dev_cluster.kubectl(
+        "apply", "-n", ns, "-f", "-",
+        input=json.dumps(agent_kube.ReportWriter(None, ns, "p", node_b).body(_report(node_b))),
+    )  # fmt: skip
+    got = api.get_namespaced_custom_object(
+        agent_kube.GROUP, agent_kube.VERSION, ns, agent_kube.REPORT_PLURAL, other.name
+    )
+    assert got["spec"]["nodeName"] == node_b
+    with pytest.raises(ApiException) as exc:
+        api.patch_namespaced_custom_object(
+            agent_kube.GROUP, agent_kube.VERSION, ns, agent_kube.REPORT_PLURAL, other.name,
+            {"spec": {"nodeName": node_a}},
+        )  # fmt: skip
+    _refused(exc, f"may not change the report of node {node_b}")
+    with pytest.raises(ApiException) as exc:
+        body = own.body(_report(node_a))
+        body["metadata"]["name"] = "p-spoof"
+        body["metadata"]["labels"]["rlenergy.io/node"] = node_b
+        api.create_namespaced_custom_object(
+            agent_kube.GROUP, agent_kube.VERSION, ns, agent_kube.REPORT_PLURAL, body
+        )
+    _refused(exc, f"may not label a report rlenergy.io/node={node_b}")
+    assert get_json(dev_cluster, "rlenr", other.name, "-n", ns)["spec"]["nodeName"] == node_b
+
+
+def test_a_token_bound_to_no_pod_writes_no_report(
+    dev_cluster: DevCluster, install: Install, teams: dict[str, str], tmp_path: Path
+):
+    token = _token(dev_cluster, install, install.agent_sa)
+    assert NODE_NAME_KEY not in (_review(dev_cluster, token)["user"].get("extra") or {})
+    api = _api(dev_cluster, token, tmp_path)
+    writer = agent_kube.ReportWriter(api, teams["a"], "q", dev_cluster.nodes[0], max_retries=1)
+    with pytest.raises(ApiException) as exc:
+        writer.write(_report(dev_cluster.nodes[0]))
+    _refused(exc, "the node agent's token names no node")
+
+
+# ----- the RBAC matrix -----------------------------------------------------------------------
+# (who, verb, group/resource[/subresource], namespace: "a"/"b" team, "rel" release, "" cluster)
+RBAC_MATRIX: list[tuple[str, str, str, str, bool]] = [
+    ("operator", "watch", "rlenergy.io/rlenergypolicies", "a", True),
+    ("operator", "patch", "rlenergy.io/rlenergypolicies/status", "a", True),
+    ("operator", "update", "rlenergy.io/rlenergypolicies", "a", False),
+    ("operator", "watch", "rlenergy.io/rlenergynodereports", "a", True),
+    ("operator", "create", "rlenergy.io/rlenergynodereports", "a", False),
+    ("operator", "patch", "rlenergy.io/rlenergynodereports", "a", False),
+    ("operator", "get", "apps/statefulsets", "a", True),  # the opt-in annotation
+    ("operator", "patch", "apps/statefulsets", "a", False),
+    ("operator", "patch", "apps/statefulsets/scale", "a", True),
+    ("operator", "get", "leaderworkerset.x-k8s.io/leaderworkersets", "a", True),
+    ("operator", "patch", "leaderworkerset.x-k8s.io/leaderworkersets/scale", "a", True),
+    ("operator", "patch", "ray.io/rayclusters", "a", True),
+    ("operator", "delete", "ray.io/rayclusters", "a", False),
+    ("operator", "create", "apps/daemonsets", "rel", True),
+    ("operator", "create", "apps/daemonsets", "a", False),
+    ("operator", "list", "/nodes", "", True),
+    ("operator", "patch", "/nodes", "", False),
+    ("operator", "get", "/secrets", "rel", False),
+    ("operator", "delete", "/pods", "a", False),
+    ("operator", "create", "/serviceaccounts/token", "rel", False),
+    ("agent", "create", "rlenergy.io/rlenergynodereports", "a", True),  # own node: admission
+    ("agent", "patch", "rlenergy.io/rlenergynodereports", "a", True),
+    ("agent", "get", "rlenergy.io/rlenergynodereports", "a", True),
+    ("agent", "delete", "rlenergy.io/rlenergynodereports", "a", False),
+    ("agent", "list", "rlenergy.io/rlenergypolicies", "a", True),
+    ("agent", "patch", "rlenergy.io/rlenergypolicies", "a", False),
+    ("agent", "patch", "rlenergy.io/rlenergypolicies/status", "a", False),
+    ("agent", "list", "/pods", "", True),
+    ("agent", "patch", "/pods", "a", False),
+    ("agent", "get", "/secrets", "a", False),
+    ("agent", "patch", "/nodes", "", False),
+    ("agent", "patch", "apps/statefulsets/scale", "a", False),
+    ("agent", "create", "apps/daemonsets", "rel", False),
+    ("tenant", "create", "rlenergy.io/rlenergypolicies", "a", True),
+    ("tenant", "patch", "rlenergy.io/rlenergypolicies", "a", True),
+    ("tenant", "get", "apps/statefulsets", "a", True),
+    ("tenant", "patch", "apps/statefulsets/scale", "a", False),
+    ("tenant", "update", "apps/statefulsets/scale", "a", False),
+    ("tenant", "patch", "apps/statefulsets", "a", False),
+    ("tenant", "create", "rlenergy.io/rlenergypolicies", "b", False),
+    ("tenant", "patch", "rlenergy.io/rlenergynodereports", "a", False),
+]
+NAMESPACED_MATRIX: list[tuple[str, str, str, str, bool]] = [
+    ("operator", "watch", "rlenergy.io/rlenergypolicies", "b", True),
+    ("operator", "patch", "rlenergy.io/rlenergypolicies/status", "b", True),
+    ("operator", "watch", "rlenergy.io/rlenergynodereports", "b", True),
+    ("operator", "patch", "apps/statefulsets/scale", "b", True),
+    ("operator", "patch", "kopf.dev/kopfpeerings", "b", True),
+    ("operator", "create", "/events", "b", True),
+    ("operator", "create", "apps/daemonsets", "rel", True),
+    ("operator", "list", "/nodes", "", True),  # cluster-wide: nodes are cluster-scoped
+    ("operator", "list", "rlenergy.io/rlenergypolicies", "a", False),
+    ("operator", "watch", "rlenergy.io/rlenergypolicies", "", False),
+    ("operator", "get", "rlenergy.io/rlenergynodereports", "a", False),
+    ("operator", "get", "apps/statefulsets", "a", False),
+    ("operator", "patch", "apps/statefulsets/scale", "a", False),
+    ("operator", "patch", "ray.io/rayclusters", "a", False),
+    ("operator", "create", "/events", "a", False),
+    ("operator", "list", "apiextensions.k8s.io/customresourcedefinitions", "", False),
+    ("operator", "list", "/namespaces", "", False),
+    ("operator", "patch", "kopf.dev/clusterkopfpeerings", "", False),
+    ("agent", "create", "rlenergy.io/rlenergynodereports", "b", True),
+    ("agent", "get", "rlenergy.io/rlenergypolicies", "b", True),
+    ("agent", "list", "/pods", "", True),  # cluster-wide: its node's pods, any namespace
+    ("agent", "create", "rlenergy.io/rlenergynodereports", "a", False),
+    ("agent", "list", "rlenergy.io/rlenergypolicies", "a", False),
+    ("agent", "list", "rlenergy.io/rlenergypolicies", "", False),
+]
+
+
+def _subject(inst: Install, who: str) -> tuple[str, list[str]]:
+    if who == "tenant":
+        return TENANT, ["system:authenticated"]
+    sa = inst.operator_sa if who == "operator" else inst.agent_sa
+    return f"system:serviceaccount:{inst.namespace}:{sa}", [
+        "system:serviceaccounts",
+        f"system:serviceaccounts:{inst.namespace}",
+        "system:authenticated",
+    ]
+
+
+def _allowed(
+    cluster: DevCluster, inst: Install, teams: dict[str, str], who: str, verb: str, what: str,
+    where: str,
+) -> bool:  # fmt: skip
+    """The API server's SubjectAccessReview answer."""
+    group, _, rest = what.partition("/")
+    resource, _, sub = rest.partition("/")
+    user, groups = _subject(inst, who)
+    ns = {"rel": inst.namespace, "": ""}.get(where, teams.get(where, where))
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "groups": groups,
+            "resourceAttributes": {
+                "group": group,
+                "resource": resource,
+                "subresource": sub,
+                "verb": verb,
+                "namespace": ns,
+            },
+        },
+    }
+    res = cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review))
+    return bool(json.loads(res.stdout)["status"].get("allowed"))
+
+
+@pytest.fixture(scope="module")
+def tenant(dev_cluster: DevCluster, teams: dict[str, str]) -> str:
+    """A user who may write policies and read workloads in team a, and scale nothing."""
+    ns = teams["a"]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "policy-author", "namespace": ns},
+        "rules": [
+            {
+                "apiGroups": ["rlenergy.io"],
+                "resources": ["rlenergypolicies"],
+                "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+            },
+            {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "list"]},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "policy-author", "namespace": ns},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "policy-author",
+        },
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT}],
+    }
+    for doc in (role, binding):
+        dev_cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    return TENANT
+
+
+@pytest.mark.parametrize("who,verb,what,where,allowed", RBAC_MATRIX, ids=str)
+def test_rbac_matrix(
+    dev_cluster: DevCluster, install: Install, teams: dict[str, str], tenant: str,
+    who: str, verb: str, what: str, where: str, allowed: bool,
+):  # fmt: skip
+    got = _allowed(dev_cluster, install, teams, who, verb, what, where)
+    assert got is allowed, f"{who} {verb} {what} in {where or 'the cluster'}: {got}"
+
+
+@pytest.mark.parametrize("who,verb,what,where,allowed", NAMESPACED_MATRIX, ids=str)
+def test_rbac_matrix_of_the_namespaced_install(
+    dev_cluster: DevCluster, namespaced: Install, teams: dict[str, str],
+    who: str, verb: str, what: str, where: str, allowed: bool,
+):  # fmt: skip
+    got = _allowed(dev_cluster, namespaced, teams, who, verb, what, where)
+    assert got is allowed, f"{who} {verb} {what} in {where or 'the cluster'}: {got}"
+
+
+# ----- no confused deputy ---------------------------------------------------------------------
+def _pool(name: str, replicas: int) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "w", "image": "registry.invalid/w:1"}]},
+            },
+        },
+    }
+
+
+def _scale_policy(name: str, pool: str) -> dict[str, Any]:
+    gb = 10**9
+    return {
+        "apiVersion": "rlenergy.io/v1alpha1",
+        "kind": "RLEnergyPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"app": pool}},
+            "controller": {"warmupSteps": 50},
+            "rollout": {
+                "workerSetRef": {"kind": "StatefulSet", "name": pool},
+                "experts": {"count": 16, "bytesPerExpert": gb},
+                "workerMemoryBytes": 10 * gb,  # 8 experts per worker: floor 2
+                "denseBytes": 2 * gb,
+                "minActiveWorkers": 1,
+                "releaseAction": "scale",
+            },
+        },
+    }
+
+
+def _publish(cluster: DevCluster, ns: str, policy: str, step: int, nxt: int) -> None:
+    """The dispatcher's publication in node 0's report (as its agent relays it)."""
+    node = cluster.nodes[0]
+    report = {
+        "apiVersion": "rlenergy.io/v1alpha1",
+        "kind": "RLEnergyNodeReport",
+        "metadata": {"name": f"{policy}-{node}"},
+        "spec": {
+            "policyName": policy,
+            "nodeName": node,
+            "gpus": [{"uuid": "GPU-pool-0", "condition": "ok"}],
+            "rollout": {"step": step, "activeWorkers": 4, "nextStepWorkers": nxt},
+        },
+    }
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(report))
+
+
+def _condition(cluster: DevCluster, ns: str, policy: str, kind: str) -> dict[str, Any] | None:
+    st = get_json(cluster, "rlep", policy, "-n", ns).get("status") or {}
+    return next((c for c in st.get("conditions") or [] if c.get("type") == kind), None)
+
+
+def _operator(
+    cluster: DevCluster, inst: Install, tmp_path: Path, policy: str, **env: str
+) -> fullstack.FullStack:
+    """The operator as a local process with its ServiceAccount's token (the chart's RBAC)."""
+    token = _token(cluster, inst, inst.operator_sa)
+    kc = _token_kubeconfig(cluster, token, tmp_path / "operator.kubeconfig")
+    lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
+    stack = fullstack.FullStack(
+        kc, inst.namespace, policy, [], tmp_path / "stack", lib_dir,
+        operator_env={
+            "RLENERGY_OPERATOR_AGENT_SERVICE_ACCOUNT": inst.agent_sa,
+            **{f"RLENERGY_OPERATOR_{k.upper()}": v for k, v in env.items()},
+        },
+    )  # fmt: skip
+    stack.start_operator()
+    return stack
+
+
+@pytest.mark.timeout(240)
+def test_a_tenant_cannot_get_a_workload_scaled_until_it_opts_in(
+    dev_cluster: DevCluster, install: Install, teams: dict[str, str], tenant: str, tmp_path: Path
+):
+    ns, pool, name = teams["a"], "rollout-pool", "tenant-rollout"
+    dev_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(_pool(pool, 4)))
+    # the tenant may create the policy, not scale the StatefulSet, nor opt it in
+    dev_cluster.kubectl(
+        "apply", "-n", ns, f"--as={tenant}", "-f", "-", input=json.dumps(_scale_policy(name, pool))
+    )
+    denied = dev_cluster.kubectl(
+        "scale", "statefulset", pool, "-n", ns, "--replicas=2", f"--as={tenant}", check=False
+    )
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied.stderr
+    denied = dev_cluster.kubectl(
+        "annotate", "statefulset", pool, "-n", ns, f"rlenergy.io/allow-scale-by={name}",
+        f"--as={tenant}", check=False,
+    )  # fmt: skip
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied.stderr
+    stack = _operator(dev_cluster, install, tmp_path, name)
+    try:
+        _publish(dev_cluster, ns, name, 0, 2)
+        deg = wait_until(
+            lambda: (
+                (c := _condition(dev_cluster, ns, name, "Degraded"))
+                and c.get("reason") == "ScaleNotAllowed"
+                and c
+            ),
+            timeout=90,
+            what="Degraded ScaleNotAllowed",
+        )
+        assert deg["status"] == "True"
+        assert (
+            f"kubectl annotate statefulset {pool} -n {ns} rlenergy.io/allow-scale-by={name}"
+            in deg["message"]
+        ), deg
+        time.sleep(3)  # several job-loop passes (0.5 s each): still untouched
+        assert get_json(dev_cluster, "statefulset", pool, "-n", ns)["spec"]["replicas"] == 4
+        scale = get_json(dev_cluster, "rlep", name, "-n", ns)["status"]["rollout"]["scale"]
+        assert scale["reason"] == "ScaleNotAllowed" and scale["forStep"] == 1, scale
+        # the workload's owner (admin here) opts in: the same publication is applied
+        dev_cluster.kubectl(
+            "annotate", "statefulset", pool, "-n", ns, f"rlenergy.io/allow-scale-by={name}"
+        )
+        wait_until(
+            lambda: get_json(dev_cluster, "statefulset", pool, "-n", ns)["spec"]["replicas"] == 2,
+            timeout=60,
+            what="the opted-in StatefulSet resized to 2",
+        )
+        wait_until(
+            lambda: (
+                (c := _condition(dev_cluster, ns, name, "Degraded")) and c.get("status") == "False"
+            ),
+            timeout=60,
+            what="Degraded cleared",
+        )
+        log = stack.operator_log.read_text()
+        assert "403" not in log and "Forbidden" not in log, log[-3000:]
+    finally:
+        stack.close()
+        dev_cluster.kubectl("delete", "rlep", name, "-n", ns, "--wait=false", check=False)
+
+
+@pytest.mark.timeout(240)
+def test_the_namespaced_operator_serves_only_its_namespaces(
+    dev_cluster: DevCluster, namespaced: Install, teams: dict[str, str], tmp_path: Path
+):
+    mine, other = teams["b"], teams["a"]
+    policy = _scale_policy("ns-policy", "none")
+    del policy["spec"]["rollout"]
+    for ns in (mine, other):
+        dev_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
+    stack = _operator(dev_cluster, namespaced, tmp_path, "ns-policy", watch_namespaces=mine)
+    try:
+        wait_until(
+            lambda: (
+                (c := _condition(dev_cluster, mine, "ns-policy", "Ready"))
+                and c.get("status") == "True"
+            ),
+            timeout=90,
+            what="the served policy Ready",
+        )
+        assert get_json(dev_cluster, "daemonset", "rlenergy-node-agent", "-n", namespaced.namespace)
+        time.sleep(3)
+        assert not get_json(dev_cluster, "rlep", "ns-policy", "-n", other).get("status")
+        dev_cluster.kubectl("delete", "rlep", "ns-policy", "-n", mine, "--wait=false")
+        wait_until(
+            lambda: (
+                dev_cluster.kubectl("get", "rlep", "ns-policy", "-n", mine, check=False).returncode
+                != 0
+            ),
+            timeout=60,
+            what="the finalizer lifted (policies listed per served namespace)",
+        )
+        log = stack.operator_log.read_text()
+        assert "403" not in log and "Forbidden" not in log, log[-3000:]
+    finally:
+        stack.close()
+        dev_cluster.kubectl("delete", "rlep", "ns-policy", "-n", other, "--wait=false", check=False)
+
+
+def test_the_chart_ships_the_policy_only_when_asked(dev_cluster: DevCluster):
+    def kinds(*args: str) -> set[str]:
+        res = dev_cluster.helm("template", "rl", str(CHART), "-n", "rl-energy-system", *args)
+        return {d["kind"] for d in yaml.safe_load_all(res.stdout) if d}
+
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds()
+    assert "ValidatingAdmissionPolicy" not in kinds("--set", "rbac.nodeScopedReports=false")
+    bad = dev_cluster.helm(
+        "template", "rl", str(CHART), "--set", "rbac.watchNamespaces={Team_A}", check=False
+    )
+    assert bad.returncode != 0 and "/rbac/watchNamespaces/0" in bad.stderr, bad.stderr
