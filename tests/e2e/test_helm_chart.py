@@ -29,6 +29,7 @@ COMBINATIONS = {
     ],
     "local-operator": ["--set", "operator.replicas=0"],
     "priority-class": ["--set", "agent.priorityClassName=system-node-critical"],
+    "namespaced": ["--set", "rbac.watchNamespaces={team-a,team-b}"],
 }  # fmt: skip
 
 
