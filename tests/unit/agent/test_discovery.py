@@ -103,6 +103,36 @@ def test_discovery_reads_the_gpu_pods_namespaces_and_matches() -> None:
     assert "team-a/grpo" in found.message and "team-a/all" in found.message
 
 
+def test_a_namespace_the_agent_may_not_read_has_no_policy_for_it() -> None:
+    """A namespaced install grants policies of the served namespaces only: 403 = none there."""
+    from kubernetes.client.exceptions import ApiException
+
+    class _Namespaced(_Custom):
+        def list_namespaced_custom_object(
+            self, group: str, version: str, namespace: str, plural: str
+        ) -> dict[str, Any]:
+            if namespace == "team-c":
+                raise ApiException(status=403, reason="Forbidden")
+            return super().list_namespaced_custom_object(group, version, namespace, plural)
+
+    pods = [*NODE_PODS, _pod("team-c", "trainer-9", {"job": "grpo"})]
+    custom = _Namespaced(POLICIES)
+    found = kube.PolicyDiscovery(custom, "gpu-1", core=_Core(pods)).discover(
+        [("team-a", "trainer-0"), ("team-c", "trainer-9")]
+    )
+    assert found.policy == selector.PolicyRef("team-a", "grpo"), found
+    assert custom.namespaces == ["team-a"]
+
+    class _Down(_Custom):
+        def list_namespaced_custom_object(self, *a: Any) -> dict[str, Any]:
+            raise ApiException(status=500, reason="boom")
+
+    with pytest.raises(ApiException):  # any other error still keeps the current policy
+        kube.PolicyDiscovery(_Down(POLICIES), "gpu-1", core=_Core(pods)).discover(
+            [("team-a", "trainer-0")]
+        )
+
+
 def _agent(make_driver: DriverFactory) -> tuple[Any, service.Agent]:
     drv = make_driver(2)
     agent = standin_agent(
