@@ -117,11 +117,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except ConnectionError as exc:  # the caller left (e.g. a stalled body, then closed)
+            self.close_connection = True
+            log.debug("signal answer %d not delivered: %s", status, exc)
 
     def _refuse(self, status: int, message: str) -> None:
         self._answer(status, _dump(signals.ErrorAnswer(error=message)))
