@@ -75,6 +75,24 @@ class PhaseObservation:
     error: str | None = None
 
 
+CLOCK_TOLERANCE_MHZ = 15
+"""A read-back clock this close below the lock counts as the lock (one clock-table step of the
+A100/H100 tables; the agent's ``caps`` module uses the same)."""
+
+
+def ran_clock_mhz(obs: PhaseObservation) -> int | None:
+    """The SM clock a locked window actually ran, MHz (``None``: default governor).
+
+    The read-back when a cap held it below the lock by more than ``CLOCK_TOLERANCE_MHZ``, else
+    the lock. Savings and pool times of locked windows are judged at this clock, so a power or
+    thermal cap that arrives after the trials is not credited as the requested clock (#16).
+    """
+    req, ran = obs.requested_clock_mhz, obs.applied_clock_mhz
+    if req is None or ran is None or ran >= req - CLOCK_TOLERANCE_MHZ:
+        return req
+    return ran
+
+
 @dataclasses.dataclass(frozen=True)
 class StepObservation:
     """One RL step: its token workload and one observation per phase."""

@@ -648,7 +648,7 @@ class PhaseController:
                 mean_ratio = sum(w * e for w, e in weights) / max(total_slice_s, 1e-9)
                 scale = obs.duration_s / max(total_slice_s, 1e-9)
                 return obs.energy_j / mean_ratio, time_s * scale
-            clock = obs.requested_clock_mhz
+            clock = base.ran_clock_mhz(obs)
             if clock is not None:
                 e_ratio = fit.energy_ratio(clock)
                 if e_ratio:
@@ -738,7 +738,8 @@ class EERLController:
             if obs.requested_clock_mhz is None:
                 times[name] = obs.duration_s
             elif pc.fit is not None:
-                times[name] = obs.duration_s * pc.fit.throughput_ratio(obs.requested_clock_mhz)
+                ran = base.ran_clock_mhz(obs) or obs.requested_clock_mhz
+                times[name] = obs.duration_s * pc.fit.throughput_ratio(ran)
             else:
                 return
         self._pool_times.append(times)

@@ -211,3 +211,31 @@ def test_the_lever_arm_clock_stays_low_when_a_floor_rises() -> None:
     assert all(c > 1275 for c in pc._allowed())  # but none of them can be locked
     pc.fit = dataclasses.replace(pc.fit, u=0.9)  # compute bound: 990 MHz would cost ~45 %
     assert pc._lever_clock() == min(pc._allowed())
+
+
+@pytest.mark.field
+def test_default_equivalent_judges_a_capped_lock_at_the_clock_it_ran() -> None:
+    """Issue #16: a cap after the trials (read back 1200 MHz under a 1410 MHz lock) is judged
+    at 1200 MHz, not credited as 1410 MHz; a read-back within one clock step is the lock."""
+    from rlenergy.api import workload as api_workload
+    from rlenergy.control.freq import probe
+
+    settings = config.phase_settings(
+        api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
+    )[0]
+    pc = eerl.PhaseController(settings, eerl.ControllerSettings())
+    pc.fit = probe.PhaseModelFit(
+        u=0.1, u_stderr=0.001, beta=0.5, f_max_mhz=1980, f_default_mhz=1980, blocks=10
+    )
+    wl = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)
+    capped = base.PhaseObservation("generation", 10.0, 3000.0, 1410, applied_clock_mhz=1200)
+    assert base.ran_clock_mhz(capped) == 1200
+    energy, time_s = pc.default_equivalent(capped, wl)
+    assert time_s == pytest.approx(10.0 * pc.fit.throughput_ratio(1200))
+    assert energy == pytest.approx(3000.0 / pc.fit.energy_ratio(1200))
+    at_lock = base.PhaseObservation("generation", 10.0, 3000.0, 1410, applied_clock_mhz=1395)
+    assert base.ran_clock_mhz(at_lock) == 1410
+    assert pc.default_equivalent(at_lock, wl)[1] == pytest.approx(
+        10.0 * pc.fit.throughput_ratio(1410)
+    )
+    assert base.ran_clock_mhz(base.PhaseObservation("g", 1.0, 1.0, None, 900)) is None
