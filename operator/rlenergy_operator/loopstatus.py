@@ -26,7 +26,8 @@ class LoopStatus:
         plan: the plan published for the next step.
         plan_changed: a phase's clock or state differs from the published plan (an Event).
         degraded: (status, reason, message) of Degraded.
-        degraded_now: Degraded turned True in this pass (a Warning Event).
+        degraded_now: Degraded turned True, or changed its reason while True, in this pass (a
+            Warning Event).
         nodes: the node summary of the pass (also in ``fields``).
     """
 
@@ -86,5 +87,8 @@ def assemble(
         "nodes": _dump(nodes),
         "conditions": conds.merged(),
     }
-    degraded_now = deg[0] and not conds.was_true("Degraded")
+    # A Warning Event when Degraded turns True, and when a True Degraded changes its reason
+    # (AgentsMissing found first, then AgentsUnschedulable once the DaemonSet placed nothing).
+    before = conds.previous_of("Degraded") or {}
+    degraded_now = deg[0] and (not conds.was_true("Degraded") or before.get("reason") != deg[1])
     return LoopStatus(fields, plan, plan_changed, deg, degraded_now, nodes)
