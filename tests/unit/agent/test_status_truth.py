@@ -1,0 +1,168 @@
+"""The e2e's path minus Kubernetes, judged against the truth: agent core on the stand-in NVML
+(8 simulated H100s, virtual time) + the operator's ``JobLoop``, replaying the full-stack e2e's
+compressed verl trace (``fullstack.compressed_replay``) under the sample sync policy.
+
+The agent meters the phase windows and probe slices exactly as in the e2e (the same
+``service.Agent``, the stand-in's instant power and counters); the loop plans every step from
+the agent's node report. The simulator knows each phase's time and energy under the default
+governor for the same steps, so we test:
+
+* the status's per-phase and total saving within ``SAVING_TOLERANCE_PP`` and throughput ratio
+  within ``RATIO_TOLERANCE`` of the truth (trials included);
+* measured phase energy equal to the GPUs' true energy (within ``ENERGY_TOLERANCE``);
+* each locked clock keeps its threshold on the run's steps in truth, and the whole run, trials
+  included, within ``TRIAL_ALLOWANCE`` of it.
+
+Virtual time makes the run reproducible and independent of machine load; the e2e runs the same
+comparison in real time across processes (tests/e2e/test_full_stack.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from agent_support import DriverFactory, standin_agent
+from rlenergy_agent import service
+from rlenergy_agent.testing import fullstack, standin
+from rlenergy_operator import jobloop
+
+from rlenergy.api import node as api_node
+from rlenergy.api.v1alpha1 import policy
+from rlenergy.sim import job as sim_job
+from rlenergy.sim import models, workload
+
+ROOT = Path(__file__).resolve().parents[3]
+POD = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
+SKU = models.get_sku("h100-sxm")
+STEPS = 40
+TICK_S = 0.004
+"""The trainer's progress-report period, as in the full-stack harness."""
+SAVING_TOLERANCE_PP = 1.0
+RATIO_TOLERANCE = 0.01
+ENERGY_TOLERANCE = 0.01
+TRIAL_ALLOWANCE = 0.03
+"""How far a phase's whole-run true ratio may fall below its threshold: 40 steps of which 4
+warm up and 8-26 probe (generation's 0.55 s phases get about half the slices a trial step
+needs, so twice the trial steps), half of each probe's slices at the lever-arm clock
+(``eerl.PROBE_MIN_RATIO``, 0.85)."""
+
+
+def _spec() -> policy.RLEnergyPolicySpec:
+    body = yaml.safe_load((ROOT / "crds" / "samples" / "sync-job.yaml").read_text())
+    body["spec"]["controller"] = {"warmupSteps": 4, "trialSteps": 4}
+    return policy.parse_policy(body["spec"])
+
+
+def _phase(
+    drv: standin.StandinDriver,
+    agent: service.Agent,
+    job: sim_job.Job,
+    step: workload.StepWork,
+    phase: str,
+) -> tuple[float, float]:
+    """Run one phase to the end of its work; returns (work time, s; GPUs' energy, J)."""
+    uuids = list(drv.uuids)
+    pw = step.phase(phase)
+    tokens = step.workload.phase_tokens(phase)
+    label = f"{phase}-{step.index}"
+    agent.phase(POD, phase, step.index)
+    drv.set_work(uuids, pw.kind, label)
+    work, start = 0.0, drv.virtual_s
+    while True:
+        agent.probe_tick()
+        clock = min(drv.clock_mhz(u) for u in uuids)
+        drv.advance(TICK_S)
+        t_full = job.phase_truth(step, phase, clock)[0]
+        work += TICK_S / t_full
+        done = min(work, 1.0)
+        agent.progress_total(POD, tokens * (1.0 - (1.0 - done) ** pw.progress_shape), drv.virtual_s)
+        if work >= 1.0:
+            work_s = drv.virtual_s - start - (work - 1.0) * t_full
+            break
+    drv.set_work(uuids, "idle", f"idle-{step.index}")
+    agent.phase(POD, "idle", step.index)
+    return work_s, sum(drv.truth_j(u, label) for u in uuids)
+
+
+def test_status_matches_the_truth_on_the_agent_path(make_driver: DriverFactory) -> None:
+    job, _ = fullstack.compressed_replay(
+        fullstack.DEFAULT_TRACE, SKU, STEPS, num_gpus=8, longest_phase_s=fullstack.LONGEST_PHASE_S
+    )
+    drv = make_driver(8)
+    spread = dict(zip(drv.uuids, job.power_spread, strict=True))
+    for u, factor in spread.items():
+        drv.set_power_spread(u, factor)
+    agent = standin_agent({POD: list(drv.uuids)}, None, lambda: drv.virtual_s)
+    spec = _spec()
+    loop = jobloop.JobLoop(spec, 1)
+    loop.advance([agent.report()])
+    run_s = {p: 0.0 for p in fullstack.PHASES}
+    run_j, def_s, def_j = dict(run_s), dict(run_s), dict(run_s)
+    for step in job.replay.steps:
+        agent.set_plan(loop.plan("t"))
+        for phase in fullstack.PHASES:
+            work_s, joules = _phase(drv, agent, job, step, phase)
+            run_s[phase] += work_s
+            run_j[phase] += joules
+            kind = step.phase(phase).kind
+            t_def = job.phase_truth(step, phase, None)[0]
+            def_s[phase] += t_def
+            def_j[phase] += (
+                SKU.power_w(kind, SKU.effective_clock_mhz(kind, None))
+                * sum(spread.values())
+                * t_def
+            )
+            if phase == "generation":
+                drv.advance(step.other_time_s)
+        w = step.workload
+        workload = api_node.TokenWorkloadReport(
+            samples=w.samples,
+            response_tokens=w.response_tokens,
+            prompt_tokens=w.prompt_tokens,
+            valid_tokens=w.valid_tokens,
+            mean_context_tokens=w.mean_context_tokens,
+        )
+        agent.end_step(POD, step.index, workload)
+        loop.advance([agent.report()])
+    totals = loop.totals()
+    assert totals.steps == STEPS and totals.compared_steps == STEPS
+
+    thresholds = {p.name: p.min_throughput_ratio for p in spec.phases}
+    default = sim_job.default_run(job)
+    for ph in loop.phase_status():
+        name = ph.name
+        true_saving = 100.0 * (1.0 - run_j[name] / def_j[name])
+        true_ratio = def_s[name] / run_s[name]
+        assert ph.saving.percent == pytest.approx(true_saving, abs=SAVING_TOLERANCE_PP), ph
+        assert ph.throughput_ratio == pytest.approx(true_ratio, abs=RATIO_TOLERANCE), ph
+        assert ph.measured_joules == pytest.approx(run_j[name], rel=ENERGY_TOLERANCE)
+        assert true_ratio >= thresholds[name] - TRIAL_ALLOWANCE, (name, true_ratio)
+        if ph.clock_mhz is not None:
+            fixed = sim_job.fixed_run(job, {name: ph.clock_mhz})
+            lock_ratio = default.phase_time_s[name] / fixed.phase_time_s[name]
+            assert lock_ratio >= thresholds[name], (name, ph.clock_mhz, lock_ratio)
+    idle_j = totals.measured_joules - sum(run_j.values())
+    e_run, e_def = sum(run_j.values()) + idle_j, sum(def_j.values()) + idle_j
+    assert totals.saving_percent == pytest.approx(
+        100.0 * (1.0 - e_run / e_def), abs=SAVING_TOLERANCE_PP
+    )
+    assert totals.throughput_ratio == pytest.approx(
+        sum(def_s.values()) / sum(run_s.values()), abs=RATIO_TOLERANCE
+    )
+    print(
+        "agent path vs truth:",
+        {
+            ph.name: (
+                ph.saving.percent,
+                round(100.0 * (1.0 - run_j[ph.name] / def_j[ph.name]), 3),
+                ph.throughput_ratio,
+                round(def_s[ph.name] / run_s[ph.name], 4),
+                ph.clock_mhz,
+            )
+            for ph in loop.phase_status()
+        },
+    )
+    gen = next(p for p in loop.phase_status() if p.name == "generation")
+    assert gen.state == "locked" and gen.saving.percent is not None and gen.saving.percent > 5.0
