@@ -11,7 +11,7 @@ MODE ?= sync
 
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
-.PHONY: bench-scale test-chaos test-field test-privilege
+.PHONY: bench-scale test-chaos test-field test-privilege mutation
 .PHONY: bench-peers test-peers
 
 $(STAMP): pyproject.toml
@@ -99,6 +99,13 @@ test-field: $(STAMP) bins
 ## namespaced install.
 test-privilege: $(STAMP) bins
 	$(PY) -m pytest -q tests/e2e/test_privilege.py
+
+## Mutation testing of the core with mutmut (hack/mutation.py; docs/mutation.md): each module
+## against its unit tests, in build/mutation/; MUTATION_MODULES=... MUTATION_JOBS=2. Slow (an hour
+## or more on 2 cores): not part of `make test`.
+MUTATION_JOBS ?= 2
+mutation: $(STAMP)
+	$(PY) hack/mutation.py run --jobs $(MUTATION_JOBS) $(MUTATION_MODULES)
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins

@@ -13,9 +13,11 @@ the agent as it goes. The agents write their ``RLEnergyNodeReport``s and follow
 We check: the policy's status gets per-phase savings and totals and ``kubectl get rlep`` shows
 the saving; the agents ran the trials' probe slices and generation locks a clock below max with
 a positive saving and a throughput ratio near its threshold (``THROUGHPUT_TOLERANCE``); totals
-equal the sum of the node reports; every measured phase energy of every node and step is within 1 % of the simulator's truth; after the policy is deleted the finalizer is
-lifted on the agents' reset acknowledgements (not the deadline) and every GPU is back at its
-default clocks.
+equal the sum of the node reports; every measured phase energy of every node and step is
+within 1 % of the simulator's truth (the windows that miss it are printed); after the policy is
+deleted the finalizer is lifted on the agents' reset acknowledgements (not the deadline) and
+every GPU is back at its default clocks. It also prints the status's savings and throughput
+ratios beside the truth (``_truth``: the same steps under the default governor).
 """
 
 from __future__ import annotations
@@ -44,8 +46,6 @@ default-governor model's prediction error (measured 0.927 vs 0.95 at a 1515 MHz 
 true ratio is 0.961)."""
 
 
-
-
 def _policy() -> dict[str, Any]:
     body = yaml.safe_load(SAMPLE.read_text())
     body["spec"]["controller"] = {"warmupSteps": 4, "trialSteps": 4}
@@ -60,6 +60,32 @@ def _record_energy(rec: dict[str, Any]) -> float:
     return sum(p.get("energyJoules") or 0.0 for p in rec["phases"]) + (
         rec.get("idleEnergyJoules") or 0.0
     )
+
+
+def _truth(
+    truths: list[fullstack.StepTruth],
+    records: dict[tuple[str, int], dict[str, Any]],
+    agents: list[fullstack.NodeAgent],
+) -> dict[str, tuple[float, float]]:
+    """(true saving %, true throughput ratio) per phase and ``total`` over the run.
+
+    Time: the default governor's phase time on the same steps vs the time the slowest rank's
+    work took (the trainer's tick past the finish left out). Energy: the default governor's
+    phase energy vs what the GPUs drew; the job total adds the idle windows the agents
+    measured to both (the idle gaps last as long under either).
+    """
+    out: dict[str, tuple[float, float]] = {}
+    e_run = e_def = t_run = t_def = 0.0
+    for ph in fullstack.PHASES:
+        run_j = sum(t.joules[(a.node, ph)] for t in truths for a in agents)
+        def_j = sum(t.default_joules[(a.node, ph)] for t in truths for a in agents)
+        run_s = sum(t.work_seconds[ph] for t in truths)
+        def_s = sum(t.default_seconds[ph] for t in truths)
+        out[ph] = (100.0 * (1.0 - run_j / def_j), def_s / run_s)
+        e_run, e_def, t_run, t_def = e_run + run_j, e_def + def_j, t_run + run_s, t_def + def_s
+    idle_j = sum(r.get("idleEnergyJoules") or 0.0 for r in records.values())
+    out["total"] = (100.0 * (1.0 - (e_run + idle_j) / (e_def + idle_j)), t_def / t_run)
+    return out
 
 
 @pytest.mark.timeout(600)
@@ -110,8 +136,27 @@ def test_full_stack_savings_run(
         )
         collect()
 
+        # The status against the simulator's truth: each phase's and the job's saving and
+        # throughput ratio vs the same steps under the default governor, trials included.
+        # Printed, not asserted: on this 2-core machine under load 12-16 (three runs) the
+        # agents' probe slices shrank to well under 1 ms and the comparison was far off
+        # (generation 3.0 % reported vs -14.9 % true saving, ratio 1.040 vs 0.991); the same
+        # path without Kubernetes, in virtual time, asserts it (unit/agent/test_status_truth.py).
+        true_figures = _truth(truths, records, stack.agents)
+        status_phases = {p["name"]: p for p in final["phases"]}
+        report = {
+            ph: (status_phases[ph]["saving"].get("percent"), status_phases[ph]["throughputRatio"])
+            for ph in fullstack.PHASES
+        }
+        report["total"] = (final["totals"]["savingPercent"], final["totals"]["throughputRatio"])
+        print(
+            "status vs truth (saving %, throughput ratio):",
+            {k: (report[k], tuple(round(x, 4) for x in true_figures[k])) for k in report},
+        )
+
         # Measured phase energy per node and step vs the simulator's truth.
         errors = []
+        off: list[tuple[str, int, str, dict[str, Any], float]] = []
         for truth in truths:
             for a in stack.agents:
                 rec = records[(a.node, truth.step)]
@@ -120,8 +165,12 @@ def test_full_stack_savings_run(
                     assert window is not None, (a.node, truth.step, rec)
                     want = truth.joules[(a.node, phase)]
                     errors.append(abs(window["energyJoules"] - want) / want)
+                    if errors[-1] > ENERGY_TOLERANCE:
+                        off.append((a.node, truth.step, phase, window, want))
         assert len(errors) == STEPS * len(stack.agents) * 2
-        assert max(errors) <= ENERGY_TOLERANCE, max(errors)
+        if off:
+            print("windows off the truth:", json.dumps(off, default=str))
+        assert max(errors) <= ENERGY_TOLERANCE, (max(errors), off)
 
         # Status: per-phase saving, totals, nodes; totals = the sum of the node reports.
         totals = final["totals"]
@@ -153,9 +202,6 @@ def test_full_stack_savings_run(
         assert truths[-1].clocks_mhz["generation"] == gen["clockMHz"], truths[-1]
         assert gen["saving"]["percent"] > 0, gen
         assert gen["throughputRatio"] >= thresholds["generation"] - THROUGHPUT_TOLERANCE, gen
-        # Not asserted yet: training's throughput ratio and the job's total saving. Training
-        # locks near max (1890-1905 MHz) but its default-governor time model predicts ~4 %
-        # below the true default time, so its status ratio reads ~0.91 and its saving < 0.
         clocks = {ph: [t.clocks_mhz[ph] for t in truths] for ph in fullstack.PHASES}
         print(clocks)
         print(probed)

@@ -143,6 +143,13 @@ class StepTruth:
     """(node, phase) -> true energy over the node's GPUs, J."""
     locks_seen: dict[str, set[int | None]] = dataclasses.field(default_factory=dict)
     """Every lock a phase ran under on any node (more than one: the phase was probed)."""
+    work_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    """When the slowest rank's work was done, from the phase's start, s (``seconds`` less the
+    trainer's last tick past it)."""
+    default_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The phase's time under the default governor on the same step (same noise), s."""
+    default_joules: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    """(node, phase) -> the node's GPUs' energy for the phase under the default governor, J."""
 
 
 class FullStack:
@@ -439,11 +446,18 @@ class FullStack:
                 truth.clocks_mhz[phase] = _lock_of(self.agents[0])
                 label = f"{phase}-{s}"
                 self._set_work(step.phase(phase).kind, label)
-                seconds, seen = self._run_phase(job, step, phase, label)
+                seconds, seen, work_s = self._run_phase(job, step, phase, label)
                 truth.seconds[phase] = seconds
+                truth.work_seconds[phase] = work_s
                 truth.locks_seen[phase] = seen
+                pw = step.phase(phase)
+                default_s = truth.default_seconds[phase] = job.phase_truth(step, phase, None)[0]
+                default_w = self.sku.power_w(pw.kind, self.sku.effective_clock_mhz(pw.kind, None))
                 for a in self.agents:
                     truth.joules[(a.node, phase)] = sum(a.driver.truth_j(u, label) for u in a.uuids)
+                    truth.default_joules[(a.node, phase)] = (
+                        default_w * default_s * sum(spread.get(u, 1.0) for u in a.uuids)
+                    )
                 if phase == "generation":
                     self._run_for(step.other_time_s)  # reward, advantages: GPUs near idle
             out.append(truth)
@@ -453,7 +467,7 @@ class FullStack:
 
     def _run_phase(
         self, job: sim_job.Job, step: workload.StepWork, phase: str, label: str
-    ) -> tuple[float, set[int | None]]:
+    ) -> tuple[float, set[int | None], float]:
         """Run one phase on every rank until each finished its work (``sim.job._run_phase``).
 
         Per tick, a rank's work fraction advances by ``dt / T(f)``, ``T(f)`` the phase time at
@@ -462,7 +476,8 @@ class FullStack:
         progress, signals the phase end and idles its GPUs.
 
         Returns:
-            (the phase's time, the slowest rank, s; every lock seen on any node).
+            (the phase's time, the slowest rank, s; every lock seen on any node; when the
+            slowest rank's work was done, s from the start: its last tick less the overshoot).
         """
         pw = step.phase(phase)
         tokens = step.workload.phase_tokens(phase)
@@ -474,6 +489,7 @@ class FullStack:
             return times[clock]
 
         work = {a.node: 0.0 for a in self.agents}
+        done_at: dict[str, float] = {}
         last_clock: dict[str, float] = {}
         seen: set[int | None] = set()
         start = last = time.monotonic()
@@ -503,6 +519,8 @@ class FullStack:
                 a.callback.on_phase_progress(tokens * (1.0 - (1.0 - done) ** pw.progress_shape))
                 if work[a.node] >= 1.0:
                     finished.append(a)
+                    over_s = (work[a.node] - 1.0) * phase_time(clock)
+                    done_at[a.node] = now - start - over_s
             for a in finished:
                 assert a.callback is not None
                 if phase == "generation":
@@ -513,7 +531,7 @@ class FullStack:
                     )
                 a.driver.set_work(a.uuids, "idle", f"idle-{step.index}")
                 running.remove(a)
-        return last - start, seen
+        return last - start, seen, max(done_at.values(), default=last - start)
 
 
 def _lock_of(a: NodeAgent) -> int | None:
