@@ -30,8 +30,9 @@ from rlenergy_operator import jobloop
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy
+from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import models, workload
+from rlenergy.sim import workload
 
 ROOT = Path(__file__).resolve().parents[3]
 POD = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
