@@ -58,3 +58,10 @@ def test_a_reset_counts_the_energy_after_it_as_a_lower_bound() -> None:
     # A wrap that would be implausible is a reset, not a wrap.
     top = energy.COUNTER_WRAP_MJ - 1
     assert energy.counter_delta(top, limit + 1, 1.0).reset_detected
+
+
+def test_a_wrap_exactly_at_the_limit_is_still_plausible() -> None:
+    limit = int(LIMIT_MJ_PER_S * 1.0)
+    start = energy.COUNTER_WRAP_MJ - limit // 3
+    end = limit - limit // 3
+    assert energy.counter_delta(start, end, 1.0) == energy.CounterDelta(limit)
