@@ -4,8 +4,9 @@
   ``global.imagePullSecrets``), image digests and the GPU node label go from the values through
   the operator's ConfigMap into the agent DaemonSet the operator renders from it;
   ``priorityClassName`` defaults to ``system-node-critical``;
-* as a subchart of an umbrella chart (``helm dependency build`` + ``helm template``/``lint``):
-  the schema accepts ``global`` and the umbrella's values reach the subchart;
+* as a subchart of an umbrella chart (``helm dependency build`` + ``helm template``/``lint``, and
+  ``helm install --wait`` on the real API server): the schema accepts ``global`` and the
+  umbrella's values reach the subchart;
 * bad values fail with their path.
 """
 
@@ -19,6 +20,8 @@ from typing import Any
 import chart_support
 import pytest
 import yaml
+
+from rlenergy.devcluster import DevCluster
 
 pytestmark = pytest.mark.field
 
@@ -137,3 +140,24 @@ def test_bad_placement_values_fail_with_their_path():
     ]:
         res = chart_support.run("helm", "template", "rl", str(chart_support.CHART), *args)
         assert res.returncode != 0 and path in res.stderr, (args, res.stderr)
+
+
+def test_umbrella_chart_installs_on_the_real_api_server(
+    dev_cluster: DevCluster, namespace: str, tmp_path: Path
+):
+    umbrella = _umbrella(tmp_path)
+    dev_cluster.kubectl("apply", "--server-side", "-f", str(chart_support.CHART / "crds"))
+    dev_cluster.helm(
+        "install", "platform", str(umbrella), "-n", namespace,
+        "--set", "rl-energy.operator.replicas=0", "--wait", "--timeout", "90s",
+    )  # fmt: skip
+    try:
+        cm = json.loads(
+            dev_cluster.kubectl(
+                "get", "configmap", "platform-rl-energy-config", "-n", namespace, "-o", "json"
+            ).stdout
+        )
+        assert cm["data"]["RLENERGY_OPERATOR_AGENT_RUNTIME_CLASS"] == "nvidia"
+        assert json.loads(cm["data"]["RLENERGY_OPERATOR_AGENT_IMAGE_PULL_SECRETS"]) == ["org-wide"]
+    finally:
+        dev_cluster.helm("uninstall", "platform", "-n", namespace, "--wait", check=False)
