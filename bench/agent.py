@@ -26,8 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from rlenergy_agent import identity, kube
 from rlenergy_agent.testing import standin
 
+from rlenergy.api import signals
 from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
@@ -51,6 +55,25 @@ def rss_mb(pid: int) -> float:
 
 def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def identity_check_ms(cluster: DevCluster, token: str, n: int) -> tuple[float, list[float]]:
+    """The agent's caller check alone, in this process: (first call = one real TokenReview,
+    ms; ``n`` cached calls, ms each). Side by side with the signal latency, it shows what the
+    check costs apart from the machine's scheduling noise."""
+    api = k8s.AuthenticationV1Api(k8s_config.new_client_from_config(str(cluster.kubeconfig)))
+    auth = identity.TokenAuthenticator(kube.TokenReviewer(api).review, signals.TOKEN_AUDIENCE)
+    header = f"Bearer {token}"
+    t0 = time.perf_counter()
+    auth.authenticate(header)
+    first = (time.perf_counter() - t0) * 1e3
+    cached = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        auth.authenticate(header)
+        cached.append((time.perf_counter() - t0) * 1e3)
+    assert auth.reviews == 1
+    return first, cached
 
 
 def main() -> int:
@@ -154,6 +177,8 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
                 errors.append(abs(err))
                 rows.append((step, phase, measured, truth, err))
         client.close()
+        fresh = trainers.bound_token(cluster.kubectl, "bench", pod.name, pod.uid)
+        check_first_ms, check_cached_ms = identity_check_ms(cluster, fresh, 10_000)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -177,6 +202,9 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
         "phase_energy_max_abs_error_pct": max(errors) * 100,
         "phase_energy_mean_abs_error_pct": statistics.mean(errors) * 100,
         "clocks_reset_on_sigterm": reset_ok,
+        "identity_check_first_ms": check_first_ms,
+        "identity_check_cached_p50_ms": pct(check_cached_ms, 50),
+        "identity_check_cached_p99_ms": pct(check_cached_ms, 99),
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -212,6 +240,11 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
             )
         print(f"  max |error| {out['phase_energy_max_abs_error_pct']:.3f} % (target <= 1 %)")
         print(f"clocks reset on SIGTERM: {reset_ok}")
+        print(
+            f"caller check alone (in process, side by side): first call (TokenReview) "
+            f"{check_first_ms:.2f} ms; cached p50 {out['identity_check_cached_p50_ms'] * 1e3:.1f} us"
+            f"   p99 {out['identity_check_cached_p99_ms'] * 1e3:.1f} us (10,000 calls)"
+        )
     return 0
 
 
