@@ -21,7 +21,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from rlenergy.sim import moe, rollout_report, traces
+from rlenergy.sim import moe, rollout_report, rollout_scenarios, traces
 
 TARGET_RATIO = 1.65
 
@@ -96,6 +96,52 @@ def calibrate(seeds: int) -> int:
     return 0
 
 
+def calibrate_seer(seeds: int, steps: int) -> int:
+    """Print the fit of ``rollout_scenarios.SEER_LOG_SIGMA`` against Seer's measured 0.37."""
+    console = Console(width=170)
+    table = Table(
+        title=(
+            "seer-long-cot: log-length spread vs the verl-style baseline's idle after finish "
+            f"(Seer: 0.37, gap 0.70 held out); mean of {seeds} seed(s), {steps} step(s)"
+        )
+    )
+    for col in ("log sigma", "idle after finish", "finish min/max (gap = 1 - it)", "sq. error"):
+        table.add_column(col, justify="right")
+    for sigma in (0.7, 0.9, 1.1, 1.3):
+        idles, lows = [], []
+        for seed in range(seeds):
+            scenario = rollout_scenarios.scenario(
+                "seer-long-cot", steps=steps, seed=seed, log_sigma=sigma
+            )
+            batches, _ = rollout_report.make_batches(scenario)
+            results = [
+                moe.simulate_pool(
+                    scenario.config,
+                    b,
+                    replicas=scenario.replicas,
+                    policy="baseline",
+                    check_every_step=False,
+                )
+                for b in batches
+            ]
+            totals = rollout_report._totals("baseline", results)
+            idles.append(totals.idle_after_finish_fraction)
+            lows.append(totals.finish_min_over_max)
+        idle, low = sum(idles) / seeds, sum(lows) / seeds
+        table.add_row(f"{sigma:.2f}", f"{idle:.3f}", f"{low:.3f}", f"{(idle - 0.37) ** 2:.5f}")
+    console.print(table)
+    return 0
+
+
+def run_named(steps: int | None) -> list[dict[str, object]]:
+    """Every named scenario (``rollout_scenarios``), both policies, as JSON rows."""
+    rows = []
+    for name in rollout_scenarios.names():
+        scenario = rollout_scenarios.scenario(name, steps=steps or 8)
+        rows.append(rollout_report.run_scenario(scenario).to_json())
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
@@ -127,10 +173,21 @@ def main() -> int:
         "--exact-lengths", action="store_true", help="FlexFloor gets the true lengths (bound)"
     )
     parser.add_argument("--calibrate", action="store_true", help="print the prompt-share fit")
+    parser.add_argument(
+        "--calibrate-seer", action="store_true", help="print the seer-long-cot spread fit"
+    )
+    parser.add_argument(
+        "--no-scenarios", action="store_true", help="skip the named calibrated scenarios"
+    )
+    parser.add_argument(
+        "--scenario-steps", type=int, default=None, help="steps per named scenario (default 8)"
+    )
     parser.add_argument("--seeds", type=int, default=6, help="seeds for --calibrate")
     args = parser.parse_args()
     if args.calibrate:
         return calibrate(args.seeds)
+    if args.calibrate_seer:
+        return calibrate_seer(min(args.seeds, 3), args.scenario_steps or 1)
     names = args.traces or list(traces.packaged_trace_names())
     config = moe.RolloutConfig(model=moe.MOE_MODELS[args.model], gpu=args.gpu, workers=args.workers)
     rows = []
@@ -164,6 +221,8 @@ def main() -> int:
             )
             calibrated_rows.append(rollout_report.run_scenario(scenario).to_json())
         rows.extend(calibrated_rows)
+    named_rows = [] if args.no_scenarios else run_named(args.scenario_steps)
+    rows.extend(named_rows)
     violations = sum(
         r["expert_unavailable_steps"] + r["memory_overflow_steps"] + r["incomplete_responses"]
         for r in rows
@@ -199,8 +258,9 @@ def main() -> int:
     for r in rows:
         ff = r["flexfloor"]
         table.add_row(
-            r["trace"],
-            f"{r['replicas']} x {r['workers']}",
+            str(r["scenario"] or r["trace"]),
+            f"{r['replicas']} x {r['workers']}"
+            + (f" x TP{r['tensor_parallel']}" if r["tensor_parallel"] != 1 else ""),
             f"x{r['tokens_per_occupied_gpu_s_ratio']:.3f}",
             f"x{r.get('warm_tokens_per_occupied_gpu_s_ratio', float('nan')):.3f}",
             f"x{r['generation_throughput_ratio']:.3f}",
@@ -223,6 +283,16 @@ def main() -> int:
         f"{worst['tokens_per_occupied_gpu_s_ratio']:.3f} (target >= {TARGET_RATIO}: "
         f"{met}/{len(rows)} traces meet it); invariant violations: {violations}"
     )
+    for row in named_rows:
+        named = rollout_scenarios.SCENARIOS[str(row["scenario"])]
+        target = named.target_idle_after_finish
+        console.print(
+            f"scenario {named.name}: tokens per occupied GPU-s "
+            f"x{row['tokens_per_occupied_gpu_s_ratio']:.3f}, generation throughput "
+            f"x{row['generation_throughput_ratio']:.3f}; baseline idle after finish "
+            f"{row['baseline_idle_after_finish_fraction']:.3f}"
+            + (f" (measured {target:.3f})" if target is not None else "")
+        )
     for (_, _, label), cal in zip(CALIBRATED_SHAPES, calibrated_rows, strict=True):
         console.print(
             f"calibrated {CALIBRATED_SAMPLE}, {label}: baseline idle-after-finish "

@@ -41,6 +41,7 @@ simulated ``ElasticEngine`` in ``rlenergy.sim.moe_engine``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -50,6 +51,7 @@ import numpy.typing as npt
 from rlenergy import errors
 from rlenergy.control.moe import base, placement, predictor, protocol, release
 from rlenergy.gpu import models
+from rlenergy.sim import moe_kernels
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -119,6 +121,23 @@ def _qwen3_moe(
     )
 
 
+def _dense(
+    key: str, *, layers: int, hidden: int, params: float, kv_heads: int, head_dim: int
+) -> MoeModel:
+    """A dense model in the MoE shape: one routed expert of no weight, every parameter dense."""
+    return MoeModel(
+        key=key,
+        num_experts=1,
+        experts_per_token=1,
+        num_layers=layers,
+        hidden_size=hidden,
+        expert_params=0.0,
+        dense_params=params,
+        active_params=params,
+        kv_bytes_per_token=layers * kv_heads * head_dim * 2 * 2,
+    )
+
+
 MOE_MODELS: Mapping[str, MoeModel] = {
     # Hugging Face Qwen/Qwen3-30B-A3B config.json: 48 layers, hidden 2048, 128 experts, top-8,
     # moe_intermediate_size 768, 4 KV heads x 128; model card: 30.5B total, 3.3B active.
@@ -143,6 +162,11 @@ MOE_MODELS: Mapping[str, MoeModel] = {
         active_params=22e9,
         kv_heads=4,
         head_dim=128,
+    ),
+    # Hugging Face Qwen/Qwen2-VL-72B-Instruct config.json: 80 layers, hidden 8192, 8 KV heads
+    # x 128 (64 attention heads); model card: 72B parameters, dense (Seer's dense workload).
+    "qwen2-vl-72b": _dense(
+        "qwen2-vl-72b", layers=80, hidden=8192, params=72e9, kv_heads=8, head_dim=128
     ),
 }
 
@@ -223,6 +247,12 @@ class RolloutConfig:
         min_active_workers: ``minActiveWorkers``.
         fabric: all-to-all cost model.
         timing: release-round deadlines.
+        tensor_parallel: GPUs per worker (a TP engine rank): its memory, bandwidth and
+            compute are that many GPUs', and it occupies that many GPUs.
+        step_model: ``roofline`` (``DecodeStepModel``) or ``kernels`` (the measured H200
+            kernel tables, ``moe_kernels.KernelTableStepModel``; qwen3-30b-a3b on h200 only).
+        padded: ``kernels`` only: idle EP ranks push dummy tokens (vLLM with CUDA graphs).
+        resize_s: ``kernels`` only: stall of the group per committed shrink, s.
     """
 
     model: MoeModel
@@ -232,6 +262,10 @@ class RolloutConfig:
     min_active_workers: int = 1
     fabric: Fabric = Fabric()
     timing: protocol.ProtocolTiming = protocol.ProtocolTiming()
+    tensor_parallel: int = 1
+    step_model: str = "roofline"
+    padded: bool = True
+    resize_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.gpu not in GPU_MEMORY_GB:
@@ -249,6 +283,19 @@ class RolloutConfig:
         if self.min_active_workers > self.workers:
             raise errors.InvalidInputError(
                 "--min-active-workers", f"{self.min_active_workers} > --workers {self.workers}"
+            )
+        if self.tensor_parallel < 1:
+            raise errors.InvalidInputError("--tensor-parallel", "must be >= 1")
+        if self.step_model not in ("roofline", "kernels"):
+            raise errors.InvalidInputError(
+                "step_model", f"unknown step model {self.step_model!r}: roofline or kernels"
+            )
+        if self.step_model == "kernels" and (
+            self.model.key != "qwen3-30b-a3b" or self.gpu != "h200" or self.tensor_parallel != 1
+        ):
+            raise errors.InvalidInputError(
+                "step_model",
+                "the kernel tables are measured for qwen3-30b-a3b on one h200 per rank only",
             )
         self.layout()  # validates that the weights fit
 
@@ -268,7 +315,7 @@ class RolloutConfig:
         Raises:
             InvalidInputError: the initial expert shard and dense weights do not fit a worker.
         """
-        memory = int(GPU_MEMORY_GB[self.gpu] * 1e9 * GPU_MEMORY_UTILIZATION)
+        memory = int(GPU_MEMORY_GB[self.gpu] * 1e9 * GPU_MEMORY_UTILIZATION * self.tensor_parallel)
         layout = base.MoeLayout(
             num_experts=self.experts,
             expert_bytes=self.expert_bytes,
@@ -375,13 +422,15 @@ class DecodeStepModel:
 
     config: RolloutConfig
 
-    @property
+    @functools.cached_property
     def _bandwidth(self) -> float:
-        return models.get_sku(self.config.gpu).memory_bandwidth_tbps * 1e12
+        tp = self.config.tensor_parallel
+        return models.get_sku(self.config.gpu).memory_bandwidth_tbps * 1e12 * tp
 
-    @property
+    @functools.cached_property
     def _flops(self) -> float:
-        return models.get_sku(self.config.gpu).dense_bf16_tflops * 1e12 * DECODE_MFU
+        tp = self.config.tensor_parallel
+        return models.get_sku(self.config.gpu).dense_bf16_tflops * 1e12 * DECODE_MFU * tp
 
     def steps_s(
         self,
@@ -445,6 +494,64 @@ class DecodeStepModel:
         )
 
 
+StepModel = DecodeStepModel | moe_kernels.KernelTableStepModel
+"""A decode-step time model the simulator can run (both implement ``base.StepCostModel``)."""
+
+
+def step_model_for(config: RolloutConfig) -> StepModel:
+    """The decode-step model ``config.step_model`` names."""
+    if config.step_model == "kernels":
+        return moe_kernels.KernelTableStepModel(
+            padded=config.padded,
+            resize_s=config.resize_s,
+            kv_bytes_per_token=config.model.kv_bytes_per_token,
+        )
+    return DecodeStepModel(config)
+
+
+def fluid_model(config: RolloutConfig, *, per_rank: bool) -> placement.FluidFinishModel:
+    """``placement.FluidFinishModel`` fitted to the group's step model by two probes.
+
+    The step time with one running response per rank at no context and at a full KV cache
+    gives ``step_fixed_s`` and ``kv_s_per_byte`` (as a deployment would fit it to two measured
+    step times). ``per_rank``: one DP rank of the group (its KV budget, 1,024 running);
+    else the whole replica (the ranks' KV together, each reading its own share).
+    """
+    layout = config.layout()
+    model = step_model_for(config)
+    w = config.workers
+    shard = math.ceil(config.experts / w)
+    capacity = layout.worker_memory_bytes - layout.dense_bytes - shard * layout.expert_bytes
+    kvb = layout.kv_bytes_per_token
+    ones = np.ones(w, dtype=np.int64)
+    experts = np.full(w, shard, dtype=np.int64)
+    t0 = float(model.steps_s(ones, np.zeros(w), experts)[0])
+    t1 = float(model.steps_s(ones, np.full(w, capacity / kvb), experts)[0])
+    per_byte = max(t1 - t0, 0.0) / capacity
+    compute = 0.0
+    if isinstance(model, DecodeStepModel):
+        sku = models.get_sku(config.gpu)
+        flops = sku.dense_bf16_tflops * 1e12 * DECODE_MFU * config.tensor_parallel
+        compute = 2.0 * config.model.active_params / flops
+    if per_rank:
+        return placement.FluidFinishModel(
+            step_fixed_s=t0,
+            kv_s_per_byte=per_byte,
+            kv_capacity_bytes=float(capacity),
+            kv_bytes_per_token=kvb,
+            max_running=MAX_RUNNING_PER_WORKER,
+            compute_s_per_token=compute,
+        )
+    return placement.FluidFinishModel(
+        step_fixed_s=t0,
+        kv_s_per_byte=per_byte / w,
+        kv_capacity_bytes=float(capacity * w),
+        kv_bytes_per_token=kvb,
+        max_running=MAX_RUNNING_PER_WORKER * w,
+        compute_s_per_token=compute / w,
+    )
+
+
 class _Round:
     """A release round in flight in the simulator (ack arrival per rank)."""
 
@@ -452,6 +559,13 @@ class _Round:
         self.round = protocol.ReleaseRound(decision)
         self.ack_at_step = dict(ack_at_step)
 
+
+KV_HEADROOM_STEPS = 128
+"""Decode steps of KV growth a preemption frees room for, and an admission must leave room
+for [MODEL: vLLM frees exactly one step's blocks; freeing 16 steps' (under 1 % of the KV cache
+at 150 running responses of a 72B model) batches the preemptions of a KV-bound engine into
+one event instead of one per step, which made a 600-response engine 16x cheaper to
+simulate]."""
 
 PLAN_RETRY_STEPS = 64
 """Decode steps before the planner is asked again after it released nobody [MODEL]."""
@@ -470,6 +584,7 @@ def simulate_rollout(
     residual: predictor.ResidualLength | None = None,
     prediction_log_sigma: Sequence[float] | None = None,
     max_length_tokens: float | None = None,
+    placement_mode: str = "balanced",
 ) -> RolloutResult:
     """Decode one batch under ``policy`` and check the invariants at every decode step.
 
@@ -502,6 +617,9 @@ def simulate_rollout(
             (``LengthPredictor.log_error_sigma``): the placement guard forecasts over it
             (``placement.expected_occupied_gpu_s``); ``None``: point predictions.
         max_length_tokens: the run's ``max_response_length`` (caps the forecast's draws).
+        placement_mode: FlexFloor only: ``balanced`` (``placement.place_balanced``: balance
+            the ranks' predicted finish times, longest first) or ``length`` (the earlier
+            ``placement.place_by_length``: concentrate long responses on few ranks).
 
     Returns:
         The result, with its invariant-violation counters.
@@ -512,11 +630,13 @@ def simulate_rollout(
     """
     if policy not in ("baseline", "flexfloor"):
         raise errors.InvalidInputError("policy", f"unknown policy {policy!r}")
+    if placement_mode not in ("balanced", "length"):
+        raise errors.InvalidInputError("placement", f"unknown placement {placement_mode!r}")
     n = len(batch.lengths_tokens)
     if len(batch.prompt_tokens) != n or len(batch.prompt_ids) != n:
         raise errors.InvalidInputError("batch", "prompt ids, prompt tokens and lengths differ")
     layout = config.layout()
-    step_model = DecodeStepModel(config)
+    step_model = step_model_for(config)
     kvb = layout.kv_bytes_per_token
     workers = config.workers
     experts_of = config.initial_experts()
@@ -535,20 +655,27 @@ def simulate_rollout(
     if policy == "baseline":
         worker_of = np.asarray(placement.place_even(n, workers), dtype=np.int64)
     else:
-        placed = placement.place_by_length(list(predicted), list(batch.prompt_tokens), budgets, kvb)
-        worker_of = np.asarray(placed.worker_of, dtype=np.int64)
-        if guard:
+        pred_list = [float(x) for x in predicted]
+        if placement_mode == "length":
+            candidate: Sequence[int] = placement.place_by_length(
+                pred_list, list(batch.prompt_tokens), budgets, kvb
+            ).worker_of
+        else:
+            candidate = placement.place_balanced(
+                pred_list, batch.prompt_tokens, workers, fluid_model(config, per_rank=True)
+            )
+        worker_of = np.asarray(candidate, dtype=np.int64)
+        if guard and workers > 1:
             # Placement half of the guard: keep verl's even placement (releases still allowed)
-            # when concentrating the predicted-long responses is forecast not to pay.
-            # Both are forecast over the predictions' error (common draws), so a worker holding
-            # many responses predicted alike is charged for the longest it will likely hold.
+            # when the candidate is forecast not to pay. Both are forecast over the
+            # predictions' error (common draws), so a worker holding many responses predicted
+            # alike is charged for the longest it will likely hold.
             even = placement.place_even(n, workers)
             shards = [frozenset(e) for e in experts_of]
-            pred_list = [float(x) for x in predicted]
             sigma = list(prediction_log_sigma) if prediction_log_sigma is not None else [0.0] * n
-            concentrated, spread = (
+            placed_cost, spread = (
                 placement.expected_occupied_gpu_s(
-                    candidate,
+                    option,
                     pred_list,
                     sigma,
                     batch.prompt_tokens,
@@ -558,9 +685,9 @@ def simulate_rollout(
                     elastic=True,
                     max_tokens=max_length_tokens,
                 )
-                for candidate in (placed.worker_of, even)
+                for option in (candidate, even)
             )
-            if spread <= concentrated:
+            if spread <= placed_cost:
                 worker_of = np.asarray(even, dtype=np.int64)
 
     queued = np.ones(n, dtype=bool)
@@ -603,6 +730,13 @@ def simulate_rollout(
             - len(experts_of[w]) * layout.expert_bytes
         )
 
+    def fits(kv_w: float, need: float, count: int, w: int) -> bool:
+        # vLLM V1 schedules the running requests' next token first and admits a waiting one
+        # only into the blocks left after that, so an admission never forces a preemption
+        # in the same step (before: the admitted response was preempted at once, a ping-pong
+        # that cost an event per step under KV pressure).
+        return kv_w + need + (count + 1) * kvb * KV_HEADROOM_STEPS <= kv_capacity(w)
+
     def admit() -> None:
         nonlocal seq
         kv = kv_bytes_per_worker()
@@ -613,7 +747,7 @@ def simulate_rollout(
             if w in blocked:
                 continue
             need = float((prompts[i] + 1) * kvb)
-            if counts[w] < MAX_RUNNING_PER_WORKER and kv[w] + need <= kv_capacity(w):
+            if counts[w] < MAX_RUNNING_PER_WORKER and fits(kv[w], need, counts[w], w):
                 queued[i] = False
                 running[i] = True
                 admit_seq[i] = seq
@@ -622,6 +756,8 @@ def simulate_rollout(
                 counts[w] += 1
             else:
                 blocked.add(w)
+                if len(blocked) == workers:
+                    break  # every worker's queue head waits: nothing more can be admitted
 
     def admissible() -> bool:
         """Would ``admit`` admit anything now (the head of some worker's queue fits)?"""
@@ -636,8 +772,10 @@ def simulate_rollout(
                 continue
             seen.add(w)
             need = float((prompts[i] + 1) * kvb)
-            if counts[w] < MAX_RUNNING_PER_WORKER and kv[w] + need <= kv_capacity(w):
+            if counts[w] < MAX_RUNNING_PER_WORKER and fits(kv[w], need, counts[w], w):
                 return True
+            if len(seen) == workers:
+                break
         return False
 
     def preempt_for_growth() -> None:
@@ -646,7 +784,10 @@ def simulate_rollout(
         counts = np.bincount(worker_of[running], minlength=workers)
         for w in range(workers):
             cap = kv_capacity(w)
-            while counts[w] > 0 and kv[w] + counts[w] * kvb > cap:
+            if counts[w] == 0 or kv[w] + counts[w] * kvb <= cap:
+                continue
+            # Preempt (newest first) until the rest can grow KV_HEADROOM_STEPS more steps.
+            while counts[w] > 0 and kv[w] + counts[w] * kvb * KV_HEADROOM_STEPS > cap:
                 on_w = np.flatnonzero(running & (worker_of == w))
                 victim = int(on_w[np.argmax(admit_seq[on_w])])
                 kv[w] -= float((prompts[victim] + generated[victim]) * kvb)
@@ -833,13 +974,14 @@ def simulate_rollout(
         idle_after += span * sum(1 for w in active_ranks if worker_done[w])
     wall = time_s
     rel = tuple(wall if r < 0 else r for r in release_s)
+    tp = config.tensor_parallel  # a worker occupies this many GPUs
     return RolloutResult(
         policy=policy,
         wall_s=wall,
         decode_steps=step,
         tokens=int(lengths.sum()),
-        occupied_gpu_s=occupied,
-        idle_after_finish_gpu_s=idle_after,
+        occupied_gpu_s=occupied * tp,
+        idle_after_finish_gpu_s=idle_after * tp,
         finish_s=tuple(finish_s),
         release_s=rel,
         expert_unavailable_steps=unavailable,
@@ -874,6 +1016,7 @@ def simulate_pool(
     residual: predictor.ResidualLength | None = None,
     prediction_log_sigma: Sequence[float] | None = None,
     max_length_tokens: float | None = None,
+    placement_mode: str = "balanced",
 ) -> RolloutResult:
     """Decode one batch on ``replicas`` independent EP groups of ``config.workers`` ranks each.
 
@@ -887,15 +1030,17 @@ def simulate_pool(
       (``placement.place_even``: verl's ``DataProto.chunk`` / even dispatch), and every GPU
       stays occupied until the slowest replica ends: a replica that ends at ``wall_r`` adds
       ``workers x (wall - wall_r)`` GPU-s of occupied time, all of it idle after finish.
-    * ``flexfloor``: the same split; each replica places its prompts by predicted length and
-      releases its ranks with the FlexFloor planner, and a replica whose responses are all
-      done leaves the pool at once: its experts serve only its own EP group, so no expert
-      becomes unavailable to anyone still decoding. Concentrating predicted-long prompts on
-      few replicas as well (``placement.place_by_length`` at replica granularity) was
-      measured on the calibrated verl#3727 scenario with 16 one-GPU replicas: x1.274 tokens
-      per occupied GPU-s but x0.773 generation throughput, against x1.270 and x1.000 with the
-      even split (the long replica's heavier KV slows every one of its steps, and with the
-      fitted prompt share the predictions sort the lengths only weakly), so it is not used.
+    * ``flexfloor``: the responses are placed on the replicas by ``placement.place_balanced``
+      (longest predicted first, each to the replica predicted to finish earliest, with the
+      replica's ``FluidFinishModel`` fitted to the step model: memory-aware through its KV
+      capacity), unless the guard predicts the even split to end no later; each replica
+      places its responses on its DP ranks the same way (``placement_mode``) and releases
+      its ranks with the FlexFloor planner, and a replica whose responses are all done
+      leaves the pool at once: its experts serve only its own EP group, so no expert becomes
+      unavailable to anyone still decoding. (Concentrating predicted-long prompts on few
+      replicas, ``placement.place_by_length`` at replica granularity, was measured earlier on
+      verl#3727 with 16 one-GPU replicas at x0.773 generation throughput: it lengthens the
+      makespan, balancing shortens it.)
 
     With ``replicas == 1`` this is exactly ``simulate_rollout``. Ranks are numbered replica by
     replica (``finish_s``, ``release_s``); ``active_workers_min`` is the sum of each replica's
@@ -923,14 +1068,25 @@ def simulate_pool(
             residual=residual,
             prediction_log_sigma=pick(prediction_log_sigma),
             max_length_tokens=max_length_tokens,
+            placement_mode=placement_mode,
         )
 
     if replicas == 1:
         return run(batch, None)
     n = len(batch.lengths_tokens)
-    # Both policies split the batch evenly over the replicas (see the docstring for why
-    # FlexFloor does not concentrate across replicas).
     replica_of = list(placement.place_even(n, replicas))
+    if policy == "flexfloor" and predictions is not None:
+        # Balance the replicas' predicted finish times (longest first); the guard keeps the
+        # even split unless the balanced one is predicted to end no later.
+        model = fluid_model(config, per_rank=False)
+        preds = [float(x) for x in predictions]
+        balanced = list(placement.place_balanced(preds, batch.prompt_tokens, replicas, model))
+        makespans = [
+            placement.predicted_makespan_s(option, preds, batch.prompt_tokens, replicas, model)
+            for option in (balanced, replica_of)
+        ]
+        if makespans[0] <= makespans[1]:
+            replica_of = balanced
     results: list[RolloutResult] = []
     for r in range(replicas):
         idx = [i for i in range(n) if replica_of[i] == r]
@@ -944,7 +1100,7 @@ def simulate_pool(
             continue
         results.append(run(sub, idx))
     wall = max(r.wall_s for r in results)
-    g = config.workers
+    g = config.workers * config.tensor_parallel
     barrier = policy == "baseline"
     wait = sum(g * (wall - r.wall_s) for r in results) if barrier else 0.0
     return RolloutResult(

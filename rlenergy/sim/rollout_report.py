@@ -25,34 +25,42 @@ from importlib import resources
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rlenergy import errors
 from rlenergy.sim import moe, traces
 
-PROMPT_SHARE_OF_LOG_VARIANCE = 0.25
-"""Share of a response's log-length variance that belongs to its prompt (shared by the
-responses of one GRPO group in a step); the rest is per-sample noise. Fitted, not assumed:
-verl#3727 (the calibrated MoE step) logs the per-rank generation times, fastest / mean /
-slowest 654 / 831 / 1,120 s (``timing_s/generation_timing/min``, ``timing_s/generate_sequences``
-as the rank mean, ``generation_timing/max``): min/max 0.584, mean/max 0.742. That run's ranks
-are independent engines: 8 lock-stepped 2-GPU groups reach at most 0.59 / 0.83 even at a
-share of 0.9, one 16-rank EP group 0.95 / 1.0. Simulating it as independent engines
-(16 engines of one H200 each [MODEL: TP 1], 64 responses per engine, this module's lognormal
-fit, ``moe.DecodeStepModel`` per engine; ``bench/rollout.py --calibrate``) gives, mean of 6
-seeds, min/max / mean/max 0.596 / 0.799 at 0.2, 0.569 / 0.781 at 0.25, 0.547 / 0.766 at 0.3,
-0.504 / 0.740 at 0.4, 0.463 / 0.720 at 0.5: 0.25 is the least-squares fit (one logged step, so
-+-0.1 is within its noise). The previous value 0.5 was a mid-point; RollPacker (2025) and
-DARTS (arXiv 2605.30859) support prompt-level tails and large intra-prompt spread only
-qualitatively."""
+VARIANCE_SHARE_PROMPT = 0.648
+"""Share of response-length variance explained by prompt identity (TailSieve App. B, two-factor
+decomposition over up to 30 checkpoints, Qwen3 / Qwen3.5 incl. 30B-A3B, max 16K:
+``data/flexfloor/length_predictability.csv``) [V]."""
 
-PROMPT_PERSISTENCE = 0.7
-"""Correlation of a prompt's length effect (its offset in log length) between two consecutive
-epochs, i.e. how well last epoch's lengths of a prompt predict this epoch's [MODEL]. The
-policy changes between epochs, so a prompt's tendency drifts; no public per-prompt length log
-across epochs was at hand to measure it. 0.7 is the middle of the range 0.5 / 0.7 / 0.9 that
-docs/flexfloor.md reports side by side (``--prompt-persistence``); it was not chosen for the
-result. Before this constant the generator reused the identical prompt effect every epoch
-(persistence 1.0)."""
+VARIANCE_SHARE_SAMPLING = 0.261
+"""Share from sampling (same prompt, same checkpoint) (TailSieve App. B) [V]."""
+
+VARIANCE_SHARE_CHECKPOINT = 0.022
+"""Share from the checkpoint (policy drift of the whole distribution) (TailSieve App. B) [V].
+The simulator takes each step's mean and spread from the trace, which carries this drift."""
+
+VARIANCE_SHARE_INTERACTION = 0.069
+"""Prompt x checkpoint interaction: a prompt's own drift between checkpoints (TailSieve) [V]."""
+
+PROMPT_SHARE_OF_LOG_VARIANCE = (VARIANCE_SHARE_PROMPT + VARIANCE_SHARE_INTERACTION) / (
+    1.0 - VARIANCE_SHARE_CHECKPOINT
+)
+"""Share of a response's log-length variance within one step that belongs to its prompt
+(shared by the responses of one GRPO group): (prompt + interaction) / (1 - checkpoint) =
+0.733 [D from TailSieve's decomposition; applied to log length, which the generator draws:
+the decomposition was of raw length, an approximation]. The rest (0.267) is per-sample noise.
+Before: 0.25, fitted to verl#3727's logged rank spread with an unmeasured group size (and
+0.5 before that, a mid-point); the measured decomposition replaces both."""
+
+PROMPT_PERSISTENCE = VARIANCE_SHARE_PROMPT / (VARIANCE_SHARE_PROMPT + VARIANCE_SHARE_INTERACTION)
+"""Correlation of a prompt's length effect between any two epochs: prompt / (prompt +
+interaction) = 0.904 [D from TailSieve]. A prompt's effect is a permanent part (this share of
+its variance) plus a fresh per-epoch part (the interaction), so the correlation does not decay
+with distance, as TailSieve's tail-ranking AUC does not (0.957-0.985 between adjacent
+checkpoints, 0.952-0.985 from checkpoint 1 to 30). Before: 0.7 [MODEL] in an AR(1)."""
 
 STEPS_PER_EPOCH = 4
 """Simulated steps per dataset epoch: prompts recur every 4 steps, so steps after the first
@@ -90,6 +98,9 @@ class StepLengths:
         group_size: responses per prompt (``rollout_n``).
         prompt_tokens_mean: ``prompt_length/mean`` (0 when not logged).
         max_response_tokens: the run's ``max_response_length`` limit.
+        log_sigma: the spread of the log length when known from elsewhere (then the mean
+            alone fixes the lognormal, clipped at ``max_response_tokens``); ``None``: fitted
+            to mean and max (``fit_lognormal``).
     """
 
     step: int
@@ -101,6 +112,7 @@ class StepLengths:
     group_size: int
     prompt_tokens_mean: float
     max_response_tokens: int
+    log_sigma: float | None = None
 
 
 def _csv_rows(name: str) -> list[dict[str, str]]:
@@ -108,10 +120,10 @@ def _csv_rows(name: str) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(root.joinpath(f"{name}.csv").read_text())))
 
 
-def _num(row: Mapping[str, str], key: str) -> float | None:
-    cell = (row.get(key) or "").strip()
+def _num(row: Mapping[str, str] | Mapping[str, float], key: str) -> float | None:
+    cell = row.get(key)
     try:
-        value = float(cell)
+        value = float(cell if isinstance(cell, float) else (cell or "").strip())
     except ValueError:
         return None
     return value if math.isfinite(value) else None
@@ -125,11 +137,12 @@ def trace_step_lengths(name: str) -> tuple[StepLengths, ...]:
     """
     if name.startswith("samples:"):
         return (_sample_row(name.split(":", 1)[1]),)
-    trace = traces.load_trace(name)  # validates the name; gives samples per step and meta
+    label, rows, meta_rows = traces.load_rows(name)  # a packaged name, a CSV or a verl log
+    trace = traces.build_trace(label, rows, meta_rows)  # samples per step and meta
     meta: Mapping[str, Any] = trace.meta
     group = int(meta.get("rollout_n") or 1)
     limit_meta = meta.get("max_response_length")
-    by_step = {int(float(r["step"])): r for r in _csv_rows(name) if _num(r, "step") is not None}
+    by_step = {int(r["step"]): r for r in rows if math.isfinite(r.get("step", math.nan))}
     out = []
     for rec in trace.steps:
         row = by_step.get(rec.step, {})
@@ -198,6 +211,26 @@ def _clipped_lognormal_mean(mu: float, sigma: float, cap: float) -> float:
     dist = statistics.NormalDist()
     z = (math.log(cap) - mu) / sigma
     return math.exp(mu + sigma * sigma / 2) * dist.cdf(z - sigma) + cap * (1 - dist.cdf(z))
+
+
+def solve_log_mean(mean_tokens: float, sigma: float, cap_tokens: float) -> float:
+    """``mu`` such that ``E[min(X, cap)] = mean_tokens`` for ``ln X ~ N(mu, sigma^2)``.
+
+    Raises:
+        InvalidInputError: the mean is not below the cap, or ``sigma <= 0``.
+    """
+    if not 1.0 <= mean_tokens < cap_tokens or sigma <= 0:
+        raise errors.InvalidInputError(
+            "lengths", f"need 1 <= mean {mean_tokens} < cap {cap_tokens} and sigma > 0"
+        )
+    lo, hi = -20.0, math.log(cap_tokens) + 10.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if _clipped_lognormal_mean(mid, sigma, cap_tokens) > mean_tokens:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2
 
 
 def fit_lognormal(
@@ -281,6 +314,9 @@ class Scenario:
             (``PROMPT_SHARE_OF_LOG_VARIANCE``).
         exact_lengths: give FlexFloor the true lengths instead of the predictor's (an upper
             bound on what prediction can give; not a deployable policy).
+        name: the named scenario (``rollout_scenarios``) this is, if any.
+        lengths: per-step length statistics to use instead of the trace's.
+        max_responses: responses simulated per step at most.
     """
 
     trace: str
@@ -292,6 +328,9 @@ class Scenario:
     prompt_persistence: float = PROMPT_PERSISTENCE
     prompt_share: float = PROMPT_SHARE_OF_LOG_VARIANCE
     exact_lengths: bool = False
+    name: str | None = None
+    lengths: tuple[StepLengths, ...] | None = None
+    max_responses: int = MAX_RESPONSES_PER_STEP
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -312,11 +351,11 @@ def make_batches(scenario: Scenario) -> tuple[list[moe.RolloutBatch], int]:
     Returns:
         The batches and the run's ``max_response_length``.
     """
-    stats = trace_step_lengths(scenario.trace)
+    stats = scenario.lengths or trace_step_lengths(scenario.trace)
     rng = np.random.default_rng(scenario.seed)
     picks = np.linspace(0, len(stats) - 1, num=scenario.steps).round().astype(int)
     first = stats[int(picks[0])]
-    n = min(first.responses, MAX_RESPONSES_PER_STEP)
+    n = min(first.responses, scenario.max_responses)
     group = max(1, min(first.group_size, n))
     prompts_per_step = max(1, n // group)
     n = prompts_per_step * group
@@ -324,24 +363,30 @@ def make_batches(scenario: Scenario) -> tuple[list[moe.RolloutBatch], int]:
     prompt_scale = rng.lognormal(0.0, PROMPT_TOKENS_SIGMA, dataset)
     rho = scenario.prompt_share
     c = scenario.prompt_persistence
-    # A prompt's length effect per epoch: AR(1) across epochs (unit variance every epoch).
-    effects = [rng.standard_normal(dataset)]
+    # A prompt's length effect per epoch: a permanent part and a fresh part per epoch, so any
+    # two epochs correlate by ``c`` (unit variance every epoch).
+    permanent = rng.standard_normal(dataset)
+    effects: list[npt.NDArray[np.float64]] = []
     batches = []
     for k, idx in enumerate(picks):
         epoch = k // STEPS_PER_EPOCH
         while len(effects) <= epoch:
             fresh = rng.standard_normal(dataset)
-            effects.append(c * effects[-1] + math.sqrt(1.0 - c * c) * fresh)
+            effects.append(math.sqrt(c) * permanent + math.sqrt(1.0 - c) * fresh)
         prompt_effect = effects[epoch]
         st = stats[int(idx)]
-        mu, sigma = fit_lognormal(
-            st.mean_tokens,
-            st.max_tokens,
-            n,
-            st.clip_ratio,
-            min_tokens=st.min_tokens,
-            limit_tokens=st.max_response_tokens,
-        )
+        if st.log_sigma is not None:
+            sigma = st.log_sigma
+            mu = solve_log_mean(st.mean_tokens, sigma, float(st.max_response_tokens))
+        else:
+            mu, sigma = fit_lognormal(
+                st.mean_tokens,
+                st.max_tokens,
+                n,
+                st.clip_ratio,
+                min_tokens=st.min_tokens,
+                limit_tokens=st.max_response_tokens,
+            )
         chunk = (k % STEPS_PER_EPOCH) * prompts_per_step
         pid = np.repeat(np.arange(chunk, chunk + prompts_per_step), group)
         z = math.sqrt(rho) * prompt_effect[pid] + math.sqrt(1 - rho) * rng.standard_normal(n)
@@ -446,13 +491,17 @@ class ScenarioResult:
     def to_json(self) -> dict[str, Any]:
         """Flat JSON summary (keys documented in docs/flexfloor.md)."""
         b, f = self.baseline, self.flexfloor
+        cfg = self.scenario.config
         out: dict[str, Any] = {
+            "scenario": self.scenario.name,
             "trace": self.scenario.trace,
             "model": self.scenario.config.model.key,
             "gpu": self.scenario.config.gpu,
             "workers": self.scenario.config.workers,
             "replicas": self.scenario.replicas,
-            "gpus": self.scenario.config.workers * self.scenario.replicas,
+            "gpus": cfg.workers * cfg.tensor_parallel * self.scenario.replicas,
+            "tensor_parallel": cfg.tensor_parallel,
+            "step_model": cfg.step_model,
             "prompt_share": self.scenario.prompt_share,
             "prompt_persistence": self.scenario.prompt_persistence,
             "exact_lengths": self.scenario.exact_lengths,
@@ -478,6 +527,10 @@ class ScenarioResult:
             out["warm_tokens_per_occupied_gpu_s_ratio"] = _ratio(
                 self.warm_flexfloor.tokens_per_occupied_gpu_s,
                 self.warm_baseline.tokens_per_occupied_gpu_s,
+            )
+            out["warm_generation_throughput_ratio"] = _ratio(
+                self.warm_flexfloor.generation_throughput_tokens_per_s,
+                self.warm_baseline.generation_throughput_tokens_per_s,
             )
         for t in (b, f):
             out[t.policy] = {
@@ -638,9 +691,16 @@ def render(result: ScenarioResult) -> Any:
 def add_arguments(parser: Any) -> None:
     """Flags of ``rlenergy rollout-sim`` (``parser`` is an ``argparse.ArgumentParser``)."""
     parser.add_argument(
+        "--scenario",
+        default=None,
+        help="a calibrated scenario (seer-long-cot, verl3727, qwen3-30b-a3b-long-cot); "
+        "sets trace, model, GPU and pool (other shape flags are ignored)",
+    )
+    parser.add_argument(
         "--trace",
         default="verl-grpo-uitars15-7b-gui-agent-8gpu",
-        help="packaged step trace, or samples:<sample_id> for a logged MoE step",
+        help="packaged step trace, a CSV trace or verl console log path, or "
+        "samples:<sample_id> for a logged MoE step",
     )
     parser.add_argument(
         "--workers", type=int, default=8, help="EP rollout workers (GPUs) per replica"
@@ -655,7 +715,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--model", default="qwen3-30b-a3b", choices=sorted(moe.MOE_MODELS))
     parser.add_argument("--gpu", default="h100-sxm", choices=sorted(moe.GPU_MEMORY_GB))
     parser.add_argument("--min-active-workers", type=int, default=1, help="minActiveWorkers")
-    parser.add_argument("--steps", type=int, default=8, help="rollout steps to simulate")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="rollout steps to simulate (default 8)"
+    )
     parser.add_argument(
         "--heavy-tail", type=float, default=0.0, help="share of synthetic heavy-tail responses"
     )
@@ -663,13 +725,13 @@ def add_arguments(parser: Any) -> None:
         "--prompt-persistence",
         type=float,
         default=PROMPT_PERSISTENCE,
-        help="correlation of a prompt's length effect between epochs [MODEL]",
+        help="correlation of a prompt's length effect between epochs (default: TailSieve 0.904)",
     )
     parser.add_argument(
         "--prompt-share",
         type=float,
         default=PROMPT_SHARE_OF_LOG_VARIANCE,
-        help="share of log-length variance per prompt (fitted to verl#3727)",
+        help="share of log-length variance per prompt (default: TailSieve's measured 0.733)",
     )
     parser.add_argument(
         "--exact-lengths",
@@ -690,24 +752,30 @@ def main(args: Any) -> int:
 
     from rich.console import Console
 
-    config = moe.RolloutConfig(
-        model=moe.MOE_MODELS[args.model],
-        gpu=args.gpu,
-        workers=args.workers,
-        num_experts=args.experts,
-        min_active_workers=args.min_active_workers,
-    )
-    scenario = Scenario(
-        trace=args.trace,
-        config=config,
-        steps=args.steps,
-        heavy_tail_fraction=args.heavy_tail,
-        seed=args.seed,
-        replicas=args.replicas,
-        prompt_persistence=args.prompt_persistence,
-        prompt_share=args.prompt_share,
-        exact_lengths=args.exact_lengths,
-    )
+    steps = 8 if args.steps is None else args.steps
+    if args.scenario is not None:
+        from rlenergy.sim import rollout_scenarios
+
+        scenario = rollout_scenarios.scenario(args.scenario, steps=steps, seed=args.seed)
+    else:
+        config = moe.RolloutConfig(
+            model=moe.MOE_MODELS[args.model],
+            gpu=args.gpu,
+            workers=args.workers,
+            num_experts=args.experts,
+            min_active_workers=args.min_active_workers,
+        )
+        scenario = Scenario(
+            trace=args.trace,
+            config=config,
+            steps=steps,
+            heavy_tail_fraction=args.heavy_tail,
+            seed=args.seed,
+            replicas=args.replicas,
+            prompt_persistence=args.prompt_persistence,
+            prompt_share=args.prompt_share,
+            exact_lengths=args.exact_lengths,
+        )
     result = run_scenario(scenario)
     if args.json:
         print(json.dumps(result.to_json(), sort_keys=True))

@@ -141,28 +141,45 @@ def load_trace(name_or_path: str) -> Trace:
         InvalidInputError: unknown name, unreadable file, malformed line or missing metric;
             the message names the trace, line or metric and what is allowed.
     """
+    return build_trace(*load_rows(name_or_path))
+
+
+def load_rows(name_or_path: str) -> tuple[str, list[dict[str, float]], Mapping[str, Any]]:
+    """The metric rows of a trace as logged: ``(name, rows, meta)``.
+
+    ``name_or_path`` is what ``load_trace`` takes: a packaged trace name, or the path of a
+    ``.csv`` trace or a verl console log (its ``.meta.json`` beside it, if any, is the meta).
+
+    Raises:
+        InvalidInputError: as ``load_trace``.
+    """
     path = Path(name_or_path)
     if path.suffix and path.exists():
-        text = path.read_text(errors="replace")
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            raise errors.InvalidInputError("--trace", f"{name_or_path}: {exc.strerror}") from None
         meta_path = path.with_suffix(".meta.json")
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        try:
+            meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        except ValueError as exc:
+            raise errors.InvalidInputError("--trace", f"{meta_path}: not JSON ({exc})") from None
         name = path.stem
         rows = _read_csv(text, name) if path.suffix == ".csv" else parse_console_log(text, name)
-    else:
-        root = resources.files("rlenergy.sim").joinpath("data/traces")
-        entry = root.joinpath(f"{name_or_path}.csv")
-        if not entry.is_file():
-            known = ", ".join(packaged_trace_names())
-            raise errors.InvalidInputError(
-                "--trace",
-                f"unknown trace {name_or_path!r}: give a packaged name ({known}) "
-                "or the path of a .csv trace or a verl console log",
-            )
-        name = name_or_path
-        rows = _read_csv(entry.read_text(), name)
-        meta_entry = root.joinpath(f"{name}.meta.json")
-        meta = json.loads(meta_entry.read_text()) if meta_entry.is_file() else {}
-    return build_trace(name, rows, meta)
+        return name, rows, meta
+    root = resources.files("rlenergy.sim").joinpath("data/traces")
+    entry = root.joinpath(f"{name_or_path}.csv")
+    if not entry.is_file():
+        known = ", ".join(packaged_trace_names())
+        raise errors.InvalidInputError(
+            "--trace",
+            f"unknown trace {name_or_path!r}: give a packaged name ({known}) "
+            "or the path of a .csv trace or a verl console log",
+        )
+    rows = _read_csv(entry.read_text(), name_or_path)
+    meta_entry = root.joinpath(f"{name_or_path}.meta.json")
+    meta = json.loads(meta_entry.read_text()) if meta_entry.is_file() else {}
+    return name_or_path, rows, meta
 
 
 def _read_csv(text: str, name: str) -> list[dict[str, float]]:

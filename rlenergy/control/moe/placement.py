@@ -358,3 +358,148 @@ def expected_occupied_gpu_s(
             worker_of, lengths, prompt_tokens, experts_of, layout, cost_model, elastic=elastic
         )
     return total / draws
+
+
+@dataclasses.dataclass(frozen=True)
+class FluidFinishModel:
+    """Predicted time for one engine (replica, or one DP rank) to decode a set of responses.
+
+    A fluid view of continuous batching: the engine decodes all admitted responses together;
+    each decode step costs ``step_fixed_s`` (weights, collectives) plus ``kv_s_per_byte`` for
+    every byte of KV cache it reads; it admits responses while their KV fits
+    ``kv_capacity_bytes`` and runs at most ``max_running`` at once. For responses with
+    prompts ``p_i`` and lengths ``L_i`` (tokens) the KV byte-steps are ``A = sum (p_i + L_i
+    / 2) x L_i x kv_bytes_per_token``, the decode steps ``max(max L_i, A / capacity, sum L_i
+    / max_running)`` and the time ``steps x step_fixed_s + A x kv_s_per_byte``, at least
+    ``sum L_i x compute_s_per_token``. Pure; additive, so a placement can add responses one
+    at a time. The simulator fits the parameters to its own step model
+    (``rlenergy.sim.moe.fluid_model``); a deployment fits them to measured decode-step times
+    (the step time at an empty and at a full KV cache).
+
+    Attributes:
+        step_fixed_s: decode step time at (almost) no KV, s.
+        kv_s_per_byte: added step time per byte of KV in the batch, s/B.
+        kv_capacity_bytes: KV memory of the engine, bytes (> 0).
+        kv_bytes_per_token: KV per context token, bytes.
+        max_running: responses decoded at once at most (vLLM ``max_num_seqs``).
+        compute_s_per_token: compute-bound floor per generated token, s (0: none).
+    """
+
+    step_fixed_s: float
+    kv_s_per_byte: float
+    kv_capacity_bytes: float
+    kv_bytes_per_token: int
+    max_running: int
+    compute_s_per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kv_capacity_bytes <= 0 or self.max_running < 1:
+            raise errors.InvalidInputError(
+                "placement", "an engine needs KV memory and room for one running response"
+            )
+
+    def finish_s(self, load: EngineLoad) -> float:
+        """Predicted time to decode everything in ``load``, s (0 for no response)."""
+        if load.tokens <= 0:
+            return 0.0
+        steps = max(
+            load.longest_tokens,
+            load.kv_byte_steps / self.kv_capacity_bytes,
+            load.tokens / self.max_running,
+        )
+        memory = steps * self.step_fixed_s + load.kv_byte_steps * self.kv_s_per_byte
+        return max(memory, load.tokens * self.compute_s_per_token)
+
+    def add(self, load: EngineLoad, prompt_tokens: float, length_tokens: float) -> EngineLoad:
+        """``load`` with one more response of ``prompt_tokens`` and ``length_tokens``."""
+        length = max(float(length_tokens), 1.0)
+        return EngineLoad(
+            tokens=load.tokens + length,
+            longest_tokens=max(load.longest_tokens, length),
+            kv_byte_steps=load.kv_byte_steps
+            + (float(prompt_tokens) + length / 2.0) * length * self.kv_bytes_per_token,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLoad:
+    """What ``FluidFinishModel`` needs of the responses on one engine.
+
+    Attributes:
+        tokens: predicted response tokens, tokens.
+        longest_tokens: the longest predicted response, tokens.
+        kv_byte_steps: ``sum (prompt + length / 2) x length x kv_bytes_per_token``, B x steps.
+    """
+
+    tokens: float = 0.0
+    longest_tokens: float = 0.0
+    kv_byte_steps: float = 0.0
+
+
+def place_balanced(
+    predicted_tokens: Sequence[float],
+    prompt_tokens: Sequence[int],
+    engines: int,
+    model: FluidFinishModel,
+) -> tuple[int, ...]:
+    """Balance predicted finish times over ``engines``: longest first, to the earliest finisher.
+
+    The longest-processing-time-first rule (Graham 1969: makespan within 4/3 of optimal for
+    identical machines): responses sorted by predicted length, longest first, each placed on
+    the engine whose predicted finish (``model.finish_s``) after adding it is earliest (ties:
+    lowest engine). Memory-aware through the model: KV byte-steps beyond an engine's capacity
+    cost extra decode steps (waves), so a placement that would overfill an engine's KV is
+    predicted slower and avoided. Responses of one prompt (a GRPO group, predicted alike) are
+    spread over engines, which hedges against a group that runs long together.
+
+    Args:
+        predicted_tokens: predicted response length per response, tokens, shape ``(n,)``.
+        prompt_tokens: prompt length per response, tokens, shape ``(n,)``.
+        engines: engines (replicas or DP ranks), >= 1.
+        model: the finish-time model of one engine.
+
+    Returns:
+        Engine per response, shape ``(n,)``.
+
+    Raises:
+        InvalidInputError: ``engines < 1`` or inputs of different lengths.
+    """
+    n = len(predicted_tokens)
+    if engines < 1:
+        raise errors.InvalidInputError("workers", "need at least one rollout engine")
+    if len(prompt_tokens) != n:
+        raise errors.InvalidInputError("prompt_tokens", "need one prompt length per response")
+    loads = [EngineLoad() for _ in range(engines)]
+    out = [0] * n
+    for i in sorted(range(n), key=lambda i: (-predicted_tokens[i], i)):
+        best_e, best_load, best_t = 0, loads[0], math.inf
+        for e in range(engines):
+            cand = model.add(loads[e], prompt_tokens[i], predicted_tokens[i])
+            t = model.finish_s(cand)
+            if t < best_t:
+                best_e, best_load, best_t = e, cand, t
+        loads[best_e] = best_load
+        out[i] = best_e
+    return tuple(out)
+
+
+def predicted_makespan_s(
+    engine_of: Sequence[int],
+    predicted_tokens: Sequence[float],
+    prompt_tokens: Sequence[int],
+    engines: int,
+    model: FluidFinishModel,
+) -> float:
+    """The latest predicted engine finish (``model.finish_s``) of a placement, s.
+
+    Raises:
+        InvalidInputError: inputs of different lengths or an engine outside ``[0, engines)``.
+    """
+    if len(engine_of) != len(predicted_tokens) or len(prompt_tokens) != len(engine_of):
+        raise errors.InvalidInputError("placement", "need one engine, length and prompt each")
+    loads = [EngineLoad() for _ in range(engines)]
+    for e, length, prompt in zip(engine_of, predicted_tokens, prompt_tokens, strict=True):
+        if not 0 <= e < engines:
+            raise errors.InvalidInputError("placement", f"engine {e} outside [0, {engines})")
+        loads[e] = model.add(loads[e], prompt, length)
+    return max((model.finish_s(x) for x in loads), default=0.0)

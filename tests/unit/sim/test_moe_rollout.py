@@ -345,3 +345,107 @@ def test_cli_replicas_and_exact_lengths_json(capsys):
     assert out["replicas"] == 2 and out["gpus"] == 4 and out["exact_lengths"] is True
     assert 0.0 <= out["baseline_worker_finish_mean_over_max"] <= 1.0
     assert out["expert_unavailable_steps"] == out["memory_overflow_steps"] == 0
+
+
+# ----- trace forms, named scenarios, kernel step model, tensor parallel ------------------------
+def test_cli_trace_takes_a_csv_path_and_a_verl_log(tmp_path, capsys):
+    _, src, meta = rollout_report.traces.load_rows("verl-gpg-qwen2-7b-fsdp-8gpu")
+    csv_path = tmp_path / "mine.csv"
+    (tmp_path / "mine.meta.json").write_text(json.dumps(meta))
+    keys = sorted({k for r in src for k in r})
+    csv_path.write_text(
+        ",".join(keys) + "\n" + "\n".join(",".join(str(r.get(k, "")) for k in keys) for r in src)
+    )
+    log_path = tmp_path / "mine.log"
+    log_path.write_text(
+        "\n".join(
+            "(TaskRunner pid=1) step:"
+            + str(int(r["step"]))
+            + " - "
+            + " - ".join(f"{k}:{v}" for k, v in r.items() if k != "step")
+            for r in src
+        )
+    )
+    for path in (csv_path, log_path):
+        argv = ["rollout-sim", "--trace", str(path), "--workers", "2", "--steps", "1"]
+        assert cli.main([*argv, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["trace"] == str(path) and out["scenario"] is None
+        assert out["incomplete_responses"] == 0
+    # The packaged trace gives the same lengths as its CSV copy.
+    by_name = rollout_report.trace_step_lengths("verl-gpg-qwen2-7b-fsdp-8gpu")
+    assert rollout_report.trace_step_lengths(str(csv_path)) == by_name
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--trace", "/nonexistent/trace.csv"],
+        ["--scenario", "no-such-scenario"],
+    ],
+)
+def test_cli_bad_trace_or_scenario_exits_2(argv, capsys):
+    assert cli.main(["rollout-sim", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlenergy: error:") and "\n" not in err
+
+
+def test_named_scenarios_shapes_and_sources():
+    from rlenergy.sim import rollout_scenarios as rs
+
+    assert set(rs.names()) == {"seer-long-cot", "verl3727", "qwen3-30b-a3b-long-cot"}
+    seer = rs.scenario("seer-long-cot", steps=1)
+    assert seer.replicas * seer.config.workers * seer.config.tensor_parallel == 128
+    assert seer.lengths is not None and seer.lengths[0].responses == 600 * 16
+    q = rs.scenario("qwen3-30b-a3b-long-cot", steps=1)
+    assert q.config.step_model == "kernels" and q.replicas * q.config.workers == 16
+    for named in rs.SCENARIOS.values():
+        assert named.sources
+
+
+def test_verl3727_scenario_json_has_scenario_key(capsys):
+    code = cli.main(["rollout-sim", "--scenario", "verl3727", "--steps", "1", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scenario"] == "verl3727" and out["gpus"] == 16
+    assert out["expert_unavailable_steps"] == 0 and out["memory_overflow_steps"] == 0
+    assert out["incomplete_responses"] == 0
+    # Balancing the engines never makes the rollout slower than the even split here.
+    assert out["generation_throughput_ratio"] >= 1.0
+
+
+def test_seer_lengths_keep_the_published_mean():
+    from rlenergy.sim import rollout_scenarios as rs
+
+    batches, limit = rollout_report.make_batches(rs.scenario("seer-long-cot", steps=1))
+    lengths = np.asarray(batches[0].lengths_tokens)
+    assert limit == 40960 and lengths.max() <= 40960
+    assert lengths.mean() == pytest.approx(7615, rel=0.08)  # one draw of 9,600 responses
+
+
+def test_kernel_step_model_reproduces_the_composed_table():
+    from rlenergy.sim import moe_kernels
+
+    m = moe_kernels.KernelTableStepModel(padded=False, resize_s=7.0, kv_bytes_per_token=98304)
+    # derived_survivor_step_ratio_qwen3_30b_h200.csv, balanced, ctx 4096 (step_ms_after_shrink).
+    for b, ranks, table_ms in ((1, 8, 5.403), (16, 8, 8.431), (64, 8, 15.5), (16, 4, 9.701)):
+        ms = m.steps_s(np.full(ranks, b), np.full(ranks, b * 4096.0), np.full(ranks, 16))[0]
+        assert ms * 1e3 == pytest.approx(table_ms, rel=0.05)
+    # Survivors get slower, not faster, at b = 16 (README section 1c).
+    eight = m.steps_s(np.full(8, 16), np.full(8, 16 * 4096.0), np.full(8, 16))[0]
+    four = m.steps_s(np.full(4, 16), np.full(4, 16 * 4096.0), np.full(4, 32))[0]
+    assert four > eight
+    # Padding: a finished rank still pushes the largest batch through the MoE layers.
+    mixed = np.asarray([16, 0, 0, 0, 0, 0, 0, 0])
+    ctx = mixed * 4096.0
+    padded = moe_kernels.KernelTableStepModel(True, 7.0, 98304).steps_s(mixed, ctx, mixed)[0]
+    assert padded > m.steps_s(mixed, ctx, mixed)[0]
+
+
+def test_tensor_parallel_worker_occupies_its_gpus():
+    dense = moe.MOE_MODELS["qwen2-vl-72b"]
+    one = moe.RolloutConfig(model=dense, gpu="h100-sxm", workers=1, tensor_parallel=8)
+    r = moe.simulate_rollout(one, batch([200, 50], prompt=32), policy="baseline")
+    assert r.occupied_gpu_s == pytest.approx(8 * r.wall_s)
+    with pytest.raises(moe.errors.InvalidInputError):
+        moe.RolloutConfig(model=dense, gpu="h100-sxm", workers=1)  # 144 GB on one 80 GB GPU
