@@ -28,6 +28,14 @@ class RetryableError(RLEnergyError):
         self.delay_s = delay_s
 
 
+class InFlightError(RetryableError):
+    """An operation was sent and may still be running; its outcome is not known yet.
+
+    Never to be reported as "nothing happened": the caller must poll until it ends (an
+    elastic-EP resize whose blocking call timed out after it was sent).
+    """
+
+
 class InvalidInputError(PermanentError):
     """User input (a trace, a policy, a CLI argument) is invalid.
 

@@ -1,6 +1,6 @@
 """Wire models of the FlexFloor rollout protocol, and the ``ElasticEngine`` seam.
 
-The trainer's dispatcher (``rlenergy.sdk.rollout.RolloutClient``) and the release planner
+The trainer's dispatcher and the in-process planner (``rlenergy.sdk.planner.RolloutPlanner``)
 exchange these messages (JSON, camelCase aliases, unknown fields refused):
 
 1. ``PlacementRequest`` -> ``PlacementResponse``: where each response of the batch decodes;
@@ -8,7 +8,8 @@ exchange these messages (JSON, camelCase aliases, unknown fields refused):
 3. ``ReleaseDecision``: workers that leave the expert-parallel (EP) group at decode step
    ``applyAtStep``, if every rank acknowledges by ``ackDeadlineStep``;
 4. ``ReleaseAck`` from each rank (``ok: false`` refuses), then ``ReleaseOutcome``
-   (``Committed`` or ``Aborted``; after an abort the group is exactly ``activeBefore``).
+   (``Committed`` or ``Aborted``; after an abort the group is exactly ``activeBefore``;
+   ``InFlight`` when an engine's resize was sent and has not ended).
 
 Step-synchronous semantics are in ``rlenergy.control.moe.protocol``. ``ElasticEngine`` is the
 interface of a rollout engine whose EP group can shrink (vLLM and SGLang elastic EP adapters in
@@ -129,8 +130,13 @@ class ReleaseOutcome(_Wire):
 
     rollout_id: str = Field()
     decision_id: int = Field(ge=0)
-    status: Literal["Committed", "Aborted"]
-    active_workers: list[int] = Field(min_length=1)
+    status: Literal["Committed", "Aborted", "InFlight"] = Field(
+        description="InFlight: the engine's resize was sent and has not ended; the group is "
+        "neither known to be activeBefore nor activeAfter (poll the engine)."
+    )
+    active_workers: list[int] = Field(
+        min_length=1, description="The group; InFlight: activeBefore."
+    )
     reason: str | None = None
 
 

@@ -2,10 +2,13 @@
 
 Both engines shrink an EP group through one HTTP call and report progress through another:
 
-* vLLM: ``POST /scale_elastic_ep`` with ``{"new_data_parallel_size": N, "drain_timeout": s}``
-  and ``POST /is_scaling_elastic_ep`` -> ``{"is_scaling_elastic_ep": bool}`` (routes listed by
-  vLLM's API server; elastic EP RFC vllm-project/vllm #20323). vLLM removes the highest DP
-  ranks, so a release must name the top ranks of the group.
+* vLLM (``vllm/entrypoints/serve/elastic_ep/api_router.py``): ``POST /scale_elastic_ep``
+  with ``{"new_data_parallel_size": N, "drain_timeout": s}`` (positive integers, 400
+  otherwise) blocks until the resize has ended: 200 when done, 408 when draining the removed
+  ranks' requests outlived ``drain_timeout`` (before any change), 500 when the scale failed.
+  ``POST /is_scaling_elastic_ep`` -> ``{"is_scaling_elastic_ep": bool}``; while a resize runs
+  vLLM's ``ScalingMiddleware`` answers every request with 503, which here reads "scaling".
+  vLLM removes the highest DP ranks, so a release must name the top ranks of the group.
 * SGLang: ``POST /scale_elastic_ep`` with ``{"new_ep_size": N}`` and ``/is_scaling_elastic_ep``
   -> ``{"is_scaling_elastic_ep": bool, "effective_ep_size": N, "scale_phase": str,
   "last_error": str | null}`` (SGLang elastic EP with Mooncake, as driven by NVIDIA Dynamo's
@@ -14,8 +17,10 @@ Both engines shrink an EP group through one HTTP call and report progress throug
 The two-phase ``ElasticEngine`` contract maps as: ``prepare_release`` checks the request
 against the engine (no scaling in progress, ranks removable, group size as expected) and sends
 nothing that mutates the engine, so ``abort_release`` has nothing to undo; ``commit_release``
-sends the scale call and polls until the engine reports it done, or raises
-``RetryableError`` at ``commit_timeout_s``. Only ``urllib`` from the standard library.
+sends the scale call and polls until the engine reports it done; once the call was sent,
+no answer, a 5xx or a resize still running at ``commit_timeout_s`` raise
+``errors.InFlightError`` (``apply_release`` reports ``InFlight``, never ``Aborted``). Only
+``urllib`` from the standard library.
 """
 
 from __future__ import annotations
@@ -62,14 +67,25 @@ class _HttpEngine:
         """EP ranks in the group now, ascending."""
         return self._active
 
-    def _post(self, path: str, body: Mapping[str, Any] | None) -> Any:
+    def _post(self, path: str, body: Mapping[str, Any] | None, timeout_s: float = 0.0) -> Any:
         reply = http.post_json(
-            self.base_url + path, json.dumps(body or {}).encode(), self._timeout_s
+            self.base_url + path, json.dumps(body or {}).encode(), timeout_s or self._timeout_s
         )
         return {} if reply is None else reply
 
+    def _scale_timeout_s(self) -> float:
+        """How long the scale call itself may block, s (per request timeout by default)."""
+        return self._timeout_s
+
     def _scaling(self) -> bool:
-        state = self._post(self.status_path, None)
+        try:
+            state = self._post(self.status_path, None)
+        except errors.RetryableError as exc:
+            # vLLM's ScalingMiddleware answers every request, this probe included, with 503
+            # "... currently scaling ..." while a resize runs.
+            if ": HTTP 503:" in str(exc):
+                return True
+            raise
         if not isinstance(state, dict):
             raise errors.RetryableError(f"{self.base_url}{self.status_path}: unexpected reply")
         error = state.get("last_error")
@@ -122,18 +138,35 @@ class _HttpEngine:
         """Send the scale call and wait until the engine reports it done.
 
         Raises:
-            PermanentError: the decision was not prepared, or the engine refused it (4xx).
-            RetryableError: the engine is unreachable, reports an error, or is still scaling
-                after ``commit_timeout_s``.
+            PermanentError: the decision was not prepared, or the engine refused it (4xx:
+                vLLM's 400 for a bad size, 408 when draining the removed ranks' requests
+                outlived ``drain_timeout``; both before any rank changes).
+            InFlightError: the scale call was sent and got no answer or a 5xx, or the engine
+                is still scaling after ``commit_timeout_s`` (never reported as aborted).
         """
         if self._prepared.pop(decision.decision_id, None) is None:
             raise errors.PermanentError(f"release {decision.decision_id} was not prepared")
         new_size = len(decision.active_after)
-        self._post(self.scale_path, self._scale_body(new_size))
+        try:
+            self._post(self.scale_path, self._scale_body(new_size), self._scale_timeout_s())
+        except errors.RetryableError as exc:
+            # Sent, and no answer (timeout, dropped connection) or a 5xx: the engine may be
+            # resizing or half-resized. Not an abort: the group is not known to be unchanged.
+            raise errors.InFlightError(
+                f"scale to {new_size} ranks sent, outcome unknown ({exc}); poll {self.status_path}"
+            ) from None
         deadline = self._monotonic() + self._commit_timeout_s
-        while self._scaling():
+        while True:
+            try:
+                scaling = self._scaling()
+            except errors.RetryableError as exc:
+                raise errors.InFlightError(
+                    f"scale to {new_size} ranks sent; status unreadable: {exc}"
+                ) from None
+            if not scaling:
+                break
             if self._monotonic() >= deadline:
-                raise errors.RetryableError(
+                raise errors.InFlightError(
                     f"engine still scaling to {new_size} ranks after {self._commit_timeout_s} s"
                 )
             self._sleep(self._poll_interval_s)
@@ -180,7 +213,17 @@ class VllmElasticEngine(_HttpEngine):
             sleep=sleep,
             monotonic=monotonic,
         )
+        if drain_timeout_s < 1:
+            raise errors.InvalidInputError("drain_timeout_s", "vLLM needs a positive integer")
         self.drain_timeout_s = drain_timeout_s
+
+    def _scale_timeout_s(self) -> float:
+        """How long the scale call may block: ``drain_timeout`` plus the resize, s.
+
+        vLLM's ``/scale_elastic_ep`` returns only when the resize has ended; it drains the
+        removed ranks' requests for up to ``drain_timeout`` first.
+        """
+        return self.drain_timeout_s + self._commit_timeout_s
 
     def _scale_body(self, new_size: int) -> Mapping[str, Any]:
         return {"new_data_parallel_size": new_size, "drain_timeout": self.drain_timeout_s}

@@ -18,12 +18,19 @@ Per decode step (time in s, every term [MODEL] unless sourced in ``MoeModel``/``
 * all-to-all: ``2 x layers x (latency(n) + max_w running_w x k x hidden x 2 B / bw(n))`` over
   the ``n`` active workers (NVLink inside a node of 8, RDMA across nodes), 0 when ``n == 1``;
 * step time ``max_w t_w + all-to-all``; an engine admits queued responses while their prompt's
-  KV fits and preempts (recompute, as vLLM V1) the newest running response when growth would
-  overflow memory.
+  KV fits beside the running responses' growth and preempts (recompute, as vLLM V1) the newest
+  running response when growth would overflow memory (``KV_HEADROOM_STEPS``).
+
+``RolloutConfig.step_model = "kernels"`` replaces this roofline by the measured H200 kernel
+tables (``moe_kernels``: survivors of a shrink get slower, idle ranks padded as vLLM does);
+``tensor_parallel`` makes a worker a TP engine of that many GPUs (a dense model is an MoE
+shape with one weightless expert, ``qwen2-vl-72b``).
 
 Policies: ``baseline`` places with ``placement.place_even`` (verl ``DataProto.chunk``) and keeps
 every worker until the last response ends; ``flexfloor`` predicts lengths
-(``predictor.LengthPredictor``), places with ``placement.place_by_length``, and whenever a worker
+(``predictor.LengthPredictor``), places with ``placement.place_balanced`` (the ranks' predicted
+finish times balanced, longest first; the guard keeps the even placement unless the balanced
+one is forecast cheaper), and whenever a worker
 runs out of responses asks ``release.FlexFloorPlanner`` for a release, committed through
 ``protocol.ReleaseRound`` (acks, deadline, abort). Expert copies cost their transfer time as a
 stall at the apply step. Invariants are checked at every decode step: every expert hosted by an

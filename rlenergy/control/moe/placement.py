@@ -447,10 +447,11 @@ def place_balanced(
     The longest-processing-time-first rule (Graham 1969: makespan within 4/3 of optimal for
     identical machines): responses sorted by predicted length, longest first, each placed on
     the engine whose predicted finish (``model.finish_s``) after adding it is earliest (ties:
-    lowest engine). Memory-aware through the model: KV byte-steps beyond an engine's capacity
-    cost extra decode steps (waves), so a placement that would overfill an engine's KV is
-    predicted slower and avoided. Responses of one prompt (a GRPO group, predicted alike) are
-    spread over engines, which hedges against a group that runs long together.
+    the engine with fewer predicted tokens, then the lowest). Memory-aware through the model:
+    KV byte-steps beyond an engine's capacity cost extra decode steps (waves), so a placement
+    that would overfill an engine's KV is predicted slower and avoided. Responses of one
+    prompt (a GRPO group, predicted alike) are spread over engines, which hedges against a
+    group that runs long together.
 
     Args:
         predicted_tokens: predicted response length per response, tokens, shape ``(n,)``.
@@ -472,12 +473,12 @@ def place_balanced(
     loads = [EngineLoad() for _ in range(engines)]
     out = [0] * n
     for i in sorted(range(n), key=lambda i: (-predicted_tokens[i], i)):
-        best_e, best_load, best_t = 0, loads[0], math.inf
+        best_e, best_load, best = 0, loads[0], (math.inf, math.inf)
         for e in range(engines):
             cand = model.add(loads[e], prompt_tokens[i], predicted_tokens[i])
-            t = model.finish_s(cand)
-            if t < best_t:
-                best_e, best_load, best_t = e, cand, t
+            key = (model.finish_s(cand), cand.tokens)  # ties: the engine with less work
+            if key < best:
+                best_e, best_load, best = e, cand, key
         loads[best_e] = best_load
         out[i] = best_e
     return tuple(out)

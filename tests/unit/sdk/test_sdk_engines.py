@@ -1,10 +1,15 @@
-"""Elastic-EP engine adapters and the rollout client against a fake HTTP server on 127.0.0.1.
+"""Elastic-EP engine adapters against a fake HTTP server on 127.0.0.1; the in-process planner.
 
 We test these aspects:
-* vLLM and SGLang adapters send their engine's scale body and poll until scaling ends;
+* vLLM and SGLang adapters send their engine's scale body and poll until scaling ends; vLLM's
+  503 "currently scaling" reads as scaling;
 * prepare refuses what the engine cannot do (non-top ranks, expert copies, scaling running),
   and then nothing is sent; apply_release aborts with the group unchanged;
-* a scale that outlives the commit timeout aborts; the client parses planner replies;
+* a scale that was sent and outlives the commit timeout, or whose blocking call gets no
+  answer, is reported InFlight (never Aborted); vLLM's scale call may block for
+  drain_timeout plus the commit timeout;
+* the in-process planner: balanced placement, a release round committed by acks, a hung rank
+  aborted by the wall-clock deadline although no decode step passes;
 * the simulated engine: an unresponsive rank aborts, an orphaning release is refused.
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,17 +36,27 @@ class FakeEngine(http.server.BaseHTTPRequestHandler):
     scaling_polls = 1  # how many status polls report "scaling" after a scale call
     pending = 0
     replies: dict[str, Any] = {}
+    busy_503 = False  # answer the status probe 503 while scaling, as vLLM's middleware does
+    scale_delay_s = 0.0  # the scale call blocks this long before it answers
 
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length", 0))
         body = json.loads(self.rfile.read(length) or b"{}")
         FakeEngine.calls.append((self.path, body))
         if self.path.endswith("/scale_elastic_ep"):
+            time.sleep(FakeEngine.scale_delay_s)
             FakeEngine.pending = FakeEngine.scaling_polls
             reply: Any = {"ok": True}
         elif self.path.endswith("/is_scaling_elastic_ep"):
             scaling = FakeEngine.pending > 0
             FakeEngine.pending = max(FakeEngine.pending - 1, 0)
+            if scaling and FakeEngine.busy_503:
+                data = b'{"error": "The model is currently scaling. Please try again later."}'
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             reply = {"is_scaling_elastic_ep": scaling, "last_error": None}
         elif self.path in FakeEngine.replies:
             reply = FakeEngine.replies[self.path]
@@ -65,6 +81,8 @@ def server() -> Iterator[str]:
     FakeEngine.pending = 0
     FakeEngine.scaling_polls = 1
     FakeEngine.replies = {}
+    FakeEngine.busy_503 = False
+    FakeEngine.scale_delay_s = 0.0
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeEngine)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -130,15 +148,47 @@ def test_scaling_in_progress_refuses(server):
     assert outcome.status == "Aborted" and "already running" in (outcome.reason or "")
 
 
-def test_commit_timeout_aborts(server):
+def test_commit_timeout_is_in_flight_not_aborted(server):
     FakeEngine.scaling_polls = 10**6
     clock = iter(range(0, 10**6, 5))
     eng = engines.VllmElasticEngine(
         server, ranks=4, sleep=no_sleep, commit_timeout_s=20, monotonic=lambda: next(clock)
     )
     outcome = rollout.apply_release(eng, decision())
-    assert outcome.status == "Aborted" and "still scaling" in (outcome.reason or "")
-    assert eng.active_ranks() == (0, 1, 2, 3)
+    assert outcome.status == "InFlight" and "still scaling" in (outcome.reason or "")
+    assert outcome.active_workers == [0, 1, 2, 3]  # the group before: not known to be after
+
+
+def test_vllm_503_while_scaling_reads_as_scaling(server):
+    FakeEngine.busy_503 = True
+    FakeEngine.scaling_polls = 3
+    eng = engines.VllmElasticEngine(server, ranks=4, sleep=no_sleep)
+    outcome = rollout.apply_release(eng, decision())
+    assert outcome.status == "Committed" and outcome.active_workers == [0, 1]
+    polls = [p for p, _ in FakeEngine.calls if p == "/is_scaling_elastic_ep"]
+    assert len(polls) == 1 + 4  # prepare's check, then 3 x 503 and the final "done"
+
+
+def test_vllm_scale_call_may_block_for_the_drain(server):
+    # vLLM answers /scale_elastic_ep only when the resize ended; the adapter waits for
+    # drain_timeout + commit_timeout, not the 1 s per-request timeout.
+    FakeEngine.scale_delay_s = 1.5
+    eng = engines.VllmElasticEngine(
+        server, ranks=4, sleep=no_sleep, timeout_s=1, drain_timeout_s=2, commit_timeout_s=2
+    )
+    assert rollout.apply_release(eng, decision()).status == "Committed"
+
+
+def test_scale_call_without_answer_is_in_flight(server):
+    FakeEngine.scale_delay_s = 1.5
+    eng = engines.SglangElasticEngine(server, ranks=4, sleep=no_sleep, timeout_s=0.5)
+    outcome = rollout.apply_release(eng, decision(release=(3,)))
+    assert outcome.status == "InFlight" and "outcome unknown" in (outcome.reason or "")
+
+
+def test_vllm_refuses_a_non_positive_drain_timeout():
+    with pytest.raises(errors.InvalidInputError):
+        engines.VllmElasticEngine("http://127.0.0.1:9", ranks=2, drain_timeout_s=0)
 
 
 def test_unreachable_engine_aborts():
@@ -146,58 +196,83 @@ def test_unreachable_engine_aborts():
     assert rollout.apply_release(eng, decision()).status == "Aborted"
 
 
-def test_client_round_trip(server):
-    FakeEngine.replies = {
-        "/v1/rollout/placement": {
-            "rolloutId": "step-7",
-            "assignments": [
-                {"promptId": "a", "responseIndex": 0, "worker": 1, "predictedTokens": 120.0}
-            ],
-        },
-        "/v1/rollout/progress": decision().model_dump(by_alias=True),
-        "/v1/rollout/ack": None,
-    }
-    client = rollout.RolloutClient(server)
-    placed = client.request_placement(
-        api.PlacementRequest.model_validate(
-            {
-                "rolloutId": "step-7",
-                "workers": [0, 1],
-                "prompts": [{"promptId": "a", "promptTokens": 10}],
-            }
-        )
+def _planner(clock):
+    from rlenergy.control.moe import placement
+    from rlenergy.sdk import planner
+
+    layout = base.MoeLayout(
+        num_experts=8,
+        expert_bytes=1,
+        dense_bytes=0,
+        kv_bytes_per_token=1,
+        worker_memory_bytes=10**6,
     )
-    assert placed.assignments[0].worker == 1
-    report = api.ProgressReport.model_validate(
+    fluid = placement.FluidFinishModel(0.01, 0.0, 1e6, 1, 256)
+    return planner.RolloutPlanner(layout, fluid, ack_timeout_s=5.0, clock=lambda: clock[0])
+
+
+def _report(worker, step, unfinished, experts):
+    return api.ProgressReport.model_validate(
         {
             "rolloutId": "step-7",
-            "worker": 3,
-            "decodeStep": 100,
-            "unfinished": 0,
-            "experts": [6, 7],
+            "worker": worker,
+            "decodeStep": step,
+            "unfinished": unfinished,
+            "experts": experts,
             "kvBytes": 0,
         }
     )
-    assert client.report_progress(report) == decision()
-    ack = api.ReleaseAck.model_validate({"rolloutId": "step-7", "decisionId": 3, "worker": 0})
-    assert client.acknowledge(ack) is None
-    sent = dict(FakeEngine.calls)
-    assert sent["/v1/rollout/progress"]["decodeStep"] == 100
 
 
-def test_client_bad_reply_is_permanent(server):
-    FakeEngine.replies = {"/v1/rollout/placement": {"nope": 1}}
-    client = rollout.RolloutClient(server)
-    with pytest.raises(errors.PermanentError):
-        client.request_placement(
-            api.PlacementRequest.model_validate(
-                {
-                    "rolloutId": "s",
-                    "workers": [0],
-                    "prompts": [{"promptId": "a", "promptTokens": 1}],
-                }
-            )
-        )
+def _request():
+    return api.PlacementRequest.model_validate(
+        {
+            "rolloutId": "step-7",
+            "workers": [0, 1],
+            "prompts": [
+                {"promptId": "long", "promptTokens": 10, "responses": 2},
+                {"promptId": "short", "promptTokens": 10, "responses": 2},
+            ],
+        }
+    )
+
+
+def test_planner_balances_and_commits_a_release_by_acks():
+    clock = [0.0]
+    p = _planner(clock)
+    p.observe(["long", "long", "short", "short"], [4000, 4000, 100, 100])
+    placed = p.place(_request())
+    by = {(a.prompt_id, a.response_index): a.worker for a in placed.assignments}
+    # The two long responses go to different ranks (contiguous chunks would pair them).
+    assert by[("long", 0)] != by[("long", 1)]
+    assert p.progress([_report(0, 50, 1, [0, 1, 2, 3])]) is None  # rank 1 not reported yet
+    d = p.progress([_report(1, 50, 0, [4, 5, 6, 7])])
+    assert d is not None and d.release == [1] and d.ack_deadline_step > 50
+    assert {m.expert for m in d.moves} == {4, 5, 6, 7}
+    assert (
+        p.acknowledge(api.ReleaseAck(rolloutId="step-7", decisionId=d.decision_id, worker=0))
+        is None
+    )
+    out = p.acknowledge(api.ReleaseAck(rolloutId="step-7", decisionId=d.decision_id, worker=1))
+    assert out is not None and out.status == "Committed" and out.active_workers == [0]
+    assert p.active_workers == (0,)
+
+
+def test_planner_wall_clock_deadline_aborts_a_hung_round():
+    # A hung collective takes no decode step: only the clock can end the round.
+    clock = [0.0]
+    p = _planner(clock)
+    p.place(_request())
+    d = p.progress([_report(0, 10, 2, [0, 1, 2, 3]), _report(1, 10, 0, [4, 5, 6, 7])])
+    assert d is not None
+    p.acknowledge(api.ReleaseAck(rolloutId="step-7", decisionId=d.decision_id, worker=1))
+    clock[0] = 4.9
+    assert p.poll(decode_step=10) is None
+    clock[0] = 5.0
+    out = p.poll(decode_step=10)
+    assert out is not None and out.status == "Aborted" and out.active_workers == [0, 1]
+    assert "within 5 s" in (out.reason or "")
+    assert p.active_workers == (0, 1)
 
 
 def test_wire_decision_validation():

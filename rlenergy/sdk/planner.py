@@ -1,0 +1,244 @@
+"""FlexFloor's planner inside the rollout dispatcher's process: placement, releases, rounds.
+
+The dispatcher (verl's rollout manager, or any loop that hands prompts to engine replicas and
+DP ranks) owns one ``RolloutPlanner`` and calls it directly, with no server in between:
+
+* ``place(request)`` before a batch: every response of every prompt gets an EP rank
+  (``PlacementResponse``), balancing the ranks' predicted finish times, longest first
+  (``placement.place_balanced`` over the predictor's per-prompt lengths), unless the guard
+  predicts the even split (verl's ``DataProto.chunk``) to end no later;
+* ``progress(reports)`` while decoding: the newest ``ProgressReport`` per active rank; returns
+  a ``ReleaseDecision`` when the release rule (``release.FlexFloorPlanner``) lets finished
+  ranks go, and opens its round;
+* ``acknowledge(ack)`` per rank, and ``poll(step)`` at each decode step or timer tick: the
+  round's ``ReleaseOutcome`` once decided. The ack deadline is both a decode step
+  (``ackDeadlineStep``) and a wall-clock time (``ack_timeout_s``): a hung collective takes no
+  decode step, so only the clock ends its round (``Aborted``, group unchanged);
+* ``observe(prompt_ids, lengths)`` after the step: the predictor learns the lengths.
+
+Decisions go to the engines through ``rlenergy.sdk.rollout.apply_release`` (an
+``ElasticEngine``: ``rlenergy.sdk.engines``), and a released rank parks its GPUs through its
+node agent (``rollout.park_if_released``); the dispatcher publishes the next step's worker
+count for the operator's scale (``trainer.RLEnergyClient.publish_rollout``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Sequence
+
+from rlenergy import errors
+from rlenergy.api import rollout as api
+from rlenergy.control.moe import base, placement, predictor, protocol, release
+
+
+class RolloutPlanner:
+    """The pure FlexFloor planner with the state one rollout needs, in-process.
+
+    Args:
+        layout: the EP group's memory layout (experts, bytes, ``minActiveWorkers``).
+        finish_model: one rank's decode-time model (fit ``step_fixed_s`` and ``kv_s_per_byte``
+            to two measured decode-step times: empty and full KV cache).
+        cost_model: decode-step model for the release guard; ``None``: the rule alone.
+        timing: the round's deadlines in decode steps.
+        ack_timeout_s: wall-clock ack deadline of a round, s (> 0).
+        length_predictor: per-prompt length history (default: 3 epochs, median fallback).
+        clock: monotonic seconds (injected for tests).
+
+    Raises:
+        InvalidInputError: ``ack_timeout_s <= 0``.
+    """
+
+    def __init__(
+        self,
+        layout: base.MoeLayout,
+        finish_model: placement.FluidFinishModel,
+        *,
+        cost_model: base.StepCostModel | None = None,
+        timing: protocol.ProtocolTiming | None = None,
+        ack_timeout_s: float = 30.0,
+        length_predictor: predictor.LengthPredictor | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if ack_timeout_s <= 0:
+            raise errors.InvalidInputError("ack_timeout_s", "must be > 0 s")
+        self.layout = layout
+        self.finish_model = finish_model
+        self.timing = timing or protocol.ProtocolTiming()
+        self.ack_timeout_s = ack_timeout_s
+        self.predictor = length_predictor or predictor.LengthPredictor()
+        self._release = release.FlexFloorPlanner(layout, cost_model)
+        self._clock = clock
+        self._rollout_id = ""
+        self._active: tuple[int, ...] = ()
+        self._reports: dict[int, api.ProgressReport] = {}
+        self._round: protocol.ReleaseRound | None = None
+        self._round_deadline_s = 0.0
+        self._next_id = 0
+
+    @property
+    def active_workers(self) -> tuple[int, ...]:
+        """The EP group as the planner knows it (after committed releases), ascending."""
+        return self._active
+
+    def place(self, request: api.PlacementRequest) -> api.PlacementResponse:
+        """Place every response of the batch on the request's active ranks.
+
+        Returns:
+            One ``Assignment`` per response (prompt order, then response index).
+        """
+        self._rollout_id = request.rollout_id
+        self._active = tuple(sorted(request.workers))
+        self._reports = {}
+        self._round = None
+        ids: list[str] = []
+        prompts: list[int] = []
+        index: list[int] = []
+        for p in request.prompts:
+            for k in range(p.responses):
+                ids.append(p.prompt_id)
+                prompts.append(p.prompt_tokens)
+                index.append(k)
+        made = self.predictor.predict(ids)
+        lengths = [m.length_tokens for m in made]
+        ranks = len(self._active)
+        balanced = placement.place_balanced(lengths, prompts, ranks, self.finish_model)
+        even = placement.place_even(len(ids), ranks)
+        cost = [
+            placement.predicted_makespan_s(option, lengths, prompts, ranks, self.finish_model)
+            for option in (balanced, even)
+        ]
+        chosen = balanced if cost[0] <= cost[1] else even
+        return api.PlacementResponse.model_validate(
+            {
+                "rolloutId": request.rollout_id,
+                "assignments": [
+                    {
+                        "promptId": ids[i],
+                        "responseIndex": index[i],
+                        "worker": self._active[chosen[i]],
+                        "predictedTokens": lengths[i],
+                    }
+                    for i in range(len(ids))
+                ],
+            }
+        )
+
+    def progress(self, reports: Sequence[api.ProgressReport]) -> api.ReleaseDecision | None:
+        """Take the ranks' newest reports; a release decision when finished ranks may go.
+
+        No decision while a round is open, before every active rank reported, or when the
+        rule (or guard) releases nobody.
+
+        Raises:
+            InvalidInputError: a report of another rollout.
+        """
+        for r in reports:
+            if r.rollout_id != self._rollout_id:
+                raise errors.InvalidInputError(
+                    "rolloutId", f"report for {r.rollout_id!r}, planning {self._rollout_id!r}"
+                )
+            old = self._reports.get(r.worker)
+            if old is None or r.decode_step >= old.decode_step:
+                self._reports[r.worker] = r
+        if self._round is not None or any(w not in self._reports for w in self._active):
+            return None
+        states = [
+            base.WorkerState(
+                worker=w,
+                experts=frozenset(self._reports[w].experts),
+                unfinished=self._reports[w].unfinished,
+                kv_bytes=self._reports[w].kv_bytes,
+                kv_reserved_bytes=self._reports[w].kv_reserved_bytes,
+            )
+            for w in self._active
+        ]
+        step = max(self._reports[w].decode_step for w in self._active)
+        plan = self._release.plan(states, step)
+        if not plan.release:
+            return None
+        decision = protocol.make_decision(
+            plan,
+            decision_id=self._next_id,
+            active_before=self._active,
+            step=step,
+            timing=self.timing,
+        )
+        self._next_id += 1
+        self._round = protocol.ReleaseRound(decision)
+        self._round_deadline_s = self._clock() + self.ack_timeout_s
+        return api.ReleaseDecision.model_validate(
+            {
+                "rolloutId": self._rollout_id,
+                "decisionId": decision.decision_id,
+                "release": list(decision.release),
+                "moves": [
+                    {"expert": m.expert, "source": m.source, "target": m.target}
+                    for m in decision.moves
+                ],
+                "activeBefore": list(decision.active_before),
+                "decidedAtStep": decision.decided_at_step,
+                "ackDeadlineStep": decision.ack_deadline_step,
+                "applyAtStep": decision.apply_at_step,
+            }
+        )
+
+    def acknowledge(self, ack: api.ReleaseAck) -> api.ReleaseOutcome | None:
+        """Record a rank's ack (``ok: false`` aborts); the outcome once the round is decided."""
+        r = self._round
+        if r is None or ack.decision_id != r.decision.decision_id:
+            return None
+        if not ack.ok:
+            r.refuse(ack.worker, ack.reason or "refused")
+        else:
+            r.ack(ack.worker, ack.decision_id)
+        return self._decided()
+
+    def poll(self, decode_step: int | None = None) -> api.ReleaseOutcome | None:
+        """Advance the open round to ``decode_step`` and the clock; its outcome when decided.
+
+        A round whose acks are missing when the group reaches ``ackDeadlineStep`` or when
+        ``ack_timeout_s`` has passed since the decision aborts (group unchanged).
+        """
+        r = self._round
+        if r is None:
+            return None
+        if decode_step is not None:
+            r.advance(decode_step)
+        if r.status is protocol.RoundStatus.PENDING and self._clock() >= self._round_deadline_s:
+            r.refuse(
+                r.missing[0],
+                f"ranks {list(r.missing)} did not acknowledge release "
+                f"{r.decision.decision_id} within {self.ack_timeout_s:g} s",
+            )
+        return self._decided()
+
+    def observe(self, prompt_ids: Sequence[Hashable], lengths_tokens: Sequence[float]) -> None:
+        """After the step: response ``i`` of prompt ``prompt_ids[i]`` had ``lengths_tokens[i]``.
+
+        Raises:
+            InvalidInputError: as ``LengthPredictor.observe_step``.
+        """
+        self.predictor.observe_step(prompt_ids, lengths_tokens)
+
+    def _decided(self) -> api.ReleaseOutcome | None:
+        r = self._round
+        if r is None or r.status is protocol.RoundStatus.PENDING:
+            return None
+        self._round = None
+        if r.status is protocol.RoundStatus.COMMITTED:
+            self._active = r.decision.active_after
+            for w in r.decision.release:
+                self._reports.pop(w, None)
+            status, reason = "Committed", None
+        else:
+            status, reason = "Aborted", r.abort_reason
+        return api.ReleaseOutcome.model_validate(
+            {
+                "rolloutId": self._rollout_id,
+                "decisionId": r.decision.decision_id,
+                "status": status,
+                "activeWorkers": list(self._active),
+                "reason": reason,
+            }
+        )
