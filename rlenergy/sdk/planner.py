@@ -14,6 +14,10 @@ DP ranks) owns one ``RolloutPlanner`` and calls it directly, with no server in b
   round's ``ReleaseOutcome`` once decided. The ack deadline is both a decode step
   (``ackDeadlineStep``) and a wall-clock time (``ack_timeout_s``): a hung collective takes no
   decode step, so only the clock ends its round (``Aborted``, group unchanged);
+* ``rank_lost(rank, reason)`` when a rank disappears without a plan (its pod deleted or
+  preempted): any open round aborts at once (it would wait on the dead rank), the rank leaves
+  the group, and the returned ``RankLoss`` says to tear the engine group down abort-style
+  (no graceful destroy that waits on a collective with the dead rank);
 * ``observe(prompt_ids, lengths)`` after the step: the predictor learns the lengths.
 
 Decisions go to the engines through ``rlenergy.sdk.rollout.apply_release`` (an
@@ -24,12 +28,33 @@ count for the operator's scale (``trainer.RLEnergyClient.publish_rollout``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Hashable, Sequence
 
 from rlenergy import errors
 from rlenergy.api import rollout as api
 from rlenergy.control.moe import base, placement, predictor, protocol, release
+
+
+@dataclasses.dataclass(frozen=True)
+class RankLoss:
+    """What the dispatcher must do after a rank was lost without a plan.
+
+    Attributes:
+        rank: the lost EP rank.
+        reason: why (for the log and the policy's Degraded condition).
+        aborted: the outcome of the round that was open, aborted (``None``: none was open).
+        active_workers: the ranks left, ascending.
+        teardown: always ``True``: the engine group must be torn down abort-style (its
+            collectives include the dead rank) and restarted with ``active_workers``.
+    """
+
+    rank: int
+    reason: str
+    aborted: api.ReleaseOutcome | None
+    active_workers: tuple[int, ...]
+    teardown: bool = True
 
 
 class RolloutPlanner:
@@ -212,6 +237,26 @@ class RolloutPlanner:
                 f"{r.decision.decision_id} within {self.ack_timeout_s:g} s",
             )
         return self._decided()
+
+    def rank_lost(self, rank: int, reason: str) -> RankLoss:
+        """A rank left without a plan (pod deleted, preempted): abort, drop it, tear down.
+
+        Raises:
+            InvalidInputError: ``rank`` is not in the group.
+        """
+        if rank not in self._active:
+            raise errors.InvalidInputError(
+                "rank", f"rank {rank} is not in the group {list(self._active)}"
+            )
+        aborted = None
+        r = self._round
+        if r is not None and r.status is protocol.RoundStatus.PENDING:
+            r.refuse(rank, f"rank {rank} lost: {reason}")
+            aborted = self._decided()
+        self._round = None
+        self._active = tuple(w for w in self._active if w != rank)
+        self._reports.pop(rank, None)
+        return RankLoss(rank, reason, aborted, self._active)
 
     def observe(self, prompt_ids: Sequence[Hashable], lengths_tokens: Sequence[float]) -> None:
         """After the step: response ``i`` of prompt ``prompt_ids[i]`` had ``lengths_tokens[i]``.

@@ -574,6 +574,12 @@ at 150 running responses of a 72B model) batches the preemptions of a KV-bound e
 one event instead of one per step, which made a 600-response engine 16x cheaper to
 simulate]."""
 
+RELEASE_MAX_SLOWDOWN = 0.02
+"""The job owner's slowdown allowance a release may spend: a release whose forecast lengthens
+the rest of the rollout step by more than 2 % is refused (``FlexFloorPlanner``'s
+``max_slowdown``). Not a model constant: the owner's throughput floor of 0.98, as
+``minThroughputRatio`` is for the clocks; per release, so several releases can add up."""
+
 PLAN_RETRY_STEPS = 64
 """Decode steps before the planner is asked again after it released nobody [MODEL]."""
 
@@ -708,7 +714,9 @@ def simulate_rollout(
     finish_s = [0.0] * workers
     release_s = [-1.0] * workers
     worker_done = [False] * workers
-    planner = release.FlexFloorPlanner(layout, step_model if guard else None)
+    planner = release.FlexFloorPlanner(
+        layout, step_model if guard else None, max_slowdown=RELEASE_MAX_SLOWDOWN
+    )
     rounds: _Round | None = None
     decision_id = 0
     retry_at_step = 0

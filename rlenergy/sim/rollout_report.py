@@ -636,8 +636,9 @@ def render(result: ScenarioResult) -> Any:
     cfg = result.scenario.config
     table = Table(
         title=(
-            f"MoE rollout {result.scenario.trace}: {cfg.model.key}, "
-            f"{result.scenario.replicas} x {cfg.workers} x {cfg.gpu}, "
+            f"MoE rollout {result.scenario.name or result.scenario.trace}: {cfg.model.key}, "
+            f"{result.scenario.replicas} x {cfg.workers} x {cfg.gpu}"
+            f"{f' (TP{cfg.tensor_parallel})' if cfg.tensor_parallel > 1 else ''}, "
             f"{cfg.experts} experts (floor {result.expert_floor}), {result.scenario.steps} steps"
         )
     )

@@ -23,7 +23,9 @@ The segments cut the predicted remaining decode steps at the predicted ends of t
 responses (``WorkerState.remaining_profile``, at most ``FORECAST_SEGMENTS`` cuts), so the
 forecast batch shrinks as responses are predicted to end (fewer tokens, fewer touched experts,
 less KV); neither branch assumes further releases. It releases the cheapest prefix only if it
-is strictly cheaper than keeping; the workers it holds back are refused with
+is strictly cheaper than keeping and, with ``max_slowdown``, its forecast wall time for the
+rest of the step (``copy_s + sum_seg len(seg) x decode_step_s(after at seg)``) is at most
+``1 + max_slowdown`` times keeping's; the workers it holds back are refused with
 ``OccupancyWouldRise``. ``check``
 answers for an explicit request and says why a refused worker may not go. The step-synchronous
 commit of a plan (same decode step on every rank, deadline, abort) is
@@ -60,13 +62,27 @@ class FlexFloorPlanner:
         layout: the group's memory layout and ``minActiveWorkers``.
         cost_model: decode-step time model for the cost-aware guard; ``None`` releases
             whenever the rule allows (no guard).
+        max_slowdown: with a cost model: the largest share by which a release may lengthen
+            the predicted rest of the rollout step (survivors hold more experts and step
+            slower; the copies stall the group); ``None``: no limit. The job owner's
+            allowance, as ``minThroughputRatio`` is for the clock (0.02: throughput >= 0.98).
+
+    Raises:
+        InvalidInputError: ``max_slowdown < 0``.
     """
 
     def __init__(
-        self, layout: base.MoeLayout, cost_model: base.StepCostModel | None = None
+        self,
+        layout: base.MoeLayout,
+        cost_model: base.StepCostModel | None = None,
+        *,
+        max_slowdown: float | None = None,
     ) -> None:
+        if max_slowdown is not None and max_slowdown < 0:
+            raise errors.InvalidInputError("max_slowdown", "must be >= 0")
         self.layout = layout
         self.cost_model = cost_model
+        self.max_slowdown = max_slowdown
 
     def plan(self, workers: Sequence[base.WorkerState], step: int) -> base.ReleasePlan:
         """Release every finished worker that the rule allows at decode ``step``.
@@ -124,23 +140,55 @@ class FlexFloorPlanner:
         ]
         if not after:
             raise errors.InvalidInputError("release", "a release may not empty the EP group")
-        stall = self.cost_model.copy_s(moves) * len(workers) if moves else 0.0
-        total = stall
+        return self._forecast(workers, after, moves)[0]
+
+    def _forecast(
+        self,
+        workers: Sequence[base.WorkerState],
+        after: Sequence[base.WorkerState],
+        moves: Sequence[base.ExpertMove],
+    ) -> tuple[float, float]:
+        """``(occupied GPU-s, wall s)`` predicted for the rest of the step with ``after``."""
+        assert self.cost_model is not None
+        stall = self.cost_model.copy_s(moves) if moves else 0.0
+        total, wall = stall * len(workers), stall
         for start, length in _forecast_segments(workers):
             group = [_at(w, start, self.layout.kv_bytes_per_token) for w in after]
-            total += length * len(after) * self.cost_model.decode_step_s(group)
-        return total
+            step_s = self.cost_model.decode_step_s(group)
+            total += length * len(after) * step_s
+            wall += length * step_s
+        return total, wall
+
+    def _predicted(
+        self,
+        workers: Sequence[base.WorkerState],
+        release: Sequence[int] = (),
+        moves: Sequence[base.ExpertMove] = (),
+    ) -> tuple[float, float]:
+        gone = set(release)
+        gained: dict[int, set[int]] = {}
+        for move in moves:
+            gained.setdefault(move.target, set()).add(move.expert)
+        after = [
+            dataclasses.replace(w, experts=w.experts | gained.get(w.worker, set()))
+            if w.worker in gained
+            else w
+            for w in workers
+            if w.worker not in gone
+        ]
+        return self._forecast(workers, after, moves)
 
     def _plan_guarded(
         self, workers: Sequence[base.WorkerState], order: list[int]
     ) -> base.ReleasePlan:
         snapshots: list[tuple[tuple[int, ...], tuple[base.ExpertMove, ...], tuple[int, ...]]] = []
         full = self._plan(workers, order, snapshots)
-        keep = self.predicted_occupied_gpu_s(workers)
+        keep, keep_wall = self._predicted(workers)
         best: tuple[float, int] = (keep, -1)
         for k, (released, moves, _) in enumerate(snapshots):
-            cost = self.predicted_occupied_gpu_s(workers, released, moves)
-            if cost < best[0]:
+            cost, wall = self._predicted(workers, released, moves)
+            slower = self.max_slowdown is not None and wall > keep_wall * (1 + self.max_slowdown)
+            if cost < best[0] and not slower:
                 best = (cost, k)
         cost, k = best
         chosen: tuple[int, ...] = snapshots[k][0] if k >= 0 else ()
@@ -150,8 +198,8 @@ class FlexFloorPlanner:
                 r,
                 base.RefusalReason.OCCUPANCY_WOULD_RISE,
                 f"releasing worker {r} would not lower the predicted occupied GPU-seconds for "
-                f"the rest of the step ({keep:.3g} GPU-s keeping the group, {cost:.3g} with "
-                "the best allowed release)",
+                f"the rest of the step within the slowdown allowed ({keep:.3g} GPU-s keeping "
+                f"the group, {cost:.3g} with the best allowed release)",
             )
             for r in held
         ]

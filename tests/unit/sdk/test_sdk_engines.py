@@ -321,3 +321,18 @@ def test_adapters_satisfy_the_protocol():
 
     assert use(engines.SglangElasticEngine("http://127.0.0.1:1", ranks=2)) == (0, 1)
     assert use(moe_engine.SimulatedElasticEngine(LAYOUT, SHARDS)) == (0, 1, 2, 3)
+
+
+def test_planner_rank_lost_aborts_the_round_and_tears_down():
+    clock = [0.0]
+    p = _planner(clock)
+    p.place(_request())
+    d = p.progress([_report(0, 10, 2, [0, 1, 2, 3]), _report(1, 10, 0, [4, 5, 6, 7])])
+    assert d is not None
+    loss = p.rank_lost(0, "pod rl/worker-0 deleted")
+    assert loss.teardown and loss.active_workers == (1,)
+    assert loss.aborted is not None and loss.aborted.status == "Aborted"
+    assert "rank 0 lost" in (loss.aborted.reason or "")
+    assert p.poll(decode_step=100) is None  # the round is gone, nothing waits on rank 0
+    with pytest.raises(errors.InvalidInputError):
+        p.rank_lost(0, "again")

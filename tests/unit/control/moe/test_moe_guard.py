@@ -226,3 +226,19 @@ def test_predictor_scores_its_log_error_per_kind():
     assert p.log_error_sigma(True) == pytest.approx(fallback)  # stands in before history
     p.observe_step(["a", "b"], [100, 400])  # same lengths: history predicts them exactly
     assert p.log_error_sigma(True) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_release_that_slows_the_rest_beyond_the_allowance_is_refused():
+    # Fixed 10 ms + 1 ms per expert on the busiest worker: releasing worker 3 puts 4 experts
+    # on one survivor, 12 -> 14 ms per step (+16.7 %), 3 x 14 < 4 x 12 GPU-ms: it pays in
+    # occupancy, but not within a 2 % slowdown allowance; a 20 % allowance lets it go.
+    workers = group([5, 5, 5, 0], [100, 100, 100, 0])
+    cost = LinearCost(1e-2, 1e-3)
+    assert release.FlexFloorPlanner(layout(), cost).plan(workers, 0).release == (3,)
+    strict = release.FlexFloorPlanner(layout(), cost, max_slowdown=0.02).plan(workers, 0)
+    assert strict.release == ()
+    assert strict.refused[0].reason is base.RefusalReason.OCCUPANCY_WOULD_RISE
+    loose = release.FlexFloorPlanner(layout(), cost, max_slowdown=0.2).plan(workers, 0)
+    assert loose.release == (3,)
+    with pytest.raises(release.errors.InvalidInputError):
+        release.FlexFloorPlanner(layout(), cost, max_slowdown=-0.1)
