@@ -107,7 +107,7 @@ def calibrate_seer(seeds: int, steps: int) -> int:
     )
     for col in ("log sigma", "idle after finish", "finish min/max (gap = 1 - it)", "sq. error"):
         table.add_column(col, justify="right")
-    for sigma in (0.7, 0.9, 1.1, 1.3):
+    for sigma in (1.1, 1.3, 1.5, 1.7):
         idles, lows = [], []
         for seed in range(seeds):
             scenario = rollout_scenarios.scenario(

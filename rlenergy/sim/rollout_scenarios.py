@@ -11,9 +11,10 @@ to a measured baseline figure, never to a FlexFloor result). The length model is
 * ``seer-long-cot``: Seer's veRL baseline (arXiv 2511.14617v3, section 4.2.2, Table 3):
   Qwen2-VL-72B (dense), 128 H800 as 16 instances of TP8, 600 prompts per iteration, mean
   generation 7,615 tokens, limit 40,960. Published: each instance idle 37 % of the rollout on
-  average (0.37), earliest-to-latest instance gap 70 %. The log-length spread is not
-  published: ``SEER_LOG_SIGMA`` is fitted to the 0.37 (``bench/rollout.py --calibrate-seer``),
-  and the 0.70 gap is the held-out check.
+  average (0.37), earliest-to-latest instance gap 70 %. The log-length spread and the group
+  size are not published for this workload: ``SEER_LOG_SIGMA`` and ``SEER_GROUP_SIZE`` are
+  fitted to the 0.37 (``bench/rollout.py --calibrate-seer``), and the 0.70 gap is the
+  held-out check.
 * ``verl3727``: verl#3727's Qwen3-VL-30B-A3B GSPO step (``samples.csv``; mean 11,018, min 665,
   max = limit 30,000) as logged: 16 independent one-GPU H200 engines; logged idle after finish
   0.258 (1 - 831 / 1,120 s).
@@ -31,15 +32,17 @@ from collections.abc import Mapping
 from rlenergy import errors
 from rlenergy.sim import moe, rollout_report
 
-SEER_LOG_SIGMA = 1.1
+SEER_LOG_SIGMA = 1.5
 """[FIT] Spread of the log generation length in Seer's Qwen2-VL-72B rollout, fitted so the
-verl-style baseline's idle-after-finish share is Seer's measured 0.37
-(``bench/rollout.py --calibrate-seer``; grid, 3 seeds each, in docs/flexfloor.md). Seer
-publishes only the mean (7,615) and the limit (40,960)."""
+verl-style baseline's idle-after-finish share is Seer's measured 0.37 (``bench/rollout.py
+--calibrate-seer``; 8 steps, seed 0): 0.245 at 1.1, 0.367 at 1.5 with ``SEER_GROUP_SIZE`` 8.
+Seer publishes only the mean (7,615) and the limit (40,960)."""
 
-SEER_GROUP_SIZE = 16
-"""Responses per prompt [MODEL: Seer gives "8 or 16" for its three workloads without saying
-which is whose]."""
+SEER_GROUP_SIZE = 8
+"""Responses per prompt. Seer gives "8 or 16" for its three workloads without saying which is
+whose [MODEL]; with 16 the baseline's idle share saturates at 0.31-0.32 for any spread from
+1.3 to 1.7 (the mean stays 7,615 under the 40,960 cap, 8 steps), below Seer's 0.37, so 16
+does not fit the measurement and 8 does [FIT, to the baseline measurement only]."""
 
 SEER_PROMPT_TOKENS = 1024
 """Mean prompt tokens (text + image) [MODEL: not published]."""
@@ -69,7 +72,7 @@ class NamedScenario:
 SCENARIOS: Mapping[str, NamedScenario] = {
     "seer-long-cot": NamedScenario(
         "seer-long-cot",
-        "Seer's veRL baseline: Qwen2-VL-72B, 16 x TP8 (H800 as h100-sxm), 9,600 responses",
+        "Seer's veRL baseline: Qwen2-VL-72B, 16 x TP8 (H800 as h100-sxm), 4,800 responses",
         (
             "Seer arXiv 2511.14617v3 s4.1: 600 prompts/iteration, 128 H800, 16 instances of TP8",
             "Seer Table 3: mean 7,615 / max 40,960 generation tokens (Qwen2-VL-72B)",
@@ -78,7 +81,8 @@ SCENARIOS: Mapping[str, NamedScenario] = {
             "Qwen2-VL-72B config.json: 80 layers, hidden 8192, 8 KV heads x 128",
             "TailSieve App. B: variance shares prompt 0.648, sampling 0.261, checkpoint 0.022, "
             "interaction 0.069",
-            "[FIT] SEER_LOG_SIGMA to the 0.37; [MODEL] SEER_GROUP_SIZE, SEER_PROMPT_TOKENS",
+            "[FIT] SEER_LOG_SIGMA and SEER_GROUP_SIZE (8 of '8 or 16') to the 0.37; "
+            "[MODEL] SEER_PROMPT_TOKENS",
         ),
         0.37,
     ),

@@ -71,13 +71,25 @@ def test_tight_memory_forces_preemption_without_overflow():
 def test_flexfloor_releases_finished_workers():
     config = moe.RolloutConfig(model=MODEL, workers=8)
     lengths = [2000] * 8 + [20] * 120
+    preds = [float(x) for x in lengths]
+    # Concentrated (the long responses on one worker), rule only (no guard, no slowdown
+    # allowance): the others finish early and leave.
     r = moe.simulate_rollout(
-        config, batch(lengths), policy="flexfloor", predictions=[float(x) for x in lengths]
+        config,
+        batch(lengths),
+        policy="flexfloor",
+        predictions=preds,
+        placement_mode="length",
+        guard=False,
     )
     base = moe.simulate_rollout(config, batch(lengths), policy="baseline")
     assert r.releases_committed >= 1 and r.active_workers_min < 8
     assert r.occupied_gpu_s < base.occupied_gpu_s
     assert r.expert_unavailable_steps == 0
+    # Balanced (the default): one long response per worker, so the group's heaviest rank
+    # carries less KV than verl's contiguous chunk (all 8 long ones on worker 0).
+    bal = moe.simulate_rollout(config, batch(lengths), policy="flexfloor", predictions=preds)
+    assert bal.wall_s < base.wall_s and bal.occupied_gpu_s < base.occupied_gpu_s
 
 
 def test_missed_ack_deadline_aborts_and_group_stays_consistent():
@@ -90,6 +102,8 @@ def test_missed_ack_deadline_aborts_and_group_stays_consistent():
         policy="flexfloor",
         predictions=preds,
         dropped_acks={0: frozenset({0})},
+        placement_mode="length",
+        guard=False,
     )
     assert r.releases_aborted == 1
     assert r.releases_committed >= 1  # a later round commits
@@ -396,7 +410,8 @@ def test_named_scenarios_shapes_and_sources():
     assert set(rs.names()) == {"seer-long-cot", "verl3727", "qwen3-30b-a3b-long-cot"}
     seer = rs.scenario("seer-long-cot", steps=1)
     assert seer.replicas * seer.config.workers * seer.config.tensor_parallel == 128
-    assert seer.lengths is not None and seer.lengths[0].responses == 600 * 16
+    assert seer.lengths is not None
+    assert seer.lengths[0].responses == 600 * rs.SEER_GROUP_SIZE
     q = rs.scenario("qwen3-30b-a3b-long-cot", steps=1)
     assert q.config.step_model == "kernels" and q.replicas * q.config.workers == 16
     for named in rs.SCENARIOS.values():
@@ -420,7 +435,7 @@ def test_seer_lengths_keep_the_published_mean():
     batches, limit = rollout_report.make_batches(rs.scenario("seer-long-cot", steps=1))
     lengths = np.asarray(batches[0].lengths_tokens)
     assert limit == 40960 and lengths.max() <= 40960
-    assert lengths.mean() == pytest.approx(7615, rel=0.08)  # one draw of 9,600 responses
+    assert lengths.mean() == pytest.approx(7615, rel=0.1)  # one draw of 4,800 responses
 
 
 def test_kernel_step_model_reproduces_the_composed_table():
