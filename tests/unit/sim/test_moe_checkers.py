@@ -47,8 +47,10 @@ class _BadPlanner:
         self.mode = mode
         self.planned = False
 
-    def __call__(self, layout: base.MoeLayout, cost_model: object = None) -> _BadPlanner:
-        del layout, cost_model
+    def __call__(
+        self, layout: base.MoeLayout, cost_model: object = None, **kwargs: object
+    ) -> _BadPlanner:
+        del layout, cost_model, kwargs
         return self  # stands in for the FlexFloorPlanner class
 
     def plan(self, workers: Sequence[base.WorkerState], step: int) -> base.ReleasePlan:
@@ -95,6 +97,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, mode: str | None, *, coarse: bool) -> 
         predictions=[float(x) for x in LENGTHS],
         guard=False,
         coarse=coarse,
+        placement_mode="length",  # concentrate, so workers 1-3 finish early
     )
 
 
