@@ -35,7 +35,8 @@ from rlenergy.sim import moe, rollout_report
 SEER_LOG_SIGMA = 1.5
 """[FIT] Spread of the log generation length in Seer's Qwen2-VL-72B rollout, fitted so the
 verl-style baseline's idle-after-finish share is Seer's measured 0.37 (``bench/rollout.py
---calibrate-seer``; 8 steps, seed 0): 0.245 at 1.1, 0.367 at 1.5 with ``SEER_GROUP_SIZE`` 8.
+--calibrate-seer --seeds 1 --scenario-steps 8``: 8 steps, seed 0): 0.245 at 1.1, 0.367 at 1.5
+with ``SEER_GROUP_SIZE`` 8.
 Seer publishes only the mean (7,615) and the limit (40,960)."""
 
 SEER_GROUP_SIZE = 8
