@@ -293,7 +293,8 @@ def main() -> int:
             f"{row['baseline_idle_after_finish_fraction']:.3f}"
             + (f" (measured {target:.3f})" if target is not None else "")
         )
-    for (_, _, label), cal in zip(CALIBRATED_SHAPES, calibrated_rows, strict=True):
+    shapes = CALIBRATED_SHAPES if calibrated_rows else ()  # --no-calibrated: none
+    for (_, _, label), cal in zip(shapes, calibrated_rows, strict=True):
         console.print(
             f"calibrated {CALIBRATED_SAMPLE}, {label}: baseline idle-after-finish "
             f"{cal['baseline_idle_after_finish_fraction']:.3f} (logged 1 - mean/max "
