@@ -11,7 +11,7 @@ MODE ?= sync
 
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
-.PHONY: bench-scale test-chaos test-field test-privilege mutation
+.PHONY: bench-scale test-chaos test-field test-privilege mutation test-realnode
 .PHONY: bench-peers test-peers
 
 $(STAMP): pyproject.toml
@@ -39,10 +39,12 @@ demo-sim: $(STAMP)
 	$(VENV)/bin/rlenergy simulate --trace $(TRACE) --gpu $(GPU) --mode $(MODE) --plot out/demo-sim.png
 
 ## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy,
-## and Debian's prometheus (apt-get download; for the Prometheus e2e test) into the same bin dir.
+## Debian's prometheus (apt-get download; for the Prometheus e2e test) into the same bin dir, and
+## the real node's kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh).
 bins:
 	bash hack/controlplane-bins.sh
 	bash hack/prometheus-bin.sh
+	bash hack/node-bins.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlenergy operator agent tests bench
@@ -52,7 +54,7 @@ lint: $(STAMP)
 
 ## The full test suite: lint, unit, end-to-end against the real control plane, then the chaos
 ## suite (tests/chaos: its own dev cluster, fault injection; also alone as `make test-chaos`).
-test: $(STAMP) bins lint
+test: $(STAMP) bins images lint
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q -m chaos tests/chaos
 
@@ -106,6 +108,11 @@ test-privilege: $(STAMP) bins
 MUTATION_JOBS ?= 2
 mutation: $(STAMP)
 	$(PY) hack/mutation.py run --jobs $(MUTATION_JOBS) $(MUTATION_MODULES)
+
+## The real-node e2e test alone (tests/e2e/test_real_node.py): the chart with the real images on a
+## real kubelet + containerd node, fake GPUs from the device plugin (docs/dev-cluster.md). Root.
+test-realnode: $(STAMP) bins images
+	$(PY) -m pytest -q -m realnode tests/e2e/test_real_node.py
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins

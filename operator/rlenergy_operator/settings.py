@@ -79,6 +79,22 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     agent_token_audience: str = pydantic.Field("rlenergy-agent", min_length=1)
     """Audience the trainer pods' projected service-account tokens are issued for; the agents
     accept only tokens valid for it (TokenReview). Default rlenergy-agent."""
+    agent_host_network: bool = False
+    """Run the agent pods in the node's network namespace (``hostNetwork``): for nodes without
+    a pod network, like the dev cluster's real node (docs/dev-cluster.md). Default false."""
+    agent_api_server_host: str = ""
+    """API server address the agent pods dial instead of the ``kubernetes`` Service (set as
+    ``KUBERNETES_SERVICE_HOST``), for clusters whose pods cannot reach the Service IP. Empty:
+    the Service. Default empty."""
+    agent_api_server_port: str = ""
+    """Port that goes with ``agent_api_server_host`` (``KUBERNETES_SERVICE_PORT``)."""
+    agent_extra_env: list[dict[str, Any]] = pydantic.Field(default_factory=list)
+    """More env entries of the agent container (Kubernetes ``EnvVar`` objects, JSON)."""
+    agent_extra_volumes: list[dict[str, Any]] = pydantic.Field(default_factory=list)
+    """More volumes of the agent pods (Kubernetes ``Volume`` objects, JSON): e.g. a hostPath
+    with the NVML library where no NVIDIA container toolkit injects it (docs/dev-cluster.md)."""
+    agent_extra_volume_mounts: list[dict[str, Any]] = pydantic.Field(default_factory=list)
+    """More volumeMounts of the agent container (Kubernetes ``VolumeMount`` objects, JSON)."""
     agent_cpu_request: str = "10m"
     """CPU request of the agent container. Default 10m."""
     agent_memory_request: str = "48Mi"

@@ -207,6 +207,28 @@ def generate_pki(
     return Pki(serving_ca, serving, client_ca, admin, _key_pem(sa_key), sa_pub)
 
 
+def client_cert(
+    pki: Pki, user: str, groups: tuple[str, ...] = (), validity: dt.timedelta = DEFAULT_VALIDITY
+) -> KeyPair:
+    """One more client certificate signed by the PKI's client CA.
+
+    Args:
+        pki: The PKI from :func:`generate_pki` (its client CA signs).
+        user: Common name (the Kubernetes user name, e.g. ``system:node:<name>``).
+        groups: Organisations (the Kubernetes groups, e.g. ``system:nodes``).
+        validity: How long the certificate stays valid.
+
+    Returns:
+        The certificate and its key.
+    """
+    ca_key = serialization.load_pem_private_key(pki.client_ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError("the client CA key is not an EC key")
+    return _make_leaf(
+        pki.client_ca, ca_key, _name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH, validity
+    )
+
+
 def write_pki(pki: Pki, directory: Path) -> PkiPaths:
     """Write the PKI to ``directory`` (created with mode 0700; keys get mode 0600).
 

@@ -74,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
         p.add_argument("--gpu-product", default=DEFAULT_GPU_PRODUCT, help="nvidia.com/gpu.product")
         p.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for readiness")
+        p.add_argument(
+            "--real-node",
+            action="store_true",
+            help="also run one real node (containerd + kubelet, hostNetwork pods; root; "
+            "docs/dev-cluster.md)",
+        )
         if name == "up":
             p.add_argument(
                 "--foreground",
@@ -150,6 +156,7 @@ def _up(args: argparse.Namespace) -> int:
         f"--gpus-per-node={args.gpus_per_node}",
         f"--gpu-product={args.gpu_product}",
         f"--timeout={args.timeout}",
+        *(["--real-node"] if args.real_node else []),
     ]
     t0 = time.monotonic()
     proc, rec = process.spawn("supervisor", argv, log, env=env, die_with_parent=False)
@@ -200,7 +207,10 @@ def _serve(args: argparse.Namespace, *, supervisor: bool) -> int:
     print(f"starting dev cluster in {cluster_dir()} ({K8S_VERSION})", flush=True)
     try:
         cluster.start(
-            nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu_product=args.gpu_product
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            gpu_product=args.gpu_product,
+            real_node=args.real_node,
         )
         started = True
         timings = ", ".join(f"{k} {v:.1f}s" for k, v in cluster.timings.items())

@@ -34,12 +34,12 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from rlenergy.devcluster import process
-from rlenergy.devcluster.binaries import K8S_VERSION, Binaries, resolve_binaries
-from rlenergy.devcluster.certs import PkiPaths, generate_pki, write_pki
+from rlenergy.devcluster import process, realnode
+from rlenergy.devcluster.binaries import K8S_VERSION, Binaries, default_bin_dir, resolve_binaries
+from rlenergy.devcluster.certs import Pki, PkiPaths, client_cert, generate_pki, write_pki
 from rlenergy.devcluster.errors import DevClusterError
 from rlenergy.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
-from rlenergy.devcluster.nodes import DEFAULT_GPU_PRODUCT, gpu_node_manifest, node_name
+from rlenergy.devcluster.nodes import DEFAULT_GPU_PRODUCT, GPU_TAINT, gpu_node_manifest, node_name
 
 LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.0.0.0/24"  # a config value only: nothing dials a Service IP
@@ -48,7 +48,7 @@ STATE_FILE = "state.json"
 OWNER_FILE = "owner.json"
 TMP_PREFIX = "rlenergy-devcluster-"
 #: What a cluster writes into its workdir (removed by stop() when the dir is not its own).
-WORKDIR_ENTRIES = ("pki", "etcd", "logs", "helm", "kubeconfig", STATE_FILE, OWNER_FILE)
+WORKDIR_ENTRIES = ("pki", "etcd", "logs", "helm", "node", "kubeconfig", STATE_FILE, OWNER_FILE)
 STATE_VERSION = 1
 PORT_ATTEMPTS = 3
 
@@ -227,6 +227,8 @@ class DevCluster:
         self._owns_workdir = False
         self._bins: Binaries | None = None
         self._pki: PkiPaths | None = None
+        self._pki_mem: Pki | None = None
+        self._real: realnode.RealNode | None = None
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
         self._records: list[process.ProcessRecord] = []
         self._nodes: list[str] = []
@@ -256,6 +258,11 @@ class DevCluster:
     def nodes(self) -> list[str]:
         """Names of the fake GPU nodes."""
         return list(self._nodes)
+
+    @property
+    def real_node(self) -> realnode.RealNode | None:
+        """The real node (containerd + kubelet) when started with ``real_node=True``."""
+        return self._real
 
     @property
     def binaries(self) -> Binaries:
@@ -293,6 +300,8 @@ class DevCluster:
         nodes: int = 3,
         gpus_per_node: int = 8,
         gpu_product: str = DEFAULT_GPU_PRODUCT,
+        *,
+        real_node: bool = False,
     ) -> DevCluster:
         """Start the control plane and create ``nodes`` Ready fake GPU nodes.
 
@@ -300,6 +309,8 @@ class DevCluster:
             nodes: Number of fake GPU nodes.
             gpus_per_node: ``nvidia.com/gpu`` capacity of each node.
             gpu_product: ``nvidia.com/gpu.product`` label of each node.
+            real_node: Also start the real node ``realnode`` (containerd + kubelet, see
+                :mod:`rlenergy.devcluster.realnode`); its GPUs come from a device plugin.
 
         Returns:
             ``self``, ready to use.
@@ -313,6 +324,9 @@ class DevCluster:
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
         bins = self.binaries  # fail fast, before anything is started
+        node_bins = None
+        if real_node:
+            node_bins = realnode.resolve_node_binaries(self._bin_dir or default_bin_dir())
         t_start = time.monotonic()
         self._stopped = False
         self._setup_workdir()
@@ -325,6 +339,8 @@ class DevCluster:
             self._write_state(ready=False)
             t0 = time.monotonic()
             self.add_nodes(nodes)
+            if node_bins is not None:
+                self._start_real_node(node_bins, gpu_product)
             self._wait_default_service_account()
             self.timings["nodes_ready"] = time.monotonic() - t0
         except BaseException:
@@ -345,6 +361,11 @@ class DevCluster:
         with _LIVE_LOCK:
             if self in _LIVE:
                 _LIVE.remove(self)
+        if self._real is not None:
+            real, self._real = self._real, None
+            with contextlib.suppress(Exception):
+                real.stop()
+            self._records = [r for r in self._records if r not in real.processes]
         if self._records:
             terminate_in_order(self._records, self._popens)
         self._records.clear()
@@ -484,7 +505,8 @@ class DevCluster:
     def _start_control_plane(self, bins: Binaries) -> None:
         assert self.workdir is not None
         t0 = time.monotonic()
-        pki = self._pki = write_pki(generate_pki(), self.workdir / "pki")
+        self._pki_mem = generate_pki()
+        pki = self._pki = write_pki(self._pki_mem, self.workdir / "pki")
         self.timings["pki"] = time.monotonic() - t0
 
         # etcd --------------------------------------------------------------
@@ -535,10 +557,14 @@ class DevCluster:
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.client_ca_cert}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=RBAC",
+                # Node: the real node's kubelet (system:node:realnode) gets what it needs for
+                # its own pods only; everyone else is authorized by RBAC.
+                "--authorization-mode=Node,RBAC",
                 # On by default; named so that the chart's node-scoped report policy
                 # (helm/rl-energy/templates/admission.yaml) never silently stops applying.
                 "--enable-admission-plugins=ValidatingAdmissionPolicy",
+                f"--kubelet-client-certificate={pki.admin_cert}",
+                f"--kubelet-client-key={pki.admin_key}",
                 "--allow-privileged=true",
                 f"--service-account-issuer={self._server}",
                 f"--service-account-key-file={pki.sa_pub}",
@@ -609,6 +635,56 @@ class DevCluster:
                 *(f"--config={bins.kwok_stages / s}" for s in KWOK_STAGES),
             ],
         )
+
+    def _start_real_node(self, bins: realnode.NodeBinaries, gpu_product: str) -> None:
+        """Containerd + kubelet of ``realnode``; waits until the node is Ready."""
+        assert self.workdir is not None and self._pki is not None and self._pki_mem is not None
+        t0 = time.monotonic()
+        node = realnode.RealNode(self.workdir / "node", bins, self._spawn, self._popens)
+        node.acquire()
+        self._real = node
+        node.start_containerd(self.startup_timeout)
+        cert = client_cert(self._pki_mem, f"system:node:{node.name}", ("system:nodes",))
+        kubeconfig = write_kubeconfig(
+            node.base / "kubelet.kubeconfig",
+            render_kubeconfig(
+                self._server,
+                self._pki.serving_ca_cert.read_bytes(),
+                cert.cert_pem,
+                cert.key_pem,
+                user=f"system:node:{node.name}",
+            ),
+        )
+        node.start_kubelet(
+            kubeconfig=kubeconfig,
+            client_ca=self._pki.client_ca_cert,
+            port=free_port(),
+            healthz_port=free_port(),
+            labels={**realnode.LABELS, "nvidia.com/gpu.product": gpu_product},
+            taints=[GPU_TAINT],
+        )
+        self._write_state(ready=False)
+        deadline = time.monotonic() + max(self.startup_timeout, 120.0)
+        status = ""
+        while True:
+            node.check_alive()
+            res = self.kubectl(
+                "get", "node", node.name, "-o",
+                "jsonpath={.status.conditions[?(@.type=='Ready')].status} "
+                "{.status.conditions[?(@.type=='Ready')].message}",
+                check=False,
+            )
+            status = (res.stdout or res.stderr).strip()
+            if res.returncode == 0 and status.startswith("True"):
+                break
+            if time.monotonic() > deadline:
+                assert node.kubelet is not None
+                raise DevClusterError(
+                    f"node {node.name} not Ready after {deadline - t0:.0f} s ({status}); last "
+                    f"lines of {node.kubelet.log}:\n{process.tail(node.kubelet.log, 40)}"
+                )
+            time.sleep(0.5)
+        self.timings["real_node"] = time.monotonic() - t0
 
     def _start_on_free_ports(
         self, name: str, argv: Callable[[], list[str]], probe: Callable[[], bool]

@@ -110,6 +110,21 @@ class State(ctypes.Structure):
     ]
 
 
+def read_uuids(path: Path) -> tuple[str, ...]:
+    """UUIDs of the GPUs in a state file, in NVML index order (e.g. for the device plugin).
+
+    Raises:
+        ValueError: the file is not a stand-in state file.
+    """
+    data = path.read_bytes()
+    if len(data) < ctypes.sizeof(State):
+        raise ValueError(f"{path} is too short for a stand-in state file")
+    state = State.from_buffer_copy(data[: ctypes.sizeof(State)])
+    if state.magic != MAGIC:
+        raise ValueError(f"{path} is not a stand-in state file (magic {state.magic:#x})")
+    return tuple(state.gpus[i].uuid.decode() for i in range(state.n_gpus))
+
+
 def build_library(build_dir: Path, *, cc: str = "gcc") -> Path:
     """Compile the stand-in into ``build_dir/libnvidia-ml.so.1`` (skipped when up to date).
 

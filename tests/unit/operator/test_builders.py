@@ -85,6 +85,40 @@ def test_agent_daemonset_socket_dir_is_a_setting(monkeypatch: pytest.MonkeyPatch
         settings.OperatorConfig(agent_socket_dir="relative")
 
 
+def test_agent_daemonset_for_a_node_without_pod_network(monkeypatch: pytest.MonkeyPatch):
+    # The chart passes these as JSON env (configmap.yaml); the dev cluster's real node uses them.
+    monkeypatch.setenv("RLENERGY_OPERATOR_AGENT_HOST_NETWORK", "true")
+    monkeypatch.setenv("RLENERGY_OPERATOR_AGENT_API_SERVER_HOST", "127.0.0.1")
+    monkeypatch.setenv("RLENERGY_OPERATOR_AGENT_API_SERVER_PORT", "6443")
+    monkeypatch.setenv(
+        "RLENERGY_OPERATOR_AGENT_EXTRA_ENV", '[{"name": "LD_LIBRARY_PATH", "value": "/lib/x"}]'
+    )
+    monkeypatch.setenv(
+        "RLENERGY_OPERATOR_AGENT_EXTRA_VOLUMES", '[{"name": "nvml", "hostPath": {"path": "/x"}}]'
+    )
+    monkeypatch.setenv(
+        "RLENERGY_OPERATOR_AGENT_EXTRA_VOLUME_MOUNTS", '[{"name": "nvml", "mountPath": "/lib/x"}]'
+    )
+    pod = builders.agent_daemonset(settings.OperatorConfig())["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    assert env["KUBERNETES_SERVICE_PORT"] == "6443"
+    assert env["LD_LIBRARY_PATH"] == "/lib/x"
+    assert {"name": "nvml", "mountPath": "/lib/x"} in c["volumeMounts"]
+    assert {"name": "nvml", "hostPath": {"path": "/x"}} in pod["volumes"]
+    # Defaults: the pod network and the kubernetes Service, nothing extra.
+    for var in ("HOST_NETWORK", "API_SERVER_HOST", "API_SERVER_PORT", "EXTRA_ENV",
+                "EXTRA_VOLUMES", "EXTRA_VOLUME_MOUNTS"):  # fmt: skip
+        monkeypatch.delenv(f"RLENERGY_OPERATOR_AGENT_{var}")
+    pod = builders.agent_daemonset(settings.OperatorConfig())["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod
+    assert not {"KUBERNETES_SERVICE_HOST", "LD_LIBRARY_PATH"} & {
+        e["name"] for e in pod["containers"][0]["env"]
+    }
+
+
 def test_condition_transition_time():
     first = builders.condition("Ready", True, "AgentsDeployed", "ok", generation=1, now="t1")
     same = builders.condition(

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Build/install what the dev cluster's one *real* node needs (`rlenergy dev-cluster up --real-node`,
+# docs/dev-cluster.md "Real node"); called by `make bins` after hack/controlplane-bins.sh.
+#
+#   kubelet           k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION from the Go module proxy, through
+#                     the same wrapper module as the control plane (hack/k8s-wrapper.sh), its own
+#                     cached step: an existing $BIN/kubelet is kept
+#   containerd, runc  Debian's packages (apt-get install, root), plus containernetworking-plugins
+#                     (the CNI `loopback` binary the CRI plugin calls for every pod sandbox)
+#   pause image       a static C binary (hack/images/pause.c, gcc -static) packed as an OCI archive
+#                     by hack/images/pause.py into $BIN/../images/pause.oci.tar (no registry)
+#
+# Idempotent: whatever is already there is skipped (a rerun takes about a second).
+# Cache: ${RLENERGY_CACHE:-$HOME/.cache/rl-energy}/k8s-<version>/{bin,images}
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-v1.36.3}
+CACHE=${RLENERGY_CACHE:-$HOME/.cache/rl-energy}
+ROOT=$CACHE/k8s-$K8S_VERSION
+BIN=${K8S_BIN_DIR:-$ROOT/bin}
+IMAGES=$(dirname "$BIN")/images
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NODE_DEBS=(containerd runc containernetworking-plugins)
+
+log() { printf '[node-bins %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+die() { printf '[node-bins] ERROR: %s\n' "$*" >&2; exit 1; }
+
+mkdir -p "$BIN" "$IMAGES"
+T0=$SECONDS
+
+# ---------------------------------------------------------------- containerd + runc (Debian)
+runtime_ok() {
+  command -v containerd >/dev/null && command -v runc >/dev/null && command -v ctr >/dev/null \
+    && [[ -x /usr/lib/cni/loopback ]]
+}
+if ! runtime_ok; then
+  [[ $(id -u) == 0 ]] || die "containerd/runc/containernetworking-plugins are not installed and this is not root: run 'sudo apt-get install ${NODE_DEBS[*]}' (or 'make bins' as root)."
+  command -v apt-get >/dev/null || die "apt-get not found: install containerd (>= 1.6), runc and the CNI plugins (loopback in /usr/lib/cni) with your OS's packages."
+  log "apt-get install ${NODE_DEBS[*]}"
+  t0=$SECONDS
+  export DEBIAN_FRONTEND=noninteractive
+  if ! apt-get install -y -q --no-install-recommends "${NODE_DEBS[@]}" >/dev/null; then
+    log "apt-get update, then retry"
+    apt-get update -q >/dev/null
+    apt-get install -y -q --no-install-recommends "${NODE_DEBS[@]}" >/dev/null
+  fi
+  runtime_ok || die "containerd/runc/ctr or /usr/lib/cni/loopback still missing after apt-get install ${NODE_DEBS[*]}"
+  log "runtime installed in $((SECONDS - t0)) s"
+  echo "node-runtime-apt $((SECONDS - t0))" >>"$ROOT/build-times.txt"
+fi
+log "$(containerd --version); $(runc --version | head -1)"
+
+# ---------------------------------------------------------------- kubelet (Go module proxy)
+if [[ ! -x $BIN/kubelet ]]; then
+  # shellcheck source=hack/k8s-wrapper.sh
+  source "$REPO/hack/k8s-wrapper.sh"
+  k8s_build kubelet
+fi
+got=$("$BIN/kubelet" --version)
+[[ $got == "Kubernetes $K8S_VERSION" ]] || die "kubelet --version says '$got', expected 'Kubernetes $K8S_VERSION'; delete $BIN/kubelet and rerun 'make bins'"
+log "kubelet: $got"
+
+# ---------------------------------------------------------------- pause image (local, no registry)
+if [[ ! -f $IMAGES/pause.oci.tar || $REPO/hack/images/pause.c -nt $IMAGES/pause.oci.tar \
+      || $REPO/hack/images/pause.py -nt $IMAGES/pause.oci.tar ]]; then
+  command -v gcc >/dev/null || die "gcc not found (builds the static pause binary): apt-get install gcc libc6-dev"
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/rlenergy-pause.XXXXXX")
+  gcc -static -Os -Wall -Werror -o "$tmp/pause" "$REPO/hack/images/pause.c" \
+    || die "gcc -static failed (needs libc6-dev's libc.a)"
+  strip "$tmp/pause"
+  python3 "$REPO/hack/images/pause.py" "$tmp/pause" "$IMAGES/pause.oci.tar.tmp"
+  mv "$IMAGES/pause.oci.tar.tmp" "$IMAGES/pause.oci.tar"
+  rm -rf "$tmp"
+  log "pause image: $IMAGES/pause.oci.tar ($(stat -c %s "$IMAGES/pause.oci.tar") bytes)"
+fi
+
+cat >"$ROOT/node-versions.env" <<V
+KUBELET=$("$BIN/kubelet" --version)
+CONTAINERD=$(containerd --version)
+RUNC=$(runc --version | head -1)
+CNI_PLUGINS=$(dpkg-query -W -f '${Version}' containernetworking-plugins 2>/dev/null || echo unknown)
+V
+log "node binaries ready (this run $((SECONDS - T0)) s)"

@@ -1,0 +1,404 @@
+"""A user's day on a real node: the chart with the real images, pods in real containers.
+
+The dev cluster runs with its real node (``DevCluster.start(real_node=True)``: containerd from
+Debian, a kubelet built from k8s v1.36.3, no KWOK node). The project's operator and agent
+images (``make images``) are imported into containerd. Eight stand-in GPUs (the stand-in
+``libnvidia-ml.so.1`` over a state file the test's ``StandinDriver`` owns) are advertised by
+the device plugin (``rlenergy_agent.testing.deviceplugin``) as ``nvidia.com/gpu`` with their
+UUIDs as device IDs, so the kubelet allocates them and its PodResources API reports them.
+
+The user's steps, in order: ``helm install`` the chart (hostNetwork, the API server at
+127.0.0.1, the stand-in library mounted into the agent as the NVIDIA toolkit would mount the
+driver's) -> operator pod Ready -> apply a policy -> the operator's agent DaemonSet runs its pod
+on the real node -> a trainer pod (``nvidia.com/gpu: 2``, the agent image running
+``rlenergy_agent.testing.podtrainer``: the SDK replaying a verl trace, time-compressed, with the
+projected service-account token for the agent) -> its GPUs' clocks change per phase (read from
+the stand-in's state) and the policy status shows a saving -> a second pod's signals naming the
+first pod's GPUs are refused (403) -> the agent pod is deleted and recreated by the DaemonSet
+(its GPUs are reset when the agent stops) -> the trainer pod is deleted (its GPUs back to the
+default governor within 10 s) -> the policy is deleted and the chart uninstalled: no lock, no
+finalizer left. Measured figures are printed and written to ``build/realnode-e2e.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_support import get_json, wait_until
+from rlenergy_agent.testing import deviceplugin, fullstack, podtrainer, standin
+
+from rlenergy.devcluster import DevCluster, MissingBinaryError
+from rlenergy.devcluster.cluster import free_port
+from rlenergy.devcluster.realnode import RealNode
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "rl-energy"
+SAMPLE = ROOT / "crds" / "samples" / "sync-job.yaml"
+IMAGES = Path(os.environ.get("RLENERGY_IMAGES_DIR", ROOT / "build" / "images"))
+IMAGE_REPO = "ghcr.io/rl-energy"
+TAG = "0.1.0"
+RELEASE = "rl"
+SYSTEM_NS = "rl-energy-system"
+GPUS = 8
+STEPS = 12
+LONGEST_PHASE_S = 1.5
+RESET_BOUND_S = 10.0
+"""docs/agent.md: a governed pod's GPUs are back at the default governor within 10 s of its end."""
+RESULTS = ROOT / "build" / "realnode-e2e.json"
+
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[DevCluster]:
+    c = DevCluster(startup_timeout=180)
+    try:
+        c.start(nodes=0, real_node=True)
+    except MissingBinaryError as exc:
+        pytest.fail(f"the real-node e2e test needs the node binaries: {exc}", pytrace=False)
+    with c:
+        yield c
+
+
+def _node(c: DevCluster) -> RealNode:
+    assert c.real_node is not None
+    return c.real_node
+
+
+def _locks(driver: standin.StandinDriver, uuids: tuple[str, ...]) -> dict[str, int | None]:
+    return {u: (int(driver.gpu(u).lock_max_mhz) if driver.gpu(u).locked else None) for u in uuids}
+
+
+def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+def _pods(c: DevCluster, ns: str, selector: str) -> list[dict[str, Any]]:
+    return list(get_json(c, "pods", "-n", ns, "-l", selector)["items"])
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(
+        cond["type"] == "Ready" and cond["status"] == "True"
+        for cond in pod.get("status", {}).get("conditions", [])
+    )
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _container_pid(node: RealNode, pod_uid: str) -> int:
+    """Host pid of the (non-sandbox) container of a pod, from containerd's task list."""
+    res = node.ctr("containers", "ls", f'labels."io.kubernetes.pod.uid"=={pod_uid}')
+    for line in res.stdout.splitlines()[1:]:
+        cid = line.split()[0]
+        info = json.loads(node.ctr("containers", "info", cid).stdout)
+        if info.get("Labels", {}).get("io.cri-containerd.kind") != "container":
+            continue
+        for task in node.ctr("tasks", "ls").stdout.splitlines()[1:]:
+            fields = task.split()
+            if fields and fields[0] == cid and fields[2] == "RUNNING":
+                return int(fields[1])
+    raise AssertionError(f"no running container of pod {pod_uid}")
+
+
+def _values(
+    c: DevCluster, node: RealNode, lib_dir: Path, state: Path, work: Path
+) -> dict[str, Any]:
+    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "hostNetwork": True,
+        "apiServer": {"host": "127.0.0.1", "port": c.server.rsplit(":", 1)[1]},
+        "operator": {
+            "replicas": 1,
+            "image": {
+                "repository": f"{IMAGE_REPO}/rl-energy-operator",
+                "tag": TAG,
+                "pullPolicy": "Never",
+            },
+            "healthPort": free_port(),
+            "reconcileIntervalS": 1,
+            "tolerations": tolerate,
+        },
+        "agent": {
+            "image": {
+                "repository": f"{IMAGE_REPO}/rl-energy-agent",
+                "tag": TAG,
+                "pullPolicy": "Never",
+            },
+            "metricsPort": free_port(),
+            "stateDir": str(work / "agent-state"),
+            "socketDir": str(work / "agent-socket"),
+            "podResourcesDir": str(node.pod_resources_dir),
+            # The NVIDIA container toolkit's part: the (stand-in) driver library and its state.
+            "extraVolumes": [
+                {"name": "nvml-lib", "hostPath": {"path": str(lib_dir), "type": "Directory"}},
+                {
+                    "name": "nvml-state",
+                    "hostPath": {"path": str(state.parent), "type": "Directory"},
+                },
+            ],
+            "extraVolumeMounts": [
+                {"name": "nvml-lib", "mountPath": "/usr/local/nvidia/lib64", "readOnly": True},
+                {"name": "nvml-state", "mountPath": "/var/run/nvml-standin"},
+            ],
+            "extraEnv": [
+                {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"},
+                {"name": standin.STATE_ENV, "value": f"/var/run/nvml-standin/{state.name}"},
+            ],
+        },
+    }
+
+
+def _trainer_pod(
+    name: str,
+    ns: str,
+    labels: dict[str, str],
+    socket_dir: Path,
+    work: Path,
+    command: list[str],
+    gpus: int,
+) -> dict[str, Any]:
+    resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {
+            "hostNetwork": True,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": f"{IMAGE_REPO}/rl-energy-agent:{TAG}",
+                    "imagePullPolicy": "Never",
+                    "command": command,
+                    "resources": resources,
+                    "volumeMounts": [
+                        {"name": "agent-socket", "mountPath": "/var/run/rlenergy"},
+                        {"name": "replay", "mountPath": "/etc/rlenergy-replay"},
+                        {"name": "work", "mountPath": "/var/run/rlenergy-work"},
+                        {
+                            "name": "rlenergy-token",
+                            "mountPath": "/var/run/secrets/rlenergy",
+                            "readOnly": True,
+                        },
+                    ],
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "agent-socket",
+                    "hostPath": {"path": str(socket_dir), "type": "DirectoryOrCreate"},
+                },
+                {"name": "replay", "configMap": {"name": "trainer-replay"}},
+                {"name": "work", "hostPath": {"path": str(work), "type": "DirectoryOrCreate"}},
+                {
+                    "name": "rlenergy-token",
+                    "projected": {
+                        "sources": [
+                            {
+                                "serviceAccountToken": {
+                                    "audience": "rlenergy-agent",
+                                    "expirationSeconds": 3600,
+                                    "path": "token",
+                                }
+                            }
+                        ]
+                    },
+                },
+            ],
+        },
+    }
+
+
+def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
+    figures: dict[str, Any] = {"cluster_start_s": cluster.timings}
+    node = _node(cluster)
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("rl-energy-operator", "rl-energy-agent"):
+        archive = IMAGES / f"{name}.oci.tar"
+        if not archive.is_file():
+            pytest.fail(f"{archive} missing: build the images with `make images`", pytrace=False)
+        t0 = time.monotonic()
+        node.import_image(archive)
+        figures[f"import_{name}_s"] = round(time.monotonic() - t0, 2)
+    assert {f"{IMAGE_REPO}/rl-energy-operator:{TAG}", f"{IMAGE_REPO}/rl-energy-agent:{TAG}"} <= set(
+        node.images()
+    ), node.images()
+
+    # Stand-in GPUs, their physics and the device plugin.
+    lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
+    sku = fullstack.models.get_sku("h100-sxm")
+    state = work / "nvml" / "nvml.state"
+    state.parent.mkdir()
+    uuids = [f"GPU-realnode-{i:02d}" for i in range(GPUS)]
+    driver = standin.StandinDriver(state, [(u, sku) for u in uuids])
+    plugin = deviceplugin.StandinDevicePlugin(uuids, lib_dir=lib_dir, state_file=state).start()
+    trainer_gpus: list[tuple[str, ...]] = []
+    feed = podtrainer.WorkFeed(
+        driver, work / "trainer-work" / "work.json", lambda: trainer_gpus[0] if trainer_gpus else ()
+    ).start()
+    try:
+        wait_until(
+            lambda: (
+                get_json(cluster, "node", node.name)["status"]["allocatable"].get("nvidia.com/gpu")
+                == str(GPUS)
+            ),
+            timeout=60,
+            what="nvidia.com/gpu allocatable on the real node",
+        )
+        _user_day(cluster, node, driver, plugin, trainer_gpus, lib_dir, state, work, figures)
+    finally:
+        feed.stop()
+        plugin.stop()
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps(figures, indent=2, default=str))
+        print(json.dumps(figures, indent=2, default=str))
+        driver.close()
+
+
+def _user_day(
+    c: DevCluster,
+    node: RealNode,
+    driver: standin.StandinDriver,
+    plugin: deviceplugin.StandinDevicePlugin,
+    trainer_gpus: list[tuple[str, ...]],
+    lib_dir: Path,
+    state: Path,
+    work: Path,
+    figures: dict[str, Any],
+) -> None:
+    values = _values(c, node, lib_dir, state, work)
+    vfile = work / "values.json"
+    vfile.write_text(json.dumps(values))
+    t0 = time.monotonic()
+    c.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        SYSTEM_NS,
+        "--create-namespace",
+        "-f",
+        str(vfile),
+        "--wait",
+        "--timeout",
+        "180s",
+        timeout=240,
+    )
+    op = wait_until(
+        lambda: [
+            p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/component=operator") if _ready(p)
+        ],
+        timeout=120,
+        what="operator pod Ready",
+    )[0]
+    assert op["spec"]["nodeName"] == node.name
+    figures["helm_install_to_operator_ready_s"] = round(time.monotonic() - t0, 1)
+
+    # The user's policy; the operator creates the agent DaemonSet, whose pod runs on the node.
+    ns = "team-a"
+    c.kubectl("create", "namespace", ns)
+    policy = yaml.safe_load(SAMPLE.read_text())
+    policy["spec"]["controller"] = {"warmupSteps": 2, "trialSteps": 4}
+    pname = policy["metadata"]["name"]
+    labels = dict(policy["spec"]["selector"]["matchLabels"])
+    c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
+    t0 = time.monotonic()
+    agent = wait_until(
+        lambda: [
+            p
+            for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
+            if _ready(p)
+        ],
+        timeout=180,
+        what="agent pod Running and Ready on the real node",
+    )[0]
+    assert agent["spec"]["nodeName"] == node.name
+    figures["policy_to_agent_ready_s"] = round(time.monotonic() - t0, 1)
+    figures["agent_rss_kib_idle"] = _rss_kib(_container_pid(node, agent["metadata"]["uid"]))
+
+    # The trainer pod: 2 GPUs, the SDK replaying the trace through the agent's socket.
+    job, factor = fullstack.compressed_replay(
+        fullstack.DEFAULT_TRACE,
+        fullstack.models.get_sku("h100-sxm"),
+        STEPS,
+        num_gpus=2,
+        longest_phase_s=LONGEST_PHASE_S,
+    )
+    figures["time_compression"] = round(factor, 1)
+    replay = podtrainer.replay_document(job, fullstack.models.get_sku("h100-sxm"))
+    c.kubectl(
+        "create",
+        "configmap",
+        "trainer-replay",
+        "-n",
+        ns,
+        f"--from-literal=replay.json={json.dumps(replay)}",
+    )
+    socket_dir = Path(values["agent"]["socketDir"])
+    pod = _trainer_pod(
+        "trainer",
+        ns,
+        labels,
+        socket_dir,
+        work / "trainer-work",
+        [
+            "python3",
+            "-m",
+            "rlenergy_agent.testing.podtrainer",
+            "--replay",
+            "/etc/rlenergy-replay/replay.json",
+            "--work-file",
+            "/var/run/rlenergy-work/work.json",
+        ],
+        gpus=2,
+    )
+    c.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    wait_until(lambda: plugin.allocations, timeout=60, what="the kubelet's Allocate call")
+    trainer_gpus.append(plugin.allocations[-1])
+    gpus = trainer_gpus[0]
+    assert len(gpus) == 2 and set(gpus) <= set(driver.uuids), gpus
+
+    # Its GPUs' clocks change per phase; the other GPUs stay at the default governor.
+    seen: set[int | None] = set()
+    others = tuple(u for u in driver.uuids if u not in gpus)
+
+    def trainer_done() -> bool:
+        seen.update(_locks(driver, gpus).values())
+        assert set(_locks(driver, others).values()) == {None}, _locks(driver, others)
+        phase = get_json(c, "pod", "trainer", "-n", ns)["status"].get("phase")
+        assert phase != "Failed", c.kubectl("logs", "-n", ns, "trainer", check=False).stdout
+        return phase == "Succeeded"
+
+    t0 = time.monotonic()
+    wait_until(trainer_done, timeout=STEPS * 8 + 120, interval=0.05, what="the trainer's replay")
+    figures["replay_s"] = round(time.monotonic() - t0, 1)
+    figures["locks_seen_mhz"] = sorted(x for x in seen if x is not None)
+    assert len([x for x in seen if x is not None]) >= 2, seen
+
+    def all_steps() -> dict[str, Any] | None:
+        s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
+        return s if s.get("totals", {}).get("throughStep") == STEPS - 1 else None
+
+    status = wait_until(all_steps, timeout=60, what="every step in the policy status")
+    saving = status["totals"].get("saving", {})
+    figures["policy_totals"] = status["totals"]
+    assert saving.get("percent", 0) > 0, status["totals"]
