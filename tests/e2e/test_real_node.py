@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,26 +92,22 @@ def _ready(pod: dict[str, Any]) -> bool:
     )
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def _container_pid(node: RealNode, pod_uid: str) -> int:
-    """Host pid of the (non-sandbox) container of a pod, from containerd's task list."""
-    res = node.ctr("containers", "ls", f'labels."io.kubernetes.pod.uid"=={pod_uid}')
-    for line in res.stdout.splitlines()[1:]:
-        cid = line.split()[0]
-        info = json.loads(node.ctr("containers", "info", cid).stdout)
-        if info.get("Labels", {}).get("io.cri-containerd.kind") != "container":
-            continue
-        for task in node.ctr("tasks", "ls").stdout.splitlines()[1:]:
-            fields = task.split()
-            if fields and fields[0] == cid and fields[2] == "RUNNING":
-                return int(fields[1])
-    raise AssertionError(f"no running container of pod {pod_uid}")
+def _pod_rss_kib(pod_uid: str) -> dict[str, int]:
+    """VmRSS (KiB) of each process of a pod's containers (not its pause process), found through
+    the pod's cgroup under the kubelet's cgroupfs layout (``kubepods/<qos>/pod<uid>/<id>``)."""
+    out: dict[str, int] = {}
+    for procs in Path("/sys/fs/cgroup/memory").glob(f"kubepods*/**/pod{pod_uid}/*/cgroup.procs"):
+        for pid in procs.read_text().split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            if argv[0] == b"/pause":
+                continue
+            rss = next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmRSS:"))
+            out[f"{pid} {b' '.join(argv[:3]).decode()}"] = rss
+    return out
 
 
 def _values(
@@ -264,7 +261,7 @@ def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
             timeout=60,
             what="nvidia.com/gpu allocatable on the real node",
         )
-        _user_day(cluster, node, driver, plugin, trainer_gpus, lib_dir, state, work, figures)
+        _user_day(cluster, node, driver, plugin, feed, trainer_gpus, lib_dir, state, work, figures)
     finally:
         feed.stop()
         plugin.stop()
@@ -279,6 +276,7 @@ def _user_day(
     node: RealNode,
     driver: standin.StandinDriver,
     plugin: deviceplugin.StandinDevicePlugin,
+    feed: podtrainer.WorkFeed,
     trainer_gpus: list[tuple[str, ...]],
     lib_dir: Path,
     state: Path,
@@ -333,7 +331,8 @@ def _user_day(
     )[0]
     assert agent["spec"]["nodeName"] == node.name
     figures["policy_to_agent_ready_s"] = round(time.monotonic() - t0, 1)
-    figures["agent_rss_kib_idle"] = _rss_kib(_container_pid(node, agent["metadata"]["uid"]))
+    figures["agent_rss_kib_idle"] = _pod_rss_kib(agent["metadata"]["uid"])
+    assert figures["agent_rss_kib_idle"], "no agent process found in the pod's cgroup"
 
     # The trainer pod: 2 GPUs, the SDK replaying the trace through the agent's socket.
     job, factor = fullstack.compressed_replay(
@@ -345,14 +344,11 @@ def _user_day(
     )
     figures["time_compression"] = round(factor, 1)
     replay = podtrainer.replay_document(job, fullstack.models.get_sku("h100-sxm"))
+    (work / "replay.json").write_text(json.dumps(replay))
     c.kubectl(
-        "create",
-        "configmap",
-        "trainer-replay",
-        "-n",
-        ns,
-        f"--from-literal=replay.json={json.dumps(replay)}",
-    )
+        "create", "configmap", "trainer-replay", "-n", ns,
+        f"--from-file=replay.json={work / 'replay.json'}",
+    )  # fmt: skip
     socket_dir = Path(values["agent"]["socketDir"])
     pod = _trainer_pod(
         "trainer",
@@ -378,27 +374,121 @@ def _user_day(
     assert len(gpus) == 2 and set(gpus) <= set(driver.uuids), gpus
 
     # Its GPUs' clocks change per phase; the other GPUs stay at the default governor.
-    seen: set[int | None] = set()
+    locks_by_kind: dict[str, set[int | None]] = {}
     others = tuple(u for u in driver.uuids if u not in gpus)
+    strays: list[dict[str, int | None]] = []
+    sampling = threading.Event()
 
-    def trainer_done() -> bool:
-        seen.update(_locks(driver, gpus).values())
-        assert set(_locks(driver, others).values()) == {None}, _locks(driver, others)
+    def sample() -> None:
+        while not sampling.wait(0.01):
+            locks = set(_locks(driver, gpus).values())
+            locks_by_kind.setdefault(feed.kind, set()).update(locks)
+            if set((o := _locks(driver, others)).values()) != {None}:
+                strays.append(o)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    def not_failed() -> None:
         phase = get_json(c, "pod", "trainer", "-n", ns)["status"].get("phase")
-        assert phase != "Failed", c.kubectl("logs", "-n", ns, "trainer", check=False).stdout
-        return phase == "Succeeded"
-
-    t0 = time.monotonic()
-    wait_until(trainer_done, timeout=STEPS * 8 + 120, interval=0.05, what="the trainer's replay")
-    figures["replay_s"] = round(time.monotonic() - t0, 1)
-    figures["locks_seen_mhz"] = sorted(x for x in seen if x is not None)
-    assert len([x for x in seen if x is not None]) >= 2, seen
+        assert phase in ("Pending", "Running"), (
+            phase, c.kubectl("logs", "-n", ns, "trainer", check=False).stdout[-3000:]
+        )  # fmt: skip
 
     def all_steps() -> dict[str, Any] | None:
+        not_failed()
         s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
-        return s if s.get("totals", {}).get("throughStep") == STEPS - 1 else None
+        return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS - 1 else None
 
-    status = wait_until(all_steps, timeout=60, what="every step in the policy status")
+    t0 = time.monotonic()
+    status = wait_until(
+        all_steps, timeout=STEPS * 10 + 120, interval=1, what=f"{STEPS} steps in the policy status"
+    )
+    figures["replay_to_status_s"] = round(time.monotonic() - t0, 1)
+    sampling.set()
+    sampler.join()
+    figures["locks_by_phase_kind_mhz"] = {k: sorted(v, key=str) for k, v in locks_by_kind.items()}
+    assert not strays, strays[:3]
+    phase_locks = {k: v - {None} for k, v in locks_by_kind.items() if k != "idle"}
+    assert phase_locks.get("generation") and phase_locks.get("training"), locks_by_kind
+    assert phase_locks["generation"] != phase_locks["training"], locks_by_kind
     saving = status["totals"].get("saving", {})
     figures["policy_totals"] = status["totals"]
     assert saving.get("percent", 0) > 0, status["totals"]
+
+    # A second pod signals for the first pod's GPUs: refused (403), the clocks are not its own.
+    intruder = _trainer_pod(
+        "intruder", ns, labels, socket_dir, work / "intruder-work",
+        ["python3", "-c", INTRUDER.format(gpus=list(gpus))], gpus=0,
+    )  # fmt: skip
+    c.kubectl("apply", "-f", "-", input=json.dumps(intruder))
+    wait_until(
+        lambda: get_json(c, "pod", "intruder", "-n", ns)["status"].get("phase")
+        in ("Succeeded", "Failed"),
+        timeout=120, what="the second pod's signal",
+    )  # fmt: skip
+    out = c.kubectl("logs", "-n", ns, "intruder").stdout
+    assert "REFUSED 403" in out, out
+    c.kubectl("delete", "pod", "intruder", "-n", ns, "--wait=false")
+
+    # The agent pod is deleted: it resets its GPUs on SIGTERM, the DaemonSet recreates it, and
+    # the trainer's GPUs are governed again.
+    t0 = time.monotonic()
+    c.kubectl("delete", "pod", "-n", SYSTEM_NS, agent["metadata"]["name"], "--wait=false")
+    wait_until(
+        lambda: set(_locks(driver, gpus).values()) == {None},
+        timeout=RESET_BOUND_S + 30, interval=0.05, what="GPUs reset by the stopping agent",
+    )  # fmt: skip
+    figures["agent_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
+    new_agent = wait_until(
+        lambda: [
+            p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
+            if _ready(p) and p["metadata"]["uid"] != agent["metadata"]["uid"]
+        ],
+        timeout=180, what="the recreated agent pod Ready",
+    )[0]  # fmt: skip
+    figures["agent_delete_to_new_agent_ready_s"] = round(time.monotonic() - t0, 1)
+    wait_until(
+        lambda: any(v is not None for v in _locks(driver, gpus).values()),
+        timeout=120, interval=0.05, what="the trainer's GPUs governed by the new agent",
+    )  # fmt: skip
+    figures["agent_rss_kib_running"] = _pod_rss_kib(new_agent["metadata"]["uid"])
+
+    # The trainer pod is deleted: its GPUs are back at the default governor within 10 s.
+    t0 = time.monotonic()
+    c.kubectl("delete", "pod", "trainer", "-n", ns, "--wait=false")
+    wait_until(
+        lambda: set(_locks(driver, gpus).values()) == {None},
+        timeout=RESET_BOUND_S + 20, interval=0.05, what="the deleted trainer's GPUs reset",
+    )  # fmt: skip
+    figures["trainer_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
+    assert figures["trainer_delete_to_reset_s"] <= RESET_BOUND_S, figures
+
+    # The policy is deleted, then the chart: no lock, no finalizer, no DaemonSet left.
+    c.kubectl("delete", "rlep", pname, "-n", ns, "--timeout=90s", timeout=120)
+    wait_until(
+        lambda: c.kubectl("get", "ds", "-n", SYSTEM_NS, "rlenergy-node-agent", check=False)
+        .returncode != 0,
+        timeout=60, what="the agent DaemonSet removed with the last policy",
+    )  # fmt: skip
+    c.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "120s", timeout=180)
+    wait_until(
+        lambda: not get_json(c, "pods", "-n", SYSTEM_NS)["items"],
+        timeout=120, what="no pod left in the release namespace",
+    )  # fmt: skip
+    assert set(_locks(driver, driver.uuids).values()) == {None}
+    for kind in ("rlep", "rlenergynodereports"):
+        items = get_json(c, kind, "-A")["items"]
+        assert all(not i["metadata"].get("finalizers") for i in items), items
+
+
+INTRUDER = """
+from rlenergy.sdk import trainer
+client = trainer.RLEnergyClient(strict=True, gpus={gpus})
+try:
+    client.phase("generation", step=0).__enter__()
+except trainer.AgentRefusedError as exc:
+    print("REFUSED", exc.status, exc)
+else:
+    print("ACCEPTED", client.last_response)
+"""

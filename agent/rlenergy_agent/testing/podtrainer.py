@@ -95,6 +95,8 @@ class WorkFeed:
         self.uuids = uuids
         self.tick_s = tick_s
         self.kinds_seen: list[str] = []
+        self.kind = "idle"
+        """What the pod's GPUs run now (the trainer's last word)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="work-feed", daemon=True)
 
@@ -120,6 +122,7 @@ class WorkFeed:
                 if work is not None:
                     seen = raw
                     self.driver.set_work(uuids, work["kind"], work["label"])
+                    self.kind = str(work["kind"])
                     self.kinds_seen.append(work["label"])
             now = time.monotonic()
             self.driver.advance(now - last)
@@ -138,10 +141,18 @@ def _time_at(times: Mapping[str, float], clock_mhz: float) -> float:
 
 
 def run(
-    replay: Mapping[str, Any], work_file: Path, uuids: Sequence[str], *, max_steps: int = 0
+    replay: Mapping[str, Any],
+    work_file: Path,
+    uuids: Sequence[str],
+    *,
+    max_steps: int = 0,
+    loop: bool = False,
 ) -> list[dict[str, Any]]:
-    """Replay every step through the SDK; returns per step and phase the time and clocks seen."""
-    import pynvml  # noqa: PLC0415 - only in the pod (the stand-in library is mounted there)
+    """Replay every step through the SDK; returns per step and phase the time and clocks seen.
+
+    With ``loop`` the replay starts over (step numbers go on) until the process is stopped.
+    """
+    import pynvml  # type: ignore[import-untyped]  # noqa: PLC0415 - only in the pod
 
     from rlenergy.sdk import verl as sdk_verl  # noqa: PLC0415
 
@@ -159,8 +170,22 @@ def run(
 
     out = []
     steps = replay["steps"][: max_steps or None]
+    rounds = 0
+    while True:
+        out += _replay_round(steps, rounds * len(steps), callback, clock, work)
+        rounds += 1
+        if not loop:
+            break
+    pynvml.nvmlShutdown()
+    return out
+
+
+def _replay_round(
+    steps: Sequence[Mapping[str, Any]], first: int, callback: Any, clock: Any, work: Any
+) -> list[dict[str, Any]]:
+    out = []
     for step in steps:
-        s = int(step["index"])
+        s = first + int(step["index"])
         for phase in PHASES:
             ph = step["phases"][phase]
             if phase == "generation":
@@ -192,7 +217,6 @@ def run(
             if phase == "generation":
                 time.sleep(step["other_time_s"])
         print(json.dumps(out[-2:]), flush=True)
-    pynvml.nvmlShutdown()
     return out
 
 
@@ -202,11 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replay", type=Path, required=True, help="replay JSON (from the host)")
     parser.add_argument("--work-file", type=Path, required=True, help="phase kind for the host")
     parser.add_argument("--steps", type=int, default=0, help="replay only the first N steps")
+    parser.add_argument("--loop", action="store_true", help="start over until stopped")
     args = parser.parse_args(argv)
     uuids = [u for u in os.environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
     if not uuids:
         parser.error("NVIDIA_VISIBLE_DEVICES is empty: the pod got no nvidia.com/gpu")
-    run(json.loads(args.replay.read_text()), args.work_file, uuids, max_steps=args.steps)
+    replay = json.loads(args.replay.read_text())
+    run(replay, args.work_file, uuids, max_steps=args.steps, loop=args.loop)
     print("replay done", flush=True)
     return 0
 
