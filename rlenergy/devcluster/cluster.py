@@ -666,10 +666,24 @@ class DevCluster:
         self._write_state(ready=False)
         deadline = time.monotonic() + max(self.startup_timeout, 120.0)
         status = ""
+        addressed = False
         while True:
             node.check_alive()
+            if not addressed:
+                # The kubelet refuses a loopback --node-ip ("nodeIP can't be loopback address")
+                # and then leaves the addresses alone: set InternalIP 127.0.0.1 here, as for
+                # the KWOK nodes, so hostNetwork pods get 127.0.0.1 as their IP and probes and
+                # `kubectl logs` dial 127.0.0.1 (never the VM's private address).
+                addressed = self.kubectl(
+                    "patch", "node", node.name, "--subresource=status", "--type=merge", "-p",
+                    json.dumps({"status": {"addresses": realnode.ADDRESSES}}),
+                    check=False,
+                ).returncode == 0  # fmt: skip
             res = self.kubectl(
-                "get", "node", node.name, "-o",
+                "get",
+                "node",
+                node.name,
+                "-o",
                 "jsonpath={.status.conditions[?(@.type=='Ready')].status} "
                 "{.status.conditions[?(@.type=='Ready')].message}",
                 check=False,

@@ -57,6 +57,11 @@ LABELS = {
     "type": "real",
     "nvidia.com/gpu.present": "true",
 }
+ADDRESSES = [
+    {"type": "InternalIP", "address": "127.0.0.1"},
+    {"type": "Hostname", "address": NAME},
+]
+"""The node's addresses (set by the dev cluster: the kubelet refuses a loopback node IP)."""
 FIX = "make bins"
 
 
@@ -134,6 +139,10 @@ def containerd_config(base: Path) -> str:
             f'  sandbox_image = "{PAUSE_IMAGE}"',
             "  disable_apparmor = true",
             "  enable_selinux = false",
+            # No pod may ask for a lower OOM score than containerd's own: this host's root lacks
+            # CAP_SYS_RESOURCE, so runc's write of the sandbox's -998 fails ("failed to update
+            # /proc/self/oom_score_adj: Permission denied").
+            "  restrict_oom_score_adj = true",
             '  stream_server_address = "127.0.0.1"',
             '  stream_server_port = "0"',
             f"[{cri}.containerd]",
@@ -143,6 +152,7 @@ def containerd_config(base: Path) -> str:
             '  runtime_type = "io.containerd.runc.v2"',
             f"[{cri}.containerd.runtimes.runc.options]",
             "  SystemdCgroup = false",
+            f'  Root = "{base / "runc"}"',
             f"[{cri}.cni]",
             f'  bin_dir = "{CNI_BIN_DIR}"',
             f'  conf_dir = "{base / "cni"}"',
