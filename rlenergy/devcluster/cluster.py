@@ -563,6 +563,9 @@ class DevCluster:
                 # On by default; named so that the chart's node-scoped report policy
                 # (helm/rl-energy/templates/admission.yaml) never silently stops applying.
                 "--enable-admission-plugins=ValidatingAdmissionPolicy",
+                # `kubectl logs` dials the real node's kubelet at its InternalIP (127.0.0.1),
+                # never its host name (that would be a DNS lookup off this machine).
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--kubelet-client-certificate={pki.admin_cert}",
                 f"--kubelet-client-key={pki.admin_key}",
                 "--allow-privileged=true",
@@ -666,36 +669,38 @@ class DevCluster:
         self._write_state(ready=False)
         deadline = time.monotonic() + max(self.startup_timeout, 120.0)
         status = ""
-        addressed = False
+        stable = 0
         while True:
             node.check_alive()
-            if not addressed:
-                # The kubelet refuses a loopback --node-ip ("nodeIP can't be loopback address")
-                # and then leaves the addresses alone: set InternalIP 127.0.0.1 here, as for
-                # the KWOK nodes, so hostNetwork pods get 127.0.0.1 as their IP and probes and
-                # `kubectl logs` dial 127.0.0.1 (never the VM's private address).
-                addressed = self.kubectl(
-                    "patch", "node", node.name, "--subresource=status", "--type=merge", "-p",
-                    json.dumps({"status": {"addresses": realnode.ADDRESSES}}),
-                    check=False,
-                ).returncode == 0  # fmt: skip
-            res = self.kubectl(
-                "get",
-                "node",
-                node.name,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type=='Ready')].status} "
-                "{.status.conditions[?(@.type=='Ready')].message}",
-                check=False,
-            )
-            status = (res.stdout or res.stderr).strip()
-            if res.returncode == 0 and status.startswith("True"):
-                break
+            res = self.kubectl("get", "node", node.name, "-o", "json", check=False)
+            if res.returncode == 0:
+                st = json.loads(res.stdout).get("status", {})
+                ready = next(
+                    (c for c in st.get("conditions", []) if c.get("type") == "Ready"), {}
+                )
+                status = f"{ready.get('status')} {ready.get('message', '')}"
+                if {"type": "InternalIP", "address": LOOPBACK} not in st.get("addresses", []):
+                    # The kubelet refuses a loopback --node-ip ("nodeIP can't be loopback
+                    # address") and then leaves the addresses alone; early after registration
+                    # it may still write its own empty list. Set InternalIP 127.0.0.1 (as for
+                    # the KWOK nodes) until it stays, so hostNetwork pods get 127.0.0.1 and
+                    # probes and `kubectl logs` dial 127.0.0.1, never the VM's own address.
+                    self.kubectl(
+                        "patch", "node", node.name, "--subresource=status", "--type=merge",
+                        "-p", json.dumps({"status": {"addresses": realnode.ADDRESSES}}),
+                        check=False,
+                    )  # fmt: skip
+                    stable = 0
+                elif ready.get("status") == "True":
+                    stable += 1
+                    if stable >= 3:  # Ready with its address over three checks (1.5 s)
+                        break
             if time.monotonic() > deadline:
                 assert node.kubelet is not None
                 raise DevClusterError(
-                    f"node {node.name} not Ready after {deadline - t0:.0f} s ({status}); last "
-                    f"lines of {node.kubelet.log}:\n{process.tail(node.kubelet.log, 40)}"
+                    f"node {node.name} not Ready with InternalIP {LOOPBACK} after "
+                    f"{deadline - t0:.0f} s ({status}); last lines of {node.kubelet.log}:\n"
+                    f"{process.tail(node.kubelet.log, 40)}"
                 )
             time.sleep(0.5)
         self.timings["real_node"] = time.monotonic() - t0

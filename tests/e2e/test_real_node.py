@@ -125,6 +125,7 @@ def _values(
                 "pullPolicy": "Never",
             },
             "healthPort": free_port(),
+            "metricsPort": free_port(),
             "reconcileIntervalS": 1,
             "tolerations": tolerate,
         },
@@ -309,6 +310,7 @@ def _user_day(
         what="operator pod Ready",
     )[0]
     assert op["spec"]["nodeName"] == node.name
+    assert op["status"]["podIP"] == "127.0.0.1", op["status"]  # hostNetwork on the loopback node
     figures["helm_install_to_operator_ready_s"] = round(time.monotonic() - t0, 1)
 
     # The user's policy; the operator creates the agent DaemonSet, whose pod runs on the node.
@@ -364,6 +366,7 @@ def _user_day(
             "/etc/rlenergy-replay/replay.json",
             "--work-file",
             "/var/run/rlenergy-work/work.json",
+            "--loop",
         ],
         gpus=2,
     )
@@ -388,98 +391,106 @@ def _user_day(
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    try:
 
-    def not_failed() -> None:
-        phase = get_json(c, "pod", "trainer", "-n", ns)["status"].get("phase")
-        assert phase in ("Pending", "Running"), (
-            phase, c.kubectl("logs", "-n", ns, "trainer", check=False).stdout[-3000:]
+        def not_failed() -> None:
+            phase = get_json(c, "pod", "trainer", "-n", ns)["status"].get("phase")
+            assert phase in ("Pending", "Running"), (
+                phase, c.kubectl("logs", "-n", ns, "trainer", check=False).stdout[-3000:]
+            )  # fmt: skip
+
+        def all_steps() -> dict[str, Any] | None:
+            not_failed()
+            s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
+            return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS - 1 else None
+
+        t0 = time.monotonic()
+        status = wait_until(
+            all_steps,
+            timeout=STEPS * 10 + 120,
+            interval=1,
+            what=f"{STEPS} steps in the policy status",
+        )
+        figures["replay_to_status_s"] = round(time.monotonic() - t0, 1)
+        sampling.set()
+        figures["locks_by_phase_kind_mhz"] = {
+            k: sorted(v, key=str) for k, v in locks_by_kind.items()
+        }
+        assert not strays, strays[:3]
+        phase_locks = {k: v - {None} for k, v in locks_by_kind.items() if k != "idle"}
+        assert phase_locks.get("generation") and phase_locks.get("training"), locks_by_kind
+        assert phase_locks["generation"] != phase_locks["training"], locks_by_kind
+        figures["policy_totals"] = status["totals"]
+        assert status["totals"]["savingPercent"] > 0, status["totals"]
+        assert status["totals"]["savedJoules"] > 0, status["totals"]
+
+        # A second pod signals for the first pod's GPUs: refused (403), the clocks are not its own.
+        intruder = _trainer_pod(
+            "intruder", ns, labels, socket_dir, work / "intruder-work",
+            ["python3", "-c", INTRUDER.format(gpus=list(gpus))], gpus=0,
         )  # fmt: skip
+        c.kubectl("apply", "-f", "-", input=json.dumps(intruder))
+        wait_until(
+            lambda: get_json(c, "pod", "intruder", "-n", ns)["status"].get("phase")
+            in ("Succeeded", "Failed"),
+            timeout=120, what="the second pod's signal",
+        )  # fmt: skip
+        out = c.kubectl("logs", "-n", ns, "intruder").stdout
+        assert "REFUSED 403" in out, out
+        c.kubectl("delete", "pod", "intruder", "-n", ns, "--wait=false")
 
-    def all_steps() -> dict[str, Any] | None:
-        not_failed()
-        s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
-        return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS - 1 else None
+        # The agent pod is deleted: it resets its GPUs on SIGTERM, the DaemonSet recreates it, and
+        # the trainer's GPUs are governed again.
+        t0 = time.monotonic()
+        c.kubectl("delete", "pod", "-n", SYSTEM_NS, agent["metadata"]["name"], "--wait=false")
+        wait_until(
+            lambda: set(_locks(driver, gpus).values()) == {None},
+            timeout=RESET_BOUND_S + 30, interval=0.05, what="GPUs reset by the stopping agent",
+        )  # fmt: skip
+        figures["agent_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
+        new_agent = wait_until(
+            lambda: [
+                p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
+                if _ready(p) and p["metadata"]["uid"] != agent["metadata"]["uid"]
+            ],
+            timeout=180, what="the recreated agent pod Ready",
+        )[0]  # fmt: skip
+        figures["agent_delete_to_new_agent_ready_s"] = round(time.monotonic() - t0, 1)
+        wait_until(
+            lambda: any(v is not None for v in _locks(driver, gpus).values()),
+            timeout=120, interval=0.05, what="the trainer's GPUs governed by the new agent",
+        )  # fmt: skip
+        figures["agent_rss_kib_running"] = _pod_rss_kib(new_agent["metadata"]["uid"])
 
-    t0 = time.monotonic()
-    status = wait_until(
-        all_steps, timeout=STEPS * 10 + 120, interval=1, what=f"{STEPS} steps in the policy status"
-    )
-    figures["replay_to_status_s"] = round(time.monotonic() - t0, 1)
-    sampling.set()
-    sampler.join()
-    figures["locks_by_phase_kind_mhz"] = {k: sorted(v, key=str) for k, v in locks_by_kind.items()}
-    assert not strays, strays[:3]
-    phase_locks = {k: v - {None} for k, v in locks_by_kind.items() if k != "idle"}
-    assert phase_locks.get("generation") and phase_locks.get("training"), locks_by_kind
-    assert phase_locks["generation"] != phase_locks["training"], locks_by_kind
-    saving = status["totals"].get("saving", {})
-    figures["policy_totals"] = status["totals"]
-    assert saving.get("percent", 0) > 0, status["totals"]
+        # The trainer pod is deleted: its GPUs are back at the default governor within 10 s.
+        t0 = time.monotonic()
+        c.kubectl("delete", "pod", "trainer", "-n", ns, "--wait=false")
+        wait_until(
+            lambda: set(_locks(driver, gpus).values()) == {None},
+            timeout=RESET_BOUND_S + 20, interval=0.05, what="the deleted trainer's GPUs reset",
+        )  # fmt: skip
+        figures["trainer_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
+        assert figures["trainer_delete_to_reset_s"] <= RESET_BOUND_S, figures
 
-    # A second pod signals for the first pod's GPUs: refused (403), the clocks are not its own.
-    intruder = _trainer_pod(
-        "intruder", ns, labels, socket_dir, work / "intruder-work",
-        ["python3", "-c", INTRUDER.format(gpus=list(gpus))], gpus=0,
-    )  # fmt: skip
-    c.kubectl("apply", "-f", "-", input=json.dumps(intruder))
-    wait_until(
-        lambda: get_json(c, "pod", "intruder", "-n", ns)["status"].get("phase")
-        in ("Succeeded", "Failed"),
-        timeout=120, what="the second pod's signal",
-    )  # fmt: skip
-    out = c.kubectl("logs", "-n", ns, "intruder").stdout
-    assert "REFUSED 403" in out, out
-    c.kubectl("delete", "pod", "intruder", "-n", ns, "--wait=false")
-
-    # The agent pod is deleted: it resets its GPUs on SIGTERM, the DaemonSet recreates it, and
-    # the trainer's GPUs are governed again.
-    t0 = time.monotonic()
-    c.kubectl("delete", "pod", "-n", SYSTEM_NS, agent["metadata"]["name"], "--wait=false")
-    wait_until(
-        lambda: set(_locks(driver, gpus).values()) == {None},
-        timeout=RESET_BOUND_S + 30, interval=0.05, what="GPUs reset by the stopping agent",
-    )  # fmt: skip
-    figures["agent_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
-    new_agent = wait_until(
-        lambda: [
-            p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
-            if _ready(p) and p["metadata"]["uid"] != agent["metadata"]["uid"]
-        ],
-        timeout=180, what="the recreated agent pod Ready",
-    )[0]  # fmt: skip
-    figures["agent_delete_to_new_agent_ready_s"] = round(time.monotonic() - t0, 1)
-    wait_until(
-        lambda: any(v is not None for v in _locks(driver, gpus).values()),
-        timeout=120, interval=0.05, what="the trainer's GPUs governed by the new agent",
-    )  # fmt: skip
-    figures["agent_rss_kib_running"] = _pod_rss_kib(new_agent["metadata"]["uid"])
-
-    # The trainer pod is deleted: its GPUs are back at the default governor within 10 s.
-    t0 = time.monotonic()
-    c.kubectl("delete", "pod", "trainer", "-n", ns, "--wait=false")
-    wait_until(
-        lambda: set(_locks(driver, gpus).values()) == {None},
-        timeout=RESET_BOUND_S + 20, interval=0.05, what="the deleted trainer's GPUs reset",
-    )  # fmt: skip
-    figures["trainer_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
-    assert figures["trainer_delete_to_reset_s"] <= RESET_BOUND_S, figures
-
-    # The policy is deleted, then the chart: no lock, no finalizer, no DaemonSet left.
-    c.kubectl("delete", "rlep", pname, "-n", ns, "--timeout=90s", timeout=120)
-    wait_until(
-        lambda: c.kubectl("get", "ds", "-n", SYSTEM_NS, "rlenergy-node-agent", check=False)
-        .returncode != 0,
-        timeout=60, what="the agent DaemonSet removed with the last policy",
-    )  # fmt: skip
-    c.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "120s", timeout=180)
-    wait_until(
-        lambda: not get_json(c, "pods", "-n", SYSTEM_NS)["items"],
-        timeout=120, what="no pod left in the release namespace",
-    )  # fmt: skip
-    assert set(_locks(driver, driver.uuids).values()) == {None}
-    for kind in ("rlep", "rlenergynodereports"):
-        items = get_json(c, kind, "-A")["items"]
-        assert all(not i["metadata"].get("finalizers") for i in items), items
+        # The policy is deleted, then the chart: no lock, no finalizer, no DaemonSet left.
+        c.kubectl("delete", "rlep", pname, "-n", ns, "--timeout=90s", timeout=120)
+        wait_until(
+            lambda: c.kubectl("get", "ds", "-n", SYSTEM_NS, "rlenergy-node-agent", check=False)
+            .returncode != 0,
+            timeout=60, what="the agent DaemonSet removed with the last policy",
+        )  # fmt: skip
+        c.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "120s", timeout=180)
+        wait_until(
+            lambda: not get_json(c, "pods", "-n", SYSTEM_NS)["items"],
+            timeout=120, what="no pod left in the release namespace",
+        )  # fmt: skip
+        assert set(_locks(driver, driver.uuids).values()) == {None}
+        for kind in ("rlep", "rlenergynodereports"):
+            items = get_json(c, kind, "-A")["items"]
+            assert all(not i["metadata"].get("finalizers") for i in items), items
+    finally:
+        sampling.set()
+        sampler.join()
 
 
 INTRUDER = """

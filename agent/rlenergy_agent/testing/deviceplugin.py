@@ -9,7 +9,7 @@ that NVML gives the agent (as NVIDIA's device plugin does with real GPUs).
 
 ``Allocate`` answers like NVIDIA's plugin with the container toolkit behind it: the env
 ``NVIDIA_VISIBLE_DEVICES`` lists the allocated UUIDs, and - the toolkit's part - the stand-in
-``libnvidia-ml.so.1`` and its state file are mounted read-only into the container
+``libnvidia-ml.so.1`` (read-only) and its state folder are mounted into the container
 (``LD_LIBRARY_PATH`` and ``RLENERGY_NVML_STANDIN_STATE`` point at them), so a trainer sees its
 GPUs through the real pynvml. The agent gets the same library through its chart values.
 
@@ -260,10 +260,11 @@ class StandinDevicePlugin:
                 c.mounts.add(
                     container_path=CONTAINER_LIB_DIR, host_path=str(self.lib_dir), read_only=True
                 )
+                # Read-write: the stand-in maps its state file shared (the driver's state).
                 c.mounts.add(
                     container_path=CONTAINER_STATE_DIR,
                     host_path=str(self.state_file.parent),
-                    read_only=True,
+                    read_only=False,
                 )
                 c.envs["LD_LIBRARY_PATH"] = CONTAINER_LIB_DIR
                 c.envs["RLENERGY_NVML_STANDIN_STATE"] = (
