@@ -93,8 +93,9 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 
 def _pod_rss_kib(pod_uid: str) -> dict[str, int]:
-    """VmRSS (KiB) of each process of a pod's containers (not its pause process), found through
-    the pod's cgroup under the kubelet's cgroupfs layout (``kubepods/<qos>/pod<uid>/<id>``)."""
+    """Memory (KiB) of a pod's containers (not its pause process): each process's VmRSS and the
+    container cgroup's charged rss + page cache (what its memory limit counts), found through
+    the kubelet's cgroupfs layout (``kubepods/<qos>/pod<uid>/<id>``)."""
     out: dict[str, int] = {}
     for procs in Path("/sys/fs/cgroup/memory").glob(f"kubepods*/**/pod{pod_uid}/*/cgroup.procs"):
         for pid in procs.read_text().split():
@@ -106,7 +107,13 @@ def _pod_rss_kib(pod_uid: str) -> dict[str, int]:
             if argv[0] == b"/pause":
                 continue
             rss = next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmRSS:"))
-            out[f"{pid} {b' '.join(argv[:3]).decode()}"] = rss
+            out[f"VmRSS {pid} {b' '.join(argv[:3]).decode()}"] = rss
+            stat = dict(
+                ln.split() for ln in (procs.parent / "memory.stat").read_text().splitlines()
+            )
+            out[f"cgroup rss+cache {procs.parent.name[:12]}"] = (
+                int(stat["rss"]) + int(stat["cache"])
+            ) // 1024
     return out
 
 
