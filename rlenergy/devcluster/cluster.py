@@ -675,7 +675,7 @@ class DevCluster:
             res = self.kubectl("get", "node", node.name, "-o", "json", check=False)
             if res.returncode == 0:
                 st = json.loads(res.stdout).get("status", {})
-                ready = next(
+                ready: dict[str, Any] = next(
                     (c for c in st.get("conditions", []) if c.get("type") == "Ready"), {}
                 )
                 status = f"{ready.get('status')} {ready.get('message', '')}"

@@ -6,8 +6,9 @@ agent image (``python3 -m rlenergy_agent.testing.podtrainer``) in a pod that req
 (``rlenergy.sdk.verl.RLEnergyVerlCallback`` over the agent's Unix socket), step by step, and
 closes the loop on the clock its GPUs really run, as ``rlenergy_agent.testing.fullstack`` does:
 a phase's work advances, tick by tick, at ``dt / T(f)``, with ``f`` the lowest SM clock of the
-pod's GPUs read through the real pynvml (the stand-in library the device plugin mounted, like
-the NVIDIA container toolkit mounts the driver's) and ``T(f)`` the phase's time at that clock.
+pod's GPUs read through the real pynvml (``rlenergy_agent.nvml.lib``; the stand-in library
+the device plugin mounted, like the NVIDIA container toolkit mounts the driver's) and ``T(f)``
+the phase's time at that clock.
 
 The replay comes precomputed from the host (``replay_file``, made by :func:`replay_document`
 with the simulator: the pod image carries no numpy): per step and phase the time at each
@@ -152,16 +153,15 @@ def run(
 
     With ``loop`` the replay starts over (step numbers go on) until the process is stopped.
     """
-    import pynvml  # type: ignore[import-untyped]  # noqa: PLC0415 - only in the pod
-
     from rlenergy.sdk import verl as sdk_verl  # noqa: PLC0415
+    from rlenergy_agent.nvml import lib  # noqa: PLC0415 - pynvml, only in the pod
 
-    pynvml.nvmlInit()
-    handles = [pynvml.nvmlDeviceGetHandleByUUID(u) for u in uuids]
+    lib.init()
+    handles = [lib.handle_by_uuid(u) for u in uuids]
     callback = sdk_verl.RLEnergyVerlCallback()
 
     def clock() -> float:
-        return float(min(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM) for h in handles))
+        return float(min(lib.clock_mhz(h, lib.CLOCK_SM) for h in handles))
 
     def work(kind: str, label: str) -> None:
         tmp = work_file.with_suffix(".tmp")
@@ -176,7 +176,7 @@ def run(
         rounds += 1
         if not loop:
             break
-    pynvml.nvmlShutdown()
+    lib.shutdown()
     return out
 
 
