@@ -38,7 +38,7 @@ def replay_document(job: Any, sku: Any) -> dict[str, Any]:
 
     Args:
         job: ``rlenergy.sim.job.Job``.
-        sku: its ``rlenergy.sim.models.GpuSku``.
+        sku: its ``rlenergy.gpu.models.GpuSku``.
 
     Returns:
         ``{"steps": [{"index", "other_time_s", "valid_tokens", "metrics", "phases": {phase:

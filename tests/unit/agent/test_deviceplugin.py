@@ -13,7 +13,7 @@ import pytest
 from rlenergy_agent.testing import deviceplugin as dp
 from rlenergy_agent.testing import standin
 
-from rlenergy.sim import models
+from rlenergy.gpu import models
 
 UUIDS = ("GPU-a-00", "GPU-a-01", "GPU-a-02")
 
