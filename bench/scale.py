@@ -9,8 +9,8 @@ What runs:
   ``rlenergy_agent.kube.ReportWriter`` (the agent's real report writer: one report object per
   policy and node, created once, then merge-patched once per RL step), and each policy's agents
   read ``status.plan`` through the agent's real ``PlanWatcher`` (``--pollers`` watchers per
-  policy, staggered over the agent's 2 s poll period; a real fleet has one per node, see the
-  extrapolated poll load in the output). The step records come from the simulator
+  policy, each one watch on the policy object, read staggered over the agent's 2 s poll
+  period; a real fleet has one per node, see the extrapolated load in the output). The step records come from the simulator
   (``rlenergy.sim``: one simulated 8-GPU node per job, every node reports that node's record).
 
 What it prints per scale point: operator peak RSS, status lag (last node report of a step
@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPUS_PER_NODE = 8
 GROUP, VERSION, POLICIES = "rlenergy.io", "v1alpha1", "rlenergypolicies"
 PLAN_POLL_S = 2.0  # the agent's default RLENERGY_AGENT_PLAN_POLL_S
+WATCH_TIMEOUT_S = agent_kube.PlanWatcher.WATCH_TIMEOUT_S  # one plan watch request's length
 RECONCILE_S = 2.0  # the operator's default RLENERGY_OPERATOR_RECONCILE_INTERVAL_S
 WINDOW = 32  # the agent's MAX_STEPS_KEPT
 TARGET_RSS_MB, TARGET_LAG_P99_S = 300.0, 5.0
@@ -566,8 +567,10 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
         f"  409 conflicts: {conflicts} (agents' writes retry 409; unresolved = failed writes: "
         f"{len(res['errors'])})  {'OK' if not res['errors'] else 'MISSED'}; by request: "
         + (", ".join(f"{k} {v}" for k, v in conflict_by.most_common(5)) or "none"),
-        f"  a real fleet polls status.plan once per node every {PLAN_POLL_S:.0f} s: "
-        f"{n / PLAN_POLL_S:.0f} GET/s extrapolated (simulated here with fewer pollers)",
+        f"  a real fleet holds one plan watch per node (a LIST, then a WATCH renewed every "
+        f"{WATCH_TIMEOUT_S:.0f} s): {n * 2 / WATCH_TIMEOUT_S:.1f} requests/s extrapolated "
+        f"(polling status.plan every {PLAN_POLL_S:.0f} s was {n / PLAN_POLL_S:.0f} GET/s; "
+        f"simulated here with fewer watchers)",
         "  API requests/s over the RL steps by verb and resource (top 14):",
     ]
     for (verb, resource), cnt in by.most_common(14):

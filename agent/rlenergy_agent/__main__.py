@@ -261,12 +261,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ops.port,
     )
     print(json.dumps({"ready": True, "metricsPort": ops.port}), flush=True)
-    # A plan file: no policy plan, no report object.
-    follow = api if args.plan is None else None
+    follow = api if args.plan is None else None  # a plan file: no policy plan, no report
     loop = nodeloop.NodeLoop(settings, agent, pod_ends, follow, discover=discover, stop=stop)
     try:
         loop.run()
     finally:
+        loop.close()
         _shutdown(settings, agent, signals, ops)
     return 0
 

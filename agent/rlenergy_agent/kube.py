@@ -3,22 +3,25 @@
 The only agent module importing the Kubernetes client. The writer owns one
 ``RLEnergyNodeReport`` per policy and node (``<policy>-<node>``; no two writers share an
 object), writes at most once per RL step (finished steps are batched) and retries transient API
-errors (429, 5xx, connection loss) with exponential backoff. The watcher polls the policy's
-``status.plan`` (polling survives API server restarts and 410 Gone by construction); a deleted
-policy yields ``None`` so the agent resets clocks. ``PolicyDiscovery`` finds the policy that
+errors (429, 5xx, connection loss) with exponential backoff. The watcher follows the policy's
+``status.plan`` by a watch with bookmarks (one long request per agent instead of a GET every
+plan-poll period; it lists again after 410 Gone and API server restarts); a deleted policy
+yields ``None`` so the agent resets clocks. ``PolicyDiscovery`` finds the policy that
 governs the node's GPU pods when none is configured. ``TokenReviewer`` checks the trainer
 pods' bearer tokens (``rlenergy_agent.identity``); ``ended_pods`` tells which governed pods
-ended (reset on pod end). Callers: ``rlenergy_agent.__main__``.
+ended (reset on pod end). Callers: ``rlenergy_agent.__main__``, ``rlenergy_agent.nodeloop``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import kubernetes
+import kubernetes.watch
 from kubernetes.client.exceptions import ApiException as ApiException
 
 from rlenergy.api import node as api_node
@@ -153,40 +156,158 @@ class ReportWriter:
 
 
 class PlanWatcher:
-    """Reads ``RLEnergyPolicy.status.plan``.
+    """Follows ``RLEnergyPolicy.status.plan`` by a watch on the one policy object.
+
+    A background thread lists the policy (``metadata.name`` field selector: one object), then
+    watches from the list's ``resourceVersion`` with bookmarks, so the API server sends the
+    policy's changes (and a bookmark about once a minute) on one long request instead of a GET
+    per agent every plan-poll period. A watch that ends (its ``timeout_seconds``) resumes from
+    the newest resourceVersion seen, bookmarks included; ``410 Gone`` (too old) or any other
+    error lists again, after an exponential backoff on errors (API server restarts).
+    ``poll`` reads what the watch delivered last and sends no request.
 
     Args:
         api: a ``CustomObjectsApi``.
         namespace: the policy's namespace.
         policy: policy name.
+        watch_timeout_s: ``timeout_seconds`` of one watch request, s (None: ``WATCH_TIMEOUT_S``).
+        retry_max_s: longest wait between attempts after errors, s.
     """
 
-    def __init__(self, api: Any, namespace: str, policy: str) -> None:
+    WATCH_TIMEOUT_S = 300.0
+    """Default length of one watch request, s (the API server ends it; the watcher resumes)."""
+
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        policy: str,
+        *,
+        watch_timeout_s: float | None = None,
+        retry_max_s: float = 10.0,
+    ) -> None:
         self.api = api
         self.namespace = namespace
         self.policy = policy
         self.saving_ratio: dict[str, float] = {}
         """From the last poll: the status' saving / 100 per phase, ``""`` for the job's total."""
+        self.watch_timeout_s = self.WATCH_TIMEOUT_S if watch_timeout_s is None else watch_timeout_s
+        self.retry_max_s = retry_max_s
+        self.first_list_wait_s = 10.0
+        self._lock = threading.Lock()
+        self._seen: dict[str, Any] | None = None  # the policy object; {} deleted; None: unknown
+        self._error: Exception | None = None
+        self._stopped = threading.Event()
+        self._watch: kubernetes.watch.Watch | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"plan-watch-{namespace}/{policy}", daemon=True
+        )
+        self._thread.start()
 
     def poll(self) -> tuple[bool, api_node.ClockPlan | None]:
-        """(policy exists, its plan or ``None``); updates ``saving_ratio`` from the status.
+        """(policy exists, its plan or ``None``) as last delivered; updates ``saving_ratio``.
+
+        Sends no request. Until the first listing succeeded (the first call waits up to
+        ``first_list_wait_s`` for it) it raises the listing's error, so the caller keeps its plan.
 
         Raises:
-            kubernetes.client.exceptions.ApiException: any error but 404.
+            kubernetes.client.exceptions.ApiException: the first listing failed (any error).
+            TimeoutError: the first listing has not answered yet.
         """
-        try:
-            obj = self.api.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, POLICY_PLURAL, self.policy
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                self.saving_ratio = {}
-                return False, None
-            raise
-        status = obj.get("status") or {}
+        self.wait_listed(self.first_list_wait_s)  # the first poll waits like a GET would
+        with self._lock:
+            seen, error = self._seen, self._error
+        if seen is None:
+            raise error or TimeoutError(f"policy {self.namespace}/{self.policy} not listed yet")
+        if not seen:
+            self.saving_ratio = {}
+            return False, None
+        status = seen.get("status") or {}
         self.saving_ratio = saving_ratios(status)
         plan = status.get("plan")
         return True, api_node.ClockPlan.model_validate(plan) if plan else None
+
+    def wait_listed(self, timeout_s: float) -> bool:
+        """Whether the first listing answered (or failed) within ``timeout_s`` seconds."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self._seen is not None or self._error is not None:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """End the watch (the thread exits at the next event, bookmark or watch timeout)."""
+        self._stopped.set()
+        if self._watch is not None:
+            self._watch.stop()
+
+    def _set(self, seen: dict[str, Any] | None, error: Exception | None = None) -> None:
+        with self._lock:
+            if seen is not None:
+                self._seen = seen
+            self._error = error
+
+    def _list(self) -> str:
+        """List the policy; returns the list's resourceVersion."""
+        listing = self.api.list_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.namespace,
+            POLICY_PLURAL,
+            field_selector=f"metadata.name={self.policy}",
+        )
+        items = listing.get("items") or []
+        self._set(dict(items[0]) if items else {})
+        return str((listing.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _follow(self, version: str) -> str:
+        """One watch request from ``version``; returns the newest resourceVersion seen."""
+        self._watch = watch = kubernetes.watch.Watch()
+        for event in watch.stream(
+            self.api.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            POLICY_PLURAL,
+            field_selector=f"metadata.name={self.policy}",
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=int(self.watch_timeout_s),
+            _request_timeout=(10.0, self.watch_timeout_s + 30.0),
+        ):
+            kind, obj = event.get("type"), event.get("raw_object") or {}
+            if kind in ("ADDED", "MODIFIED"):
+                self._set(dict(obj))
+            elif kind == "DELETED":
+                self._set({})
+            if self._stopped.is_set():
+                break
+        return str(watch.resource_version or version)
+
+    def _run(self) -> None:
+        version, backoff = "", 0.5
+        while not self._stopped.is_set():
+            try:
+                if not version:
+                    version = self._list()
+                version = self._follow(version)
+                backoff = 0.5
+            except ApiException as exc:
+                version = ""  # 410 Gone or any API error: list again
+                if exc.status != 410:
+                    self._set(None, exc)
+                    log.warning("plan watch %s/%s: %s", self.namespace, self.policy, exc.reason)
+                    self._stopped.wait(backoff)
+                    backoff = min(backoff * 2, self.retry_max_s)
+            except Exception as exc:  # noqa: BLE001 - connection loss: list again after a pause
+                version = ""
+                self._set(None, exc)
+                log.warning("plan watch %s/%s: %s", self.namespace, self.policy, exc)
+                self._stopped.wait(backoff)
+                backoff = min(backoff * 2, self.retry_max_s)
 
 
 def saving_ratios(status: dict[str, Any]) -> dict[str, float]:

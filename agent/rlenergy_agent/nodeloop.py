@@ -131,6 +131,11 @@ class NodeLoop:
         """End ``run`` after the current pass."""
         self._stop.set()
 
+    def close(self) -> None:
+        """End the plan watch (the policy is left, or the agent stops)."""
+        if self.watcher is not None:
+            self.watcher.stop()
+
     def tick(self, now: float) -> None:
         """One pass at monotonic time ``now``, s."""
         self.pod_ends.tick()  # reset on pod end, before this pass's report
@@ -160,6 +165,7 @@ class NodeLoop:
             ref = found.policy
             if (None if ref is None else (ref.namespace, ref.name)) != current:
                 leave_policy(self.agent, self.writer, "" if ref is None else ref.name)
+                self.close()
                 self.writer = self.watcher = None
                 if ref is not None:
                     self.writer = kube.ReportWriter(

@@ -1,0 +1,149 @@
+"""The agent's plan watch (``kube.PlanWatcher``) over the kubernetes client's real ``Watch``.
+
+The API is faked at the transport: ``list_namespaced_custom_object`` returns a listing, or,
+with ``watch=True``, a response whose stream carries watch events as JSON lines, as the API
+server sends them. We test these aspects:
+* the first poll has the listed plan; a MODIFIED event's plan replaces it with no request;
+* a DELETED event reads as "policy gone" (the agent resets clocks);
+* a watch resumes from the newest resourceVersion seen (bookmarks included); 410 Gone lists
+  again; an error before the first listing is raised by ``poll`` (the caller keeps its plan);
+* stop ends the thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from rlenergy_agent import kube
+
+
+def _policy(step: int, rv: str) -> dict[str, Any]:
+    plan = {"step": step, "phases": [{"phase": "generation", "clockMHz": 1410, "state": "locked"}]}
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "resourceVersion": rv},
+        "status": {"plan": plan, "totals": {"savingPercent": 5.0}},
+    }
+
+
+class _Resp:
+    def __init__(self, events: list[dict[str, Any]], hold: threading.Event | None) -> None:
+        self.events, self.hold, self.status = events, hold, 200
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+        for e in self.events:
+            yield (json.dumps(e) + "\n").encode()
+        if self.hold is not None:
+            self.hold.wait(5)
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _Api:
+    """``CustomObjectsApi`` stand-in: scripted listings and watch streams."""
+
+    def __init__(self, listings: list[Any], watches: list[list[dict[str, Any]]]) -> None:
+        self.listings, self.watches = listings, watches
+        self.calls: list[dict[str, Any]] = []
+        self.hold = threading.Event()
+
+    def list_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+        """Fake.
+
+        :return: object
+        """
+        self.calls.append(kwargs)
+        if kwargs.get("watch"):
+            events = self.watches.pop(0) if self.watches else []
+            return _Resp(events, None if self.watches else self.hold)
+        item = self.listings.pop(0) if len(self.listings) > 1 else self.listings[0]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+def _listing(rv: str, *items: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": rv}, "items": list(items)}
+
+
+def _until(cond: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_listed_plan_then_watched_changes_without_requests():
+    api = _Api(
+        [_listing("10", _policy(0, "9"))],
+        [
+            [
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "11"}}},
+                {"type": "MODIFIED", "object": _policy(1, "12")},
+            ]
+        ],
+    )
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        exists, plan = w.poll()
+        assert exists and plan is not None and plan.step in (0, 1)
+        _until(lambda: (p := w.poll()[1]) is not None and p.step == 1)
+        assert w.saving_ratio == {"": 0.05}
+        watch_calls = [c for c in api.calls if c.get("watch")]
+        assert watch_calls[0]["resource_version"] == "10"
+        assert watch_calls[0]["field_selector"] == "metadata.name=p"
+        assert watch_calls[0]["allow_watch_bookmarks"] is True
+        calls = len(api.calls)
+        for _ in range(20):
+            w.poll()
+        assert len(api.calls) == calls  # poll reads the watch's state: no request
+    finally:
+        w.stop()
+        api.hold.set()
+
+
+def test_deleted_policy_reads_as_gone_and_410_lists_again():
+    gone = {"type": "ERROR", "object": {"code": 410, "reason": "Gone", "message": "too old"}}
+    api = _Api(
+        [_listing("5", _policy(3, "5")), _listing("20", _policy(4, "20"))],
+        [[{"type": "DELETED", "object": _policy(3, "6")}, gone], []],
+    )
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        _until(lambda: (p := w.poll()[1]) is not None and p.step == 4)  # relisted after 410
+        assert sum(1 for c in api.calls if not c.get("watch")) >= 2
+    finally:
+        w.stop()
+        api.hold.set()
+
+
+def test_deleted_event_resets():
+    api = _Api([_listing("5", _policy(3, "5"))], [[{"type": "DELETED", "object": _policy(3, "6")}]])
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        _until(lambda: w.poll() == (False, None))
+        assert w.saving_ratio == {}
+    finally:
+        w.stop()
+        api.hold.set()
+
+
+def test_first_listing_error_is_raised_by_poll():
+    api = _Api([ApiException(status=403, reason="Forbidden")], [])
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        with pytest.raises(ApiException):
+            w.poll()
+    finally:
+        w.stop()
+        api.hold.set()
+    w._thread.join(timeout=5)
+    assert not w._thread.is_alive()
