@@ -270,13 +270,7 @@ def policy_loop(
         memo, parsed, conds.generation, current, key, logger, policy_node_reports
     )
     ro = rollout.reconcile(parsed, current.rollout, reports, key[0], conds.now, policy=name)
-    unschedulable, missing = _findings(memo, conds)
-    # A worker set that does not opt in to scaling (rollout, optin) ranks with "no agent can
-    # schedule": it is what the policy's owner has to act on.
-    refused = None if ro.degraded is None else (True, *ro.degraded)
-    out = loopstatus.assemble(
-        loop, reports, status.get("plan"), conds, unschedulable or refused, missing
-    )
+    out = loopstatus.assemble(loop, reports, status.get("plan"), conds, *_findings(memo, conds, ro))
     new = dict(out.fields) | ({} if ro.status is None else {"rollout": _dump(ro.status)})
     if _write_status(patch, status, new):
         ECHOES.wrote(key, version)
@@ -286,13 +280,18 @@ def policy_loop(
 Finding = tuple[bool, str, str]
 
 
-def _findings(memo: kopf.Memo, conds: conditions.PassConditions) -> tuple[Finding | None, ...]:
-    """(agents unschedulable, GPU nodes without an agent) from ``policy_agents_check``.
+def _findings(
+    memo: kopf.Memo, conds: conditions.PassConditions, ro: rollout.Result
+) -> tuple[Finding | None, Finding | None]:
+    """(what no agent can do, GPU nodes without an agent) for the pass's Degraded.
 
-    After a restart the last scheduling finding stands until the first check (no flap).
+    The first is ``policy_agents_check``'s scheduling finding (after a restart the last one
+    stands until the first check: no flap), else a worker set that does not opt in to scaling
+    (``rollout``, opt-in): both are what the policy's owner has to act on.
     """
     unschedulable = memo.get("agents_unschedulable", scheduling.last_finding(conds.previous))
-    return unschedulable, memo.get("agents_missing")
+    refused = None if ro.degraded is None else (True, *ro.degraded)
+    return unschedulable or refused, memo.get("agents_missing")
 
 
 def _write_status(patch: kopf.Patch, status: kopf.Status, new: dict[str, Any]) -> bool:
