@@ -127,17 +127,7 @@ class FlexFloorPlanner:
         """
         if self.cost_model is None:
             raise errors.InvalidInputError("cost_model", "the planner has no step-time model")
-        gone = set(release)
-        gained: dict[int, set[int]] = {}
-        for move in moves:
-            gained.setdefault(move.target, set()).add(move.expert)
-        after = [
-            dataclasses.replace(w, experts=w.experts | gained.get(w.worker, set()))
-            if w.worker in gained
-            else w
-            for w in workers
-            if w.worker not in gone
-        ]
+        after = _survivors(workers, release, moves)
         if not after:
             raise errors.InvalidInputError("release", "a release may not empty the EP group")
         return self._forecast(workers, after, moves)[0]
@@ -165,18 +155,7 @@ class FlexFloorPlanner:
         release: Sequence[int] = (),
         moves: Sequence[base.ExpertMove] = (),
     ) -> tuple[float, float]:
-        gone = set(release)
-        gained: dict[int, set[int]] = {}
-        for move in moves:
-            gained.setdefault(move.target, set()).add(move.expert)
-        after = [
-            dataclasses.replace(w, experts=w.experts | gained.get(w.worker, set()))
-            if w.worker in gained
-            else w
-            for w in workers
-            if w.worker not in gone
-        ]
-        return self._forecast(workers, after, moves)
+        return self._forecast(workers, _survivors(workers, release, moves), moves)
 
     def _plan_guarded(
         self, workers: Sequence[base.WorkerState], order: list[int]
@@ -355,6 +334,25 @@ FORECAST_SEGMENTS = 16
 """Most segments the guard's forecast cuts the remaining decode steps into (cost of a plan
 grows linearly with it; the forecast is piecewise constant per segment) [MODEL]."""
 
+
+
+def _survivors(
+    workers: Sequence[base.WorkerState],
+    release: Sequence[int],
+    moves: Sequence[base.ExpertMove],
+) -> list[base.WorkerState]:
+    """The workers left after ``release``, each holding the experts ``moves`` copy onto it."""
+    gone = set(release)
+    gained: dict[int, set[int]] = {}
+    for move in moves:
+        gained.setdefault(move.target, set()).add(move.expert)
+    return [
+        dataclasses.replace(w, experts=w.experts | gained.get(w.worker, set()))
+        if w.worker in gained
+        else w
+        for w in workers
+        if w.worker not in gone
+    ]
 
 def _forecast_segments(workers: Sequence[base.WorkerState]) -> list[tuple[float, float]]:
     """``(start, length)`` in decode steps of the forecast segments of the rest of the step.
