@@ -58,18 +58,7 @@ class Parks(AgentState):
             SignalRefused: the pod holds no GPU here (404), names a GPU it does not hold
                 (403), or a negative step (400).
         """
-        gpus, devices = self.gpus_of(pod)
-        if not gpus:
-            self.refused += 1
-            raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
-        named = (shares.physical(g, self.mig_parent) for g in gpu_uuids)
-        targets = list(dict.fromkeys(named)) or list(gpus)
-        foreign = [g for g in targets if g not in gpus]
-        if foreign:
-            self.refused += 1
-            raise SignalRefused(f"pod {pod} does not hold GPU(s) {', '.join(foreign)}", 403)
-        if step < 0:
-            raise SignalRefused("step must be >= 0", 400)
+        gpus, devices, targets = self.signal_gpus(pod, gpu_uuids, step)
         with self._lock:
             enforce = self.plan is not None and self.plan.enforce
             now = self._clock()

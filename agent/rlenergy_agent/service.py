@@ -214,16 +214,7 @@ class Agent(ProbeSlices, Parks, StepRecords):
             SignalRefused: the pod holds no GPU on this node, or names a GPU it does not hold.
         """
         t0 = received_s if received_s is not None else self._clock()
-        gpus, devices = self.gpus_of(pod)
-        if not gpus:
-            self.refused += 1
-            raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
-        foreign = [g for g in gpu_uuids if shares.physical(g, self.mig_parent) not in gpus]
-        if foreign:
-            self.refused += 1
-            raise SignalRefused(f"pod {pod} does not hold GPU(s) {', '.join(foreign)}", 403)
-        if step < 0:
-            raise SignalRefused("step must be >= 0", 400)
+        gpus, devices, _ = self.signal_gpus(pod, gpu_uuids, step)
         with self._lock:
             entry = self._entry_for(phase)
             clock_mhz = entry.clock_mhz if entry is not None else None

@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rlenergy.api import node as api_node
 from rlenergy_agent import actuator as act
-from rlenergy_agent import crosscheck, energy, histogram
+from rlenergy_agent import crosscheck, energy, histogram, shares
 from rlenergy_agent.pods import PodMap, PodRef
 
 log = logging.getLogger("rlenergy_agent.service")
@@ -192,6 +192,34 @@ class AgentState:
     def gpus_of(self, pod: PodRef) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(physical GPUs, devices) of ``pod`` (``service.Agent.gpus_of``)."""
         raise NotImplementedError
+
+    def signal_gpus(
+        self, pod: PodRef, gpu_uuids: Sequence[str], step: int
+    ) -> tuple[tuple[str, ...], tuple[str, ...], list[str]]:
+        """The GPUs a signal of ``pod`` for ``step`` acts on, checked.
+
+        Returns:
+            ``(physical GPUs, devices, targets)``: ``targets`` are the physical GPUs named in
+            ``gpu_uuids`` (MIG or replica names mapped to their GPU, each once), or all of the
+            pod's GPUs when none is named.
+
+        Raises:
+            SignalRefused: 404 the pod holds no GPU here, 403 it names a GPU it does not hold,
+                400 a negative step.
+        """
+        gpus, devices = self.gpus_of(pod)
+        if not gpus:
+            self.refused += 1
+            raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
+        named = (shares.physical(g, self.mig_parent) for g in gpu_uuids)
+        targets = list(dict.fromkeys(named)) or list(gpus)
+        foreign = [g for g in targets if g not in gpus]
+        if foreign:
+            self.refused += 1
+            raise SignalRefused(f"pod {pod} does not hold GPU(s) {', '.join(foreign)}", 403)
+        if step < 0:
+            raise SignalRefused("step must be >= 0", 400)
+        return gpus, devices, targets
 
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
         raise NotImplementedError
