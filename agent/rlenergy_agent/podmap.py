@@ -34,16 +34,29 @@ GPU_RESOURCES = ("nvidia.com/gpu",)
 _T = descriptor_pb2.FieldDescriptorProto
 
 
+def add_message(
+    f: descriptor_pb2.FileDescriptorProto, name: str, *fields: tuple[str, int, int, int, str]
+) -> descriptor_pb2.DescriptorProto:
+    """Add message ``name`` to ``f``; each field is ``(name, number, type, label, type_name)``.
+
+    ``type``/``label`` are ``FieldDescriptorProto`` enums; ``type_name`` is the fully qualified
+    message type (``.pkg.Msg``) of a message field, ``""`` otherwise. Shared with the stand-in
+    device plugin (``rlenergy_agent.testing.deviceplugin``), which builds its API the same way.
+    """
+    m = f.message_type.add(name=name)
+    for fname, number, ftype, label, type_name in fields:
+        fd = m.field.add(name=fname, number=number, type=ftype, label=label)
+        if type_name:
+            fd.type_name = type_name
+    return m
+
+
 def _file() -> descriptor_pb2.FileDescriptorProto:
     f = descriptor_pb2.FileDescriptorProto(name="rlenergy/podresources_v1.proto", package="v1")
     f.syntax = "proto3"
 
     def msg(name: str, *fields: tuple[str, int, int, int, str]) -> None:
-        m = f.message_type.add(name=name)
-        for fname, number, ftype, label, type_name in fields:
-            fd = m.field.add(name=fname, number=number, type=ftype, label=label)
-            if type_name:
-                fd.type_name = type_name
+        add_message(f, name, *fields)
 
     opt, rep = _T.LABEL_OPTIONAL, _T.LABEL_REPEATED
     msg("ListPodResourcesRequest")

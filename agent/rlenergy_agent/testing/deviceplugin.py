@@ -38,6 +38,8 @@ from google.protobuf import (  # type: ignore[import-untyped]
     message_factory,
 )
 
+from rlenergy_agent import podmap
+
 log = logging.getLogger(__name__)
 
 VERSION = "v1beta1"
@@ -63,12 +65,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     S, B, I32, I64, M = _T.TYPE_STRING, _T.TYPE_BOOL, _T.TYPE_INT32, _T.TYPE_INT64, _T.TYPE_MESSAGE
 
     def msg(name: str, *fields: tuple[str, int, int, int, str]) -> descriptor_pb2.DescriptorProto:
-        m = f.message_type.add(name=name)
-        for fname, number, ftype, label, type_name in fields:
-            fd = m.field.add(name=fname, number=number, type=ftype, label=label)
-            if type_name:
-                fd.type_name = type_name
-        return m
+        return podmap.add_message(f, name, *fields)
 
     def string_map(m: descriptor_pb2.DescriptorProto, fname: str, number: int) -> None:
         entry = fname.capitalize() + "Entry"
