@@ -95,7 +95,13 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
         )
     mig_parent = {m: u for u in gpus for m in getattr(gpus[u], "mig_uuids", ())}
     agent = service.Agent(
-        settings.node_name, settings.policy_name, acts, meter, pods, mig_parent=mig_parent
+        settings.node_name,
+        settings.policy_name,
+        acts,
+        meter,
+        pods,
+        mig_parent=mig_parent,
+        stall_after_s=settings.stall_after_s,
     )
     return agent, dict(caps)
 

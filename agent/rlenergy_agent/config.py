@@ -87,5 +87,11 @@ class AgentSettings(BaseSettings):
         "of this node, only while some pod is governed); with the kubelet's listing (every "
         "sample) a pod's end resets its GPUs within 10 s.",
     )
+    stall_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="Progress frozen this long, with requests in flight and power below the "
+        "SKU's stall band, is a stalled rollout, s (rlenergy_agent.stalls).",
+    )
     sim_gpus: int = Field(8, ge=1, le=16, description="GPUs of the sim backend.")
     sim_sku: str = Field("h100-sxm", description="SKU of the sim backend (rlenergy.sim).")

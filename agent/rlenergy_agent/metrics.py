@@ -100,6 +100,17 @@ class AgentCollector(Collector):
             "Cross-checks where counter and integrated power disagreed by more than 15 %.",
             labels=["gpu_uuid", "node"],
         )
+        stalled = GaugeMetricFamily(
+            "rlenergy_agent_rollout_stalled",
+            "1 while the pod's phase on the GPU is stalled: progress frozen with requests in "
+            "flight at power below the SKU's stall band (clocks held, time kept out of savings).",
+            labels=labels,
+        )
+        stalled_s = CounterMetricFamily(
+            "rlenergy_agent_stalled_seconds",
+            "Stalled time of closed phase windows, s (excluded from savings and trials).",
+            labels=["node", "policy"],
+        )
         assigned = GaugeMetricFamily(
             "rlenergy_agent_gpu_assigned",
             "1 while a pod holds the GPU (kubelet pod-resources), else 0.",
@@ -178,8 +189,13 @@ class AgentCollector(Collector):
                 assigned.add_metric([u, node], 0.0 if pod is None else 1.0)
                 name, ns = _pod_labels(pod)
                 info.add_metric([u, node, policy, name, ns, a.phase_of.get(u, "idle")], 1.0)
+                stalled.add_metric(
+                    [u, node, policy, name, ns, a.phase_of.get(u, "idle")],
+                    0.0 if a.stalled_since_s(u) is None else 1.0,
+                )
                 condition.add_metric([u, node, ctl.condition, ctl.reason], 1.0)
             tokens.add_metric([node, policy], a.valid_tokens_total)
+            stalled_s.add_metric([node, policy], a.stalled_s_total)
             for phase, ratio in sorted(a.saving_ratio.items()):
                 if phase:
                     saving.add_metric([node, policy, phase], ratio)
@@ -188,7 +204,7 @@ class AgentCollector(Collector):
             hist = a.latency_hist
             lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
         yield from (energy, seconds, total, clock, locked, cap_state, unexplained, assigned)
-        yield from (info, condition, xratio, xmismatch)
+        yield from (info, condition, xratio, xmismatch, stalled, stalled_s)
         yield from (rejected, missing, tokens, saving, job_saving, lat)
         calls = CounterMetricFamily(
             "rlenergy_agent_nvml_calls",

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 from rlenergy.api import node as api_node
 from rlenergy.gpu import errors
-from rlenergy_agent import energy
+from rlenergy_agent import energy, stalls
 from rlenergy_agent.pods import PodRef
 from rlenergy_agent.state import (
+    IDLE,
     MAX_PROGRESS_LOG,
     MAX_REPORT_AGE_S,
     POWER_SAMPLES_PER_SLICE,
@@ -35,8 +36,11 @@ log = logging.getLogger("rlenergy_agent.service")
 class ProbeSlices(AgentState):
     """ProbeSlices of ``service.Agent`` (a mixin over ``state.AgentState``)."""
 
-    def progress(self, pod: PodRef, amount: float) -> None:
+    def progress(self, pod: PodRef, amount: float, in_flight: int | None = None) -> None:
         """Add phase progress (tokens or iterations) to ``pod``'s open window.
+
+        ``in_flight``: requests the caller has in flight now (``None``: not said); see
+        ``progress_total``.
 
         Raises:
             SignalRefused: a negative or non-finite amount (it would poison the window).
@@ -48,8 +52,11 @@ class ProbeSlices(AgentState):
             if w is not None:
                 w.progress += amount
                 self._log_progress(w)
+                self._in_flight(w, in_flight)
 
-    def progress_total(self, pod: PodRef, total: float, at_s: float | None = None) -> None:
+    def progress_total(
+        self, pod: PodRef, total: float, at_s: float | None = None, in_flight: int | None = None
+    ) -> None:
         """Set the cumulative progress of ``pod``'s current phase (tokens or iterations so far).
 
         Cumulative reports lose nothing when one is dropped, and a probed window interpolates
@@ -62,6 +69,10 @@ class ProbeSlices(AgentState):
                 of a node); taken only when it lies within ``MAX_REPORT_AGE_S`` before now and
                 after the previous report, else the arrival time is used. It keeps the
                 request's transit and queueing out of the slice boundaries.
+            in_flight: requests the caller has in flight now (rollout engines; ``None``: not
+                said). From the first count on, the window is watched for stalls
+                (``rlenergy_agent.stalls``: progress frozen with requests in flight at low
+                power).
 
         Raises:
             SignalRefused: a negative or non-finite total.
@@ -73,6 +84,33 @@ class ProbeSlices(AgentState):
             if w is not None:
                 w.progress = total
                 self._log_progress(w, at_s)
+                self._in_flight(w, in_flight)
+
+    def _in_flight(self, w: _Open, in_flight: int | None) -> None:
+        if in_flight is None or w.phase == IDLE:
+            return
+        if w.stall is None:
+            band = self._stall_band(w.gpus)
+            if band is None:
+                return
+            w.stall = stalls.StallWatch(self.stall_after_s, band)
+        w.stall.in_flight = in_flight
+
+    def _stall_band(self, gpus: Sequence[str]) -> float | None:
+        """The lowest stall power band of ``gpus``, W (``stalls.band_w``; read once per GPU)."""
+        bands = []
+        for u in gpus:
+            if u not in self._bands:
+                gpu = self.actuator.gpus[u]
+                try:
+                    limit_w: float | None = gpu.power_limit_mw() / 1000.0
+                except errors.GpuError:
+                    limit_w = None
+                self._bands[u] = stalls.band_w(getattr(gpu, "name", ""), limit_w)
+            band = self._bands[u]
+            if band is not None:
+                bands.append(band)
+        return min(bands) if bands else None
 
     def _log_progress(self, w: _Open, at_s: float | None = None) -> None:
         if w.probe is None or len(w.progress_log) >= MAX_PROGRESS_LOG:
@@ -97,7 +135,9 @@ class ProbeSlices(AgentState):
                 p = w.probe
                 if p is None:
                     continue
-                if now >= p.boundary_s:
+                if now >= p.boundary_s and w.stall is not None and w.stall.stalled:
+                    self._hold_slice(w, p, now)  # no clock change while stalled
+                elif now >= p.boundary_s:
                     self._next_slice(w, p)
                 elif now >= p.next_sample_s:
                     self._sample_power(w, p)
@@ -111,8 +151,14 @@ class ProbeSlices(AgentState):
     def _sample_power(self, w: _Open, p: _Probe) -> None:
         total = 0.0
         for u in w.gpus:
+            gpu = self.actuator.gpus[u]
+            if p.clock_mhz is not None and u not in self.parked:
+                try:  # the clock the slice runs: a cap below the lock is credited, not the lock
+                    p.clock_reads.append(gpu.sm_clock_mhz())
+                except errors.GpuError as exc:
+                    log.debug("slice clock read on %s failed: %s", u, exc)
             try:
-                total += self.actuator.gpus[u].instant_power_mw() / 1000.0
+                total += gpu.instant_power_mw() / 1000.0
             except errors.GpuError:
                 p.power_failed = True
                 return
@@ -126,7 +172,8 @@ class ProbeSlices(AgentState):
             energy_j = p.power_w / p.power_n * duration
         else:
             energy_j = self.meter.window(p.start_mark, mark).energy_j
-        p.done.append(_Slice(p.clock_mhz, p.start_s, end_s, energy_j))
+        ran = min(p.clock_reads) if p.clock_reads and p.clock_mhz is not None else None
+        p.done.append(_Slice(p.clock_mhz, p.start_s, end_s, energy_j, effective_mhz=ran))
 
     def _next_slice(self, w: _Open, p: _Probe) -> None:
         nxt = p.schedule[(p.index + 1) % len(p.schedule)]
@@ -146,6 +193,18 @@ class ProbeSlices(AgentState):
             if r.error and len(w.errors) < 8:
                 w.errors.append(f"{r.uuid}: {r.error}")
 
+    def _hold_slice(self, w: _Open, p: _Probe, now: float) -> None:
+        """Stalled at a slice boundary: end the slice (stalled) and run it again, same clock.
+
+        The grid restarts from ``now`` at the same slice index, so the schedule resumes where
+        it stood once progress does; the held slices are flagged and their blocks dropped.
+        """
+        mark = self.meter.mark(w.gpus)
+        self._finish_slice(w, p, now, mark)
+        p.done[-1].stalled = True
+        p.origin_s = now - p.index * p.slice_s
+        p.begin(now, mark)
+
     def _slice_reports(self, w: _Open, p: _Probe) -> list[api_node.SliceReport]:
         log_t = [t for t, _ in w.progress_log]
         log_p = [v for _, v in w.progress_log]
@@ -162,6 +221,9 @@ class ProbeSlices(AgentState):
                     duration_seconds=sl.end_s - sl.start_s,
                     progress=progress,
                     energy_joules=None if sl.energy_j is None else max(sl.energy_j, 0.0),
+                    stalled=sl.stalled
+                    or (w.stall is not None and w.stall.overlaps(sl.start_s, sl.end_s)),
+                    effective_clock_mhz=sl.effective_mhz,
                 )
             )
         return out

@@ -74,6 +74,10 @@ class StepRecords(AgentState):
                             "slices": [s for w in windows for s in w.slices],
                             "gpu_seconds": sum(w.gpu_seconds for w in windows),
                             "released_gpu_seconds": sum(w.released_gpu_seconds for w in windows),
+                            "stalled_seconds": max(w.stalled_seconds for w in windows),
+                            "stalled_energy_joules": None
+                            if any(w.stalled_energy_joules is None for w in windows)
+                            else sum(w.stalled_energy_joules or 0.0 for w in windows),
                         }
                     )
                 )
@@ -144,6 +148,7 @@ class StepRecords(AgentState):
                         clock_state=cap.state,
                         clock_limit=cap.limit,
                         energy_cross_check=self._cross_check(u),
+                        stalled_seconds=self.stalled_since_s(u),
                     )
                 )
                 if j is not None:

@@ -79,9 +79,9 @@ def dispatch(
         # total: cumulative progress of the current phase (preferred: probe slices
         # interpolate it); amount: work done since the last report.
         if req.total is not None:
-            agent.progress_total(pod, req.total, req.at_monotonic_seconds)
+            agent.progress_total(pod, req.total, req.at_monotonic_seconds, req.in_flight)
         elif req.amount is not None:
-            agent.progress(pod, req.amount)
+            agent.progress(pod, req.amount, req.in_flight)
         return signals.PodAnswer(pod=who)
     if isinstance(req, signals.StepRequest):
         agent.end_step(pod, req.step, req.workload)

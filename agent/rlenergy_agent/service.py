@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
 from rlenergy_agent import actuator as act
-from rlenergy_agent import crosscheck, energy, histogram, shares
+from rlenergy_agent import crosscheck, energy, histogram, shares, stalls
 from rlenergy_agent.parks import Parks
 from rlenergy_agent.pods import PodMap as PodMap
 from rlenergy_agent.pods import PodRef as PodRef
@@ -80,6 +80,7 @@ class Agent(ProbeSlices, Parks, StepRecords):
         podmap: device allocation.
         mig_parent: MIG instance UUID -> physical GPU UUID.
         clock: monotonic time source, s.
+        stall_after_s: frozen time that makes a stall, s (``rlenergy_agent.stalls``).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class Agent(ProbeSlices, Parks, StepRecords):
         *,
         mig_parent: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stall_after_s: float = stalls.STALL_AFTER_S,
     ) -> None:
         self.node_name = node_name
         self.policy_name = policy_name
@@ -116,6 +118,10 @@ class Agent(ProbeSlices, Parks, StepRecords):
         """The policy status' saving / 100 per phase (``""``: the job), for /metrics."""
         self.crosscheck = crosscheck.CrossCheck(meter, clock=clock)
         """Energy counter vs integrated instant power, at a low duty cycle (``observe``)."""
+        self.stall_after_s = stall_after_s
+        self.stalled_s_total = 0.0
+        """Stalled time of every closed window, s (a counter for /metrics)."""
+        self._bands: dict[str, float | None] = {}
         self.latency_hist = histogram.Histogram()
         """Phase signal received to clocks applied, s (``/metrics``: a histogram)."""
         self.dirty_steps: set[int] = set()
@@ -292,11 +298,50 @@ class Agent(ProbeSlices, Parks, StepRecords):
             except errors.GpuError as exc:
                 log.debug("clock read-back on %s failed: %s", u, exc)
 
+    def _observe_stall(self, pod: PodRef) -> None:
+        """One stall sample of the pod's window (``stalls``): progress, in flight, power."""
+        w = self._open.get(pod)
+        if w is None or w.stall is None or not w.gpus:
+            return
+        watch = w.stall
+        mark = self.meter.mark(w.gpus)
+        prev = watch._last_mark  # noqa: SLF001 - the previous sample's mark, for power
+        power: float | None = None
+        if prev is not None:
+            win = self.meter.window(prev, mark)
+            if win.energy_j is not None and win.duration_s > 0:
+                power = win.energy_j / win.duration_s / len(w.gpus)
+        change = watch.sample(mark.t_s, w.progress, power, mark)
+        if change is not None:
+            self.report_due = True
+            log.warning(
+                "pod %s %s step %d: stall %s (progress %.0f, stalled %.0f s, %s in flight, "
+                "%.0f W per GPU, band %.0f W)",
+                pod,
+                w.phase,
+                w.step,
+                change,
+                w.progress,
+                watch.stalled_s(mark.t_s),
+                watch.in_flight,
+                power or 0.0,
+                watch.band_w,
+            )
+
+    def stalled_since_s(self, uuid: str) -> float | None:
+        """How long the window on ``uuid`` is stalled, s (``None``: not stalled)."""
+        pod = self.pod_of.get(uuid)
+        w = self._open.get(pod) if pod is not None else None
+        if w is None or w.stall is None or not w.stall.stalled:
+            return None
+        return max(self._clock() - w.stall.stalls[-1].start_s, 0.0)
+
     def observe(self) -> None:
         """Read back clocks of every open window and of due locks (the sampling loop)."""
         with self._lock:
             for pod in list(self._open):
                 self._observe_clocks(pod, self.gpus_of(pod)[0])
+                self._observe_stall(pod)
             if self.actuator.watch_caps():
                 self.report_due = True  # an unexplained shortfall: report it now
             if self.crosscheck.tick():
@@ -359,6 +404,11 @@ class Agent(ProbeSlices, Parks, StepRecords):
             {(p.namespace, p.name): d for p, d in self.podmap.pods().items()},
             self.mig_parent,
             {u: c.mig_uuids for u, c in self.actuator.controls.items() if c.mig_uuids},
+            {
+                m: n
+                for g in self.actuator.gpus.values()
+                for m, n in getattr(g, "mig_slices", {}).items()
+            },
         )
         key = (pod.namespace, pod.name)
         factor = {u: split.get((key, u), 1.0) for u in win.per_gpu_j}
@@ -368,6 +418,21 @@ class Agent(ProbeSlices, Parks, StepRecords):
         values = list(per.values())
         total = None if any(v is None for v in values) else sum(v for v in values if v is not None)
         return dataclasses.replace(win, energy_j=total, per_gpu_j=per)
+
+    def _stalled(self, pod: PodRef, w: _Open) -> tuple[float, float | None]:
+        """(stalled s, their energy J: the pod's share, same source) of a closing window."""
+        if w.stall is None:
+            return 0.0, 0.0
+        w.stall.close()
+        seconds = 0.0
+        joules: float | None = 0.0
+        for st in w.stall.stalls:
+            assert st.end_s is not None
+            seconds += max(st.end_s - st.start_s, 0.0)
+            e = self._shared(pod, self.meter.window(st.start_mark, st.end_mark)).energy_j
+            joules = None if joules is None or e is None else joules + e
+        self.stalled_s_total += seconds
+        return seconds, joules
 
     def _close(self, pod: PodRef, end: energy.Mark) -> api_node.PhaseWindowReport | None:
         w = self._open.pop(pod, None)
@@ -390,6 +455,7 @@ class Agent(ProbeSlices, Parks, StepRecords):
             self.dirty_steps.add(w.step)
             self._trim()
             return None
+        stalled_s, stalled_j = self._stalled(pod, w)
         sources = set(win.sources.values())
         slices: list[api_node.SliceReport] = []
         if w.probe is not None:
@@ -412,6 +478,10 @@ class Agent(ProbeSlices, Parks, StepRecords):
             slices=slices,
             gpu_seconds=win.duration_s * len(w.gpus),
             released_gpu_seconds=min(released, win.duration_s * len(w.gpus)),
+            stalled_seconds=min(stalled_s, win.duration_s),
+            stalled_energy_joules=None
+            if stalled_j is None
+            else min(stalled_j, win.energy_j if win.energy_j is not None else stalled_j),
         )
         self.steps.setdefault(w.step, {}).setdefault(w.phase, []).append(report)
         self.dirty_steps.add(w.step)

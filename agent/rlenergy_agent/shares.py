@@ -6,10 +6,13 @@ Each instance sees the whole GPU's power, so booking every pod's window with the
 energy multiplies it by the number of sharers (issue #16, item 4). Here a pod's window books
 ``share(pod, gpu)`` of the GPU's energy:
 
-* MIG: the pod's instances over all MIG instances of the GPU (``mig_uuids``), so a job owning
-  k of n instances books k/n; instances no pod holds leave their share unbooked (it shows in
-  the node report's unattributed energy). Instances count equally: MIG profiles of different
-  sizes are not weighted (the agent does not read profile sizes from NVML);
+* MIG: the pod's instances over all MIG instances of the GPU (``mig_uuids``), each weighted by
+  its profile's size in GPU-instance slices (``nvmlDeviceGetAttributes``'
+  ``gpuInstanceSliceCount``: 1g = 1, 2g = 2, 3g = 3, 4g = 4, 7g = 7), so a job owning a 3g and
+  a 1g instance of a GPU split 3g + 2g + 1g + 1g books 4/7; an instance whose size NVML does not
+  give weighs 1 slice. Instances no pod holds leave their share unbooked (it shows in the node
+  report's unattributed energy). [MODEL: power splits with the compute slices a profile owns;
+  NVML meters only the whole GPU];
 * time-slicing: the pod's replicas over every replica of the GPU any pod holds;
 * a whole GPU held by one pod: 1.
 
@@ -36,6 +39,7 @@ def shares(
     pods: Mapping[Hashable, Sequence[str]],
     mig_parent: Mapping[str, str],
     mig_instances: Mapping[str, Sequence[str]],
+    mig_slices: Mapping[str, int] | None = None,
 ) -> dict[tuple[Hashable, str], float]:
     """``(pod, physical GPU) -> share`` of the GPU's energy each pod's windows book.
 
@@ -43,16 +47,23 @@ def shares(
         pods: every pod on the node with its kubelet device IDs.
         mig_parent: MIG instance UUID -> physical GPU UUID.
         mig_instances: physical GPU UUID -> its MIG instance UUIDs (MIG-enabled GPUs only).
+        mig_slices: MIG instance UUID -> GPU-instance slices of its profile (missing: 1).
     """
+    slices = mig_slices or {}
+
+    def weight(device: str) -> int:
+        return max(int(slices.get(device, 1)), 1) if device in mig_parent else 1
+
     held: dict[tuple[Hashable, str], int] = {}
     replicas: dict[str, set[str]] = {}
     for pod, devices in pods.items():
         for d in devices:
             gpu = physical(d, mig_parent)
-            held[(pod, gpu)] = held.get((pod, gpu), 0) + 1
+            held[(pod, gpu)] = held.get((pod, gpu), 0) + weight(d)
             replicas.setdefault(gpu, set()).add(d)
     out: dict[tuple[Hashable, str], float] = {}
     for (pod, gpu), n in held.items():
-        total = len(mig_instances.get(gpu, ())) or len(replicas[gpu])
+        instances = mig_instances.get(gpu, ())
+        total = sum(weight(m) for m in instances) or len(replicas[gpu])
         out[(pod, gpu)] = min(n / max(total, 1), 1.0)
     return out

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from rlenergy.api import node as api_node
 from rlenergy_agent import actuator as act
-from rlenergy_agent import crosscheck, energy, histogram, shares
+from rlenergy_agent import crosscheck, energy, histogram, shares, stalls
 from rlenergy_agent.pods import PodMap, PodRef
 
 log = logging.getLogger("rlenergy_agent.service")
@@ -45,6 +45,10 @@ class _Slice:
     start_s: float
     end_s: float
     energy_j: float | None
+    stalled: bool = False
+    """The slice overlaps a stall (``stalls``) or was held through one."""
+    effective_mhz: int | None = None
+    """Lowest SM clock read with the slice's power samples (locked slices), MHz."""
 
 
 @dataclasses.dataclass
@@ -60,6 +64,7 @@ class _Probe:
         power_w: sum over samples of the instant power summed over the window's GPUs, W.
         power_n: samples in ``power_w``.
         power_failed: an instant-power read failed in this slice (use counter deltas).
+        clock_reads: SM clocks read back with the power samples of a locked slice, MHz.
         next_sample_s: when the next power sample is due, s.
         done: finished slices.
     """
@@ -74,6 +79,7 @@ class _Probe:
     power_w: float = 0.0
     power_n: int = 0
     power_failed: bool = False
+    clock_reads: list[int] = dataclasses.field(default_factory=list)
     done: list[_Slice] = dataclasses.field(default_factory=list)
 
     @property
@@ -97,6 +103,7 @@ class _Probe:
         self.power_w = 0.0
         self.power_n = 0
         self.power_failed = False
+        self.clock_reads = []
         self.next_sample_s = t_s + 0.5 * self.slice_s / POWER_SAMPLES_PER_SLICE
 
 
@@ -120,6 +127,8 @@ class _Open:
     """(time s, cumulative progress) reports, kept while the window is probed."""
     released_gpu_s: float = 0.0
     """GPU time of parks that ended inside this window, GPU-s."""
+    stall: stalls.StallWatch | None = None
+    """Stall detection, from the caller's first in-flight report (``stalls``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +183,9 @@ class AgentState:
     valid_tokens_total: float
     saving_ratio: dict[str, float]
     crosscheck: crosscheck.CrossCheck
+    stall_after_s: float
+    stalled_s_total: float
+    _bands: dict[str, float | None]
     latency_hist: histogram.Histogram
     dirty_steps: set[int]
     idle_j: dict[int, float | None]
@@ -222,6 +234,10 @@ class AgentState:
         return gpus, devices, targets
 
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
+        raise NotImplementedError
+
+    def stalled_since_s(self, uuid: str) -> float | None:
+        """How long the window on ``uuid`` is stalled, s (``service.Agent.stalled_since_s``)."""
         raise NotImplementedError
 
     def released_gpu_seconds(self, uuid: str) -> float:

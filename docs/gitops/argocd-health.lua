@@ -3,6 +3,7 @@
 -- only the rl-energy operator writes:
 --   Degraded=True                 -> Degraded  (node/GPU errors, invalid spec, reset deadline)
 --   Ready=False                   -> Degraded  (the spec was refused)
+--   RolloutStalled=True           -> Degraded  (a hung rollout engine: progress frozen)
 --   Progressing=True/ResettingClocks -> Progressing (deletion waits for the clock resets)
 --   Ready=True                    -> Healthy   (clock selection in progress is named in the
 --                                                message: it restarts on every workload drift)
@@ -36,6 +37,7 @@ end
 local ready = nil
 local progressing = nil
 local degraded = nil
+local stalled = nil
 for _, c in ipairs(obj.status.conditions) do
   if c.type == "Ready" then
     ready = c
@@ -43,6 +45,8 @@ for _, c in ipairs(obj.status.conditions) do
     progressing = c
   elseif c.type == "Degraded" then
     degraded = c
+  elseif c.type == "RolloutStalled" then
+    stalled = c
   end
 end
 
@@ -54,6 +58,11 @@ end
 if ready ~= nil and ready.status == "False" then
   hs.status = "Degraded"
   hs.message = describe(ready)
+  return hs
+end
+if stalled ~= nil and stalled.status == "True" then
+  hs.status = "Degraded"
+  hs.message = describe(stalled)
   return hs
 end
 if progressing ~= nil and progressing.status == "True" and progressing.reason == "ResettingClocks" then

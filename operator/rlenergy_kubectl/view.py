@@ -159,17 +159,24 @@ def _table(columns: Sequence[tuple[str, JustifyMethod]], wrap: str = "", title: 
 
 # ----- policy parts ----------------------------------------------------------------------------
 def condition_line(status: api_status.RLEnergyPolicyStatus) -> Text:
-    """``Ready True (AgentsDeployed) · Progressing ... · Degraded ...`` with messages."""
+    """``Ready True (AgentsDeployed) · Progressing ... · Degraded ...`` with messages.
+
+    ``RolloutStalled`` appears only while True (a hung rollout engine).
+    """
     out = Text()
     for type_ in api_status.CONDITION_TYPES:
         cond = status.condition(type_)
+        if type_ == "RolloutStalled" and (cond is None or cond.status != "True"):
+            continue
         if out:
             out.append("  ·  ")
         if cond is None:
             out.append(f"{type_} {UNKNOWN}")
             continue
-        bad = (type_ == "Ready" and cond.status == "False") or (
-            type_ == "Degraded" and cond.status == "True"
+        bad = (
+            (type_ == "Ready" and cond.status == "False")
+            or (type_ == "Degraded" and cond.status == "True")
+            or type_ == "RolloutStalled"
         )
         out.append(f"{type_} {cond.status}", style="red" if bad else "")
         detail = cond.reason + (f": {cond.message}" if cond.message else "")

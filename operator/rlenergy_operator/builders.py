@@ -312,6 +312,34 @@ def node_summary(reports: Sequence[api_node.NodeReport]) -> api_status.NodesStat
     )
 
 
+def stall_condition(reports: Sequence[api_node.NodeReport]) -> tuple[bool, str, str]:
+    """(status, reason, message) of RolloutStalled from the agents' per-GPU stall state.
+
+    True while some GPU's phase is stalled (``GpuStatus.stalledSeconds``: progress frozen with
+    requests in flight at power below the SKU's band, ``rlenergy_agent.stalls``); the message
+    names the nodes, pods and GPUs. The agents hold the clocks and keep the stalled time out of
+    the savings; the condition is for whoever must restart the engine.
+    """
+    stalled = [
+        (rep.node_name, g)
+        for rep in sorted(reports, key=lambda r: r.node_name)
+        for g in rep.gpus
+        if g.stalled_seconds is not None
+    ]
+    if not stalled:
+        return False, "Progressing", "no stalled rollout"
+    longest = max(g.stalled_seconds or 0.0 for _, g in stalled)
+    where = sorted({f"{node} {g.pod or '?'} ({g.phase or '?'})" for node, g in stalled})
+    gpus = ", ".join(f"{node}/{g.uuid}" for node, g in stalled[:8])
+    return (
+        True,
+        "ProgressFrozen",
+        f"{len(stalled)} GPU(s) show requests in flight, no progress and power below the "
+        f"stall band for up to {longest:.0f} s: {'; '.join(where)}; GPUs {gpus}. Clocks are "
+        "held and the stalled time is kept out of savings; restart the hung engine.",
+    )
+
+
 def progress_condition(phases: Sequence[api_status.PhaseStatus]) -> tuple[bool, str, str]:
     """(status, reason, message) of Progressing from the phase states."""
     states = {p.name: p.state for p in phases}

@@ -16,6 +16,10 @@ and checkpointed in status together with ``totals.throughStep``: the status patc
 step ``s`` to the totals also moves the checkpoint, so a restart neither loses nor double
 counts a step (steps ``<= throughStep`` only rebuild the controller, later ones are folded).
 
+Stalled rollouts (``rlenergy.control.freq.aggregate``): the phase windows come without their
+stalled time and energy; ``totals.stalledSeconds`` and ``stalledJoules`` carry them, the
+stalled energy counts in ``measuredJoules`` but never in a compared figure.
+
 Default-governor predictions: a phase window that ran under the default governor is its own
 prediction; otherwise the controller's default-governor model (fitted in warm-up) predicts
 time and energy on the step's tokens. A step whose energy or prediction is unknown is not
@@ -68,6 +72,8 @@ class Account:
     compared_steps: int = 0
     unknown_energy_steps: int = 0
     missed_steps: int = 0
+    stalled_seconds: float = 0.0
+    stalled_joules: float = 0.0
     phases: dict[str, PhaseAccount] = dataclasses.field(default_factory=dict)
 
 
@@ -227,10 +233,15 @@ class JobLoop:
         acc.steps += 1
         acc.through_step = obs.step
         acc.valid_tokens += valid
-        if step_energy is None:
+        # Stalled time (a hung rollout) is outside every phase figure (aggregate); it is
+        # measured energy all the same, never compared with a default prediction.
+        stalled_j = [ph.stalled_energy_j for ph in obs.phases.values() if ph.stalled_s > 0]
+        acc.stalled_seconds += max((ph.stalled_s for ph in obs.phases.values()), default=0.0)
+        acc.stalled_joules += sum(j for j in stalled_j if j is not None)
+        if step_energy is None or any(j is None for j in stalled_j):
             acc.unknown_energy_steps += 1
             return
-        acc.measured_joules += step_energy
+        acc.measured_joules += step_energy + sum(j for j in stalled_j if j is not None)
         if pred_energy is None or len(pred_times) != len(obs.phases):
             return
         acc.compared_steps += 1

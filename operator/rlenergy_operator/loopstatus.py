@@ -80,6 +80,7 @@ def assemble(
     deg = unschedulable or (base if base[0] else missing or base)
     conds.condition("Progressing", *prog)
     conds.condition("Degraded", *deg)
+    conds.condition("RolloutStalled", *builders.stall_condition(reports))
     fields = {
         "plan": _dump(plan),
         "phases": [_dump(p) for p in phases],

@@ -96,6 +96,17 @@ class SliceReport(_Wire):
     energy_joules: float | None = Field(
         None, ge=0, description="Energy of the slice, J; null = unknown."
     )
+    stalled: bool = Field(
+        False,
+        description="The slice overlaps a stall (progress frozen with requests in flight at "
+        "low power) or was held through one: its probe block is not evidence.",
+    )
+    effective_clock_mhz: int | None = Field(
+        None,
+        description="Lowest SM clock read back on the slice's GPUs during a locked slice, MHz "
+        "(null: default governor or unread); a block is credited to it when a cap held the "
+        "GPU below the lock.",
+    )
 
 
 class PhaseWindowReport(_Wire):
@@ -146,6 +157,17 @@ class PhaseWindowReport(_Wire):
         0.0,
         ge=0,
         description="Part of gpuSeconds the GPUs spent parked (released rollout workers), GPU-s.",
+    )
+    stalled_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Part of durationSeconds the window was stalled (progress frozen with "
+        "requests in flight at low power), s; excluded from savings and trial evidence.",
+    )
+    stalled_energy_joules: float | None = Field(
+        0.0,
+        ge=0,
+        description="Part of energyJoules spent stalled, J (same source); null = unknown.",
     )
 
 
@@ -242,6 +264,12 @@ class GpuStatus(_Wire):
     energy_cross_check: EnergyCrossCheck | None = Field(
         None,
         description="Last energy counter vs instant power check (counter-metered GPUs only).",
+    )
+    stalled_seconds: float | None = Field(
+        None,
+        ge=0,
+        description="The pod's phase on this GPU is stalled (progress frozen with requests in "
+        "flight at low power) since this long, s; null = not stalled.",
     )
 
 

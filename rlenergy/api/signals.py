@@ -92,6 +92,12 @@ class ProgressRequest(_Wire):
         None,
         description="When the trainer measured ``total`` (CLOCK_MONOTONIC of the node), s.",
     )
+    in_flight: int | None = Field(
+        None,
+        ge=0,
+        description="Requests the caller has in flight now (rollout engines); with it the "
+        "agent watches the phase for stalls (progress frozen, requests in flight, low power).",
+    )
 
     @pydantic.model_validator(mode="after")
     def _one_of(self) -> ProgressRequest:

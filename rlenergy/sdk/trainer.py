@@ -242,8 +242,13 @@ class RLEnergyClient:
         """Report work done in the current phase since the last report (tokens)."""
         self._signal("/v1/progress", signals.ProgressRequest, amount=amount)
 
-    def progress_total(self, total: float) -> None:
+    def progress_total(self, total: float, *, in_flight: int | None = None) -> None:
         """Report the cumulative work done in the current phase so far.
+
+        ``in_flight``: requests the rollout engine has in flight now (``None``: not said).
+        With it the agent watches the phase for stalls: progress frozen with requests in
+        flight at low power is a ``RolloutStalled`` rollout, held at its clock and kept out
+        of the savings (docs/agent.md, "Stalled rollouts").
 
         The unit is the phase's: decode iterations (or decoded tokens) for generation, trained
         tokens for training. During an EE-RL trial the agent runs the phase as short slices at
@@ -258,6 +263,7 @@ class RLEnergyClient:
             signals.ProgressRequest,
             total=total,
             atMonotonicSeconds=time.monotonic(),
+            inFlight=in_flight,
         )
 
     def end_step(

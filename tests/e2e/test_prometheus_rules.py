@@ -118,6 +118,22 @@ def test_every_alert_fires_on_its_fault_and_not_on_the_healthy_twin(tmp_path: Pa
             bad,
             "5m",
         ),
+        "RLEnergyRolloutStalled": (
+            [
+                series(
+                    "rlenergy_agent_rollout_stalled",
+                    {**bad, "namespace": "a", "pod": "rollout-0", "phase": "generation"},
+                    "1x30",
+                ),
+                series(
+                    "rlenergy_agent_rollout_stalled",
+                    {**good, "namespace": "a", "pod": "rollout-1", "phase": "generation"},
+                    "0x30",
+                ),
+            ],
+            {"node": "gpu-a", "namespace": "a", "pod": "rollout-0", "phase": "generation"},
+            "5m",
+        ),
         "RLEnergyNVMLDown": (
             [
                 series("rlenergy_agent_nvml_up", {"node": "gpu-a"}, "0x30"),

@@ -119,6 +119,8 @@ class NvmlGpu:
         self._clocks: tuple[int, ...] | None = None
         self._capabilities: Capabilities | None = None
         self.mig_uuids: tuple[str, ...] = ()
+        self.mig_slices: dict[str, int] = {}
+        """MIG instance UUID -> GPU-instance slices of its profile (where NVML answers)."""
 
     @property
     def uuid(self) -> str:
@@ -166,7 +168,9 @@ class NvmlGpu:
         try:
             mig = self._mig()
             if mig:
-                self.mig_uuids = tuple(self._mig_uuids())
+                found = self._mig_devices()
+                self.mig_uuids = tuple(found)
+                self.mig_slices = {m: n for m, n in found.items() if n is not None}
         except errors.GpuLostError:
             raise
         except errors.GpuError:
@@ -223,8 +227,8 @@ class NvmlGpu:
         return lib.mig_enabled(self._handle)
 
     @_nvml_errors
-    def _mig_uuids(self) -> list[str]:
-        return lib.mig_device_uuids(self._handle)
+    def _mig_devices(self) -> dict[str, int | None]:
+        return lib.mig_devices(self._handle)
 
     @_nvml_errors
     def _memory_clock(self) -> int:

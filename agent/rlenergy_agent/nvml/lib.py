@@ -207,12 +207,17 @@ def mig_enabled(handle: Handle) -> bool:
     return bool(current)
 
 
-def mig_device_uuids(handle: Handle) -> list[str]:
-    """UUIDs of the MIG instances on a MIG-enabled GPU (``MIG-...``)."""
+def mig_devices(handle: Handle) -> dict[str, int | None]:
+    """MIG instance UUID (``MIG-...``) -> GPU-instance slices of its profile (MIG-enabled GPU).
+
+    The slices come from ``nvmlDeviceGetAttributes`` on the instance's handle
+    (``gpuInstanceSliceCount``: 1 for a 1g profile, 3 for 3g, 7 for 7g on an A100/H100);
+    ``None`` where the driver does not answer it.
+    """
     count = int(
         _call("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, handle)
     )
-    out: list[str] = []
+    out: dict[str, int | None] = {}
     for i in range(count):
         try:
             mig = _call(
@@ -225,7 +230,12 @@ def mig_device_uuids(handle: Handle) -> list[str]:
             if exc.code == ERROR_NOT_FOUND:
                 continue
             raise
-        out.append(_text(_call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig)))
+        uuid = _text(_call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig))
+        try:
+            attrs = _call("nvmlDeviceGetAttributes", pynvml.nvmlDeviceGetAttributes_v2, mig)
+            out[uuid] = int(attrs.gpuInstanceSliceCount) or None
+        except NvmlCallError:
+            out[uuid] = None
     return out
 
 

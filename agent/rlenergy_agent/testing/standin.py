@@ -33,6 +33,7 @@ MAGIC = 0x524C4E56
 VERSION = 1
 MAX_GPUS = 16
 MAX_CLOCKS = 160
+MAX_MIG = 7
 STATE_ENV = "RLENERGY_NVML_STANDIN_STATE"
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "testing" / "nvml_standin"
 """Where ``standin.c`` lives in a source checkout (agent/testing/nvml_standin)."""
@@ -44,6 +45,9 @@ GPU_IS_LOST = 15
 LIB_RM_VERSION_MISMATCH = 18
 NOT_READY = 27
 UNKNOWN = 999
+
+FROZEN_POWER_FACTOR = 1.2
+"""Power of a frozen engine's GPU over the SKU's idle power (``StandinDriver.freeze``) [MODEL]."""
 
 ARCH_PASCAL = 6
 ARCH_VOLTA = 7
@@ -92,6 +96,7 @@ class GpuState(ctypes.Structure):
         ("call_delay_us", ctypes.c_uint32),
         ("silent_cap", ctypes.c_uint32),
         ("min_power_limit_mw", ctypes.c_uint32),
+        ("mig_slices", ctypes.c_uint32 * MAX_MIG),
     ]
 
 
@@ -192,6 +197,7 @@ class _Sim:
     avg_w: float = 0.0
     power_w: float = 0.0
     counter_gain: float = 1.0
+    frozen: bool = False
     by_label_j: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
@@ -310,6 +316,18 @@ class StandinDriver:
                 sim.label = label or kind
                 self._write_sensors(self.gpu(u), sim)
 
+    def freeze(self, uuids: Sequence[str], frozen: bool = True) -> None:
+        """A hung engine on ``uuids`` from now on (``frozen=False``: it recovers).
+
+        The GPUs busy-wait: utilisation 100 %, not idle (no GPU_IDLE reason), power
+        ``FROZEN_POWER_FACTOR`` x the SKU's idle power [MODEL: a spinning wait kernel, e.g. a
+        collective waiting on a dead peer, keeps the SMs polling at near-idle power].
+        """
+        with self._lock:
+            for u in uuids:
+                self._sims[u].frozen = frozen
+                self._write_sensors(self.gpu(u), self._sims[u])
+
     def clock_mhz(self, uuid: str) -> float:
         """Truth: the SM clock the GPU runs its current work at, MHz."""
         g = self.gpu(uuid)
@@ -335,6 +353,8 @@ class StandinDriver:
                 g = self.gpu(uuid)
                 clock = self.clock_mhz(uuid)
                 power = sim.sku.power_w(sim.kind, clock) * sim.spread
+                if sim.frozen:
+                    power = sim.sku.idle_power_w * FROZEN_POWER_FACTOR * sim.spread
                 energy = power * dt_s
                 sim.power_w = power
                 sim.truth_j += energy
@@ -348,8 +368,10 @@ class StandinDriver:
         g.energy_mj = sim.offset_mj + int(sim.since_reset_j * 1000.0)
         g.power_instant_mw = int(sim.power_w * 1000.0)
         g.power_avg_mw = int(sim.avg_w * 1000.0)
-        g.idle = 1 if sim.kind == "idle" else 0
-        if sim.kind == "idle":
+        g.idle = 1 if sim.kind == "idle" and not sim.frozen else 0
+        if sim.frozen:
+            g.util_gpu, g.util_mem = 100, 0
+        elif sim.kind == "idle":
             g.natural_clock_mhz = sim.sku.min_sm_clock_mhz
             g.util_gpu = g.util_mem = 0
         else:

@@ -300,6 +300,39 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *mig, nvmlDevice_
     return NVML_SUCCESS;
 }
 
+/* nvmlDeviceAttributes_t (nvml.h): what a MIG instance's profile gives it. */
+typedef struct {
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    unsigned int gpuInstanceSliceCount;
+    unsigned int computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} nvmlDeviceAttributes_t;
+
+/* A MIG instance answers its profile's slices (mig_slices, 0 = 1); a whole GPU all 7. */
+nvmlReturn_t nvmlDeviceGetAttributes_v2(void *device, nvmlDeviceAttributes_t *attrs) {
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;
+    if (attrs == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    mig_handle_t *m = as_mig(device);
+    unsigned int slices = STANDIN_MAX_MIG;
+    if (m != NULL) {
+        slices = g_state->gpus[m->parent].mig_slices[m->index];
+        if (slices == 0) slices = 1;
+    } else {
+        ENTER((nvmlDevice_t)device);
+    }
+    memset(attrs, 0, sizeof *attrs);
+    attrs->multiprocessorCount = 18 * slices;
+    attrs->gpuInstanceSliceCount = slices;
+    attrs->computeInstanceSliceCount = slices;
+    attrs->memorySizeMB = 10240ull * slices;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
     ENTER(device);
     if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;

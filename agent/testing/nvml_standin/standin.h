@@ -58,6 +58,7 @@ typedef struct {
     uint32_t call_delay_us;       /* added latency per call (persistence mode off) */
     uint32_t silent_cap;          /* 1: the cap is reported with no clock-event reason */
     uint32_t min_power_limit_mw;  /* lower power-limit constraint (the upper is power_limit_mw) */
+    uint32_t mig_slices[STANDIN_MAX_MIG]; /* GPU-instance slices per MIG instance, 0 = 1 */
 } standin_gpu_t;
 
 typedef struct {

@@ -188,9 +188,6 @@ class ControllerSpec(_Spec):
         le=1.0,
         description="Share of RL steps that may run trials, in (0, 1].",
     )
-    objective: Literal["energyPerValidToken"] = Field(
-        "energyPerValidToken", description="What the controller minimises."
-    )
 
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

@@ -26,14 +26,14 @@ class _Status(pydantic.BaseModel):
     )
 
 
-ConditionType = Literal["Ready", "Progressing", "Degraded"]
-CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded")
+ConditionType = Literal["Ready", "Progressing", "Degraded", "RolloutStalled"]
+CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "RolloutStalled")
 
 
 class Condition(_Status):
     """One condition, in the shape of Kubernetes' metav1.Condition."""
 
-    type: ConditionType = Field(description="Ready, Progressing or Degraded.")
+    type: ConditionType = Field(description="Ready, Progressing, Degraded or RolloutStalled.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(
         min_length=1,
@@ -191,6 +191,17 @@ class Totals(_Status):
         0,
         ge=0,
         description="Steps that left the node reports' window before they were accounted.",
+    )
+    stalled_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Stalled rollout time (progress frozen with requests in flight at low "
+        "power), excluded from every compared figure, s.",
+    )
+    stalled_joules: float = Field(
+        0.0,
+        ge=0,
+        description="Energy of the stalled time, J: in measuredJoules, never compared.",
     )
 
 

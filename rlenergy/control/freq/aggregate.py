@@ -10,6 +10,10 @@ nodes' records of a step into one observation:
 * duration of a phase = the slowest node (the step waits for it);
 * applied clock = lowest over nodes; slowdown and errors if any node saw one;
 * probe slices are concatenated node by node (a probe block never mixes nodes; see ``_slices``);
+* stalled time (a hung rollout: progress frozen with requests in flight at low power, the
+  agent's ``rlenergy_agent.stalls``) is taken out of each node's window before the fold: the
+  duration is the slowest node's unstalled time, the energy the nodes' energy minus their
+  stalled energy (same source), so savings and trial evidence see only working time;
 * the token workload is job-level (the trainer SDK reports it); the first node's is used.
 
 A step is *complete* when every ready node that is expected to report it did: a node is
@@ -138,6 +142,8 @@ def _slices(windows: Sequence[api_node.PhaseWindowReport]) -> tuple[base.ProbeSl
                 duration_s=p.duration_seconds,
                 progress=p.progress,
                 energy_j=p.energy_joules,
+                stalled=p.stalled,
+                effective_clock_mhz=p.effective_clock_mhz,
             )
             for p in parts
         ]
@@ -153,15 +159,19 @@ def _phase(
     if missing:
         errors.append(f"no {name} window from {', '.join(missing)}")
     applied = [w.applied_clock_mhz for w in windows if w.applied_clock_mhz is not None]
+    stalled_j = _sum([w.stalled_energy_joules for w in windows]) if windows else 0.0
+    energy = None if missing else _sum([w.energy_joules for w in windows])
     return base.PhaseObservation(
         phase=name,
-        duration_s=max((w.duration_seconds for w in windows), default=0.0),
-        energy_j=None if missing else _sum([w.energy_joules for w in windows]),
+        duration_s=max((w.duration_seconds - w.stalled_seconds for w in windows), default=0.0),
+        energy_j=None if energy is None or stalled_j is None else max(energy - stalled_j, 0.0),
         requested_clock_mhz=windows[0].requested_clock_mhz if windows else None,
         applied_clock_mhz=min(applied) if applied else None,
         slowdown=any(w.slowdown for w in windows),
         slices=_slices(windows) if windows and not missing else (),
         error="; ".join(errors) or None,
+        stalled_s=max((w.stalled_seconds for w in windows), default=0.0),
+        stalled_energy_j=stalled_j,
     )
 
 

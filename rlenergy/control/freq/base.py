@@ -42,12 +42,18 @@ class ProbeSlice:
             reports for the phase (decode iterations for generation, tokens for training); only
             ratios between slices of the same phase are used.
         energy_j: GPU energy of the slice summed over the phase's GPUs, J (``None``: unknown).
+        stalled: the slice overlaps a stalled rollout (progress frozen with requests in flight
+            at low power): its block is no evidence (``probe.blocks_from_slices`` drops it).
+        effective_clock_mhz: the lowest SM clock read back during a locked slice, MHz
+            (``None``: default governor or not read); see ``ran_slice_clock_mhz``.
     """
 
     clock_mhz: int | None
     duration_s: float
     progress: float
     energy_j: float | None
+    stalled: bool = False
+    effective_clock_mhz: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +69,9 @@ class PhaseObservation:
         slowdown: a clock-event reason (power cap, thermal) held the clock below the request.
         slices: interleaved probe slices, when the plan asked for a probe.
         error: a GPU or signal error during the phase (the clocks may not be what was asked).
+        stalled_s: stalled time excluded from ``duration_s`` (slowest node's), s.
+        stalled_energy_j: energy of that stalled time, excluded from ``energy_j``, J (``None``:
+            unknown).
     """
 
     phase: str
@@ -73,6 +82,8 @@ class PhaseObservation:
     slowdown: bool = False
     slices: tuple[ProbeSlice, ...] = ()
     error: str | None = None
+    stalled_s: float = 0.0
+    stalled_energy_j: float | None = 0.0
 
 
 CLOCK_TOLERANCE_MHZ = 15
@@ -90,6 +101,18 @@ def ran_clock_mhz(obs: PhaseObservation) -> int | None:
     req, ran = obs.requested_clock_mhz, obs.applied_clock_mhz
     if req is None or ran is None or ran >= req - CLOCK_TOLERANCE_MHZ:
         return req
+    return ran
+
+
+def ran_slice_clock_mhz(s: ProbeSlice) -> int | None:
+    """The SM clock a locked probe slice actually ran, MHz (``None``: default governor).
+
+    The read-back when a power or thermal cap held it more than ``CLOCK_TOLERANCE_MHZ`` below
+    the lock, else the lock: a trial credits the clock the GPU ran, not the one asked (#16).
+    """
+    ran = s.effective_clock_mhz
+    if s.clock_mhz is None or ran is None or ran >= s.clock_mhz - CLOCK_TOLERANCE_MHZ:
+        return s.clock_mhz
     return ran
 
 

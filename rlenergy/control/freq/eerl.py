@@ -635,15 +635,16 @@ class PhaseController:
         fit = self.fit
         if fit is not None and fit.beta is not None and obs.energy_j is not None:
             if obs.slices:
+                ran = [base.ran_slice_clock_mhz(s) for s in obs.slices]  # caps credited
                 time_s = sum(
-                    s.duration_s * (fit.throughput_ratio(s.clock_mhz) if s.clock_mhz else 1.0)
-                    for s in obs.slices
+                    s.duration_s * (fit.throughput_ratio(c) if c else 1.0)
+                    for s, c in zip(obs.slices, ran, strict=True)
                 )
                 total_slice_s = sum(s.duration_s for s in obs.slices)
                 # Energy: scale the measured window by the slice-time-weighted energy ratio.
                 weights = [
-                    (s.duration_s, (fit.energy_ratio(s.clock_mhz) or 1.0) if s.clock_mhz else 1.0)
-                    for s in obs.slices
+                    (s.duration_s, (fit.energy_ratio(c) or 1.0) if c else 1.0)
+                    for s, c in zip(obs.slices, ran, strict=True)
                 ]
                 mean_ratio = sum(w * e for w, e in weights) / max(total_slice_s, 1e-9)
                 scale = obs.duration_s / max(total_slice_s, 1e-9)

@@ -83,8 +83,10 @@ def blocks_from_slices(
 
     Slices are scanned in order; a block is eight consecutive slices whose clocks follow
     ``THUE_MORSE`` for one candidate clock. Blocks with a slice shorter than ``min_fraction`` of
-    the block's longest slice (the phase ended mid-slice) or without tokens on the default side
-    are dropped.
+    the block's longest slice (the phase ended mid-slice), without tokens on the default side
+    or with a stalled slice (a hung engine: ``ProbeSlice.stalled``) are dropped. A block is
+    credited to the clock its candidate slices ran (``base.ran_slice_clock_mhz``, time-weighted)
+    when a cap held them more than one clock step below the lock; else to the lock.
 
     Returns:
         The blocks and the number of slices consumed (the rest may start a block that later
@@ -102,6 +104,8 @@ def blocks_from_slices(
             i += 1
             continue
         i += BLOCK
+        if any(s.stalled for s in group):
+            continue
         durations = [s.duration_s for s in group]
         if min(durations) < min_fraction * max(durations):
             continue
@@ -112,6 +116,11 @@ def blocks_from_slices(
         if rate_b <= 0:
             continue
         thr = (sum(s.progress for s in a) / ta) / rate_b
+        # Credit the clock the candidate slices ran (a cap below the lock), time-weighted.
+        ran = [base.ran_slice_clock_mhz(s) or clock for s in a]
+        credited = round(sum(r * s.duration_s for r, s in zip(ran, a, strict=True)) / ta)
+        if credited >= clock - base.CLOCK_TOLERANCE_MHZ:
+            credited = clock
         power: float | None = None
         ea = [s.energy_j for s in a]
         eb = [s.energy_j for s in b]
@@ -119,7 +128,7 @@ def blocks_from_slices(
             total_b = sum(e or 0.0 for e in eb)
             if total_b > 0:
                 power = (sum(e or 0.0 for e in ea) / ta) / (total_b / tb)
-        out.append((clock, thr, power))
+        out.append((credited, thr, power))
     return out, i
 
 

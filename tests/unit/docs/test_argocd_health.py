@@ -45,13 +45,20 @@ def expected_health(type_: str, status: str, reason: str) -> str:
         return "Degraded" if status == "True" else "Healthy"
     if type_ == "Ready":
         return "Degraded" if status == "False" else "Healthy"
+    if type_ == "RolloutStalled":
+        return "Degraded" if status == "True" else "Healthy"
     if type_ == "Progressing" and status == "True":
         return PROGRESSING_TRUE[reason]
     return "Healthy"
 
 
-_TYPES = ("Ready", "Progressing", "Degraded")
-_BUILDER_TYPES = {"progress": "Progressing", "degraded": "Degraded", "ready": "Ready"}
+_TYPES = ("Ready", "Progressing", "Degraded", "RolloutStalled")
+_BUILDER_TYPES = {
+    "progress": "Progressing",
+    "degraded": "Degraded",
+    "ready": "Ready",
+    "stall": "RolloutStalled",
+}
 
 
 def _builder_type(fn: ast.FunctionDef) -> str | None:
@@ -168,7 +175,8 @@ def test_the_scan_finds_the_operator_conditions():
     assert ("Progressing", "True", "SelectingClocks") in WRITTEN  # builders' returned tuples
     assert ("Degraded", "True", "NodeErrors") in WRITTEN
     assert ("Degraded", "True", "AgentsUnschedulable") in WRITTEN  # via a module constant
-    assert {t for t, _, _ in WRITTEN} == {"Ready", "Progressing", "Degraded"}
+    assert ("RolloutStalled", "True", "ProgressFrozen") in WRITTEN
+    assert {t for t, _, _ in WRITTEN} == {"Ready", "Progressing", "Degraded", "RolloutStalled"}
 
 
 def test_every_progressing_reason_has_a_decided_health():

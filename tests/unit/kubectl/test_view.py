@@ -337,3 +337,21 @@ def test_fmt_small_numbers():
     assert view.fmt_ratio(None) == "—" and view.fmt_ratio(0.96123) == "0.961"
     assert view.fmt_percent(None) == "—" and view.fmt_percent(0.0) == "0.0 %"
     assert view.fmt_count(1.5e6) == "1.5 M" and view.fmt_count(950) == "950"
+
+
+def test_a_stalled_rollout_shows_only_while_true():
+    st = _status()
+    calm = st.model_copy(
+        update={"conditions": [*st.conditions, _cond("RolloutStalled", "False", "Progressing")]}
+    )
+    assert "RolloutStalled" not in _text(view.condition_line(calm))
+    stalled = st.model_copy(
+        update={
+            "conditions": [
+                *st.conditions,
+                _cond("RolloutStalled", "True", "ProgressFrozen", "gpu-a team-a/r0 (generation)"),
+            ]
+        }
+    )
+    line = _text(view.condition_line(stalled))
+    assert "RolloutStalled True (ProgressFrozen: gpu-a team-a/r0 (generation))" in line

@@ -1,0 +1,105 @@
+"""Probe slices credit the clock the GPU ran (issue #16, item 1/3), over the stand-in NVML.
+
+A power cap (stand-in ``clock_cap_mhz``) holds the GPUs below the probe's candidate lock: each
+locked slice reads the SM clock back with its power samples, reports the lowest as
+``effectiveClockMHz``, and the probe's blocks are credited to the clock the candidate slices
+ran, not the lock. Without a cap (or within one clock step) the lock stays the label.
+"""
+
+from __future__ import annotations
+
+import pytest
+from agent_support import DriverFactory, standin_agent
+from rlenergy_agent import service
+
+from rlenergy.api import node as api_node
+from rlenergy.control.freq import aggregate, base, probe
+
+pytestmark = pytest.mark.field
+
+POD = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
+LOCK_MHZ = 1395
+PLAN = api_node.ClockPlan(
+    step=0,
+    phases=[
+        api_node.PhasePlan(
+            phase="generation",
+            clockMHz=None,
+            state="trial",
+            probeClocksMHz=list(probe.block_schedule([LOCK_MHZ])),
+            probeSliceSeconds=0.4,
+        )
+    ],
+)
+WORKLOAD = api_node.TokenWorkloadReport(
+    samples=8, response_tokens=1000, prompt_tokens=100, valid_tokens=1000, mean_context_tokens=500
+)
+
+
+def _probed_step(make_driver: DriverFactory, cap_mhz: int) -> api_node.PhaseWindowReport:
+    drv = make_driver(2)
+    agent = standin_agent({POD: list(drv.uuids)}, PLAN, lambda: drv.virtual_s)
+    for u in drv.uuids:
+        drv.gpu(u).clock_cap_mhz = cap_mhz  # 0: no cap
+    drv.set_work(drv.uuids, "generation")
+    agent.phase(POD, "generation", 0)
+    done = 0.0
+    for _ in range(int(3 * 8 * 0.4 / 0.02)):  # three blocks in 20 ms steps
+        drv.advance(0.02)
+        agent.probe_tick()
+        done += 5.0
+        agent.progress_total(POD, done)
+    agent.end_step(POD, 0, WORKLOAD)
+    (rec,) = agent.report().steps
+    (win,) = rec.phases
+    return win
+
+
+def test_a_capped_candidate_is_credited_at_the_clock_it_ran(make_driver: DriverFactory):
+    win = _probed_step(make_driver, cap_mhz=1200)
+    locked = [s for s in win.slices if s.clock_mhz == LOCK_MHZ]
+    assert locked and all(s.effective_clock_mhz == 1200 for s in locked)
+    assert all(s.effective_clock_mhz is None for s in win.slices if s.clock_mhz is None)
+    slices = aggregate.job_step(0, [_report(win)]).observation.phases["generation"].slices
+    blocks, _ = probe.blocks_from_slices(slices)
+    assert len(blocks) >= 2
+    assert {clock for clock, _, _ in blocks} == {1200}  # the clock it ran, not the lock
+
+
+def test_an_uncapped_candidate_keeps_its_lock(make_driver: DriverFactory):
+    win = _probed_step(make_driver, cap_mhz=0)
+    locked = [s for s in win.slices if s.clock_mhz == LOCK_MHZ]
+    assert locked and all(s.effective_clock_mhz == LOCK_MHZ for s in locked)
+    slices = aggregate.job_step(0, [_report(win)]).observation.phases["generation"].slices
+    assert {clock for clock, _, _ in probe.blocks_from_slices(slices)[0]} == {LOCK_MHZ}
+
+
+def _report(win: api_node.PhaseWindowReport) -> api_node.NodeReport:
+    return api_node.NodeReport(
+        policy_name="pol",
+        node_name="gpu-a",
+        gpus=[api_node.GpuStatus(uuid="GPU-1")],
+        steps=[api_node.StepRecord(step=0, workload=WORKLOAD, phases=[win])],
+        last_step=0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("effective", "credited"),
+    [(None, 1395), (1395, 1395), (1380, 1395), (1365, 1365), (1200, 1200)],
+)
+def test_block_credit_rule(effective, credited):
+    slices = [
+        base.ProbeSlice(
+            LOCK_MHZ if cand else None,
+            1.0,
+            9.0 if cand else 10.0,
+            300.0 if cand else 400.0,
+            effective_clock_mhz=effective if cand else None,
+        )
+        for cand in probe.THUE_MORSE
+    ]
+    ((clock, thr, power),), used = probe.blocks_from_slices(slices)
+    assert (clock, used) == (credited, 8)
+    assert thr == pytest.approx(0.9) and power == pytest.approx(0.75)
+    assert base.ran_slice_clock_mhz(slices[0]) == credited
