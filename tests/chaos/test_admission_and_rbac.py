@@ -31,7 +31,6 @@ VALID: dict[str, Any] = {
 }
 PATHS = [
     ("mode",),
-    ("phaseSource",),
     ("selector",),
     ("phases",),
     ("phases", 0, "name"),

@@ -447,13 +447,6 @@ class RLEnergyPolicySpec(_Spec):
     rollout: RolloutSpec | None = Field(
         None, description="MoE rollout worker release (FlexFloor); absent for dense models."
     )
-    phase_source: Literal["sdk"] = Field(
-        "sdk",
-        description=(
-            "Where phase boundaries come from: sdk (the trainer SDK's phase signals to the node "
-            "agent), the only source the agent implements."
-        ),
-    )
 
     @pydantic.field_validator("phases")
     @classmethod
