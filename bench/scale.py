@@ -361,6 +361,8 @@ class FleetJob:
                         for s in ph.slices
                     ],
                     error=ph.error,
+                    # The simulator knows each slice's progress exactly (no report gaps).
+                    progress_mean_gap_seconds=ph.progress_gap_s,
                 )
                 for ph in obs.phases.values()
             ],

@@ -113,12 +113,20 @@ class ProbeSlices(AgentState):
         return min(bands) if bands else None
 
     def _log_progress(self, w: _Open, at_s: float | None = None) -> None:
-        if w.probe is None or len(w.progress_log) >= MAX_PROGRESS_LOG:
-            return
         now = self._clock()
         t = now
+        last = w.started_s if w.last_report_s is None else w.last_report_s
+        if w.probe is not None and w.progress_log:
+            last = max(last, w.progress_log[-1][0])
         if at_s is not None and math.isfinite(at_s) and now - MAX_REPORT_AGE_S <= at_s <= now:
-            t = max(at_s, w.progress_log[-1][0] if w.progress_log else w.started_s)
+            t = max(at_s, last)
+        # The cadence of every window (probed or not) tells EE-RL whether in-phase slices can
+        # be resolved (``PhaseWindowReport.progress_max_gap_seconds``).
+        w.report_gap_s = max(w.report_gap_s, t - last)
+        w.last_report_s = t
+        w.reports += 1
+        if w.probe is None or len(w.progress_log) >= MAX_PROGRESS_LOG:
+            return
         w.progress_log.append((t, w.progress))
 
     def probe_tick(self) -> float | None:

@@ -129,6 +129,12 @@ class _Open:
     """GPU time of parks that ended inside this window, GPU-s."""
     stall: stalls.StallWatch | None = None
     """Stall detection, from the caller's first in-flight report (``stalls``)."""
+    last_report_s: float | None = None
+    """When the trainer's latest progress report was measured (this agent's clock), s."""
+    report_gap_s: float = 0.0
+    """Largest time from the window's start between the trainer's progress reports, s."""
+    reports: int = 0
+    """Progress reports received in the window."""
 
 
 @dataclasses.dataclass(frozen=True)

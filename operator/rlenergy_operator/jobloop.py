@@ -324,6 +324,7 @@ class JobLoop:
                         "last_retrial_reason": retrials[-1]
                         if isinstance(retrials, list) and retrials
                         else None,
+                        "probe_evidence": s.get("probe_evidence"),
                     }
                 )
             )

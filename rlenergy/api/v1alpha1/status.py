@@ -130,6 +130,13 @@ class PhaseStatus(_Status):
     saving: Saving = Field(default_factory=Saving, description="Saving of this phase.")
     selections: int = Field(0, ge=0, description="Clock selections made so far.")
     last_retrial_reason: str | None = Field(None, description="Why the newest re-trial started.")
+    probe_evidence: str | None = Field(
+        None,
+        description=(
+            "What EE-RL's trials of this phase measure: in-phase slices (the trainer's progress "
+            "reports resolve them) or whole-phase steps (no or too coarse progress), and why."
+        ),
+    )
 
 
 class Totals(_Status):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Sequence
 
 from rlenergy.api import node as api_node
@@ -172,6 +173,13 @@ def _phase(
         error="; ".join(errors) or None,
         stalled_s=max((w.stalled_seconds for w in windows), default=0.0),
         stalled_energy_j=stalled_j,
+        progress_gap_s=max(
+            (
+                math.inf if w.progress_mean_gap_seconds is None else w.progress_mean_gap_seconds
+                for w in windows
+            ),
+            default=math.inf,
+        ),
     )
 
 

@@ -72,6 +72,10 @@ class PhaseObservation:
         stalled_s: stalled time excluded from ``duration_s`` (slowest node's), s.
         stalled_energy_j: energy of that stalled time, excluded from ``energy_j``, J (``None``:
             unknown).
+        progress_gap_s: mean time between the trainer's in-phase progress reports, s (window
+            length / (reports + 1); the largest over the nodes); ``math.inf``: none arrived.
+            ``0.0``: progress known exactly (the simulator). Slices shorter than
+            ``eerl.SLICE_PER_PROGRESS_GAP`` gaps cannot be told apart.
     """
 
     phase: str
@@ -84,6 +88,7 @@ class PhaseObservation:
     error: str | None = None
     stalled_s: float = 0.0
     stalled_energy_j: float | None = 0.0
+    progress_gap_s: float = 0.0
 
 
 CLOCK_TOLERANCE_MHZ = 15

@@ -77,6 +77,13 @@ that would save at least this share of energy per token more than the lock [heur
 ASYNC_MIN_HISTORY = 8
 """Plain steps of pool-time history before a pool's threshold is relaxed: the max of two
 pools depends on their joint spread, which two warm-up steps cannot show [heuristic]."""
+SLICE_PER_PROGRESS_GAP = 2.0
+"""Shortest probe slice in gaps between the trainer's progress reports: a slice's progress is
+interpolated from the reports around its boundaries, so a slice must span at least two report
+gaps (the mean report interval of the phase's newest window; one late report does not
+disqualify a phase) for reports inside it to carry its rate [heuristic]. Without reports
+(``PhaseObservation.progress_gap_s`` infinite) no slice can be resolved and trials alternate
+whole steps (whole-phase evidence)."""
 ASYNC_SLACK = 0.05
 """Extra throughput margin kept on the non-bottleneck pool in async mode [heuristic]:
 per-step noise makes max(pool times) exceed both means."""
@@ -178,6 +185,7 @@ class PhaseController:
         self._monitor = probe.RatioStats()
         self._since_lock = 0
         self._clean = 0
+        self.progress_gap_s = 0.0
         self._new_round()
 
     # ----- state helpers ---------------------------------------------------------------------
@@ -241,11 +249,38 @@ class PhaseController:
         """Trial steps of one selection round before the extension rule (``INFO_GAIN``)."""
         return self.ctl.trial_steps * self.evidence_scale
 
+    def _min_slice_s(self) -> float:
+        """Shortest slice the phase's progress reports resolve, s (inf: no reports)."""
+        return max(MIN_SLICE_S, SLICE_PER_PROGRESS_GAP * self.progress_gap_s)
+
     def _slices_in_phase(self) -> int:
-        """Probe slices that fit in the phase (a multiple of the block length; 0: too short)."""
-        fit = int(self._last_time_s / MIN_SLICE_S)
+        """Probe slices that fit in the phase (a multiple of the block length).
+
+        0: the phase is too short, or no in-phase progress resolves its slices.
+        """
+        shortest = self._min_slice_s()
+        if not math.isfinite(shortest):
+            return 0
+        fit = int(self._last_time_s / shortest)
         n = min(self.ctl.slices_per_phase, fit)
         return n - n % probe.BLOCK
+
+    @property
+    def probe_evidence(self) -> str:
+        """Which evidence trials of this phase use, and why (status ``probeEvidence``)."""
+        gap = self.progress_gap_s
+        if not math.isfinite(gap):
+            return (
+                "whole-phase: no in-phase progress reports in the newest window, "
+                "so trials alternate whole steps"
+            )
+        if self._slices_in_phase() == 0:
+            return (
+                f"whole-phase: progress every {1000 * gap:.0f} ms or more resolves fewer than "
+                f"{probe.BLOCK} slices of a {self._last_time_s:.3f} s phase"
+            )
+        cadence = "exact" if gap == 0 else f"every {1000 * gap:.0f} ms"
+        return f"in-phase slices (progress {cadence})"
 
     # ----- decide ------------------------------------------------------------------------
     def decide(self, allow_probe: bool, allow_extra: bool = True) -> base.PhaseDecision:
@@ -395,6 +430,7 @@ class PhaseController:
             self._clean = 0
             return
         self._last_time_s = obs.duration_s
+        self.progress_gap_s = obs.progress_gap_s
         self._last_default_time_s = self._default_time_s(obs, workload)
         self._last_feature = _drift_feature(self.settings.name, workload)
         self._last_slowdown = obs.slowdown
@@ -439,6 +475,9 @@ class PhaseController:
         self, obs: base.PhaseObservation, tokens: float
     ) -> list[tuple[int, float, float | None]]:
         if obs.slices:
+            planned = max(s.duration_s for s in obs.slices)
+            if SLICE_PER_PROGRESS_GAP * obs.progress_gap_s > planned:
+                return []  # the reports cannot resolve these slices: no in-phase evidence
             return probe.blocks_from_slices(obs.slices)[0]
         self._was_step_probe = self.state is base.PhaseState.TRIAL and bool(self._step_probe)
         if self._was_step_probe:
@@ -799,6 +838,7 @@ class EERLController:
                 "estimated_energy_ratio": energy,
                 "selections": pc.selections,
                 "retrials": list(pc.retrial_reasons),
+                "probe_evidence": pc.probe_evidence,
             }
         return out
 

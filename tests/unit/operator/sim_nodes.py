@@ -100,6 +100,8 @@ class SimNodes:
                         for s in ph.slices
                     ],
                     error=ph.error,
+                    # The simulator knows each slice's progress exactly (no report gaps).
+                    progress_mean_gap_seconds=ph.progress_gap_s,
                 )
             )
         rec = api_node.StepRecord(

@@ -177,3 +177,48 @@ def test_unknown_energy_is_not_zero():
     assert totals.saving_percent is None and totals.compared_steps == 0
     gen = next(p for p in loop.phase_status() if p.name == "generation")
     assert gen.saving.percent is None and gen.energy_per_valid_token_joules is None
+
+
+def _without_progress(report: api_node.NodeReport) -> api_node.NodeReport:
+    """The node report of trainers that sent no in-phase progress (no engine counter)."""
+    steps = [
+        s.model_copy(
+            update={
+                "phases": [
+                    p.model_copy(
+                        update={
+                            "progress_mean_gap_seconds": None,
+                            "slices": [sl.model_copy(update={"progress": 0.0}) for sl in p.slices],
+                        }
+                    )
+                    for p in s.phases
+                ]
+            }
+        )
+        for s in report.steps
+    ]
+    return report.model_copy(update={"steps": steps})
+
+
+def test_status_says_which_probe_evidence_and_falls_back_without_progress():
+    loop, _ = _run(12)
+    evidence = {p.name: p.probe_evidence for p in _status(loop).phases}
+    assert all(e and e.startswith("in-phase slices (progress exact)") for e in evidence.values())
+
+    blind = jobloop.JobLoop(SPEC, 1)
+    plans: list[api_node.ClockPlan] = []
+
+    def plan_for(step: int) -> api_node.ClockPlan:
+        plans.append(blind.plan("t"))
+        return plans[-1]
+
+    SimNodes("p", 20, lambda reps: blind.advance([_without_progress(r) for r in reps])).run(
+        plan_for
+    )
+    # No in-phase slice is ever planned again after the first window without progress, but
+    # trials go on as whole steps at the trial clock.
+    trials = [p for plan in plans[3:] for p in plan.phases if p.state == "trial"]
+    assert trials and all(not p.probe_clocks_mhz for p in trials)
+    assert any(p.clock_mhz for p in trials)
+    for ph in _status(blind).phases:
+        assert ph.probe_evidence and "whole-phase: no in-phase progress" in ph.probe_evidence

@@ -1,0 +1,379 @@
+"""In-phase progress for EE-RL's probe slices: the engines' own token counters and a torch hook.
+
+EE-RL trials run a phase as short slices at alternating clocks (``rlenergy.control.freq.probe``)
+and compare the work done per slice, so the agent needs the phase's cumulative progress every
+few tens of ms. A verl rollout is one blocking ``generate_sequences`` call and its update one
+``update_actor`` call, so no trainer code runs in between to report it; the progress comes from
+counters that the work itself advances, read on a thread of the worker process:
+
+* generation: the inference engine's own decoded-token counter (``ENGINES``), read from its
+  Prometheus exposition (``HttpExposition``: the engine's ``/metrics`` URL in the pod) or from
+  the process's prometheus-client registry when the engine runs in-process
+  (``RegistryExposition``; verl's vLLM/SGLang rollout servers), parsed with prometheus-client's
+  own text parser;
+* training: ``ForwardTokenCounter``, a forward hook on the actor module counting the tokens and
+  micro-batches its forward passes processed (on CUDA counted once the pass's kernels are done,
+  through a CUDA event, so the count does not run ahead of the GPU).
+
+``ProgressReporter`` reads a source every ``period_s`` (20 ms: 50 Hz, within the 50 ms the
+probes need) during a phase and sends the phase's total since its start to the agent
+(``RLEnergyClient.progress_total``), with one last report right before the phase ends. A source
+that cannot be read (no engine metrics, no counter) sends nothing: the agent then sees a window
+without progress and EE-RL falls back to whole-phase evidence and says so in status
+(``PhaseStatus.probeEvidence``); it never interpolates over a phase it did not hear.
+
+prometheus-client is imported only when a source is read: vLLM and SGLang both require it, so
+it is in every engine image. Callers: ``rlenergy.sdk.verl`` hooks, trainer code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PERIOD_S = 0.02
+"""Progress read and report period, s (50 Hz; EE-RL's slices are 25 ms or longer and the
+controller sizes them to at least twice the largest report gap,
+``rlenergy.control.freq.eerl.SLICE_PER_PROGRESS_GAP``)."""
+
+
+class ProgressUnavailable(Exception):
+    """A progress source cannot be read (engine metrics missing, URL refused, bad exposition)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCounter:
+    """Where a pinned inference engine counts the tokens it decoded.
+
+    Attributes:
+        engine: engine name (``vllm``, ``sglang``).
+        version: the engine version the names were read from (pyproject ``engines`` pins).
+        family: the metric family as prometheus-client's parser names it (counter names lose
+            their ``_total`` suffix there).
+        sample: the sample name in the exposition (``<family>_total``).
+        match: label values a sample must carry to count (other labels are summed over:
+            engine indexes, TP/PP/EP ranks, DP ranks).
+        source: the engine file that defines and advances the counter.
+        advances: when the engine advances it.
+    """
+
+    engine: str
+    version: str
+    family: str
+    sample: str
+    match: Mapping[str, str]
+    source: str
+    advances: str
+
+
+ENGINES: dict[str, EngineCounter] = {
+    "vllm": EngineCounter(
+        engine="vllm",
+        version="0.33.0",
+        family="vllm:generation_tokens",
+        sample="vllm:generation_tokens_total",
+        match={},
+        source="vllm/v1/metrics/loggers.py (PrometheusStatLogger, labels model_name, engine)",
+        advances="every engine step, by IterationStats.num_generation_tokens",
+    ),
+    "sglang": EngineCounter(
+        engine="sglang",
+        version="0.5.23",
+        family="sglang:realtime_tokens",
+        sample="sglang:realtime_tokens_total",
+        match={"mode": "decode"},
+        source=(
+            "sglang/srt/observability/metrics_collector.py (SchedulerMetricsCollector, labels "
+            "model_name, engine_type, tp_rank, pp_rank, moe_ep_rank, mode); advanced in "
+            "sglang/srt/managers/scheduler_components/metrics_reporter.py report_decode_stats"
+        ),
+        advances="every decode iteration, by the iteration's generated tokens",
+    ),
+}
+"""The pinned engines' decoded-token counters, read from their wheels' source. Not
+``sglang:generation_tokens_total``: SGLang advances that one only when a request finishes
+(``TokenizerMetricsCollector.observe_one_finished_request``), too late for a slice."""
+
+
+def engine_counter(engine: str) -> EngineCounter:
+    """The counter of ``engine``.
+
+    Raises:
+        ValueError: an engine without a pinned counter (says which are known).
+    """
+    try:
+        return ENGINES[engine]
+    except KeyError:
+        raise ValueError(
+            f"no token counter known for engine {engine!r}; use one of {sorted(ENGINES)}"
+        ) from None
+
+
+def _sum_families(families: Iterable[Any], counter: EngineCounter) -> float:
+    total: float | None = None
+    for fam in families:
+        if fam.name != counter.family:
+            continue
+        for s in fam.samples:
+            if s.name == counter.sample and all(
+                s.labels.get(k) == v for k, v in counter.match.items()
+            ):
+                total = (total or 0.0) + float(s.value)
+    if total is None:
+        raise ProgressUnavailable(
+            f"no {counter.sample} samples"
+            + (f" with {dict(counter.match)}" if counter.match else "")
+            + f" in the exposition: is {counter.engine} {counter.version} serving metrics "
+            "(vLLM: not --disable-log-stats; SGLang: --enable-metrics)?"
+        )
+    return total
+
+
+def decoded_tokens(exposition: str, engine: str) -> float:
+    """Tokens ``engine`` decoded so far, from its Prometheus text exposition.
+
+    Args:
+        exposition: the text of the engine's ``/metrics`` (Prometheus text format 0.0.4, what
+            prometheus-client serves without an OpenMetrics ``Accept`` header).
+        engine: ``vllm`` or ``sglang``.
+
+    Returns:
+        The counter summed over every engine index and rank in the exposition, tokens.
+
+    Raises:
+        ValueError: unknown engine.
+        ProgressUnavailable: the counter is not in the exposition, or the text does not parse.
+    """
+    counter = engine_counter(engine)
+    from prometheus_client import parser
+
+    try:
+        families = list(parser.text_string_to_metric_families(exposition))
+    except ValueError as exc:
+        raise ProgressUnavailable(f"not a Prometheus exposition: {exc}") from exc
+    return _sum_families(families, counter)
+
+
+class ProgressSource(Protocol):
+    """Anything with a cumulative work counter (tokens, micro-batches)."""
+
+    def total(self) -> float:
+        """Cumulative work so far; raises ``ProgressUnavailable`` when it cannot be read."""
+        ...
+
+
+class HttpExposition:
+    """An engine's ``/metrics`` URL in the pod (e.g. ``http://127.0.0.1:8000/metrics``).
+
+    Args:
+        url: the exposition URL (the engine's own server; loopback inside the pod).
+        engine: ``vllm`` or ``sglang``.
+        timeout_s: per read, s (kept under the report period's scale).
+    """
+
+    def __init__(self, url: str, engine: str, *, timeout_s: float = 0.5) -> None:
+        engine_counter(engine)
+        self.url = url
+        self.engine = engine
+        self.timeout_s = timeout_s
+
+    def total(self) -> float:
+        """Decoded tokens so far (``decoded_tokens`` of the page)."""
+        try:
+            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:  # noqa: S310
+                text = resp.read().decode("utf-8")
+        except (urllib.error.URLError, OSError) as exc:
+            raise ProgressUnavailable(f"{self.url}: {exc}") from exc
+        return decoded_tokens(text, self.engine)
+
+
+class RegistryExposition:
+    """The engine's counter in this process's prometheus-client registry (in-process engine).
+
+    vLLM's ``PrometheusStatLogger`` registers in the default registry (or the multiprocess one
+    under ``PROMETHEUS_MULTIPROC_DIR``, ``vllm/v1/metrics/prometheus.py``); verl runs its rollout
+    engine inside the worker process, so the worker reads the counter without HTTP.
+
+    Args:
+        engine: ``vllm`` or ``sglang``.
+        registry: a prometheus-client ``CollectorRegistry`` (default: the global one, or a
+            multiprocess registry when ``PROMETHEUS_MULTIPROC_DIR`` is set).
+    """
+
+    def __init__(self, engine: str, registry: Any = None) -> None:
+        self.counter = engine_counter(engine)
+        self._registry = registry
+
+    def _get_registry(self) -> Any:
+        if self._registry is None:
+            import os
+
+            from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
+
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+                reg = CollectorRegistry()
+                multiprocess.MultiProcessCollector(reg)  # type: ignore[no-untyped-call]
+                self._registry = reg
+            else:
+                self._registry = REGISTRY
+        return self._registry
+
+    def total(self) -> float:
+        """Decoded tokens so far."""
+        return _sum_families(self._get_registry().collect(), self.counter)
+
+
+class ForwardTokenCounter:
+    """A forward hook on a torch module counting the tokens its forward passes processed.
+
+    Tokens of a pass: ``numel`` of its ``input_ids`` (keyword, else the first tensor argument):
+    with verl's ``use_remove_padding`` that is the packed (1, total_nnz) batch, the valid
+    tokens; padded batches count their padding, which the GPU computes too. Only tensor shapes
+    are read, never values, so the hook adds no device sync. On a CUDA module the pass is
+    counted once a CUDA event recorded after it has completed (``torch.cuda.Event.query``, no
+    wait), so the count follows the GPU, not the host running ahead of it; on CPU at once.
+
+    Args:
+        module: the actor module (e.g. verl's ``actor_module_fsdp``); any ``torch.nn.Module``.
+
+    Attributes:
+        micro_batches: forward passes counted (completed).
+    """
+
+    def __init__(self, module: Any) -> None:
+        self.tokens = 0.0
+        self.micro_batches = 0
+        self._pending: deque[tuple[Any, float]] = deque()
+        self._lock = threading.Lock()
+        self._handle = module.register_forward_hook(self._hook, with_kwargs=True)
+
+    def _hook(
+        self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
+        ids = kwargs.get("input_ids")
+        if ids is None:
+            ids = next((a for a in args if hasattr(a, "numel") and hasattr(a, "shape")), None)
+        if ids is None:
+            return
+        n = float(ids.numel())
+        device = getattr(ids, "device", None)
+        if device is not None and getattr(device, "type", "cpu") == "cuda":
+            # torch is the hooked module's own library: only CUDA modules reach this line.
+            torch: Any = importlib.import_module("torch")
+            event = torch.cuda.Event()
+            event.record()
+            with self._lock:
+                self._pending.append((event, n))
+            return
+        with self._lock:
+            self.tokens += n
+            self.micro_batches += 1
+
+    def total(self) -> float:
+        """Tokens of the completed forward passes so far."""
+        with self._lock:
+            while self._pending and self._pending[0][0].query():
+                _, n = self._pending.popleft()
+                self.tokens += n
+                self.micro_batches += 1
+            return self.tokens
+
+    def remove(self) -> None:
+        """Remove the hook from the module."""
+        self._handle.remove()
+
+
+class ProgressReporter:
+    """Reads a source during a phase and reports the phase's progress to the agent.
+
+    ``start`` takes the source's value as the phase's zero and starts a daemon thread that
+    every ``period_s`` sends ``source.total() - zero`` through ``report`` (normally
+    ``RLEnergyClient.progress_total``); ``stop`` sends one last value and ends the thread.
+    A source that raises ``ProgressUnavailable`` is logged once per phase and nothing is sent
+    for it (the agent then reports the window without progress: whole-phase evidence).
+
+    Args:
+        source: the counter.
+        report: called with the phase's cumulative progress.
+        period_s: read period, s.
+        clock: monotonic clock (tests).
+    """
+
+    def __init__(
+        self,
+        source: ProgressSource,
+        report: Callable[[float], None],
+        *,
+        period_s: float = DEFAULT_PERIOD_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not period_s > 0:
+            raise ValueError(f"period_s must be > 0, got {period_s}")
+        self.source = source
+        self.report = report
+        self.period_s = period_s
+        self._clock = clock
+        self._zero: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+        self.reports = 0
+        self.last_error: str | None = None
+
+    def _read(self) -> float | None:
+        try:
+            value = self.source.total()
+        except ProgressUnavailable as exc:
+            self.last_error = str(exc)
+            if not self._warned:
+                log.warning("no in-phase progress (%s): EE-RL uses whole-phase evidence", exc)
+                self._warned = True
+            return None
+        if self._zero is None:
+            self._zero = value
+        return max(value - self._zero, 0.0)
+
+    def _send(self) -> None:
+        done = self._read()
+        if done is not None:
+            self.report(done)
+            self.reports += 1
+
+    def start(self) -> None:
+        """The phase starts now: take the zero and report every ``period_s``."""
+        self.stop(final=False)
+        self._zero = None
+        self._warned = False
+        self._read()
+        self._stop.clear()
+
+        def run() -> None:
+            nxt = self._clock()
+            while not self._stop.is_set():
+                nxt += self.period_s
+                self._stop.wait(max(nxt - self._clock(), 0.0))
+                if self._stop.is_set():
+                    return
+                self._send()
+
+        self._thread = threading.Thread(target=run, name="rlenergy-progress", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, final: bool = True) -> None:
+        """The phase ends: stop the thread, then send the last value (``final``)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+            if final:
+                self._send()
