@@ -71,6 +71,12 @@ class StepRecords(AgentState):
                             "incomplete": any(w.incomplete for w in windows),
                             "gpu_energy_joules": per_gpu,
                             "progress": sum(w.progress for w in windows),
+                            "progress_mean_gap_seconds": _slowest(
+                                [w.progress_mean_gap_seconds for w in windows]
+                            ),
+                            "progress_max_gap_seconds": _slowest(
+                                [w.progress_max_gap_seconds for w in windows]
+                            ),
                             "slices": [s for w in windows for s in w.slices],
                             "gpu_seconds": sum(w.gpu_seconds for w in windows),
                             "released_gpu_seconds": sum(w.released_gpu_seconds for w in windows),
@@ -173,3 +179,10 @@ class StepRecords(AgentState):
                 ),
                 rollout=self.dispatch,
             )
+
+
+def _slowest(gaps: list[float | None]) -> float | None:
+    """The pods' worst progress cadence, s (``None``: a pod sent no progress at all)."""
+    if any(g is None for g in gaps):
+        return None
+    return max(g for g in gaps if g is not None)

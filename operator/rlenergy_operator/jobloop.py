@@ -142,7 +142,9 @@ class JobLoop:
                 continue
             if not loop._ensure_controller(reports):
                 break
-            loop._observe(aggregate.job_step(step, reports), account=False)
+            loop._observe(
+                aggregate.job_step(step, reports, pools=loop.spec.mode == "async"), account=False
+            )
             loop.replayed += 1
         return loop
 
@@ -186,7 +188,9 @@ class JobLoop:
                 self.account.missed_steps += 1
                 self.account.through_step = step
                 continue
-            self._observe(aggregate.job_step(step, reports), account=True)
+            self._observe(
+                aggregate.job_step(step, reports, pools=self.spec.mode == "async"), account=True
+            )
             folded.append(step)
         return folded
 

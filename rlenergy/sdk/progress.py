@@ -74,6 +74,9 @@ class EngineCounter:
     match: Mapping[str, str]
     source: str
     advances: str
+    busy: tuple[str, ...] = ()
+    """Gauges whose sum is the requests the engine holds (running + queued): > 0 while it
+    generates (``RolloutPoolPhases``)."""
 
 
 ENGINES: dict[str, EngineCounter] = {
@@ -85,6 +88,7 @@ ENGINES: dict[str, EngineCounter] = {
         match={},
         source="vllm/v1/metrics/loggers.py (PrometheusStatLogger, labels model_name, engine)",
         advances="every engine step, by IterationStats.num_generation_tokens",
+        busy=("vllm:num_requests_running", "vllm:num_requests_waiting"),
     ),
     "sglang": EngineCounter(
         engine="sglang",
@@ -98,6 +102,7 @@ ENGINES: dict[str, EngineCounter] = {
             "sglang/srt/managers/scheduler_components/metrics_reporter.py report_decode_stats"
         ),
         advances="every decode iteration, by the iteration's generated tokens",
+        busy=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
     ),
 }
 """The pinned engines' decoded-token counters, read from their wheels' source. Not
@@ -139,6 +144,33 @@ def _sum_families(families: Iterable[Any], counter: EngineCounter) -> float:
     return total
 
 
+def _families(exposition: str) -> list[Any]:
+    from prometheus_client import parser
+
+    try:
+        return list(parser.text_string_to_metric_families(exposition))
+    except ValueError as exc:
+        raise ProgressUnavailable(f"not a Prometheus exposition: {exc}") from exc
+
+
+def held_requests(exposition: str, engine: str) -> float:
+    """Requests ``engine`` holds now (running + waiting, summed over engines and ranks).
+
+    Raises:
+        ValueError: unknown engine.
+        ProgressUnavailable: a gauge is missing or the text does not parse.
+    """
+    counter = engine_counter(engine)
+    families = _families(exposition)
+    total = 0.0
+    for gauge in counter.busy:
+        found = [s for f in families if f.name == gauge for s in f.samples if s.name == gauge]
+        if not found:
+            raise ProgressUnavailable(f"no {gauge} in the {engine} exposition")
+        total += sum(float(s.value) for s in found)
+    return total
+
+
 def decoded_tokens(exposition: str, engine: str) -> float:
     """Tokens ``engine`` decoded so far, from its Prometheus text exposition.
 
@@ -155,13 +187,7 @@ def decoded_tokens(exposition: str, engine: str) -> float:
         ProgressUnavailable: the counter is not in the exposition, or the text does not parse.
     """
     counter = engine_counter(engine)
-    from prometheus_client import parser
-
-    try:
-        families = list(parser.text_string_to_metric_families(exposition))
-    except ValueError as exc:
-        raise ProgressUnavailable(f"not a Prometheus exposition: {exc}") from exc
-    return _sum_families(families, counter)
+    return _sum_families(_families(exposition), counter)
 
 
 class ProgressSource(Protocol):
@@ -187,14 +213,26 @@ class HttpExposition:
         self.engine = engine
         self.timeout_s = timeout_s
 
-    def total(self) -> float:
-        """Decoded tokens so far (``decoded_tokens`` of the page)."""
+    def read(self) -> str:
+        """The exposition's text now.
+
+        Raises:
+            ProgressUnavailable: the URL cannot be read.
+        """
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:  # noqa: S310
-                text = resp.read().decode("utf-8")
+                return str(resp.read().decode("utf-8"))
         except (urllib.error.URLError, OSError) as exc:
             raise ProgressUnavailable(f"{self.url}: {exc}") from exc
-        return decoded_tokens(text, self.engine)
+
+    def total(self) -> float:
+        """Decoded tokens so far (``decoded_tokens`` of the page)."""
+        return decoded_tokens(self.read(), self.engine)
+
+    def activity(self) -> tuple[float, float]:
+        """(requests held, decoded tokens so far) from one read of the page."""
+        text = self.read()
+        return held_requests(text, self.engine), decoded_tokens(text, self.engine)
 
 
 class RegistryExposition:
@@ -377,3 +415,137 @@ class ProgressReporter:
             self._thread = None
             if final:
                 self._send()
+
+
+class PhaseSignals(Protocol):
+    """The agent client's phase and progress signals (``RLEnergyClient``)."""
+
+    def phase(self, name: str, *, step: int) -> object:
+        """Enter phase ``name`` of step ``step``."""
+        ...
+
+    def progress_total(self, total: float) -> None:
+        """Cumulative progress of the current phase."""
+        ...
+
+
+class ActivitySource(Protocol):
+    """An engine's requests held now and tokens decoded so far (``HttpExposition``)."""
+
+    def activity(self) -> tuple[float, float]:
+        """(requests held, decoded tokens); raises ``ProgressUnavailable`` when unreadable."""
+        ...
+
+
+class RolloutPoolPhases:
+    """A rollout pool's own phases, from its engine's request gauges (async verl).
+
+    In verl's one-step-off and fully-async recipes the rollout replicas run on their own GPU
+    pool and serve requests while the trainer pool trains (``verl/experimental/
+    one_step_off_policy/ray_trainer.py``, ``verl/experimental/fully_async_policy/``): no
+    rollout call brackets their work, so the pool's workers signal it themselves. A thread in
+    the rollout worker reads the engine's exposition every ``period_s``: when the engine holds
+    requests (``EngineCounter.busy``: running + waiting) it signals ``generation`` of the pool's
+    step and reports the tokens decoded since; once it has held none for ``idle_after_s`` it
+    sends the last total and signals ``idle``. The pool's step is the policy version its
+    weights came from: call ``set_step`` from the rollout worker's ``update_weights`` (verl
+    passes ``global_steps``); a weight update while generating starts the new step's window.
+    An unreadable exposition sends nothing (no phase is guessed).
+
+    Args:
+        source: the engine's exposition (``HttpExposition``).
+        client: the agent client of this worker.
+        step: the pool's step before the first weight update.
+        period_s: read period, s.
+        idle_after_s: time without held requests that ends a generation window, s (the
+            engine's queue empties briefly between agent-loop turns).
+        clock: monotonic clock (tests).
+    """
+
+    def __init__(
+        self,
+        source: ActivitySource,
+        client: PhaseSignals,
+        *,
+        step: int = 0,
+        period_s: float = DEFAULT_PERIOD_S,
+        idle_after_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.source = source
+        self.client = client
+        self.step = step
+        self.period_s = period_s
+        self.idle_after_s = idle_after_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._busy = False
+        self._zero = 0.0
+        self._last_tokens = 0.0
+        self._quiet_since: float | None = None
+        self._new_step = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.windows = 0
+        self.last_error: str | None = None
+
+    def set_step(self, step: int) -> None:
+        """The pool's weights are now those of policy step ``step``."""
+        with self._lock:
+            if step != self.step:
+                self.step = step
+                self._new_step = self._busy
+
+    def tick(self) -> None:
+        """Read the engine once and signal what changed (the thread's body; tests)."""
+        try:
+            held, tokens = self.source.activity()
+        except ProgressUnavailable as exc:
+            self.last_error = str(exc)
+            return
+        now = self._clock()
+        with self._lock:
+            if held > 0:
+                self._quiet_since = None
+                if not self._busy or self._new_step:
+                    if self._busy:
+                        self.client.progress_total(max(tokens - self._zero, 0.0))
+                    self.client.phase("generation", step=self.step)
+                    self._busy, self._new_step = True, False
+                    self._zero = tokens
+                    self.windows += 1
+                self.client.progress_total(max(tokens - self._zero, 0.0))
+            elif self._busy:
+                if tokens > self._last_tokens:
+                    self.client.progress_total(max(tokens - self._zero, 0.0))
+                if self._quiet_since is None:
+                    self._quiet_since = now
+                elif now - self._quiet_since >= self.idle_after_s:
+                    self.client.progress_total(max(tokens - self._zero, 0.0))
+                    self.client.phase("idle", step=self.step)
+                    self._busy = False
+            self._last_tokens = tokens
+
+    def start(self) -> None:
+        """Start the reading thread."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+
+        def run() -> None:
+            while not self._stop.wait(self.period_s):
+                self.tick()
+
+        self._thread = threading.Thread(target=run, name="rlenergy-pool", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (a generation window still open is closed with ``idle``)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+        with self._lock:
+            if self._busy:
+                self.client.phase("idle", step=self.step)
+                self._busy = False

@@ -183,8 +183,18 @@ def _phase(
     )
 
 
-def job_step(step: int, reports: Sequence[api_node.NodeReport]) -> JobStep:
+def job_step(
+    step: int, reports: Sequence[api_node.NodeReport], *, pools: bool = False
+) -> JobStep:
     """Fold the ready nodes' records of ``step`` into one job-level step.
+
+    Args:
+        step: the RL step.
+        reports: the nodes' reports.
+        pools: async mode (``spec.mode: async``): each phase runs on its own GPU pool, so a node
+            whose record has windows of other phases but none of a phase is not in that
+            phase's pool (not a lost window). A node with no window at all still counts as
+            missing for every phase.
 
     Raises:
         ValueError: no ready node reported ``step``.
@@ -200,11 +210,18 @@ def job_step(step: int, reports: Sequence[api_node.NodeReport]) -> JobStep:
         names += [p.phase for p in rec.phases if p.phase not in names]
     phases = {
         name: _phase(
-            name, [(n, next((p for p in r.phases if p.phase == name), None)) for n, r in recs]
+            name,
+            [
+                (n, next((p for p in r.phases if p.phase == name), None))
+                for n, r in recs
+                if not pools or not r.phases or any(p.phase == name for p in r.phases)
+            ],
         )
         for name in names
     }
-    w = recs[0][1].workload
+    # The step's workload comes from the trainer's end_step; in async mode only the trainer
+    # pool's nodes hear it, so the first record that carries one is taken.
+    w = next((r.workload for _, r in recs if r.workload.samples > 0), recs[0][1].workload)
     workload = api_workload.TokenWorkload(
         samples=w.samples,
         response_tokens=w.response_tokens,

@@ -166,3 +166,72 @@ def test_reporter_reads_at_20_hz_or_more_under_a_busy_thread() -> None:
     stop.set()
     t.join()
     assert len(stamps) >= 20  # 50 Hz asked; at least 20 Hz with the GIL contended
+
+
+def test_held_requests_sum_running_and_waiting_of_both_engines() -> None:
+    for engine, running, waiting in (
+        ("vllm", "vllm:num_requests_running", "vllm:num_requests_waiting"),
+        ("sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    ):
+        reg = prometheus_client.CollectorRegistry()
+        r = prometheus_client.Gauge(running, "r", ["model_name", "rank"], registry=reg)
+        w = prometheus_client.Gauge(waiting, "w", ["model_name", "rank"], registry=reg)
+        r.labels("m", "0").set(3)
+        r.labels("m", "1").set(2)
+        w.labels("m", "0").set(4)
+        text = prometheus_client.generate_latest(reg).decode()
+        assert progress.held_requests(text, engine) == 9.0
+        with pytest.raises(progress.ProgressUnavailable, match=running):
+            progress.held_requests("", engine)
+
+
+class _Activity:
+    def __init__(self) -> None:
+        self.held = 0.0
+        self.tokens = 500.0
+        self.fail = False
+
+    def activity(self) -> tuple[float, float]:
+        if self.fail:
+            raise progress.ProgressUnavailable("engine gone")
+        return self.held, self.tokens
+
+
+class _Signals:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, float]] = []
+
+    def phase(self, name: str, *, step: int) -> None:
+        self.sent.append((name, step))
+
+    def progress_total(self, total: float) -> None:
+        self.sent.append(("progress", total))
+
+
+def test_rollout_pool_phases_follow_the_engine_and_the_weight_version() -> None:
+    src, sig, now = _Activity(), _Signals(), [0.0]
+    pool = progress.RolloutPoolPhases(src, sig, step=3, idle_after_s=0.1, clock=lambda: now[0])
+    pool.tick()
+    assert sig.sent == []  # nothing held: no phase
+    src.held = 5.0
+    pool.tick()
+    assert sig.sent == [("generation", 3), ("progress", 0.0)]  # 500 is this window's zero
+    src.tokens = 800.0
+    pool.set_step(4)  # update_weights(global_steps=4) while generating: a new window
+    pool.tick()
+    assert sig.sent[2:] == [("progress", 300.0), ("generation", 4), ("progress", 0.0)]
+    sig.sent.clear()
+    src.held, src.tokens = 0.0, 850.0
+    now[0] = 1.0
+    pool.tick()  # the queue empties: tokens still counted, the window stays open
+    now[0] = 1.05
+    pool.tick()
+    assert sig.sent == [("progress", 50.0)]
+    now[0] = 1.11
+    pool.tick()
+    assert sig.sent[1:] == [("progress", 50.0), ("idle", 4)]
+    sig.sent.clear()
+    src.fail = True
+    pool.tick()
+    assert sig.sent == [] and pool.last_error == "engine gone"
+    assert pool.windows == 2
