@@ -424,8 +424,8 @@ class PhaseSignals(Protocol):
         """Enter phase ``name`` of step ``step``."""
         ...
 
-    def progress_total(self, total: float) -> None:
-        """Cumulative progress of the current phase."""
+    def progress_total(self, total: float, *, in_flight: int | None = None) -> None:
+        """Cumulative progress of the current phase; ``in_flight``: requests held now."""
         ...
 
 
@@ -446,7 +446,8 @@ class RolloutPoolPhases:
     rollout call brackets their work, so the pool's workers signal it themselves. A thread in
     the rollout worker reads the engine's exposition every ``period_s``: when the engine holds
     requests (``EngineCounter.busy``: running + waiting) it signals ``generation`` of the pool's
-    step and reports the tokens decoded since; once it has held none for ``idle_after_s`` it
+    step and reports the tokens decoded since with the requests in flight (the agent's stall
+    watch); once it has held none for ``idle_after_s`` it
     sends the last total and signals ``idle``. The pool's step is the policy version its
     weights came from: call ``set_step`` from the rollout worker's ``update_weights`` (verl
     passes ``global_steps``); a weight update while generating starts the new step's window.
@@ -504,24 +505,25 @@ class RolloutPoolPhases:
             self.last_error = str(exc)
             return
         now = self._clock()
+        n = int(held)  # with the count the agent also watches the window for stalls
         with self._lock:
             if held > 0:
                 self._quiet_since = None
                 if not self._busy or self._new_step:
                     if self._busy:
-                        self.client.progress_total(max(tokens - self._zero, 0.0))
+                        self.client.progress_total(max(tokens - self._zero, 0.0), in_flight=n)
                     self.client.phase("generation", step=self.step)
                     self._busy, self._new_step = True, False
                     self._zero = tokens
                     self.windows += 1
-                self.client.progress_total(max(tokens - self._zero, 0.0))
+                self.client.progress_total(max(tokens - self._zero, 0.0), in_flight=n)
             elif self._busy:
                 if tokens > self._last_tokens:
-                    self.client.progress_total(max(tokens - self._zero, 0.0))
+                    self.client.progress_total(max(tokens - self._zero, 0.0), in_flight=n)
                 if self._quiet_since is None:
                     self._quiet_since = now
                 elif now - self._quiet_since >= self.idle_after_s:
-                    self.client.progress_total(max(tokens - self._zero, 0.0))
+                    self.client.progress_total(max(tokens - self._zero, 0.0), in_flight=n)
                     self.client.phase("idle", step=self.step)
                     self._busy = False
             self._last_tokens = tokens

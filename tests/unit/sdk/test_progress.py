@@ -204,8 +204,9 @@ class _Signals:
     def phase(self, name: str, *, step: int) -> None:
         self.sent.append((name, step))
 
-    def progress_total(self, total: float) -> None:
+    def progress_total(self, total: float, *, in_flight: int | None = None) -> None:
         self.sent.append(("progress", total))
+        self.in_flight = in_flight
 
 
 def test_rollout_pool_phases_follow_the_engine_and_the_weight_version() -> None:
@@ -216,6 +217,7 @@ def test_rollout_pool_phases_follow_the_engine_and_the_weight_version() -> None:
     src.held = 5.0
     pool.tick()
     assert sig.sent == [("generation", 3), ("progress", 0.0)]  # 500 is this window's zero
+    assert sig.in_flight == 5  # the engine's held requests go along (stall watch)
     src.tokens = 800.0
     pool.set_step(4)  # update_weights(global_steps=4) while generating: a new window
     pool.tick()
