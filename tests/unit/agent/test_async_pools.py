@@ -150,8 +150,9 @@ def test_each_pool_signals_its_own_phases_and_the_async_fold_uses_them(
         gen = rec.phases[0]
         assert gen.duration_seconds == pytest.approx(BUSY_S + 0.1, abs=0.1)
         assert gen.progress == pytest.approx(decoded[step], rel=0.15)
+        # Read every 20 ms; the HTTP read and the signal take their share on a loaded machine.
         assert gen.progress_mean_gap_seconds is not None
-        assert gen.progress_mean_gap_seconds <= 0.05
+        assert gen.progress_mean_gap_seconds <= 0.1
 
     # A sync fold would call the other pool's phase lost on each node; the async fold takes
     # each phase from its own pool and the workload from the trainer pool's end_step.
@@ -160,7 +161,7 @@ def test_each_pool_signals_its_own_phases_and_the_async_fold_uses_them(
     obs = aggregate.job_step(0, reports, pools=True).observation
     assert obs.phases["generation"].error is None and obs.phases["training"].error is None
     assert obs.workload.samples == 64 and obs.workload.valid_tokens == 5e4
-    assert obs.phases["generation"].progress_gap_s <= 0.05
+    assert obs.phases["generation"].progress_gap_s <= 0.1
 
     spec = policy.parse_policy({"selector": {"matchLabels": {"a": "b"}}, "mode": "async"})
     loop = jobloop.JobLoop(spec, 1)
