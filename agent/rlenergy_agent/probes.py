@@ -112,6 +112,16 @@ class ProbeSlices(AgentState):
                 bands.append(band)
         return min(bands) if bands else None
 
+    @staticmethod
+    def _progress_cadence(w: _Open, duration_s: float, end_s: float) -> dict[str, float | None]:
+        """The window's mean and largest progress-report gaps, s (``None``: no report)."""
+        if w.last_report_s is None:
+            return {"progress_mean_gap_seconds": None, "progress_max_gap_seconds": None}
+        return {
+            "progress_mean_gap_seconds": duration_s / (w.reports + 1),
+            "progress_max_gap_seconds": max(w.report_gap_s, end_s - w.last_report_s),
+        }
+
     def _log_progress(self, w: _Open, at_s: float | None = None) -> None:
         now = self._clock()
         t = now

@@ -475,12 +475,7 @@ class Agent(ProbeSlices, Parks, StepRecords):
             low_confidence=win.low_confidence,
             gpu_energy_joules=dict(win.per_gpu_j),
             progress=w.progress,
-            progress_mean_gap_seconds=None
-            if w.last_report_s is None
-            else win.duration_s / (w.reports + 1),
-            progress_max_gap_seconds=None
-            if w.last_report_s is None
-            else max(w.report_gap_s, end.t_s - w.last_report_s),
+            **self._progress_cadence(w, win.duration_s, end.t_s),
             slices=slices,
             gpu_seconds=win.duration_s * len(w.gpus),
             released_gpu_seconds=min(released, win.duration_s * len(w.gpus)),
