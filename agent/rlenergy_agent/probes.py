@@ -186,12 +186,21 @@ class ProbeSlices(AgentState):
     def _finish_slice(self, w: _Open, p: _Probe, end_s: float, mark: energy.Mark) -> None:
         duration = max(end_s - p.start_s, 0.0)
         energy_j: float | None
+        source: str | None
         if p.power_n and not p.power_failed:
             energy_j = p.power_w / p.power_n * duration
+            source = "instant_power"
         else:
-            energy_j = self.meter.window(p.start_mark, mark).energy_j
+            win = self.meter.window(p.start_mark, mark)
+            energy_j = win.energy_j
+            kinds = set(win.sources.values())
+            source = kinds.pop() if len(kinds) == 1 else "mixed"
         ran = min(p.clock_reads) if p.clock_reads and p.clock_mhz is not None else None
-        p.done.append(_Slice(p.clock_mhz, p.start_s, end_s, energy_j, effective_mhz=ran))
+        p.done.append(
+            _Slice(
+                p.clock_mhz, p.start_s, end_s, energy_j, effective_mhz=ran, energy_source=source
+            )
+        )
 
     def _next_slice(self, w: _Open, p: _Probe) -> None:
         nxt = p.schedule[(p.index + 1) % len(p.schedule)]
@@ -242,6 +251,7 @@ class ProbeSlices(AgentState):
                     stalled=sl.stalled
                     or (w.stall is not None and w.stall.overlaps(sl.start_s, sl.end_s)),
                     effective_clock_mhz=sl.effective_mhz,
+                    energy_source=sl.energy_source,
                 )
             )
         return out

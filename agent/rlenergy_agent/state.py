@@ -49,6 +49,8 @@ class _Slice:
     """The slice overlaps a stall (``stalls``) or was held through one."""
     effective_mhz: int | None = None
     """Lowest SM clock read with the slice's power samples (locked slices), MHz."""
+    energy_source: str | None = None
+    """``instant_power`` (mean of the samples) or the meter's source of the counter fallback."""
 
 
 @dataclasses.dataclass

@@ -20,6 +20,13 @@ Stalled rollouts (``rlenergy.control.freq.aggregate``): the phase windows come w
 stalled time and energy; ``totals.stalledSeconds`` and ``stalledJoules`` carry them, the
 stalled energy counts in ``measuredJoules`` but never in a compared figure.
 
+Like with like: a phase window is compared only when its energy comes from the same source
+(counter, integrated power, ...) as the phase's first default-governor window, the basis of the
+default-governor model; a step with a window from another source is measured but not compared
+(``totals.sourceMismatchSteps``), so a counter and a power sensor that disagree (the agents'
+energy cross-check) never meet in one saving. Probe blocks compare power only between slices of
+one source (``rlenergy.control.freq.probe``).
+
 Default-governor predictions: a phase window that ran under the default governor is its own
 prediction; otherwise the controller's default-governor model (fitted in warm-up) predicts
 time and energy on the step's tokens. A step whose energy or prediction is unknown is not
@@ -74,6 +81,7 @@ class Account:
     missed_steps: int = 0
     stalled_seconds: float = 0.0
     stalled_joules: float = 0.0
+    source_mismatch_steps: int = 0
     phases: dict[str, PhaseAccount] = dataclasses.field(default_factory=dict)
 
 
@@ -112,6 +120,9 @@ class JobLoop:
         self.replayed = 0
         self.gpu_name: str | None = None
         self.last_workload: api_workload.TokenWorkload | None = None
+        self.basis_source: dict[str, str] = {}
+        """Per phase the energy source of its first default-governor window: the source the
+        default-governor model is fitted on, so a compared window must come from it too."""
 
     # ----- restore -----------------------------------------------------------------------
     @classmethod
@@ -198,6 +209,10 @@ class JobLoop:
         assert self.controller is not None
         obs = job.observation
         self._decide(obs.step)
+        for name, ph in obs.phases.items():
+            default = ph.requested_clock_mhz is None and not ph.slices and ph.error is None
+            if default and ph.energy_j is not None and ph.energy_source:
+                self.basis_source.setdefault(name, ph.energy_source)
         if account:
             self._account(job)
         self.last_workload = obs.workload
@@ -213,10 +228,16 @@ class JobLoop:
         pred_energy: float | None = job.idle_energy_j
         pred_times: list[float] = []
         meas_times: list[float] = []
+        other_source = False
         for name, ph in obs.phases.items():
             pa = acc.phases.setdefault(name, PhaseAccount())
             pc = self.controller.phases.get(name)
             p_e, p_t = _predict(pc, ph, obs.workload)
+            basis = self.basis_source.get(name)
+            if basis and ph.energy_source and ph.energy_source != basis:
+                # Like with like: the default-governor side comes from the basis source (a
+                # counter vs integrated power disagreement would read as a saving).
+                p_e, p_t, other_source = None, None, True
             if ph.energy_j is not None:
                 pa.measured_joules += ph.energy_j
             if ph.energy_j is not None and p_e is not None and p_t is not None:
@@ -237,6 +258,7 @@ class JobLoop:
         acc.steps += 1
         acc.through_step = obs.step
         acc.valid_tokens += valid
+        acc.source_mismatch_steps += other_source
         # Stalled time (a hung rollout) is outside every phase figure (aggregate); it is
         # measured energy all the same, never compared with a default prediction.
         stalled_j = [ph.stalled_energy_j for ph in obs.phases.values() if ph.stalled_s > 0]

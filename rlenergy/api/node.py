@@ -107,6 +107,11 @@ class SliceReport(_Wire):
         "(null: default governor or unread); a block is credited to it when a cap held the "
         "GPU below the lock.",
     )
+    energy_source: str | None = Field(
+        None,
+        description="instant_power (mean of the slice's power samples) or the counter "
+        "fallback's source; a probe block compares power only within one source.",
+    )
 
 
 class PhaseWindowReport(_Wire):

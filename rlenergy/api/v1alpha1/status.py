@@ -210,6 +210,13 @@ class Totals(_Status):
         ge=0,
         description="Energy of the stalled time, J: in measuredJoules, never compared.",
     )
+    source_mismatch_steps: int = Field(
+        0,
+        ge=0,
+        description="Steps not compared because a phase's energy came from another source "
+        "(counter, integrated power) than its default-governor basis: savings compare like "
+        "with like.",
+    )
 
 
 class ScaleStatus(_Status):

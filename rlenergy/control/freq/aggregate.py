@@ -145,6 +145,7 @@ def _slices(windows: Sequence[api_node.PhaseWindowReport]) -> tuple[base.ProbeSl
                 energy_j=p.energy_joules,
                 stalled=p.stalled,
                 effective_clock_mhz=p.effective_clock_mhz,
+                energy_source=p.energy_source,
             )
             for p in parts
         ]
@@ -161,6 +162,7 @@ def _phase(
         errors.append(f"no {name} window from {', '.join(missing)}")
     applied = [w.applied_clock_mhz for w in windows if w.applied_clock_mhz is not None]
     stalled_j = _sum([w.stalled_energy_joules for w in windows]) if windows else 0.0
+    sources = {w.energy_source for w in windows if w.energy_source}
     energy = None if missing else _sum([w.energy_joules for w in windows])
     return base.PhaseObservation(
         phase=name,
@@ -180,6 +182,7 @@ def _phase(
             ),
             default=math.inf,
         ),
+        energy_source=(sources.pop() if len(sources) == 1 else "mixed") if sources else None,
     )
 
 

@@ -46,6 +46,8 @@ class ProbeSlice:
             at low power): its block is no evidence (``probe.blocks_from_slices`` drops it).
         effective_clock_mhz: the lowest SM clock read back during a locked slice, MHz
             (``None``: default governor or not read); see ``ran_slice_clock_mhz``.
+        energy_source: where ``energy_j`` came from (``instant_power`` samples, or the
+            counter fallback's source); a block's power ratio needs one source on both sides.
     """
 
     clock_mhz: int | None
@@ -54,6 +56,7 @@ class ProbeSlice:
     energy_j: float | None
     stalled: bool = False
     effective_clock_mhz: int | None = None
+    energy_source: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +79,8 @@ class PhaseObservation:
             length / (reports + 1); the largest over the nodes); ``math.inf``: none arrived.
             ``0.0``: progress known exactly (the simulator). Slices shorter than
             ``eerl.SLICE_PER_PROGRESS_GAP`` gaps cannot be told apart.
+        energy_source: where ``energy_j`` came from (``counter``, ``power_integration``,
+            ``averaged_power``; ``mixed`` over nodes or GPUs metered differently).
     """
 
     phase: str
@@ -89,6 +94,7 @@ class PhaseObservation:
     stalled_s: float = 0.0
     stalled_energy_j: float | None = 0.0
     progress_gap_s: float = 0.0
+    energy_source: str | None = None
 
 
 CLOCK_TOLERANCE_MHZ = 15

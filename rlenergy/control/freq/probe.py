@@ -84,7 +84,9 @@ def blocks_from_slices(
     Slices are scanned in order; a block is eight consecutive slices whose clocks follow
     ``THUE_MORSE`` for one candidate clock. Blocks with a slice shorter than ``min_fraction`` of
     the block's longest slice (the phase ended mid-slice), without tokens on the default side
-    or with a stalled slice (a hung engine: ``ProbeSlice.stalled``) are dropped. A block is
+    or with a stalled slice (a hung engine: ``ProbeSlice.stalled``) are dropped; a block whose
+    slices were metered by different sources (``ProbeSlice.energy_source``) keeps its
+    throughput ratio but gives no power ratio. A block is
     credited to the clock its candidate slices ran (``base.ran_slice_clock_mhz``, time-weighted)
     when a cap held them more than one clock step below the lock; else to the lock.
 
@@ -124,7 +126,9 @@ def blocks_from_slices(
         power: float | None = None
         ea = [s.energy_j for s in a]
         eb = [s.energy_j for s in b]
-        if all(e is not None for e in ea + eb):
+        # Like with like: a power ratio only between slices metered the same way (an instant-
+        # power slice next to a counter-fallback one would carry the sensors' disagreement).
+        if all(e is not None for e in ea + eb) and len({s.energy_source for s in group}) == 1:
             total_b = sum(e or 0.0 for e in eb)
             if total_b > 0:
                 power = (sum(e or 0.0 for e in ea) / ta) / (total_b / tb)

@@ -176,6 +176,7 @@ def test_instant_power_failure_falls_back_to_counter_deltas(
     assert len(slices) >= 8
     for k, s in enumerate(slices[:8]):
         assert s.energy_joules == pytest.approx(truth[k], rel=0.03), k
+    assert {s.energy_source for s in slices} == {"counter"}  # the fallback says so
 
 
 def test_policy_removal_mid_probe_stops_switching(make_driver: DriverFactory) -> None:

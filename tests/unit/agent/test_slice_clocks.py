@@ -70,6 +70,7 @@ def test_an_uncapped_candidate_keeps_its_lock(make_driver: DriverFactory):
     win = _probed_step(make_driver, cap_mhz=0)
     locked = [s for s in win.slices if s.clock_mhz == LOCK_MHZ]
     assert locked and all(s.effective_clock_mhz == LOCK_MHZ for s in locked)
+    assert {s.energy_source for s in win.slices} == {"instant_power"}  # one source per block
     slices = aggregate.job_step(0, [_report(win)]).observation.phases["generation"].slices
     assert {clock for clock, _, _ in probe.blocks_from_slices(slices)[0]} == {LOCK_MHZ}
 

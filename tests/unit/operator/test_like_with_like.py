@@ -1,0 +1,107 @@
+"""Savings compare like with like (issue #16, item 2): both sides of a saving from one source.
+
+The energy cross-check shows that a board's counter and its power sensor can disagree by tens of
+percent; a saving whose measured side came from one and whose default-governor side from the
+other would report that disagreement as a saving. So a phase window is compared only when its
+source matches the phase's default-governor basis (its first default window), and a probe
+block's power ratio needs one source on all its slices.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rlenergy_operator import jobloop
+
+from rlenergy.api import node as api_node
+from rlenergy.api.v1alpha1 import policy as api_policy
+from rlenergy.control.freq import base, probe
+
+pytestmark = pytest.mark.field
+
+SPEC = api_policy.RLEnergyPolicySpec.model_validate(
+    {"selector": {"matchLabels": {"app": "x"}}, "controller": {"warmupSteps": 8}}
+)
+
+
+def _step(
+    step: int, source: str, gen_j: float = 4e4, clock_mhz: int | None = None
+) -> api_node.StepRecord:
+    return api_node.StepRecord(
+        step=step,
+        workload=api_node.TokenWorkloadReport(
+            samples=8,
+            response_tokens=1000,
+            prompt_tokens=100,
+            valid_tokens=1000,
+            mean_context_tokens=500,
+        ),
+        phases=[
+            api_node.PhaseWindowReport(
+                phase="generation",
+                duration_seconds=100.0,
+                energy_joules=gen_j,
+                energy_source=source,
+                requested_clock_mhz=clock_mhz,
+            ),
+            api_node.PhaseWindowReport(
+                phase="training",
+                duration_seconds=60.0,
+                energy_joules=3e4,
+                energy_source="counter",
+            ),
+        ],
+        idle_energy_joules=0.0,
+    )
+
+
+def _loop(steps: list[api_node.StepRecord]) -> jobloop.JobLoop:
+    report = api_node.NodeReport(
+        policy_name="pol",
+        node_name="gpu-a",
+        gpus=[api_node.GpuStatus(uuid="GPU-1", supported_clocks_mhz=[1980, 1500, 1005])],
+        steps=steps,
+        last_step=steps[-1].step,
+    )
+    loop = jobloop.JobLoop(SPEC, 1)
+    loop.advance([report])
+    return loop
+
+
+def test_a_window_from_another_source_is_measured_not_compared():
+    warm = [_step(s, "counter") for s in range(3)]
+    # Step 3 ran locked at 1500 MHz; its prediction is the default-governor model fitted on the
+    # counter windows of the warm-up. Metered by the counter it is compared; metered by
+    # integrated power reading 30 % low (a board whose sensors disagree) it must not be, or the
+    # sensors' disagreement would be booked as a 30 % saving.
+    same = _loop([*warm, _step(3, "counter", 3.6e4, clock_mhz=1500)])
+    mixed = _loop([*warm, _step(3, "power_integration", 2.8e4, clock_mhz=1500)])
+    ts, tm = same.totals(), mixed.totals()
+    assert ts.compared_steps == 4 and ts.source_mismatch_steps == 0
+    assert ts.saved_joules == pytest.approx(4e3, rel=0.05)  # 4e4 predicted, 3.6e4 measured
+    assert mixed.basis_source == {"generation": "counter", "training": "counter"}
+    assert (tm.source_mismatch_steps, tm.compared_steps) == (1, 3)
+    assert tm.measured_joules == pytest.approx(ts.measured_joules - 8e3)  # measured, all of it
+    assert tm.saved_joules == pytest.approx(0.0, abs=1e-6)  # no fake saving
+    (gen,) = [p for p in mixed.phase_status() if p.name == "generation"]
+    assert gen.compared_measured_joules == pytest.approx(1.2e5)
+
+
+def _block(sources: list[str | None]) -> list[base.ProbeSlice]:
+    return [
+        base.ProbeSlice(
+            1395 if cand else None,
+            1.0,
+            9.0 if cand else 10.0,
+            300.0 if cand else 400.0,
+            energy_source=src,
+        )
+        for cand, src in zip(probe.THUE_MORSE, sources, strict=True)
+    ]
+
+
+def test_a_probe_block_compares_power_within_one_source():
+    ((_, thr, power),), _ = probe.blocks_from_slices(_block(["instant_power"] * 8))
+    assert thr == pytest.approx(0.9) and power == pytest.approx(0.75)
+    mixed = ["instant_power"] * 7 + ["counter"]  # one slice fell back to the counter
+    ((_, thr, power),), _ = probe.blocks_from_slices(_block(mixed))
+    assert thr == pytest.approx(0.9) and power is None  # throughput kept, power not mixed
