@@ -169,7 +169,7 @@ class PhaseController:
         self.threshold = settings.min_throughput_ratio
         self.selections = 0
         self.retrial_reasons: list[str] = []
-        self.fit: probe.PhaseModelFit | None = None
+        self.fit: probe.CorrectedFit | None = None
         self.floor_mhz = 0
         self._warm = 0
         self._last_time_s = 0.0
@@ -198,18 +198,20 @@ class PhaseController:
         self._step_probe_clock: int | None = None
         self._pending: list[base.ProbeSlice] = []
 
-    def _retrial(self, reason: str, *, keep_floor: bool = False, carry: bool = False) -> None:
+    def _retrial(
+        self, reason: str, *, keep_floor: bool = False, carry: bool = False, keep_all: bool = False
+    ) -> None:
         self.retrial_reasons.append(reason)
         self.state = base.PhaseState.TRIAL
         if not keep_floor:
             self.floor_mhz = 0
-        carried = self.blocks[-CARRY_BLOCKS:] if carry else []
+        carried = list(self.blocks) if keep_all else self.blocks[-CARRY_BLOCKS:] if carry else []
         self._new_round()
         if carried:
             # The previous workload's blocks seed the fit; new blocks at the best guess correct
             # it, so a drift re-trial need not pay for the low-clock lever arm again.
             self.blocks = list(carried)
-            self.fit = probe.fit_phase_model(
+            self.fit = probe.fit_corrected(
                 self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
             )
 
@@ -416,9 +418,111 @@ class PhaseController:
         guess = self._choose()[0] if self.fit is not None else None
         if most <= 1 and self._slices_in_phase() == 0:
             return [guess if guess is not None else cands[0]]
+        search = self._search_clock()
+        if search is not None:
+            return [search] * max(min(most, 4), 1)
+        check = self._model_check_clock()
+        if check is not None:
+            return [check]
         if guess is not None and self._round_steps == 0 and self.blocks:
             return [guess]  # drift re-trial with carried blocks: check the guess first
         return [min(cands[-1], self._lever_clock() or cands[-1])]
+
+    # ----- bracketing search (the model does not fit) -------------------------------------
+    def _verdict(self, clock: int) -> bool | None:
+        """Whether ``clock``'s own blocks meet the lock target (None: not decided yet).
+
+        Decided when the Student-t interval clears ``threshold + LOCK_MARGIN`` either way, when
+        it is narrower than ``INDIFFERENCE`` (by its mean), or after ``4 x min_blocks`` blocks.
+        """
+        fit = self.fit
+        m = fit.measured_at(clock) if fit is not None else None
+        if m is None or m.n < self.ctl.min_blocks or not math.isfinite(m.throughput_se):
+            return None
+        target = self.threshold + LOCK_MARGIN
+        k = probe.student_t_factor(m.n - 1, self.ctl.confidence_z) * m.throughput_se
+        if m.throughput_mean - k >= target:
+            return True
+        if m.throughput_mean + k < target:
+            return False
+        if k <= INDIFFERENCE or m.n >= 4 * self.ctl.min_blocks:
+            return m.throughput_mean >= target
+        return None
+
+    def bracket(self) -> tuple[int, int]:
+        """(highest clock shown to miss, lowest clock shown to meet) the lock target, MHz.
+
+        Throughput does not fall when the clock rises, so the lock lies in between; the floor
+        counts as a miss and the default clock as a meet.
+        """
+        lo, hi = self.floor_mhz, self.f_default_mhz
+        fit = self.fit
+        for m in fit.measured if fit is not None else ():
+            verdict = self._verdict(m.clock_mhz)
+            if verdict is True:
+                hi = min(hi, m.clock_mhz)
+            elif verdict is False:
+                lo = max(lo, m.clock_mhz)
+        return lo, hi
+
+    def _model_check_clock(self) -> int | None:
+        """A clock that tests the model's shape before a lock, or None (tested, or nothing to test).
+
+        The lever-arm blocks fix the model's one parameter; they cannot show that the curve has
+        another shape (a step, a plateau) between the lever and the default clock. So before a
+        round locks, ``min_blocks`` blocks run at the clock halfway between the lowest probed
+        clock and the choice (or the default clock); if they miss the model by ``MISFIT_Z``
+        standard errors, the bracketing search takes over (``_search_clock``). Tested once two
+        probed clocks with ``min_blocks`` each lie a quarter of that span apart.
+        """
+        fit = self.fit
+        if fit is None or fit.misfit:
+            return None
+        decided = [m.clock_mhz for m in fit.measured if m.n >= self.ctl.min_blocks]
+        if not decided:
+            return None
+        low = min(decided)
+        choice = self._choose()[0]
+        high = choice if choice is not None else self.f_default_mhz
+        span = high - low
+        if max(decided) - low >= span / 4:
+            return None
+        inside = [c for c in self._allowed() if low < c < high]
+        if not inside:
+            return None
+        return min(inside, key=lambda c: abs(c - (low + high) / 2))
+
+    def _search_clock(self) -> int | None:
+        """Next clock of the bracketing search, or None (model fits, or bracket closed).
+
+        Runs only where the corrected fit flags the model as misfitted (a knee, plateau or step
+        the one-parameter model cannot follow): the model's smooth shape then says little
+        between probed clocks, so each probe tests one clock directly, and the bracket shrinks
+        by at least a quarter per decided clock. A clock still undecided keeps being probed;
+        else the next is the lowest clock the corrected fit predicts meets the target where
+        that lies in the middle half of the bracket, else the bracket's midpoint (bisection).
+        """
+        fit = self.fit
+        if fit is None or not fit.misfit:
+            return None
+        lo, hi = self.bracket()
+        if lo >= hi:
+            return None
+        inside = [c for c in self._allowed() if lo < c < hi]
+        if not inside:
+            return None
+        pending = [
+            m for m in fit.measured if m.clock_mhz in inside and self._verdict(m.clock_mhz) is None
+        ]
+        if pending:
+            return max(pending, key=lambda m: m.n).clock_mhz
+        target = self.threshold + LOCK_MARGIN
+        meets = [c for c in inside if fit.throughput_ratio(c) >= target]
+        quarter = (hi - lo) / 4
+        guess_f = (lo + hi) / 2
+        if meets and lo + quarter <= min(meets) <= hi - quarter:
+            guess_f = float(min(meets))
+        return min(inside, key=lambda c: abs(c - guess_f))
 
     # ----- observe -----------------------------------------------------------------------
     def observe(self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload) -> None:
@@ -460,7 +564,8 @@ class PhaseController:
                 self.blocks.append((clock, thr, power))
             if blocks:
                 self._refine_locked()
-            self._check_locked(obs, workload)
+            if self.state is base.PhaseState.LOCKED:
+                self._check_locked(obs, workload)
 
     def _default_time_s(
         self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
@@ -513,7 +618,7 @@ class PhaseController:
         if not self._allowed():
             self._lock(None, self._last_feature, obs.slowdown)
             return
-        self.fit = probe.fit_phase_model(
+        self.fit = probe.fit_corrected(
             self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
         )
         if self.fit is None:
@@ -528,6 +633,11 @@ class PhaseController:
             and z_eff * stderr <= INDIFFERENCE
         )
         limit = self.trial_step_limit
+        if self.fit.misfit:
+            # The model does not fit: lock once the bracketing search has closed.
+            precise = choice is not None and self._search_clock() is None
+        elif self._model_check_clock() is not None and self._round_steps < 3 * limit:
+            precise = False  # the model's shape is not tested yet
         done = self._round_steps >= limit and (
             self._round_steps >= 3 * limit or self._uncertainty_cost() < INFO_GAIN
         )
@@ -590,10 +700,19 @@ class PhaseController:
         self._since_lock = 0
 
     def _refine_locked(self) -> None:
-        """Monitor blocks also sharpen the model: move to a lower clock once it is proven."""
-        self.fit = probe.fit_phase_model(
+        """Monitor blocks also sharpen the model: move to a lower clock once it is proven.
+
+        A monitor that shows the model misfitted, with clocks below the lock not yet tested,
+        starts a bracketing search (a re-trial that keeps every block).
+        """
+        self.fit = probe.fit_corrected(
             self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
         )
+        search = self._search_clock()
+        lock = self.locked_clock_mhz
+        if search is not None and lock is not None and search < lock:
+            self._retrial(f"model misfit: search below {lock} MHz", keep_floor=True, keep_all=True)
+            return
         choice, _ = self._choose()
         current = self.locked_clock_mhz
         if choice is not None and current is not None and choice < current:
@@ -622,6 +741,8 @@ class PhaseController:
                 return
             if self.threshold < self.settings.min_throughput_ratio:
                 self._refine_locked()  # async slack grew: the model may allow a lower clock
+                if self.state is not base.PhaseState.LOCKED:
+                    return
         mon = self._monitor
         if mon.n >= self.ctl.min_blocks and self._upper(mon) < self.threshold:
             failed = self.locked_clock_mhz or 0

@@ -247,3 +247,251 @@ def fit_phase_model(
     spp = sum(a * a for a in pa)
     beta = sum(a * b for a, b in zip(pa, pb, strict=True)) / spp if spp > 0 else None
     return PhaseModelFit(min(max(u, 0.0), 1.0), u_se, beta, f_max_mhz, f_default_mhz, n)
+
+
+MISFIT_Z = 3.0
+"""A measured clock whose mean throughput ratio is this many standard errors from the phase
+model marks the model as misfitted for this phase (``CorrectedFit.misfit``) [heuristic]."""
+MISFIT_MIN = 0.005
+"""...and at least this far (a 0.5 % throughput error is below what the threshold resolves)
+[heuristic]."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredClock:
+    """Direct evidence at one probed clock.
+
+    Attributes:
+        clock_mhz: the probed clock.
+        n: probe blocks at it.
+        throughput_mean: mean throughput ratio vs default.
+        throughput_se: standard error of that mean (pooled within-clock spread; inf when unknown).
+        power_mean: mean power ratio (None: no power measured).
+    """
+
+    clock_mhz: int
+    n: int
+    throughput_mean: float
+    throughput_se: float
+    power_mean: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectedFit:
+    """The phase model corrected by what each probed clock measured directly.
+
+    ``PhaseModelFit`` assumes ``t(f) = t0((1-m) f0/f + m)``. Real curves have knees, plateaus and
+    steps (the published family, ``rlenergy.gpu.published``), where one ``u`` fitted to all blocks
+    is biased at the clock that matters. So the prediction at clock ``c`` blends two estimates by
+    inverse variance:
+
+    * the model: ``r_model(c)``, variance ``se_model(c)**2 + tau2``, where ``tau2`` is the
+      model's discrepancy variance (method of moments over the measured clocks: squared residuals
+      in excess of their sampling variance; 0 when the model fits within noise);
+    * the corrected model: ``r_model(c)`` plus the residuals (measured mean - model) of the
+      probed clocks on either side of ``c``, linearly interpolated in clock (the default clock is
+      an exact point with residual 0; below the lowest probed clock its residual holds), variance
+      from the residuals' standard errors.
+
+    Until a measured clock is ``MISFIT_Z`` standard errors off the model (``misfit``), the
+    model alone predicts (its lever arm keeps the prediction precise between sparse, noisy
+    blocks, and blending noisy monitor blocks in would be overconfident: they also fed the
+    fit); once it is, each probed clock's own mean decides near it. Power ratios are blended with the same weights. Monotone by physics: a clock's throughput
+    is at least that of any lower clock (used by ``EERLController``'s bracketing search, not
+    here).
+
+    Attributes:
+        model: the underlying one-parameter fit.
+        measured: per probed clock below the default clock, ascending.
+        tau2: discrepancy variance of the model (throughput-ratio units squared).
+        misfit: a measured clock lies more than ``MISFIT_Z`` standard errors (and ``MISFIT_MIN``)
+            from the model.
+    """
+
+    model: PhaseModelFit
+    measured: tuple[MeasuredClock, ...]
+    tau2: float
+    misfit: bool
+
+    # Attributes of the model, so callers read either fit alike.
+    @property
+    def u(self) -> float:
+        """The model's clock-scaling share."""
+        return self.model.u
+
+    @property
+    def u_stderr(self) -> float:
+        """Standard error of ``u``."""
+        return self.model.u_stderr
+
+    @property
+    def beta(self) -> float | None:
+        """The model's power slope (None: no power measured)."""
+        return self.model.beta
+
+    @property
+    def f_max_mhz(self) -> float:
+        """Max clock, MHz."""
+        return self.model.f_max_mhz
+
+    @property
+    def f_default_mhz(self) -> float:
+        """Clock the default governor runs the phase at, MHz."""
+        return self.model.f_default_mhz
+
+    @property
+    def blocks(self) -> int:
+        """Blocks fitted."""
+        return self.model.blocks
+
+    def measured_at(self, clock_mhz: int) -> MeasuredClock | None:
+        """Direct evidence at ``clock_mhz``, if probed."""
+        for m in self.measured:
+            if m.clock_mhz == clock_mhz:
+                return m
+        return None
+
+    def _neighbours(self, c: float) -> list[tuple[float, MeasuredClock | None]]:
+        """(weight, measured clock or None = the default clock's exact point) around ``c``."""
+        usable = [m for m in self.measured if math.isfinite(m.throughput_se)]
+        below = [m for m in usable if m.clock_mhz <= c]
+        above = [m for m in usable if m.clock_mhz > c]
+        if not below:
+            return [(1.0, above[0])] if above else []
+        lo = below[-1]
+        if lo.clock_mhz == c:
+            return [(1.0, lo)]
+        hi_c = above[0].clock_mhz if above else self.f_default_mhz
+        w_hi = (c - lo.clock_mhz) / max(hi_c - lo.clock_mhz, 1e-9)
+        return [(1.0 - w_hi, lo), (w_hi, above[0] if above else None)]
+
+    def _parts(
+        self, clock_mhz: float, u: float | None = None
+    ) -> tuple[float, float, float, float, float | None, float | None]:
+        """(model r, model var, corrected r, corrected var, model p, corrected p) at a clock."""
+        c = min(clock_mhz, self.f_default_mhz)
+        model = self.model
+        r_m = model.throughput_ratio(c, u)
+        se_m = model.throughput_stderr(c)
+        p_m = model.power_ratio(c)
+        nb = self._neighbours(c)
+        if not self.misfit or c >= self.f_default_mhz or not nb:
+            return r_m, se_m**2 + self.tau2, r_m, math.inf, p_m, p_m
+        r_c = r_m
+        var_c = 0.0
+        p_c = p_m
+        # The model's own error in the interpolated difference (its u uncertainty).
+        u_hi = min(model.u + model.u_stderr, 1.0)
+        diff_m = model.throughput_ratio(c, u_hi) - model.throughput_ratio(c)
+        for w, m in nb:
+            if m is None:
+                continue
+            r_c += w * (m.throughput_mean - model.throughput_ratio(m.clock_mhz, u))
+            var_c += (w * m.throughput_se) ** 2
+            diff_m -= w * (
+                model.throughput_ratio(m.clock_mhz, u_hi) - model.throughput_ratio(m.clock_mhz)
+            )
+            pm_at = model.power_ratio(m.clock_mhz)
+            if p_c is not None and m.power_mean is not None and pm_at is not None:
+                p_c += w * (m.power_mean - pm_at)
+        var_c += diff_m**2
+        return r_m, se_m**2 + self.tau2, r_c, var_c, p_m, p_c
+
+    @staticmethod
+    def _blend(a: float, va: float, b: float, vb: float) -> tuple[float, float]:
+        if vb <= 1e-18:
+            return b, 0.0
+        if va <= 1e-18:
+            return a, 0.0
+        wa, wb = 1.0 / va, 1.0 / vb
+        return (a * wa + b * wb) / (wa + wb), 1.0 / (wa + wb)
+
+    def throughput_ratio(self, clock_mhz: float, u: float | None = None) -> float:
+        """Predicted throughput ratio vs default at ``clock_mhz``."""
+        if not self.misfit:
+            return self.model.throughput_ratio(clock_mhz, u)
+        r_m, v_m, r_c, v_c, _, _ = self._parts(clock_mhz, u)
+        return self._blend(r_m, v_m, r_c, v_c)[0]
+
+    def throughput_stderr(self, clock_mhz: float) -> float:
+        """Standard error of the predicted ratio."""
+        if not self.misfit:
+            return self.model.throughput_stderr(clock_mhz)
+        r_m, v_m, r_c, v_c, _, _ = self._parts(clock_mhz)
+        return math.sqrt(self._blend(r_m, v_m, r_c, v_c)[1])
+
+    def throughput_lower_bound(self, clock_mhz: float, z: float) -> float:
+        """Lower confidence bound (``z`` widened to Student's t for the blocks fitted)."""
+        if not self.misfit:
+            return self.model.throughput_lower_bound(clock_mhz, z)
+        k = student_t_factor(self.blocks - 1, z)
+        return self.throughput_ratio(clock_mhz) - k * self.throughput_stderr(clock_mhz)
+
+    def power_ratio(self, clock_mhz: float) -> float | None:
+        """Predicted power ratio vs default at ``clock_mhz``."""
+        if not self.misfit:
+            return self.model.power_ratio(clock_mhz)
+        r_m, v_m, r_c, v_c, p_m, p_c = self._parts(clock_mhz)
+        if p_m is None or p_c is None:
+            return p_m
+        w_m = 0.0 if v_m <= 1e-18 else 1.0 / v_m
+        w_c = math.inf if v_c <= 1e-18 else (0.0 if math.isinf(v_c) else 1.0 / v_c)
+        if math.isinf(w_c):
+            return p_c
+        if w_m + w_c <= 0:
+            return p_m
+        return (p_m * w_m + p_c * w_c) / (w_m + w_c)
+
+    def energy_ratio(self, clock_mhz: float) -> float | None:
+        """Predicted energy per token vs default (power ratio / throughput ratio)."""
+        p = self.power_ratio(clock_mhz)
+        return None if p is None else p / self.throughput_ratio(clock_mhz)
+
+
+def fit_corrected(
+    blocks: Sequence[tuple[int, float, float | None]], f_max_mhz: float, f_default_mhz: float
+) -> CorrectedFit | None:
+    """``fit_phase_model`` corrected by each probed clock's own mean (``CorrectedFit``).
+
+    Returns:
+        The fit, or None when ``fit_phase_model`` has none.
+    """
+    model = fit_phase_model(blocks, f_max_mhz, f_default_mhz)
+    if model is None:
+        return None
+    by_clock: dict[int, list[tuple[float, float | None]]] = {}
+    for clock, thr, power in blocks:
+        if clock < f_default_mhz and thr > 0:
+            by_clock.setdefault(clock, []).append((thr, power))
+    ss = 0.0
+    dof = 0
+    for values in by_clock.values():
+        mean = sum(v[0] for v in values) / len(values)
+        ss += sum((v[0] - mean) ** 2 for v in values)
+        dof += len(values) - 1
+    pooled = math.sqrt(ss / dof) if dof >= 2 else math.inf
+    measured: list[MeasuredClock] = []
+    for clock in sorted(by_clock):
+        values = by_clock[clock]
+        powers = [v[1] for v in values if v[1] is not None]
+        measured.append(
+            MeasuredClock(
+                clock,
+                len(values),
+                sum(v[0] for v in values) / len(values),
+                pooled / math.sqrt(len(values)),
+                sum(p for p in powers if p is not None) / len(powers) if powers else None,
+            )
+        )
+    excess: list[float] = []
+    misfit = False
+    for m in measured:
+        if not math.isfinite(m.throughput_se):
+            continue
+        resid = m.throughput_mean - model.throughput_ratio(m.clock_mhz)
+        var = m.throughput_se**2 + model.throughput_stderr(m.clock_mhz) ** 2
+        excess.append(resid * resid - var)
+        if abs(resid) > max(MISFIT_Z * math.sqrt(var), MISFIT_MIN):
+            misfit = True
+    tau2 = max(sum(excess) / len(excess), 0.0) if excess else 0.0
+    return CorrectedFit(model, tuple(measured), tau2, misfit)
