@@ -16,7 +16,12 @@ default governor on error; trials measure inside a phase, because measurements a
    ``8 x MIN_SLICE_S``) alternates whole steps instead.
 4. Selection is model based: every block feeds a least-squares fit of the phase clock model
    (``probe.PhaseModelFit``), so blocks at low clocks (long lever arm) sharpen the prediction
-   at every clock. The lock is the allowed clock with the lowest predicted energy per token
+   at every clock. Before a lock, blocks halfway between the lever and the choice test the
+   model's shape (``_model_check_clock``); where a probed clock misses the model by
+   ``probe.MISFIT_Z`` standard errors (a step, knee or plateau the model cannot follow), the fit
+   is corrected by each probed clock's own mean (``probe.CorrectedFit``) and a bracketing
+   search over the supported clocks takes over (``_search_clock``): each probe decides one
+   clock against the threshold directly, and the round locks once the bracket has closed. The lock is the allowed clock with the lowest predicted energy per token
    whose lower confidence bound (Student's t) meets ``minThroughputRatio``. A clock whose own
    blocks clearly miss the threshold raises a floor; the floor bars it from the lock but not
    from probing: the lever-arm clock stays the lowest candidate predicted at or above
@@ -618,9 +623,7 @@ class PhaseController:
         if not self._allowed():
             self._lock(None, self._last_feature, obs.slowdown)
             return
-        self.fit = probe.fit_corrected(
-            self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
-        )
+        self.fit = probe.fit_corrected(self.blocks, self.settings.max_clock_mhz, self.f_default_mhz)
         if self.fit is None:
             if self._round_steps >= self.trial_step_limit:
                 self._lock(None, self._last_feature, obs.slowdown)
@@ -705,9 +708,7 @@ class PhaseController:
         A monitor that shows the model misfitted, with clocks below the lock not yet tested,
         starts a bracketing search (a re-trial that keeps every block).
         """
-        self.fit = probe.fit_corrected(
-            self.blocks, self.settings.max_clock_mhz, self.f_default_mhz
-        )
+        self.fit = probe.fit_corrected(self.blocks, self.settings.max_clock_mhz, self.f_default_mhz)
         search = self._search_clock()
         lock = self.locked_clock_mhz
         if search is not None and lock is not None and search < lock:
@@ -914,7 +915,8 @@ class EERLController:
         ``ASYNC_SLACK / 10`` (per-step noise makes the max of two pools slower than either);
         for each
         other pool p the smallest ratio r with sum(max_i) / sum(max(t_p / r, t_o / theta_o))
-        >= theta + ASYNC_SLACK / 25, where the other pools run at their thresholds.
+        >= theta + ASYNC_SLACK / 25, where the other pools run at ``_expected_ratio`` (their
+        threshold, or their lock's lower confidence bound where that is higher).
         """
         hist = self._pool_times
         if len(hist) < ASYNC_MIN_HISTORY:
@@ -931,13 +933,13 @@ class EERLController:
                 pc.threshold = min(1.0, pc.settings.min_throughput_ratio + ASYNC_SLACK / 10)
                 continue
             need = pc.settings.min_throughput_ratio
+            others = {o: self._expected_ratio(o) for o in self.phases if o != name}
             for step in range(30, 101):
                 r = step / 100.0
                 total = 0.0
                 for h in hist:
                     total += max(
-                        t / (r if other == name else self.phases[other].threshold)
-                        for other, t in h.items()
+                        t / (r if other == name else others[other]) for other, t in h.items()
                     )
                 if base_total / total >= theta + ASYNC_SLACK / 25:
                     need = min(need, r)
@@ -945,6 +947,23 @@ class EERLController:
             if need < pc.threshold - 1e-9:
                 pc.floor_mhz = 0  # floors were measured against the stricter threshold
             pc.threshold = need
+
+    def _expected_ratio(self, name: str) -> float:
+        """Throughput ratio a pool is expected to run at: its threshold, or its lock's if higher.
+
+        A lock sits at or above its threshold by the clock grid and the confidence margin; the
+        fit's estimate at the lock (never below the threshold) is the slack the other pools may
+        use.
+        """
+        pc = self.phases[name]
+        clock, fit = pc.locked_clock_mhz, pc.fit
+        if pc.state is not base.PhaseState.LOCKED or fit is None:
+            return pc.threshold
+        if clock is None:
+            return 1.0
+        return min(
+            max(pc.threshold, fit.throughput_lower_bound(clock, self.settings.confidence_z)), 1.0
+        )
 
     def summary(self) -> Mapping[str, Mapping[str, object]]:
         """Per phase: state, clock, threshold, estimated ratios, selections, re-trial reasons."""

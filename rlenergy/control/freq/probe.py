@@ -296,9 +296,9 @@ class CorrectedFit:
     Until a measured clock is ``MISFIT_Z`` standard errors off the model (``misfit``), the
     model alone predicts (its lever arm keeps the prediction precise between sparse, noisy
     blocks, and blending noisy monitor blocks in would be overconfident: they also fed the
-    fit); once it is, each probed clock's own mean decides near it. Power ratios are blended with the same weights. Monotone by physics: a clock's throughput
-    is at least that of any lower clock (used by ``EERLController``'s bracketing search, not
-    here).
+    fit); once it is, each probed clock's own mean decides near it. Power ratios are blended
+    with the same weights. Monotone by physics: a clock's throughput is at least that of any
+    lower clock (used by ``PhaseController``'s bracketing search, not here).
 
     Attributes:
         model: the underlying one-parameter fit.

@@ -120,8 +120,8 @@ def test_eerl_keeps_every_phase_threshold_on_every_curve_sync(curve: str) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("curve", ["h100-sxm:batched-decode", "b200:step-decode"])
-def test_eerl_keeps_the_job_threshold_on_published_curves_async(curve: str) -> None:
+@pytest.mark.parametrize("curve", CURVES)
+def test_eerl_keeps_the_job_threshold_on_every_curve_async(curve: str) -> None:
     rep = report.simulate("verl-gpg-qwen2-7b-fsdp-8gpu", curve, "async", steps=120, seed=0)
     assert rep.throughput_ratio >= rep.min_throughput_ratio
     assert rep.online_saving > 0
