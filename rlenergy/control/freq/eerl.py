@@ -21,8 +21,9 @@ default governor on error; trials measure inside a phase, because measurements a
    ``probe.MISFIT_Z`` standard errors (a step, knee or plateau the model cannot follow), the fit
    is corrected by each probed clock's own mean (``probe.CorrectedFit``) and a bracketing
    search over the supported clocks takes over (``_search_clock``): each probe decides one
-   clock against the threshold directly, and the round locks once the bracket has closed. The lock is the allowed clock with the lowest predicted energy per token
-   whose lower confidence bound (Student's t) meets ``minThroughputRatio``. A clock whose own
+   clock against the threshold directly, and the round locks once the bracket has closed.
+   The lock is the allowed clock with the lowest predicted energy per token whose lower
+   confidence bound (Student's t) meets ``minThroughputRatio``. A clock whose own
    blocks clearly miss the threshold raises a floor; the floor bars it from the lock but not
    from probing: the lever-arm clock stays the lowest candidate predicted at or above
    ``PROBE_MIN_RATIO``. Trials stop when the choice is precise (``INDIFFERENCE``) or after
