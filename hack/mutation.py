@@ -60,8 +60,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["tests/unit/agent/test_actuator.py", "tests/unit/agent/test_park.py"],
     ),
     "agent-callers": (
-        ["agent/rlenergy_agent/server.py"],
-        ["tests/unit/agent/test_service.py"],
+        ["agent/rlenergy_agent/identity.py"],
+        ["tests/unit/agent/test_identity.py"],
     ),
     "operator-accounting": (
         ["operator/rlenergy_operator/jobloop.py"],

@@ -97,6 +97,8 @@ class GpuState(ctypes.Structure):
         ("silent_cap", ctypes.c_uint32),
         ("min_power_limit_mw", ctypes.c_uint32),
         ("mig_slices", ctypes.c_uint32 * MAX_MIG),
+        ("power_unlocked_mw", ctypes.c_uint32),
+        ("power_at_lock_mw", ctypes.c_uint32 * MAX_CLOCKS),
     ]
 
 
@@ -198,6 +200,8 @@ class _Sim:
     power_w: float = 0.0
     counter_gain: float = 1.0
     frozen: bool = False
+    table_key: tuple[object, ...] = ()
+    """What ``power_at_lock_mw`` was last written for (work, frozen, spread, cap, clocks)."""
     by_label_j: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
@@ -331,17 +335,27 @@ class StandinDriver:
     def clock_mhz(self, uuid: str) -> float:
         """Truth: the SM clock the GPU runs its current work at, MHz."""
         g = self.gpu(uuid)
-        sim = self._sims[uuid]
-        if sim.kind == "idle":
-            return float(sim.sku.min_sm_clock_mhz)
         # A reset clears ``locked`` before the lock values: a read racing it can see
         # ``locked`` with a zero lock, which means the default governor.
         max_lock = int(g.lock_max_mhz)
-        lock = float(max_lock) if g.locked and max_lock else None
+        return self._clock_at(
+            g, self._sims[uuid], float(max_lock) if g.locked and max_lock else None
+        )
+
+    @staticmethod
+    def _clock_at(g: GpuState, sim: _Sim, lock: float | None) -> float:
+        if sim.kind == "idle":
+            return float(sim.sku.min_sm_clock_mhz)
         clock = sim.sku.effective_clock_mhz(sim.kind, lock)
         if g.clock_cap_mhz:
             clock = min(clock, float(g.clock_cap_mhz))
         return clock
+
+    def _power_w(self, g: GpuState, sim: _Sim, lock: float | None) -> float:
+        """Power of ``sim``'s current work under ``lock`` (None: unlocked), W."""
+        if sim.frozen:
+            return sim.sku.idle_power_w * FROZEN_POWER_FACTOR * sim.spread
+        return sim.sku.power_w(sim.kind, self._clock_at(g, sim, lock)) * sim.spread
 
     def advance(self, dt_s: float) -> None:
         """Advance virtual time by ``dt_s`` seconds; the counter updates once at the end."""
@@ -351,10 +365,8 @@ class StandinDriver:
             self.virtual_s += dt_s
             for uuid, sim in self._sims.items():
                 g = self.gpu(uuid)
-                clock = self.clock_mhz(uuid)
-                power = sim.sku.power_w(sim.kind, clock) * sim.spread
-                if sim.frozen:
-                    power = sim.sku.idle_power_w * FROZEN_POWER_FACTOR * sim.spread
+                max_lock = int(g.lock_max_mhz)
+                power = self._power_w(g, sim, float(max_lock) if g.locked and max_lock else None)
                 energy = power * dt_s
                 sim.power_w = power
                 sim.truth_j += energy
@@ -368,6 +380,15 @@ class StandinDriver:
         g.energy_mj = sim.offset_mj + int(sim.since_reset_j * 1000.0)
         g.power_instant_mw = int(sim.power_w * 1000.0)
         g.power_avg_mw = int(sim.avg_w * 1000.0)
+        n = min(int(g.n_sm_clocks), MAX_CLOCKS)
+        key = (sim.kind, sim.frozen, sim.spread, int(g.clock_cap_mhz), tuple(g.sm_clocks_mhz[:n]))
+        if sim.table_key != key:  # the table changes with the work, not every update
+            sim.table_key = key
+            g.power_unlocked_mw = int(self._power_w(g, sim, None) * 1000.0)
+            for j in range(n):
+                g.power_at_lock_mw[j] = int(
+                    self._power_w(g, sim, float(g.sm_clocks_mhz[j])) * 1000.0
+                )
         g.idle = 1 if sim.kind == "idle" and not sim.frozen else 0
         if sim.frozen:
             g.util_gpu, g.util_mem = 100, 0

@@ -501,6 +501,16 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *mw) {
     return NVML_SUCCESS;
 }
 
+/* Instant power at the lock held now (the driver's table), else the driver's last update. */
+static uint32_t instant_power_mw(const standin_gpu_t *g) {
+    uint32_t locked = __atomic_load_n(&g->locked, __ATOMIC_SEQ_CST);
+    uint32_t lock = g->lock_max_mhz;
+    if (!locked) return g->power_unlocked_mw ? g->power_unlocked_mw : g->power_instant_mw;
+    for (uint32_t i = 0; i < g->n_sm_clocks && i < STANDIN_MAX_CLOCKS; i++)
+        if (g->sm_clocks_mhz[i] == lock && g->power_at_lock_mw[i]) return g->power_at_lock_mw[i];
+    return g->power_instant_mw;
+}
+
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldValue_t *values) {
     ENTER(device);
     if (values == NULL || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
@@ -516,7 +526,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int count, nvmlFieldV
             if (device->fail_power) v->nvmlReturn = device->fail_power;
             else if (device->fail_instant) v->nvmlReturn = device->fail_instant;
             else if (device->architecture < 9) v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
-            else v->value.uiVal = device->power_instant_mw;
+            else v->value.uiVal = instant_power_mw(device);
         } else if (v->fieldId == NVML_FI_DEV_POWER_AVERAGE) {
             if (device->fail_power) v->nvmlReturn = device->fail_power;
             else v->value.uiVal = device->power_avg_mw;

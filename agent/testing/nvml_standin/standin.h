@@ -59,6 +59,11 @@ typedef struct {
     uint32_t silent_cap;          /* 1: the cap is reported with no clock-event reason */
     uint32_t min_power_limit_mw;  /* lower power-limit constraint (the upper is power_limit_mw) */
     uint32_t mig_slices[STANDIN_MAX_MIG]; /* GPU-instance slices per MIG instance, 0 = 1 */
+    /* written by the driver: the instant power the current work draws at each lock, so that a
+     * read right after a lock change sees the new clock's power (as a real board's instant
+     * sensor does within milliseconds), not the power of the driver's last update. */
+    uint32_t power_unlocked_mw;   /* unlocked (default governor); 0 = use power_instant_mw */
+    uint32_t power_at_lock_mw[STANDIN_MAX_CLOCKS]; /* locked at sm_clocks_mhz[i]; 0 = unknown */
 } standin_gpu_t;
 
 typedef struct {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
-from rlenergy_agent import server, service
+from rlenergy_agent import probes, server, service
 from rlenergy_agent.testing import standin
 
 from rlenergy.api import node as api_node
@@ -293,3 +293,26 @@ def test_progress_timestamps_keep_transit_out_of_slices(make_driver: DriverFacto
     assert [s.duration_seconds for s in slices] == pytest.approx([0.1, 0.1, 0.0], abs=1e-9)
     assert slices[0].progress == pytest.approx(100.0)
     assert slices[1].progress == pytest.approx(0.0, abs=1e-9)
+
+
+def test_slice_rates_come_from_the_reports_inside_each_slice() -> None:
+    """A report interval straddling a switch mixes two clocks; the slices' rates must not."""
+    switch_s, rates = 0.05, (100.0, 50.0)
+
+    def truth(t: float) -> float:
+        return rates[0] * min(t, switch_s) + rates[1] * max(t - switch_s, 0.0)
+
+    ts = [0.003 + 0.008 * k for k in range(13)]  # every 8 ms, never on the switch
+    values = [truth(t) for t in ts]
+    spans = [(0.0, switch_s), (switch_s, 0.1)]
+    got = probes.slice_progress(ts, values, spans)
+    assert got[1] / got[0] == pytest.approx(rates[1] / rates[0], rel=1e-9)
+    whole = probes._interpolate(ts, values, 0.1) - probes._interpolate(ts, values, 0.0)
+    assert sum(got) == pytest.approx(whole, rel=1e-12)
+    # Interpolating at the boundaries instead blurs the ratio toward 1.
+    at = [probes._interpolate(ts, values, t) for t in (0.0, switch_s, 0.1)]
+    assert (at[2] - at[1]) / (at[1] - at[0]) > rates[1] / rates[0] + 0.02
+    # A slice with fewer than two reports inside keeps the interpolated rate.
+    few = probes.slice_progress(ts, values, [(0.0, 0.006), (0.006, 0.1)])
+    assert few[0] > 0 and sum(few) == pytest.approx(whole, rel=1e-12)
+    assert probes.slice_progress(ts, values, []) == []
