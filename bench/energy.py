@@ -4,7 +4,8 @@ The first family is ``h100-sxm`` and ``b200`` (``rlenergy.gpu.models``, the mode
 assumes); the second is every curve of ``rlenergy.gpu.published`` (shapes from published
 measurements: ``h100-sxm:hbm-decode`` etc.). Prints one row per run (online saving, oracle
 saving, their ratio, throughput vs default, the lowest phase throughput ratio, trial steps,
-measured-vs-true energy) and, last, per family one line with the worst ``online_to_oracle`` and
+measured-vs-true energy, and the largest error of the status's saving, in percentage points,
+and throughput ratio against the truth over the phases and the job total: ``sim.status``) and, last, per family one line with the worst ``online_to_oracle`` and
 the worst ``throughput_ratio - min_throughput_ratio`` (whole job and lowest phase). Targets
 (issue 19): online/oracle >= 0.95, throughput >= each phase's minThroughputRatio.
 
@@ -64,6 +65,8 @@ def main() -> int:
                         "min_throughput_ratio": rep.min_throughput_ratio,
                         "trial_steps": rep.trial_steps,
                         "measured_energy_error": rep.measured_energy_error,
+                        "status_saving_error_pp": rep.status_errors[0],
+                        "status_ratio_error": rep.status_errors[1],
                         "clocks": {p.name: p.final_clock_mhz for p in rep.phases},
                         "oracle_clocks": {p.name: p.oracle_clock_mhz for p in rep.phases},
                     }
@@ -96,6 +99,7 @@ def main() -> int:
             "trials",
             "clocks gen/train (oracle)",
             "meas. err",
+            "status err pp/ratio",
         ):
             table.add_column(col, justify="left" if col in ("trace", "gpu", "mode") else "right")
         for r in rows:
@@ -116,6 +120,7 @@ def main() -> int:
                 str(r["trial_steps"]),
                 f"{clocks} ({oracle})",
                 "unknown" if err is None else f"{err:+.2%}",
+                _status_error(r),
             )
         Console(width=200).print(table)
         print(f"{len(rows)} runs in {elapsed:.1f} s")
@@ -126,6 +131,19 @@ def main() -> int:
         worst_ratio = min(fam, key=lambda r: r["online_to_oracle"])
         worst_margin = min(fam, key=lambda r: r["throughput_ratio"] - r["min_throughput_ratio"])
         worst_phase = min(fam, key=lambda r: r["phase_throughput_margin"])
+        known = [r for r in fam if r["status_saving_error_pp"] is not None]
+        unknown = len(fam) - len(known)
+        if known:
+            worst_sav = max(known, key=lambda r: r["status_saving_error_pp"])
+            worst_thr = max(known, key=lambda r: r["status_ratio_error"])
+            print(
+                f"{family} family: status vs truth: worst saving error "
+                f"{worst_sav['status_saving_error_pp']:.3f} pp ({worst_sav['trace']}, "
+                f"{worst_sav['gpu']}, {worst_sav['mode']}); worst throughput ratio error "
+                f"{worst_thr['status_ratio_error']:.4f} ({worst_thr['trace']}, "
+                f"{worst_thr['gpu']}, {worst_thr['mode']}); targets 1 pp and 0.01"
+                + (f"; {unknown} rows without a status figure" if unknown else "")
+            )
         print(
             f"{family} family: worst online_to_oracle: {worst_ratio['online_to_oracle']:.3f} "
             f"({worst_ratio['trace']}, {worst_ratio['gpu']}, {worst_ratio['mode']}); "
@@ -136,6 +154,14 @@ def main() -> int:
             f"({worst_phase['trace']}, {worst_phase['gpu']}, {worst_phase['mode']})"
         )
     return 0
+
+
+def _status_error(row: dict[str, object]) -> str:
+    """Status vs truth: the largest saving error (pp) and throughput ratio error of a row."""
+    sav, thr = row["status_saving_error_pp"], row["status_ratio_error"]
+    if not isinstance(sav, float) or not isinstance(thr, float):
+        return "unknown"
+    return f"{sav:.2f}/{thr:.4f}"
 
 
 if __name__ == "__main__":

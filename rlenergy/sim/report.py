@@ -18,6 +18,7 @@ from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.control.freq import config, eerl
 from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
+from rlenergy.sim import status as sim_status
 from rlenergy.sim import traces, workload
 
 
@@ -66,6 +67,30 @@ class SimulationReport:
     phases: tuple[PhaseReport, ...]
     results: tuple[sim_job.StepResult, ...]
     default_steps: tuple[tuple[float, float], ...]
+    reported: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
+    """What the operator's status would report (``sim.status``): per phase and ``total``,
+    (saving as a fraction, throughput ratio)."""
+    truth: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """The same figures in truth: per phase and ``total``, (saving, throughput ratio) vs the
+    default governor on the same steps (``total``: phase time only, as the status counts)."""
+
+    @property
+    def status_errors(self) -> tuple[float | None, float | None]:
+        """Largest status error over the phases and the job total.
+
+        Returns:
+            (|reported - true| saving in percentage points, |reported - true| throughput
+            ratio); (None, None) where the status has no figure.
+        """
+        sav: list[float] = []
+        thr: list[float] = []
+        for key, (saving, ratio) in self.reported.items():
+            true_saving, true_ratio = self.truth[key]
+            if saving is None or ratio is None:
+                return None, None
+            sav.append(100.0 * abs(saving - true_saving))
+            thr.append(abs(ratio - true_ratio))
+        return (max(sav), max(thr)) if sav else (None, None)
 
     @property
     def online_saving(self) -> float:
@@ -218,7 +243,8 @@ def simulate(
     for name in workload.PHASES:
         if spec.phase(name) is None:
             notes.append(f"phase {name} not in the policy: default governor")
-    results, _ = sim_job.run_job(job, controller, on_step=on_step)
+    account = sim_status.StatusAccount(controller, async_mode=mode == "async")
+    results, _ = sim_job.run_job(job, account, on_step=on_step)
     online = sim_job.totals(job, results)
     default = sim_job.default_run(job)
     thresholds = {p.name: p.min_throughput_ratio for p in spec.phases}
@@ -245,6 +271,16 @@ def simulate(
     for s in replay.steps:
         t, e, _, _ = job.step_truth(s, {})
         default_steps.append((t, e))
+    measured_total = sum(r.measured_energy_j or 0.0 for r in results)
+    account.add_idle(measured_total - account.phase_measured_j)
+    reported = {name: (acc.saving, acc.throughput_ratio) for name, acc in account.phases.items()}
+    reported["total"] = (account.total.saving, account.total.throughput_ratio)
+    truth = {p.name: (p.saving, p.throughput_ratio) for p in phase_reports}
+    other_s = sum(s.other_time_s for s in replay.steps)
+    truth["total"] = (
+        1.0 - online.energy_j / default.energy_j,
+        (default.time_s - other_s) / (online.time_s - other_s),
+    )
     return SimulationReport(
         trace=parsed.name,
         gpu=sku.key,
@@ -262,4 +298,6 @@ def simulate(
         phases=tuple(phase_reports),
         results=tuple(results),
         default_steps=tuple(default_steps),
+        reported=reported,
+        truth={k: v for k, v in truth.items() if k in reported},
     )

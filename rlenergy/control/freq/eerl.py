@@ -783,11 +783,14 @@ class PhaseController:
     ) -> tuple[float | None, float | None]:
         """(energy J, time s) the default governor would have needed for this phase window.
 
-        Default-governor windows are their own answer. Windows at a locked clock or probed in
-        slices use the paired-probe fit (``probe.PhaseModelFit``): time x throughput ratio and
-        energy / energy-per-token ratio, per slice for probes. Without a fit (or without power
-        data) the default-governor model over tokens is used (step 2 above); it is
-        the less precise estimate on real traces (2-11 % per step), so the fit is preferred.
+        Default-governor windows are their own answer. Probed windows are measured: their
+        paired default-governor slices give the default governor's rate and power on the same
+        work (``probe.paired_default``; slices outside complete blocks use this window's
+        blocks or the fit), scaled from the slices to the whole window. Windows at a locked
+        clock use the paired-probe fit (``probe.PhaseModelFit``, fitted to every block the
+        phase measured): time x throughput ratio and energy / energy-per-token ratio. Without
+        either (or without power data) the default-governor model over tokens is used (step 2
+        above); it is the least precise estimate on real traces (2-11 % per step).
         Returns (None, None) for windows with errors or when nothing is known yet.
         """
         if obs.error is not None:
@@ -795,6 +798,12 @@ class PhaseController:
         if obs.requested_clock_mhz is None and not obs.slices:
             return obs.energy_j, obs.duration_s
         fit = self.fit
+        if obs.slices and obs.energy_j is not None:
+            paired = probe.paired_default(obs.slices, fit)
+            slice_s = sum(s.duration_s for s in obs.slices)
+            slice_j = sum(s.energy_j or 0.0 for s in obs.slices)
+            if paired is not None and slice_s > 0 and slice_j > 0:
+                return obs.energy_j * paired[1] / slice_j, obs.duration_s * paired[0] / slice_s
         if fit is not None and fit.beta is not None and obs.energy_j is not None:
             if obs.slices:
                 ran = [base.ran_slice_clock_mhz(s) for s in obs.slices]  # caps credited

@@ -98,11 +98,8 @@ def blocks_from_slices(
     i = 0
     while i + BLOCK <= len(slices):
         group = slices[i : i + BLOCK]
-        clock = group[0].clock_mhz
-        if clock is None or any(
-            (s.clock_mhz == clock) != cand or (not cand and s.clock_mhz is not None)
-            for s, cand in zip(group, THUE_MORSE, strict=True)
-        ):
+        clock = _block_clock(group)
+        if clock is None:
             i += 1
             continue
         i += BLOCK
@@ -134,6 +131,82 @@ def blocks_from_slices(
                 power = (sum(e or 0.0 for e in ea) / ta) / (total_b / tb)
         out.append((credited, thr, power))
     return out, i
+
+
+def _block_clock(group: Sequence[base.ProbeSlice]) -> int | None:
+    """The candidate clock of ``BLOCK`` slices in Thue-Morse order, else None."""
+    clock = group[0].clock_mhz
+    if clock is None or any(
+        (s.clock_mhz == clock) != cand or (not cand and s.clock_mhz is not None)
+        for s, cand in zip(group, THUE_MORSE, strict=True)
+    ):
+        return None
+    return clock
+
+
+def paired_default(
+    slices: Sequence[base.ProbeSlice], fit: PhaseModelFit | None
+) -> tuple[float, float] | None:
+    """(time s, energy J) the default governor would have needed for the work of ``slices``.
+
+    Measured, not modelled, where the window has it: each complete Thue-Morse block's default
+    slices ran the default governor on the same work at the same point of the phase, so the
+    block's work under the default governor takes their time plus the candidate slices' work
+    at their rate, ``t_b (1 + P_a / P_b)``, and their power over that time,
+    ``E_b (1 + P_a / P_b)`` (``P`` progress, ``t`` time, ``E`` energy of the candidate ``a``
+    and default ``b`` slices). Slices outside complete blocks: a default slice is its own
+    answer; a candidate slice is scaled by the mean throughput and power ratios of this
+    window's blocks at its clock, else by the fit's (``PhaseModelFit``, at the clock it ran).
+
+    Returns:
+        None when a slice's energy is unknown, or a candidate slice has neither blocks at its
+        clock in this window nor a fit with power.
+    """
+    if any(s.energy_j is None for s in slices):
+        return None
+    time_s = energy_j = 0.0
+    covered = [False] * len(slices)
+    ratios: dict[int, list[tuple[float, float]]] = {}
+    i = 0
+    while i + BLOCK <= len(slices):
+        group = slices[i : i + BLOCK]
+        clock = _block_clock(group)
+        if clock is None:
+            i += 1
+            continue
+        a = [s for s, cand in zip(group, THUE_MORSE, strict=True) if cand]
+        b = [s for s, cand in zip(group, THUE_MORSE, strict=True) if not cand]
+        ta, tb = sum(s.duration_s for s in a), sum(s.duration_s for s in b)
+        pa, pb = sum(s.progress for s in a), sum(s.progress for s in b)
+        ea, eb = sum(s.energy_j or 0.0 for s in a), sum(s.energy_j or 0.0 for s in b)
+        if min(ta, tb, pb, ea, eb) > 0 and not any(s.stalled for s in group):
+            time_s += tb * (1.0 + pa / pb)
+            energy_j += eb * (1.0 + pa / pb)
+            ratios.setdefault(clock, []).append(((pa / ta) / (pb / tb), (ea / ta) / (eb / tb)))
+            covered[i : i + BLOCK] = [True] * BLOCK
+        i += BLOCK
+    for s, done in zip(slices, covered, strict=True):
+        if done:
+            continue
+        e = s.energy_j or 0.0
+        if s.clock_mhz is None:
+            time_s, energy_j = time_s + s.duration_s, energy_j + e
+            continue
+        seen = ratios.get(s.clock_mhz)
+        if seen:
+            thr = sum(r for r, _ in seen) / len(seen)
+            power = sum(p for _, p in seen) / len(seen)
+        else:
+            ran = base.ran_slice_clock_mhz(s) or s.clock_mhz
+            modelled = None if fit is None else fit.power_ratio(ran)
+            if fit is None or modelled is None:
+                return None
+            thr, power = fit.throughput_ratio(ran), modelled
+        if power <= 0:
+            return None
+        time_s += s.duration_s * thr
+        energy_j += e * thr / power
+    return time_s, energy_j
 
 
 @dataclasses.dataclass(frozen=True)

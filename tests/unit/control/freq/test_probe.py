@@ -81,3 +81,31 @@ def test_power_capped_default_is_the_reference() -> None:
     fit = probe.fit_phase_model([(1500, 0.8, 0.7), (1200, 0.7, 0.6), (1846, 1.0, 1.0)], 1965, 1846)
     assert fit is not None and fit.blocks == 2
     assert fit.throughput_ratio(1900) == pytest.approx(1.0)
+
+
+def test_paired_default_is_measured_by_the_window_s_own_default_slices() -> None:
+    """Complete blocks: the default slices' rate and power on the candidate slices' work."""
+    rate = {None: 100.0, 1400: 80.0}  # progress per s
+    power = {None: 700.0, 1400: 500.0}  # W
+    slices = [
+        base.ProbeSlice(c, 0.05, rate[c] * 0.05, power[c] * 0.05)
+        for c in probe.block_schedule([1400, 1400])
+    ]
+    # a partial block at the end: one candidate slice, scaled by this window's block ratios
+    slices.append(base.ProbeSlice(1400, 0.02, rate[1400] * 0.02, power[1400] * 0.02))
+    got = probe.paired_default(slices, None)
+    assert got is not None
+    work = sum(s.progress for s in slices)
+    assert got[0] == pytest.approx(work / rate[None], rel=1e-12)
+    assert got[1] == pytest.approx(power[None] * work / rate[None], rel=1e-12)
+    # Without blocks at its clock a candidate slice needs the fit; without one, no answer.
+    assert probe.paired_default(slices[-1:], None) is None
+    fit = probe.PhaseModelFit(0.5, 0.01, 1.0, 1980.0, 1980.0, 4)
+    lone = probe.paired_default(slices[-1:], fit)
+    power_ratio = fit.power_ratio(1400)
+    assert lone is not None and power_ratio is not None
+    assert lone[0] == pytest.approx(0.02 * fit.throughput_ratio(1400))
+    assert lone[1] == pytest.approx(slices[-1].energy_j * fit.throughput_ratio(1400) / power_ratio)
+    # Unknown slice energy: no measured answer.
+    unknown = [*slices[:-1], base.ProbeSlice(None, 0.02, 2.0, None)]
+    assert probe.paired_default(unknown, fit) is None
