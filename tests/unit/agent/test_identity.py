@@ -240,3 +240,94 @@ def test_token_reviewer_reads_the_api_servers_answer() -> None:
         )
     with pytest.raises(identity.ReviewUnavailableError, match="refused"):
         kube.TokenReviewer(_AuthApi(ConnectionRefusedError("refused"))).review("tok", [AUDIENCE])
+
+
+def _jwt(claims: dict[str, Any]) -> str:
+    import base64
+    import json
+
+    body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    return f"eyJhbGciOiJSUzI1NiJ9.{body}.c2ln"
+
+
+def test_expiry_of_every_unpadded_payload_length() -> None:
+    """base64url drops its padding: payloads of each length mod 4 must still parse."""
+    seen = set()
+    for pad in range(6):
+        token = _jwt({"exp": 1234, "p": "x" * pad})
+        seen.add(len(token.split(".")[1]) % 4)
+        assert identity.token_expiry_s(token) == 1234.0, token
+    assert seen == {0, 2, 3}
+
+
+def test_each_missing_pod_binding_is_refused_with_401() -> None:
+    sa = "system:serviceaccount:a:default"
+    bound = {identity.EXTRA_POD_NAME: ["p"], identity.EXTRA_POD_UID: ["u"]}
+    cases = [
+        identity.Review(True, sa, {identity.EXTRA_POD_NAME: ["p"]}, [AUDIENCE]),  # no UID
+        identity.Review(True, sa, {identity.EXTRA_POD_UID: ["u"]}, [AUDIENCE]),  # no name
+        identity.Review(True, "alice", bound, [AUDIENCE]),  # not a service account
+    ]
+    for review in cases:
+        with pytest.raises(identity.AuthError, match="is not bound to a pod") as info:
+            identity.caller_of(review, AUDIENCE)
+        assert info.value.status == 401, review
+    with pytest.raises(identity.AuthError, match="an unknown user is not bound"):
+        identity.caller_of(identity.Review(True, "", bound, [AUDIENCE]), AUDIENCE)
+    with pytest.raises(identity.AuthError, match="not valid for audience") as info:
+        identity.caller_of(identity.Review(True, sa, bound, ["other"]), AUDIENCE)
+    assert info.value.status == 401
+    with pytest.raises(identity.AuthError, match=r"API server: invalid$") as info:
+        identity.caller_of(identity.Review(False), AUDIENCE)
+    assert info.value.status == 401
+    assert identity.caller_of(identity.Review(True, sa, bound, [AUDIENCE]), AUDIENCE) == (
+        identity.Caller("a", "p", "u", "", "default")
+    )
+
+
+def test_cache_lifetimes_at_their_edges() -> None:
+    """Reused strictly before its expiry; a token without ``exp`` for ``max_ttl_s``; a token
+    with under a second left still cached, one already expired never."""
+    reviews, mono, wall = FakeReviews(), Clock(), Clock()
+    wall.t = 1_700_000_000.0
+    auth = reviews.authenticator(max_ttl_s=60.0, clock=mono, wall=wall)
+    token = reviews.issue(POD_A, exp_s=wall.t + 10)
+    auth.authenticate(f"Bearer {token}")
+    mono.t += 10  # exactly at the expiry: asked again
+    auth.authenticate(f"Bearer {token}")
+    assert reviews.calls == 2 and auth.reviews == 2
+    half = reviews.issue(POD_A, exp_s=wall.t + 0.5)
+    # issue() rounds exp to whole seconds: build the half-second token's claim by hand
+    half_token = _jwt({"exp": wall.t + 0.5, "n": 99})
+    reviews.bound[half_token] = reviews.bound.pop(half)
+    auth.authenticate(f"Bearer {half_token}")
+    auth.authenticate(f"Bearer {half_token}")
+    assert reviews.calls == 3  # 0.5 s left: cached
+    expired = _jwt({"exp": wall.t, "n": 100})
+    reviews.bound[expired] = (POD_A, "node-1", AUDIENCE)
+    auth.authenticate(f"Bearer {expired}")
+    auth.authenticate(f"Bearer {expired}")
+    assert reviews.calls == 5  # no time left: never cached
+    no_exp = _jwt({"n": 101})
+    reviews.bound[no_exp] = (POD_A, "node-1", AUDIENCE)
+    auth.authenticate(f"Bearer {no_exp}")
+    mono.t += 59
+    auth.authenticate(f"Bearer {no_exp}")
+    assert reviews.calls == 6  # no exp claim: max_ttl_s
+    mono.t += 1
+    auth.authenticate(f"Bearer {no_exp}")
+    assert reviews.calls == 7
+
+
+def test_refusal_counter_and_every_foreign_gpu_named(make_driver: DriverFactory) -> None:
+    drv = make_driver(4)
+    agent = standin_agent(
+        {POD_A: list(drv.uuids[:2]), POD_B: list(drv.uuids[2:])}, PLAN, lambda: drv.virtual_s
+    )
+    with pytest.raises(identity.AuthError, match=re.escape(", ".join(drv.uuids[2:]))):
+        identity.authorize(agent, _caller(POD_A), list(drv.uuids[2:]))
+    with pytest.raises(identity.AuthError, match="holds no GPU"):
+        identity.authorize(agent, _caller(service.PodRef("team-a", "ghost", "u")))
+    with pytest.raises(identity.AuthError, match="this agent serves node"):
+        identity.authorize(agent, _caller(POD_A, node="node-7"))
+    assert agent.refused == 3
