@@ -206,6 +206,9 @@ class FullStack:
             )
         self._api: Any = None
         self._files: list[IO[Any]] = []
+        self.phase_ticks_s: list[float] = []
+        """Every trainer tick inside a phase, s (``PHASE_TICK_S`` on an idle machine; longer
+        ticks book more time at the clock read at their end, which the agents' slices see)."""
 
     # ----- processes ------------------------------------------------------------------------
     def start_operator(self) -> None:
@@ -499,6 +502,7 @@ class FullStack:
             now = time.monotonic()
             dt = now - last
             last = now
+            self.phase_ticks_s.append(dt)
             finished = []
             for a in self.agents:
                 # Clocks in effect over the tick: read before the counters advance. A read
