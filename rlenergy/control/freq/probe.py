@@ -145,7 +145,7 @@ def _block_clock(group: Sequence[base.ProbeSlice]) -> int | None:
 
 
 def paired_default(
-    slices: Sequence[base.ProbeSlice], fit: PhaseModelFit | None
+    slices: Sequence[base.ProbeSlice], fit: PhaseModelFit | CorrectedFit | None
 ) -> tuple[float, float] | None:
     """(time s, energy J) the default governor would have needed for the work of ``slices``.
 
@@ -154,9 +154,10 @@ def paired_default(
     block's work under the default governor takes their time plus the candidate slices' work
     at their rate, ``t_b (1 + P_a / P_b)``, and their power over that time,
     ``E_b (1 + P_a / P_b)`` (``P`` progress, ``t`` time, ``E`` energy of the candidate ``a``
-    and default ``b`` slices). Slices outside complete blocks: a default slice is its own
-    answer; a candidate slice is scaled by the mean throughput and power ratios of this
-    window's blocks at its clock, else by the fit's (``PhaseModelFit``, at the clock it ran).
+    and default ``b`` slices). Slices outside complete blocks (or in a block metered by two
+    energy sources, or stalled): a default slice is its own answer; a candidate slice is
+    scaled by the mean throughput and power ratios of this window's blocks at its clock, else
+    by the fit's (at the clock it ran).
 
     Returns:
         None when a slice's energy is unknown, or a candidate slice has neither blocks at its
@@ -179,7 +180,8 @@ def paired_default(
         ta, tb = sum(s.duration_s for s in a), sum(s.duration_s for s in b)
         pa, pb = sum(s.progress for s in a), sum(s.progress for s in b)
         ea, eb = sum(s.energy_j or 0.0 for s in a), sum(s.energy_j or 0.0 for s in b)
-        if min(ta, tb, pb, ea, eb) > 0 and not any(s.stalled for s in group):
+        one_source = len({s.energy_source for s in group}) == 1  # like with like
+        if min(ta, tb, pb, ea, eb) > 0 and one_source and not any(s.stalled for s in group):
             time_s += tb * (1.0 + pa / pb)
             energy_j += eb * (1.0 + pa / pb)
             ratios.setdefault(clock, []).append(((pa / ta) / (pb / tb), (ea / ta) / (eb / tb)))
