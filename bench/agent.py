@@ -11,7 +11,15 @@ the signal-to-clock latency inside the agent (token check included) and the SDK'
 p50/p99 over ``--signals`` signals; the first signal of a token (uncached: one TokenReview),
 for the agent's first token and for ``--fresh-tokens`` new ones.
 
-    python bench/agent.py [--signals 400] [--steps 3] [--fresh-tokens 5] [--json]
+``--baseline-src DIR`` runs a second agent from another source tree (e.g. ``git worktree add
+/tmp/base <commit>``) beside this one, on its own stand-in GPUs, and sends each cached-token
+signal to both in turn, so both latency columns come from the same minutes of the same machine.
+The start-up work census (resolving the Kubernetes client's ``CoreV1Api``; a full garbage
+collection with the start-up objects, and frozen) is counted in fresh interpreters: Python
+calls are counted exactly, CPU is thread time.
+
+    python bench/agent.py [--signals 400] [--steps 3] [--fresh-tokens 5] [--baseline-src DIR]
+                          [--json]
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -83,11 +92,131 @@ def main() -> int:
     ap.add_argument("--phase-seconds", type=float, default=3.0)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--fresh-tokens", type=int, default=5)
+    ap.add_argument("--baseline-src", type=Path, help="a source tree to run beside this one")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with DevCluster(startup_timeout=180) as cluster:
         cluster.start(nodes=1, gpus_per_node=args.gpus)
         return run(args, cluster)
+
+
+class AgentUnderTest:
+    """One agent process on its own stand-in GPUs, serving the bench's trainer pod.
+
+    Args:
+        work: its folder.
+        pod: the trainer pod (its static allocation names this agent's GPUs).
+        node: the node name.
+        gpus: stand-in GPUs.
+        tag: distinguishes the GPU UUIDs of agents run side by side.
+        kubeconfig: the dev cluster's kubeconfig (TokenReview, pod-end checks).
+        src: a source tree to run the agent from (``None``: this one).
+    """
+
+    def __init__(
+        self,
+        work: Path,
+        pod: trainers.TrainerPod,
+        node: str,
+        gpus: int,
+        tag: str,
+        kubeconfig: Path,
+        src: Path | None = None,
+    ) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.work = work
+        lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
+        sku = models.get_sku("h100-sxm")
+        self.uuids = [f"GPU-{tag}-{i:04x}-{(i * 7919) % 65536:04x}" for i in range(gpus)]
+        self.drv = standin.StandinDriver(work / "state", [(u, sku) for u in self.uuids])
+        self.drv.start(tick_s=0.02)
+        (work / "plan.json").write_text(json.dumps(PLAN))
+        env = dict(os.environ)
+        env.update(self.drv.env(lib_dir))
+        env.update(
+            {
+                "RLENERGY_AGENT_STATIC_PODS": json.dumps({pod.static_key: self.uuids}),
+                "RLENERGY_AGENT_SAMPLE_INTERVAL_S": "0.5",
+                "RLENERGY_AGENT_KUBE": "true",
+                "KUBECONFIG": str(kubeconfig),
+            }
+        )
+        if src is not None:  # its packages first on the path (this tree is installed editable)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(src / "agent"), str(src), env.get("PYTHONPATH", "")]
+            )
+        self.sock = work / "agent.sock"
+        self.report = work / "report.json"
+        cmd = standin.agent_argv(
+            node, self.sock, work / "state-dir", "--plan", str(work / "plan.json"),
+            "--report-file", str(self.report), "--log-level", "WARNING",
+        )  # fmt: skip
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=work)
+        assert self.proc.stdout is not None
+        ready = json.loads(self.proc.stdout.readline())
+        assert ready["ready"], ready
+        self.client = trainer.RLEnergyClient(
+            str(self.sock), strict=True, token_file=str(pod.token_file)
+        )
+        self.lat: list[float] = []
+        self.rtt: list[float] = []
+
+    def signal(self, phase: str, step: int) -> None:
+        """One phase signal, timed (agent side and round trip), clocks checked."""
+        t0 = time.perf_counter()
+        self.client.phase(phase, step=step)
+        self.rtt.append(time.perf_counter() - t0)
+        self.lat.append(float(self.client.last_response["latencySeconds"]))
+        want = 1395 if phase == "generation" else 1755
+        assert all(self.drv.gpu(u).lock_max_mhz == want for u in self.uuids)
+
+    def stop(self) -> bool:
+        """Stop the agent; True when no stand-in GPU stays locked (reset on SIGTERM)."""
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.drv.close()
+        return not any(drv_state_locked(self.work / "state", len(self.uuids)))
+
+
+STARTUP_CENSUS = r"""
+import cProfile, gc, json, pstats, sys, time
+import rlenergy_agent.__main__, rlenergy_agent.kube, kubernetes
+
+def rss_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+
+def full_gc_ms():
+    t0 = time.thread_time()
+    gc.collect()
+    return (time.thread_time() - t0) * 1e3
+
+out = {}
+gc.collect()
+r0, prof, t0 = rss_mb(), cProfile.Profile(), time.thread_time()
+prof.enable()
+kubernetes.client.CoreV1Api
+prof.disable()
+out["core_api_cpu_ms"] = (time.thread_time() - t0) * 1e3
+out["core_api_calls"] = pstats.Stats(prof).total_calls
+out["core_api_rss_mb"] = rss_mb() - r0
+kubernetes.client.AuthenticationV1Api
+out["tracked_objects"] = len(gc.get_objects())
+out["full_gc_ms"] = min(full_gc_ms() for _ in range(5))
+gc.freeze()
+out["full_gc_frozen_ms"] = min(full_gc_ms() for _ in range(5))
+json.dump(out, sys.stdout)
+"""
+
+
+def startup_census() -> dict[str, float]:
+    """What the agent's start-up objects cost, in a fresh interpreter (see the module doc)."""
+    res = subprocess.run(
+        [sys.executable, "-c", STARTUP_CENSUS], capture_output=True, text=True, check=True
+    )
+    return {k: float(v) for k, v in json.loads(res.stdout).items()}
 
 
 def run(args: argparse.Namespace, cluster: DevCluster) -> int:
@@ -96,34 +225,19 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
     cluster.kubectl("create", "namespace", "bench")
     node = cluster.nodes[0]
     pod = trainers.create_trainer(cluster.kubectl, "bench", "trainer-0", node, work / "tokens")
-    lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
-    sku = models.get_sku("h100-sxm")
-    uuids = [f"GPU-bench-{i:04x}-{(i * 7919) % 65536:04x}" for i in range(args.gpus)]
-    drv = standin.StandinDriver(work / "state", [(u, sku) for u in uuids])
-    drv.start(tick_s=0.02)
-    (work / "plan.json").write_text(json.dumps(PLAN))
-    env = dict(os.environ)
-    env.update(drv.env(lib_dir))
-    env.update(
-        {
-            "RLENERGY_AGENT_STATIC_PODS": json.dumps({pod.static_key: uuids}),
-            "RLENERGY_AGENT_SAMPLE_INTERVAL_S": "0.5",
-            "RLENERGY_AGENT_KUBE": "true",
-            "KUBECONFIG": str(cluster.kubeconfig),
-        }
-    )
-    sock = work / "agent.sock"
-    report = work / "report.json"
-    cmd = standin.agent_argv(
-        node, sock, work / "state-dir", "--plan", str(work / "plan.json"),
-        "--report-file", str(report), "--log-level", "WARNING",
-    )  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    census = startup_census()
+    agent = AgentUnderTest(work / "agent", pod, node, args.gpus, "bench", cluster.kubeconfig)
+    agents = [agent]
+    if args.baseline_src is not None:
+        agents.append(
+            AgentUnderTest(
+                work / "baseline", pod, node, args.gpus, "base", cluster.kubeconfig,
+                src=args.baseline_src.resolve(),
+            )
+        )  # fmt: skip
+    uuids, drv, client, report = agent.uuids, agent.drv, agent.client, agent.report
+    reset_ok = False
     try:
-        assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline())
-        assert ready["ready"], ready
-        client = trainer.RLEnergyClient(str(sock), strict=True, token_file=str(pod.token_file))
         # the first signal of a token: one TokenReview against the API server
         first_lat: list[float] = []
         first_rtt: list[float] = []
@@ -135,19 +249,17 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
             client.phase("generation", step=0)
             first_rtt.append(time.perf_counter() - t0)
             first_lat.append(float(client.last_response["latencySeconds"]))
-        client.phase("idle", step=0)
-        agent_lat: list[float] = []
-        rtt: list[float] = []
+        for a in agents:
+            a.client.phase("idle", step=0)
         for i in range(args.signals):
-            phase = "generation" if i % 2 == 0 else "training"
-            t0 = time.perf_counter()
-            client.phase(phase, step=i // 2)
-            rtt.append(time.perf_counter() - t0)
-            agent_lat.append(float(client.last_response["latencySeconds"]))
-            want = 1395 if phase == "generation" else 1755
-            assert all(drv.gpu(u).lock_max_mhz == want for u in uuids)
+            for a in agents if i % 2 == 0 else agents[::-1]:  # each goes first half the time
+                a.signal("generation" if i % 2 == 0 else "training", i // 2)
+        agent_lat, rtt = agent.lat, agent.rtt
         client.phase("idle", step=args.signals)
-        rss = rss_mb(proc.pid)
+        rss = rss_mb(agent.proc.pid)
+        baseline_rss = rss_mb(agents[-1].proc.pid) if len(agents) > 1 else None
+        for a in agents[1:]:
+            a.stop()
         # energy: measured phase windows vs the simulator's truth, real time
         errors: list[float] = []
         base_step = args.signals
@@ -155,7 +267,7 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
             step = base_step + s
             for phase in ("generation", "training"):
                 client.phase(phase, step=step)
-                drv.set_work(uuids, phase, f"{phase}-{step}")  # type: ignore[arg-type]
+                drv.set_work(uuids, phase, f"{phase}-{step}")
                 time.sleep(args.phase_seconds)
             client.phase("idle", step=step)
             drv.set_work(uuids, "idle", "idle")
@@ -176,15 +288,14 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
                 err = (measured - truth) / truth
                 errors.append(abs(err))
                 rows.append((step, phase, measured, truth, err))
-        client.close()
         fresh = trainers.bound_token(cluster.kubectl, "bench", pod.name, pod.uid)
         check_first_ms, check_cached_ms = identity_check_ms(cluster, fresh, 10_000)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        drv.close()
-    reset_ok = not any(drv_state_locked(work / "state", len(uuids)))
-    out = {
+        reset_ok = agent.stop()
+        for a in agents[1:]:
+            if a.proc.poll() is None:
+                a.stop()
+    out: dict[str, Any] = {
         "signals": args.signals,
         "gpus": args.gpus,
         "caller_check": "TokenReview against kube-apiserver "
@@ -205,7 +316,19 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
         "identity_check_first_ms": check_first_ms,
         "identity_check_cached_p50_ms": pct(check_cached_ms, 50),
         "identity_check_cached_p99_ms": pct(check_cached_ms, 99),
+        "startup_census": census,
+        "load_average_1m": os.getloadavg()[0],
     }
+    if len(agents) > 1:
+        base = agents[1]
+        out["baseline"] = {
+            "src": str(args.baseline_src),
+            "agent_latency_p50_ms": pct(base.lat, 50) * 1e3,
+            "agent_latency_p99_ms": pct(base.lat, 99) * 1e3,
+            "roundtrip_p50_ms": pct(base.rtt, 50) * 1e3,
+            "roundtrip_p99_ms": pct(base.rtt, 99) * 1e3,
+            "agent_rss_mb": baseline_rss,
+        }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -240,6 +363,28 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
             )
         print(f"  max |error| {out['phase_energy_max_abs_error_pct']:.3f} % (target <= 1 %)")
         print(f"clocks reset on SIGTERM: {reset_ok}")
+        if len(agents) > 1:
+            b = out["baseline"]
+            assert isinstance(b, dict)
+            print(
+                f"side by side, signals interleaved ({args.signals} each; load average "
+                f"{out['load_average_1m']:.1f}):  this tree | {args.baseline_src}"
+            )
+            for key, label in (
+                ("agent_latency_p50_ms", "agent side p50, ms"),
+                ("agent_latency_p99_ms", "agent side p99, ms"),
+                ("roundtrip_p50_ms", "round trip p50, ms"),
+                ("roundtrip_p99_ms", "round trip p99, ms"),
+                ("agent_rss_mb", "agent RSS, MB"),
+            ):
+                print(f"  {label:<22} {out[key]:9.3f} | {b[key]:9.3f}")
+        print(
+            "start-up work (fresh interpreter): resolving the Kubernetes CoreV1Api "
+            f"{census['core_api_calls']:,.0f} Python calls, {census['core_api_cpu_ms']:.0f} ms "
+            f"CPU, +{census['core_api_rss_mb']:.1f} MB; a full garbage collection over "
+            f"{census['tracked_objects']:,.0f} start-up objects {census['full_gc_ms']:.1f} ms "
+            f"CPU, {census['full_gc_frozen_ms']:.2f} ms with them frozen"
+        )
         print(
             f"caller check alone (in process, side by side): first call (TokenReview) "
             f"{check_first_ms:.2f} ms; cached p50 {out['identity_check_cached_p50_ms'] * 1e3:.1f} us"

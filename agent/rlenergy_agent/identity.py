@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from rlenergy_agent import service
+from rlenergy_agent import pods, service
 
 EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
 EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
@@ -241,6 +241,17 @@ class TokenAuthenticator:
         return result
 
 
+def _listed(agent: service.Agent, caller: Caller) -> service.PodRef | None:
+    return next(
+        (
+            p
+            for p in agent.podmap.pods()
+            if (p.namespace, p.name) == (caller.namespace, caller.pod_name)
+        ),
+        None,
+    )
+
+
 def authorize(agent: service.Agent, caller: Caller, gpus: Sequence[str] = ()) -> service.PodRef:
     """The pod (as the kubelet's allocation names it) that ``caller`` may signal for.
 
@@ -263,14 +274,12 @@ def authorize(agent: service.Agent, caller: Caller, gpus: Sequence[str] = ()) ->
             f"{agent.node_name}: signal the agent of your own node",
             403,
         )
-    pod = next(
-        (
-            p
-            for p in agent.podmap.pods()
-            if (p.namespace, p.name) == (caller.namespace, caller.pod_name)
-        ),
-        None,
-    )
+    pod = _listed(agent, caller)
+    if (pod is None or (pod.uid and pod.uid != caller.pod_uid)) and isinstance(
+        agent.podmap, pods.ListedPodMap
+    ):
+        agent.podmap.recheck()  # a pod started since the node loop's last listing
+        pod = _listed(agent, caller)
     if pod is None or (pod.uid and pod.uid != caller.pod_uid):
         agent.refused += 1
         why = (

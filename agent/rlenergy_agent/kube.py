@@ -60,6 +60,19 @@ def load_api(kubeconfig: str | None = None) -> Any:
     return kubernetes.client.CustomObjectsApi()
 
 
+def start_clients() -> tuple[Any, Any]:
+    """``(CoreV1Api, AuthenticationV1Api)`` on the process-wide configuration, made at start-up.
+
+    Call after ``load_api`` and before the signal socket serves. The client resolves its API
+    classes lazily, and ``CoreV1Api`` is large: resolving it builds about 240 pydantic models
+    (1.47 million Python calls, 1-2 s of CPU, +21 MB RSS; ``bench/agent.py`` prints it). Made
+    in the first pod-end check instead, that work ran on the node loop thread while trainers
+    signalled, and every signal waited for the GIL behind it (each of a signal's NVML calls
+    releases the GIL and waits up to the interpreter's 5 ms switch interval to get it back).
+    """
+    return kubernetes.client.CoreV1Api(), kubernetes.client.AuthenticationV1Api()
+
+
 class ReportWriter:
     """Creates or patches the node's ``RLEnergyNodeReport``.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlenergy.api import selector
-from rlenergy_agent import config, podlife, service
+from rlenergy_agent import config, podlife, pods, service
 
 if TYPE_CHECKING:
     from rlenergy_agent import kube as kube_t
@@ -138,6 +138,8 @@ class NodeLoop:
 
     def tick(self, now: float) -> None:
         """One pass at monotonic time ``now``, s."""
+        if isinstance(self.agent.podmap, pods.ListedPodMap):
+            self.agent.podmap.keep_fresh()  # the kubelet listing, off the signals' threads
         self.pod_ends.tick()  # reset on pod end, before this pass's report
         if self.finder is not None and now - self.last_poll >= self.settings.plan_poll_s:
             self._discover(now, self.finder)

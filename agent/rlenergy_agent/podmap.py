@@ -28,6 +28,9 @@ from rlenergy_agent import pods as pod_types
 log = logging.getLogger(__name__)
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
+RECHECK_S = 0.5
+"""Callers missing from the listing have it made again at most this often, s (unknown callers
+in a loop cost at most two kubelet calls a second)."""
 GPU_RESOURCES = ("nvidia.com/gpu",)
 """Resource names whose device IDs are GPUs (MIG strategies add ``nvidia.com/mig-*``)."""
 
@@ -137,6 +140,7 @@ class PodResourcesClient:
         self._lock = threading.Lock()
         self._cache: dict[pod_types.PodRef, tuple[str, ...]] = {}
         self._at = -1e18
+        self._rechecked_at = -1e18
 
     def refresh(self) -> dict[pod_types.PodRef, tuple[str, ...]]:
         """List allocations now.
@@ -163,14 +167,33 @@ class PodResourcesClient:
         return out
 
     def pods(self) -> Mapping[pod_types.PodRef, tuple[str, ...]]:
-        """Allocations, refreshed when older than ``max_age_s`` (stale on kubelet errors)."""
+        """Allocations, listed again when older than ``max_age_s`` (stale on kubelet errors).
+
+        The node loop keeps the listing younger than that (``keep_fresh``), so a signal's
+        thread normally only reads the cache.
+        """
         if time.monotonic() - self._at > self._max_age_s:
-            try:
-                return self.refresh()
-            except grpc.RpcError as exc:
-                log.warning("kubelet pod-resources unavailable, using the last listing: %s", exc)
+            self._try_refresh()
         with self._lock:
             return dict(self._cache)
+
+    def _try_refresh(self) -> None:
+        try:
+            self.refresh()
+        except grpc.RpcError as exc:
+            log.warning("kubelet pod-resources unavailable, using the last listing: %s", exc)
+
+    def keep_fresh(self) -> None:
+        """List now: the node loop, every pass (``pods.ListedPodMap``)."""
+        self._try_refresh()
+
+    def recheck(self) -> None:
+        """List now for a caller the listing does not know, unless another such caller had it
+        listed within ``RECHECK_S``."""
+        now = time.monotonic()
+        if now - self._rechecked_at >= RECHECK_S:
+            self._rechecked_at = now
+            self._try_refresh()
 
     def devices_of(self, pod: pod_types.PodRef) -> tuple[str, ...]:
         """Device IDs of ``pod`` (matched by namespace and name)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +34,24 @@ class PodMap(Protocol):
 
     def pods(self) -> Mapping[PodRef, tuple[str, ...]]:
         """Every pod with allocated GPUs."""
+        ...
+
+
+@runtime_checkable
+class ListedPodMap(Protocol):
+    """A pod map read from a listing that goes stale (the kubelet's PodResources).
+
+    The node loop lists again every pass (``keep_fresh``), so a signal's thread reads the cache
+    and makes no call to the kubelet or the API server; a caller the cache does not know (a pod
+    that started since the last pass) has the listing made again at once (``recheck``).
+    """
+
+    def keep_fresh(self) -> None:
+        """List now (the node loop, every pass)."""
+        ...
+
+    def recheck(self) -> None:
+        """List now unless the listing is younger than a short bound (a caller not listed)."""
         ...
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from kubernetes.client.exceptions import ApiException
-from rlenergy_agent import kube, metrics, podmap, server, service
+from rlenergy_agent import identity, kube, metrics, podmap, pods, server, service
 from rlenergy_agent.testing import standin
 
 from rlenergy.api import node as api_node
@@ -253,8 +253,8 @@ def test_podresources_client_against_a_fake_kubelet(short_tmp: Path) -> None:
     srv = podmap.serve_fake_kubelet(sock, lambda: alloc)
     try:
         client = podmap.PodResourcesClient(sock, uid_of=lambda ns, n: f"uid-{ns}-{n}")
-        pods = client.refresh()
-        assert pods == {
+        listed = client.refresh()
+        assert listed == {
             service.PodRef("team-a", "trainer-0", "uid-team-a-trainer-0"): ("GPU-b", "GPU-a"),
             service.PodRef("team-b", "mig-user", "uid-team-b-mig-user"): ("MIG-GPU-c-0",),
         }
@@ -262,6 +262,49 @@ def test_podresources_client_against_a_fake_kubelet(short_tmp: Path) -> None:
         assert client.devices_of(service.PodRef("team-a", "cpu-only")) == ()
         client.close()
     finally:
+        srv.stop(None)
+
+
+def test_signals_read_the_kubelet_listing_the_node_loop_keeps_fresh(
+    make_driver: DriverFactory, short_tmp: Path
+) -> None:
+    """The signal path makes no kubelet call: the node loop lists (``keep_fresh``); a caller
+    the listing does not know yet (started since) has it listed again at once; such rechecks
+    come at most every ``RECHECK_S``."""
+    drv = make_driver(2)
+    sock = str(short_tmp / "kubelet.sock")
+    alloc = {("team-a", "trainer-0"): {"nvidia.com/gpu": [drv.uuids[0]]}}
+    lists: list[int] = []
+
+    def listing() -> dict[tuple[str, str], dict[str, list[str]]]:
+        lists.append(1)
+        return alloc
+
+    srv = podmap.serve_fake_kubelet(sock, listing)
+    client = podmap.PodResourcesClient(sock, uid_of=lambda ns, n: f"uid-{n}", max_age_s=60.0)
+    try:
+        agent = standin_agent({}, PLAN, lambda: drv.virtual_s)
+        agent.podmap = client
+        assert isinstance(client, pods.ListedPodMap)
+        client.keep_fresh()
+        assert len(lists) == 1
+        caller = identity.Caller("team-a", "trainer-0", "uid-trainer-0", "node-1", "sa")
+        for step in range(5):
+            pod = identity.authorize(agent, caller)
+            agent.phase(pod, "generation", step)
+        assert len(lists) == 1  # five signals, no kubelet call
+        alloc[("team-a", "trainer-1")] = {"nvidia.com/gpu": [drv.uuids[1]]}
+        late = identity.Caller("team-a", "trainer-1", "uid-trainer-1", "node-1", "sa")
+        assert identity.authorize(agent, late).name == "trainer-1"  # listed again at once
+        assert len(lists) == 2
+        ghost = identity.Caller("team-a", "ghost", "uid-ghost", "node-1", "sa")
+        with pytest.raises(identity.AuthError, match="holds no GPU"):
+            identity.authorize(agent, ghost)
+        assert len(lists) == 2  # within RECHECK_S of the last recheck: not listed again
+        client.keep_fresh()
+        assert len(lists) == 3
+    finally:
+        client.close()
         srv.stop(None)
 
 
