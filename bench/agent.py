@@ -16,10 +16,12 @@ for the agent's first token and for ``--fresh-tokens`` new ones.
 signal to both in turn, so both latency columns come from the same minutes of the same machine.
 The start-up work census (resolving the Kubernetes client's ``CoreV1Api``; a full garbage
 collection with the start-up objects, and frozen) is counted in fresh interpreters: Python
-calls are counted exactly, CPU is thread time.
+calls are counted exactly, CPU is thread time. ``--trace`` runs the agents under
+``bench/agent_trace.py`` and takes each cached-token signal's time in the agent apart: CPU,
+run-queue wait (the machine's other processes), the agent lock's wait, the rest (GIL, I/O).
 
     python bench/agent.py [--signals 400] [--steps 3] [--fresh-tokens 5] [--baseline-src DIR]
-                          [--json]
+                          [--trace] [--json]
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--fresh-tokens", type=int, default=5)
     ap.add_argument("--baseline-src", type=Path, help="a source tree to run beside this one")
+    ap.add_argument("--trace", action="store_true", help="take each signal's time apart")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with DevCluster(startup_timeout=180) as cluster:
@@ -111,6 +114,7 @@ class AgentUnderTest:
         tag: distinguishes the GPU UUIDs of agents run side by side.
         kubeconfig: the dev cluster's kubeconfig (TokenReview, pod-end checks).
         src: a source tree to run the agent from (``None``: this one).
+        trace: run it under ``bench/agent_trace.py`` (records in ``trace_path``).
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class AgentUnderTest:
         tag: str,
         kubeconfig: Path,
         src: Path | None = None,
+        trace: bool = False,
     ) -> None:
         work.mkdir(parents=True, exist_ok=True)
         self.work = work
@@ -147,10 +152,14 @@ class AgentUnderTest:
             )
         self.sock = work / "agent.sock"
         self.report = work / "report.json"
+        self.trace_path = work / "trace.json" if trace else None
         cmd = standin.agent_argv(
             node, self.sock, work / "state-dir", "--plan", str(work / "plan.json"),
             "--report-file", str(self.report), "--log-level", "WARNING",
         )  # fmt: skip
+        if self.trace_path is not None:
+            env["RLENERGY_AGENT_TRACE"] = str(self.trace_path)
+            cmd[1:3] = [str(ROOT / "bench" / "agent_trace.py")]  # instead of -m rlenergy_agent
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=work)
         assert self.proc.stdout is not None
         ready = json.loads(self.proc.stdout.readline())
@@ -219,6 +228,29 @@ def startup_census() -> dict[str, float]:
     return {k: float(v) for k, v in json.loads(res.stdout).items()}
 
 
+def breakdown(records: list[dict[str, Any]]) -> dict[str, float]:
+    """p50/p99 of each part of the signals' time in the agent, ms (``bench/agent_trace.py``)."""
+    parts = {
+        "handler": [r["wall_s"] for r in records],
+        "cpu": [r["cpu_s"] for r in records],
+        "runqueue_wait": [r["runqueue_s"] for r in records],
+        "agent_lock_wait": [r["lock_wait_s"] for r in records],
+        "other_sleep": [r["wall_s"] - r["cpu_s"] - r["runqueue_s"] for r in records],
+        "handler_minus_runqueue": [r["wall_s"] - r["runqueue_s"] for r in records],
+    }
+    out = {f"{k}_p{q}_ms": pct(v, q) * 1e3 for k, v in parts.items() for q in (50, 99)}
+    out["signals_with_gc"] = float(sum(1 for r in records if r["gcs"]))
+    return out
+
+
+def traced(a: AgentUnderTest, skip: int, n: int) -> dict[str, float] | None:
+    """The breakdown of ``a``'s cached-token signals (its phase requests ``skip .. skip+n``)."""
+    if a.trace_path is None:
+        return None
+    phases = [r for r in json.loads(a.trace_path.read_text()) if r["path"] == "/v1/phase"]
+    return breakdown(phases[skip : skip + n])
+
+
 def run(args: argparse.Namespace, cluster: DevCluster) -> int:
     """The benchmark against ``cluster``."""
     work = Path(tempfile.mkdtemp(prefix="rlenergy-bench-", dir="/tmp"))
@@ -226,13 +258,15 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
     node = cluster.nodes[0]
     pod = trainers.create_trainer(cluster.kubectl, "bench", "trainer-0", node, work / "tokens")
     census = startup_census()
-    agent = AgentUnderTest(work / "agent", pod, node, args.gpus, "bench", cluster.kubeconfig)
+    agent = AgentUnderTest(
+        work / "agent", pod, node, args.gpus, "bench", cluster.kubeconfig, trace=args.trace
+    )
     agents = [agent]
     if args.baseline_src is not None:
         agents.append(
             AgentUnderTest(
                 work / "baseline", pod, node, args.gpus, "base", cluster.kubeconfig,
-                src=args.baseline_src.resolve(),
+                src=args.baseline_src.resolve(), trace=args.trace,
             )
         )  # fmt: skip
     uuids, drv, client, report = agent.uuids, agent.drv, agent.client, agent.report
@@ -317,6 +351,7 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
         "identity_check_cached_p50_ms": pct(check_cached_ms, 50),
         "identity_check_cached_p99_ms": pct(check_cached_ms, 99),
         "startup_census": census,
+        "trace": traced(agent, 2 + args.fresh_tokens, args.signals),
         "load_average_1m": os.getloadavg()[0],
     }
     if len(agents) > 1:
@@ -328,6 +363,7 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
             "roundtrip_p50_ms": pct(base.rtt, 50) * 1e3,
             "roundtrip_p99_ms": pct(base.rtt, 99) * 1e3,
             "agent_rss_mb": baseline_rss,
+            "trace": traced(base, 1, args.signals),
         }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -378,6 +414,23 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
                 ("agent_rss_mb", "agent RSS, MB"),
             ):
                 print(f"  {label:<22} {out[key]:9.3f} | {b[key]:9.3f}")
+        if out["trace"] is not None:
+            print("signal time in the agent, taken apart (bench/agent_trace.py), p50 / p99, ms:")
+            traces: list[tuple[str, dict[str, float]]] = [("this tree", out["trace"])]
+            if len(agents) > 1:
+                traces.append((str(args.baseline_src), out["baseline"]["trace"]))
+            for name, tr in traces:
+                print(
+                    f"  {name}: handler {tr['handler_p50_ms']:.3f} / {tr['handler_p99_ms']:.3f}; "
+                    f"CPU {tr['cpu_p50_ms']:.3f} / {tr['cpu_p99_ms']:.3f}; run-queue wait "
+                    f"{tr['runqueue_wait_p50_ms']:.3f} / {tr['runqueue_wait_p99_ms']:.3f}; agent "
+                    f"lock wait {tr['agent_lock_wait_p50_ms']:.3f} / "
+                    f"{tr['agent_lock_wait_p99_ms']:.3f}; other sleep (GIL, I/O) "
+                    f"{tr['other_sleep_p50_ms']:.3f} / {tr['other_sleep_p99_ms']:.3f}; handler "
+                    f"less run-queue wait {tr['handler_minus_runqueue_p50_ms']:.3f} / "
+                    f"{tr['handler_minus_runqueue_p99_ms']:.3f}; "
+                    f"{tr['signals_with_gc']:.0f} signals saw a GC"
+                )
         print(
             "start-up work (fresh interpreter): resolving the Kubernetes CoreV1Api "
             f"{census['core_api_calls']:,.0f} Python calls, {census['core_api_cpu_ms']:.0f} ms "
