@@ -188,8 +188,7 @@ class PodResourcesClient:
         self._try_refresh()
 
     def recheck(self) -> None:
-        """List now for a caller the listing does not know, unless another such caller had it
-        listed within ``RECHECK_S``."""
+        """List now for a caller the listing does not know (at most every ``RECHECK_S``)."""
         now = time.monotonic()
         if now - self._rechecked_at >= RECHECK_S:
             self._rechecked_at = now

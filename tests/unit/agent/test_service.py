@@ -268,9 +268,11 @@ def test_podresources_client_against_a_fake_kubelet(short_tmp: Path) -> None:
 def test_signals_read_the_kubelet_listing_the_node_loop_keeps_fresh(
     make_driver: DriverFactory, short_tmp: Path
 ) -> None:
-    """The signal path makes no kubelet call: the node loop lists (``keep_fresh``); a caller
-    the listing does not know yet (started since) has it listed again at once; such rechecks
-    come at most every ``RECHECK_S``."""
+    """The signal path makes no kubelet call: the node loop lists (``keep_fresh``).
+
+    A caller the listing does not know yet (started since) has it listed again at once; such
+    rechecks come at most every ``RECHECK_S``.
+    """
     drv = make_driver(2)
     sock = str(short_tmp / "kubelet.sock")
     alloc = {("team-a", "trainer-0"): {"nvidia.com/gpu": [drv.uuids[0]]}}
