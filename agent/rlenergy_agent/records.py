@@ -50,7 +50,30 @@ class StepRecords(AgentState):
             return self._finished(self.dirty_steps)
 
     def step_record(self, step: int) -> api_node.StepRecord:
-        """The node's record of ``step``: one window per phase (summed over pods)."""
+        """The node's record of ``step``: one window per phase (summed over pods).
+
+        Built again only when what it is built from changed: a step's window lists only grow
+        (closed windows are frozen and appended), so their lengths and last windows, the
+        step's workload, idle energy and released GPU time say whether the record built before
+        still holds. A finished step is built once instead of at every report (32 steps kept;
+        the report is built under the agent's lock, which phase signals wait for).
+        """
+        with self._lock:
+            by_phase = self.steps.get(step, {})
+            key = (
+                tuple((ph, len(ws), ws[-1] if ws else None) for ph, ws in sorted(by_phase.items())),
+                self.workloads.get(step),
+                self.idle_j.get(step, 0.0),
+                self.step_released_gpu_s.get(step, 0.0),
+            )
+            hit = self.record_cache.get(step)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+            record = self._build_record(step)
+            self.record_cache[step] = (key, record)
+            return record
+
+    def _build_record(self, step: int) -> api_node.StepRecord:
         with self._lock:
             phases: list[api_node.PhaseWindowReport] = []
             for _phase, windows in sorted(self.steps.get(step, {}).items()):
@@ -166,6 +189,8 @@ class StepRecords(AgentState):
             # (its generation window closed, training under way) must not appear yet.
             done = sorted(self._finished(self.steps))
             steps = [self.step_record(s) for s in done]
+            for s in [s for s in self.record_cache if s not in self.steps]:
+                del self.record_cache[s]  # trimmed
             return api_node.NodeReport(
                 policy_name=self.policy_name,
                 node_name=self.node_name,

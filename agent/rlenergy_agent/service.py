@@ -125,6 +125,8 @@ class Agent(ProbeSlices, Parks, StepRecords):
         self.latency_hist = histogram.Histogram()
         """Phase signal received to clocks applied, s (``/metrics``: a histogram)."""
         self.dirty_steps: set[int] = set()
+        self.record_cache: dict[int, tuple[tuple[object, ...], api_node.StepRecord]] = {}
+        """Built step records by step, with what they were built from (``records``)."""
         self.idle_j: dict[int, float | None] = {}
         self.refused = 0
         self.probe_switches = 0
@@ -169,6 +171,7 @@ class Agent(ProbeSlices, Parks, StepRecords):
                 w.probe = None
             self._open.clear()
             self.steps.clear()
+            self.record_cache.clear()
             self.workloads.clear()
             self.idle_j.clear()
             self.dirty_steps.clear()

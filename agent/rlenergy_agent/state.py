@@ -196,6 +196,7 @@ class AgentState:
     _bands: dict[str, float | None]
     latency_hist: histogram.Histogram
     dirty_steps: set[int]
+    record_cache: dict[int, tuple[tuple[object, ...], api_node.StepRecord]]
     idle_j: dict[int, float | None]
     refused: int
     probe_switches: int

@@ -310,6 +310,43 @@ def test_signals_read_the_kubelet_listing_the_node_loop_keeps_fresh(
         srv.stop(None)
 
 
+def test_a_step_record_is_built_again_only_when_its_inputs_change(
+    make_driver: DriverFactory,
+) -> None:
+    """``report()`` reuses a finished step's record until a window, its workload, its idle
+    energy or a park's released time of that step changes; a policy switch drops them all."""
+    drv = make_driver(2)
+    agent = _agent(drv, {POD_A: list(drv.uuids)})
+    work = api_node.TokenWorkloadReport(
+        samples=1, response_tokens=10, prompt_tokens=5, valid_tokens=10, mean_context_tokens=8
+    )
+    for step in (0, 1):
+        for phase in ("generation", "training", "idle"):
+            agent.phase(POD_A, phase, step)
+            drv.advance(0.5)
+        agent.end_step(POD_A, step, work)
+    first = {r.step: r for r in agent.report().steps}
+    again = {r.step: r for r in agent.report().steps}
+    assert all(again[s] is first[s] for s in (0, 1))  # nothing changed: reused
+    agent.end_step(POD_A, 0, work.model_copy(update={"valid_tokens": 20}))
+    agent.phase(POD_A, "training", 1)  # a late window of step 1
+    drv.advance(0.5)
+    agent.phase(POD_A, "idle", 1)
+    drv.advance(0.5)
+    agent.end_step(POD_A, 1, work)
+    now = {r.step: r for r in agent.report().steps}
+    assert now[0] is not first[0] and now[0].workload.valid_tokens == 20
+    assert now[1] is not first[1]
+    train = {p.phase: p for p in now[1].phases}["training"]
+    assert train.gpu_seconds == pytest.approx(
+        2 * {p.phase: p for p in first[1].phases}["training"].gpu_seconds
+    )
+    assert now[1].idle_energy_joules > first[1].idle_energy_joules
+    assert now == {r.step: r for r in agent.report().steps}
+    agent.switch_policy("other")
+    assert agent.record_cache == {} and agent.report().steps == []
+
+
 class _FakeCustomObjects:
     """Records calls with the CustomObjectsApi signature; fails as told."""
 
