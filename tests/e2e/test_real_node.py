@@ -13,7 +13,10 @@ driver's) -> operator pod Ready -> apply a policy -> the operator's agent Daemon
 on the real node -> a trainer pod (``nvidia.com/gpu: 2``, the agent image running
 ``rlenergy_agent.testing.podtrainer``: the SDK replaying a verl trace, time-compressed, with the
 projected service-account token for the agent) -> its GPUs' clocks change per phase (read from
-the stand-in's state) and the policy status shows a saving -> a second pod's signals naming the
+the stand-in's state) at the clocks the plans named for each phase (``_check_planned_locks``)
+and the policy status shows a saving; a phase the controller locked keeps its
+minThroughputRatio at that clock in the replay's truth (``_check_locked_throughput``, which says
+why the whole-run ratio of 12 steps is not held to it) -> a second pod's signals naming the
 first pod's GPUs are refused (403) -> the agent pod is deleted and recreated by the DaemonSet
 (its GPUs are reset when the agent stops) -> the trainer pod is deleted (its GPUs back to the
 default governor within 10 s) -> the policy is deleted and the chart uninstalled: no lock, no
@@ -281,6 +284,7 @@ def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps(figures, indent=2, default=str))
         print(json.dumps(figures, indent=2, default=str))
+        print(_summary(figures))
         driver.close()
 
 
@@ -508,6 +512,23 @@ def _user_day(
     finally:
         sampling.set()
         sampler.join()
+
+
+def _summary(figures: dict[str, Any]) -> str:
+    """The figures the closing note asks for, on one line (``-s`` shows it)."""
+
+    def vmrss_mb(key: str) -> str:
+        rss = figures.get(key) or {}
+        return "/".join(f"{v / 1024:.1f}" for k, v in rss.items() if k.startswith("VmRSS")) or "?"
+
+    return (
+        f"real node: trainer pod deleted -> GPUs reset {figures.get('trainer_delete_to_reset_s')} s"
+        f" (bound {RESET_BOUND_S:.0f} s); agent pod deleted -> reset "
+        f"{figures.get('agent_delete_to_reset_s')} s; agent VmRSS idle {vmrss_mb('agent_rss_kib_idle')}"
+        f" MB, governing {vmrss_mb('agent_rss_kib_running')} MB; lock samples at planned clocks "
+        f"{figures.get('lock_samples_at_planned_clock')}; throughput "
+        f"{figures.get('throughput_ratio_by_phase')}"
+    )
 
 
 PLANNED_SHARE = 0.9
