@@ -132,10 +132,14 @@ class ProbeSlices(AgentState):
         if at_s is not None and math.isfinite(at_s) and now - MAX_REPORT_AGE_S <= at_s <= now:
             t = max(at_s, last)
         # The cadence of every window (probed or not) tells EE-RL whether in-phase slices can
-        # be resolved (``PhaseWindowReport.progress_max_gap_seconds``).
-        w.report_gap_s = max(w.report_gap_s, t - last)
-        w.last_report_s = t
-        w.reports += 1
+        # be resolved (``PhaseWindowReport.progress_mean_gap_seconds``). Only reports that
+        # advance the total count: a counter re-read between its steps (a micro-batch, an
+        # engine step) resolves nothing finer than its steps.
+        if w.progress != w.reported:
+            w.report_gap_s = max(w.report_gap_s, t - last)
+            w.last_report_s = t
+            w.reports += 1
+            w.reported = w.progress
         if w.probe is None or len(w.progress_log) >= MAX_PROGRESS_LOG:
             return
         w.progress_log.append((t, w.progress))

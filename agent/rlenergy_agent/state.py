@@ -136,7 +136,9 @@ class _Open:
     report_gap_s: float = 0.0
     """Largest time from the window's start between the trainer's progress reports, s."""
     reports: int = 0
-    """Progress reports received in the window."""
+    """Progress reports that advanced the window's total."""
+    reported: float = 0.0
+    """The total of the newest advancing report."""
 
 
 @dataclasses.dataclass(frozen=True)

