@@ -366,6 +366,8 @@ class ProgressReporter:
         self._thread: threading.Thread | None = None
         self._warned = False
         self.reports = 0
+        self.last_total: float | None = None
+        """The newest value sent (``None``: nothing sent this phase)."""
         self.last_error: str | None = None
 
     def _read(self) -> float | None:
@@ -386,12 +388,14 @@ class ProgressReporter:
         if done is not None:
             self.report(done)
             self.reports += 1
+            self.last_total = done
 
     def start(self) -> None:
         """The phase starts now: take the zero and report every ``period_s``."""
         self.stop(final=False)
         self._zero = None
         self._warned = False
+        self.last_total = None
         self._read()
         self._stop.clear()
 
@@ -551,3 +555,67 @@ class RolloutPoolPhases:
             if self._busy:
                 self.client.phase("idle", step=self.step)
                 self._busy = False
+
+
+def verl_actor_module(worker: Any) -> Any:
+    """The torch module verl 0.9.1's actor trains, from its worker.
+
+    ``verl.workers.engine_workers.ActorRolloutRefWorker.actor`` is a ``TrainingWorker`` whose
+    ``engine`` (``verl/workers/engine/fsdp/transformer_impl.py`` ``FSDPEngine``) holds the
+    wrapped ``module``; the engine calls it as ``module(input_ids=..., use_cache=False)``.
+
+    Raises:
+        ProgressUnavailable: the worker has no initialised actor engine (the path says which
+            attribute is missing).
+    """
+    obj = worker
+    for name in ("actor", "engine", "module"):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            raise ProgressUnavailable(f"verl worker has no actor.engine.module (no {name!r})")
+    return obj
+
+
+class PhaseProgress:
+    """One phase's progress for a per-phase hook: ``begin(worker, report)`` / ``end()``.
+
+    The shape of ``rlenergy.sdk.verl_hook``'s progress seam: at the phase's start it makes the
+    source once from the worker (``make``: e.g. ``lambda w: ForwardTokenCounter(
+    verl_actor_module(w))`` or ``lambda w: HttpExposition(url, "vllm")``) and runs a
+    ``ProgressReporter`` on it; at the end it stops the reporter and returns the phase's total.
+
+    Args:
+        make: builds the source from the worker; may raise ``ProgressUnavailable`` (then the
+            phase has no progress and ``end`` returns ``None``).
+        period_s: report period, s.
+    """
+
+    def __init__(
+        self, make: Callable[[Any], ProgressSource], *, period_s: float = DEFAULT_PERIOD_S
+    ) -> None:
+        self._make = make
+        self.period_s = period_s
+        self.source: ProgressSource | None = None
+        self.reporter: ProgressReporter | None = None
+        self.last_error: str | None = None
+
+    def begin(self, worker: Any, report: Callable[[float], None]) -> None:
+        """The phase starts: report its progress every ``period_s`` through ``report``."""
+        if self.source is None:
+            try:
+                self.source = self._make(worker)
+            except ProgressUnavailable as exc:
+                self.last_error = str(exc)
+                log.warning("no in-phase progress (%s): EE-RL uses whole-phase evidence", exc)
+                return
+        self.reporter = ProgressReporter(self.source, report, period_s=self.period_s)
+        self.reporter.start()
+
+    def end(self) -> float | None:
+        """The phase ends: the last report goes out; returns the phase's total (or ``None``)."""
+        rep, self.reporter = self.reporter, None
+        if rep is None:
+            return None
+        rep.stop()
+        self.last_error = rep.last_error
+        return rep.last_total

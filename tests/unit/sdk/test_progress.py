@@ -237,3 +237,31 @@ def test_rollout_pool_phases_follow_the_engine_and_the_weight_version() -> None:
     pool.tick()
     assert sig.sent == [] and pool.last_error == "engine gone"
     assert pool.windows == 2
+
+
+def test_phase_progress_makes_its_source_once_and_returns_each_phase_total() -> None:
+    src = _Counter()
+    made: list[object] = []
+
+    def make(worker: object) -> _Counter:
+        made.append(worker)
+        return src
+
+    sent: list[float] = []
+    pp = progress.PhaseProgress(make, period_s=0.005)
+    assert pp.end() is None  # no phase begun
+    for phase_tokens in (40.0, 70.0):
+        pp.begin("worker", sent.append)
+        src.value += phase_tokens
+        assert pp.end() == phase_tokens and sent[-1] == phase_tokens
+    assert made == ["worker"]
+
+    def missing(worker: object) -> progress.ProgressSource:
+        return progress.ForwardTokenCounter(progress.verl_actor_module(worker))
+
+    class Worker:  # verl's worker before init_model: no actor engine yet
+        actor = None
+
+    blind = progress.PhaseProgress(missing)
+    blind.begin(Worker(), sent.append)
+    assert blind.end() is None and "no 'actor'" in (blind.last_error or "")
