@@ -4,9 +4,10 @@ The dispatcher (verl's rollout manager, or any loop that hands prompts to engine
 DP ranks) owns one ``RolloutPlanner`` and calls it directly, with no server in between:
 
 * ``place(request)`` before a batch: every response of every prompt gets an EP rank
-  (``PlacementResponse``), balancing the ranks' predicted finish times, longest first
-  (``placement.place_balanced`` over the predictor's per-prompt lengths), unless the guard
-  predicts the even split (verl's ``DataProto.chunk``) to end no later;
+  (``PlacementResponse``), dealt longest predicted first so that the lock-stepped ranks
+  carry equal loads at every decode step (``placement.place_lockstep`` over the predictor's
+  per-prompt lengths), unless the guard (``placement.lockstep_makespan_s``) predicts the
+  even split (verl's ``DataProto.chunk``) to end no later;
 * ``progress(reports)`` while decoding: the newest ``ProgressReport`` per active rank; returns
   a ``ReleaseDecision`` when the release rule (``release.FlexFloorPlanner``) lets finished
   ranks go, and opens its round;
@@ -63,7 +64,8 @@ class RolloutPlanner:
     Args:
         layout: the EP group's memory layout (experts, bytes, ``minActiveWorkers``).
         finish_model: one rank's decode-time model (fit ``step_fixed_s`` and ``kv_s_per_byte``
-            to two measured decode-step times: empty and full KV cache).
+            to two measured decode-step times: empty and full KV cache); the placement
+            guard's step cost.
         cost_model: decode-step model for the release guard; ``None``: the rule alone.
         timing: the round's deadlines in decode steps.
         ack_timeout_s: wall-clock ack deadline of a round, s (> 0).
@@ -127,13 +129,13 @@ class RolloutPlanner:
         made = self.predictor.predict(ids)
         lengths = [m.length_tokens for m in made]
         ranks = len(self._active)
-        balanced = placement.place_balanced(lengths, prompts, ranks, self.finish_model)
+        dealt = placement.place_lockstep(lengths, ranks)
         even = placement.place_even(len(ids), ranks)
         cost = [
-            placement.predicted_makespan_s(option, lengths, prompts, ranks, self.finish_model)
-            for option in (balanced, even)
+            placement.lockstep_makespan_s(option, lengths, prompts, ranks, self.finish_model)
+            for option in (dealt, even)
         ]
-        chosen = balanced if cost[0] <= cost[1] else even
+        chosen = dealt if cost[0] <= cost[1] else even  # ties: dealt (spreads GRPO groups)
         return api.PlacementResponse.model_validate(
             {
                 "rolloutId": request.rollout_id,

@@ -504,3 +504,95 @@ def predicted_makespan_s(
             raise errors.InvalidInputError("placement", f"engine {e} outside [0, {engines})")
         loads[e] = model.add(loads[e], prompt, length)
     return max((model.finish_s(x) for x in loads), default=0.0)
+
+
+
+def place_lockstep(predicted_tokens: Sequence[float], ranks: int) -> tuple[int, ...]:
+    """Deal a batch over the ranks of one lock-stepped EP group, longest predicted first.
+
+    The ranks of one EP group take every decode step together, so a step lasts as long as the
+    slowest rank's (its KV reads, its batch) plus the all-to-all: what a group needs is the
+    same load on every rank at *every* step, not equal predicted finish times per rank (which
+    ``place_balanced`` gives independent engines; inside a group it piles the short responses
+    on the ranks that drew no long one, and that rank then sets every step's time: measured
+    x0.957 in one step of ``verl-ppo-qwen25-7b-gsm8k-16gpu``, ranks holding 1 to 74
+    responses). Responses sorted by predicted length (longest first, ties by index) are dealt
+    in boustrophedon order (0, 1, .., R-1, R-1, .., 0, ...): at every decode step, under the
+    predictions, the ranks' running responses differ by at most one, as do their counts, and
+    each rank's predicted tokens are within one response of the others'. Responses predicted
+    alike (one GRPO group before any history) are dealt to different ranks, which hedges
+    against a group that runs long together. Ranks of one group have equal memory, so equal
+    loads also keep the KV within each rank's share.
+
+    Args:
+        predicted_tokens: predicted response length per response, tokens, shape ``(n,)``.
+        ranks: ranks of the group, >= 1.
+
+    Returns:
+        Rank per response, shape ``(n,)``.
+
+    Raises:
+        InvalidInputError: ``ranks < 1``.
+    """
+    if ranks < 1:
+        raise errors.InvalidInputError("workers", "need at least one rollout worker")
+    n = len(predicted_tokens)
+    out = [0] * n
+    for k, i in enumerate(sorted(range(n), key=lambda i: (-predicted_tokens[i], i))):
+        lap, pos = divmod(k, ranks)
+        out[i] = pos if lap % 2 == 0 else ranks - 1 - pos
+    return tuple(out)
+
+
+def lockstep_makespan_s(
+    rank_of: Sequence[int],
+    predicted_tokens: Sequence[float],
+    prompt_tokens: Sequence[int],
+    ranks: int,
+    model: FluidFinishModel,
+) -> float:
+    """Predicted time of one lock-stepped EP group to decode a placement, s.
+
+    Every rank takes every step until the longest response ends; a step costs
+    ``model.step_fixed_s`` plus ``model.kv_s_per_byte`` times the KV of the rank reading
+    the most (the all-to-all waits for it). A rank's KV at decode step ``t`` is ``sum over
+    its responses still running (prompt + t) x kv_bytes_per_token``; between two predicted
+    ends it is linear in ``t``, and the maximum over ranks is integrated by the trapezoid
+    rule at the ends [MODEL: exact when one rank leads the whole segment, else an upper
+    bound, the maximum of lines being convex]. KV over the rank's capacity is not modelled
+    (``place_lockstep`` loads the ranks equally).
+
+    Raises:
+        InvalidInputError: inputs of different lengths or a rank outside ``[0, ranks)``.
+    """
+    n = len(rank_of)
+    if len(predicted_tokens) != n or len(prompt_tokens) != n:
+        raise errors.InvalidInputError("placement", "need one rank, length and prompt each")
+    if any(not 0 <= r < ranks for r in rank_of):
+        raise errors.InvalidInputError("placement", f"a rank outside [0, {ranks})")
+    span = [max(float(x), 1.0) for x in predicted_tokens]
+    kvb = model.kv_bytes_per_token
+    count = [0] * ranks  # responses still running per rank
+    prompts = [0.0] * ranks  # their prompt tokens
+    for i in range(n):
+        count[rank_of[i]] += 1
+        prompts[rank_of[i]] += prompt_tokens[i]
+
+    def peak_kv(t: float) -> float:
+        return max((prompts[r] + count[r] * t) * kvb for r in range(ranks))
+
+    total = 0.0
+    start = 0.0
+    order = sorted(range(n), key=lambda i: span[i])
+    k = 0
+    while k < n:
+        end = span[order[k]]
+        # The responses ending at ``end`` still run up to it.
+        area = (peak_kv(start) + peak_kv(end)) / 2
+        total += (end - start) * (model.step_fixed_s + model.kv_s_per_byte * area)
+        while k < n and span[order[k]] == end:
+            count[rank_of[order[k]]] -= 1
+            prompts[rank_of[order[k]]] -= prompt_tokens[order[k]]
+            k += 1
+        start = end
+    return total
