@@ -12,7 +12,7 @@ MODE ?= sync
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
 .PHONY: bench-scale test-chaos test-field test-privilege mutation test-realnode
-.PHONY: bench-peers test-peers
+.PHONY: bench-peers test-peers engine-wheels
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ bins:
 	bash hack/prometheus-bin.sh
 	bash hack/node-bins.sh
 
+## The pinned vLLM / SGLang wheels (pyproject [tool.rlenergy.engines]) for the adapter source
+## checks; cached, never installed (hack/engine-wheels.sh).
+engine-wheels: $(STAMP)
+	bash hack/engine-wheels.sh $(PY)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlenergy operator agent tests bench
 	$(VENV)/bin/mypy
@@ -54,11 +59,11 @@ lint: $(STAMP)
 
 ## The full test suite: lint, unit, end-to-end against the real control plane, then the chaos
 ## suite (tests/chaos: its own dev cluster, fault injection; also alone as `make test-chaos`).
-test: $(STAMP) bins images lint
+test: $(STAMP) bins images engine-wheels lint
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q -m chaos tests/chaos
 
-unit: $(STAMP)
+unit: $(STAMP) engine-wheels
 	$(PY) -m pytest -q -m 'not e2e'
 
 bench-energy: $(STAMP)

@@ -9,10 +9,17 @@ Both engines shrink an EP group through one HTTP call and report progress throug
   ``POST /is_scaling_elastic_ep`` -> ``{"is_scaling_elastic_ep": bool}``; while a resize runs
   vLLM's ``ScalingMiddleware`` answers every request with 503, which here reads "scaling".
   vLLM removes the highest DP ranks, so a release must name the top ranks of the group.
-* SGLang: ``POST /scale_elastic_ep`` with ``{"new_ep_size": N}`` and ``/is_scaling_elastic_ep``
-  -> ``{"is_scaling_elastic_ep": bool, "effective_ep_size": N, "scale_phase": str,
-  "last_error": str | null}`` (SGLang elastic EP with Mooncake, as driven by NVIDIA Dynamo's
-  scale scripts). Paths are constructor arguments because deployments prefix them.
+  The status reply also has ``phase``, ``epoch``, ``error``, ``requested_data_parallel_size``.
+* SGLang (``sglang/srt/entrypoints/elastic_ep.py``): ``POST /scale_elastic_ep`` with
+  ``{"new_ep_size": N}`` starts an asynchronous scale-*up* (409 while one is pending) and
+  ``GET /is_scaling_elastic_ep`` -> ``{"is_scaling_elastic_ep": bool, "effective_ep_size": N,
+  "pending_ep_size": N | null, "scale_phase": str, "last_error": str | null}``
+  (``TokenizerManager.get_elastic_ep_state``). Its scheduler refuses a ``new_ep_size`` not
+  above the effective size, so ``SglangElasticEngine`` refuses every release (nothing sent).
+
+The versions are pinned in ``pyproject.toml`` ``[tool.rlenergy.engines]`` (vLLM 0.33.0,
+SGLang 0.5.23); ``tests/unit/sdk/test_engine_source.py`` checks these routes, methods and
+fields against the pinned wheels' source (``make engine-wheels``).
 
 The two-phase ``ElasticEngine`` contract maps as: ``prepare_release`` checks the request
 against the engine (no scaling in progress, ranks removable, group size as expected) and sends
@@ -40,6 +47,10 @@ class _HttpEngine:
 
     scale_path = "/scale_elastic_ep"
     status_path = "/is_scaling_elastic_ep"
+    status_method = "POST"
+    """HTTP method of ``status_path`` in the pinned engine."""
+    error_field = "error"
+    """The status reply's field that carries a scaling error."""
 
     def __init__(
         self,
@@ -73,13 +84,19 @@ class _HttpEngine:
         )
         return {} if reply is None else reply
 
+    def _status(self) -> Any:
+        if self.status_method == "GET":
+            reply = http.post_json(self.base_url + self.status_path, None, self._timeout_s, "GET")
+            return {} if reply is None else reply
+        return self._post(self.status_path, None)
+
     def _scale_timeout_s(self) -> float:
         """How long the scale call itself may block, s (per request timeout by default)."""
         return self._timeout_s
 
     def _scaling(self) -> bool:
         try:
-            state = self._post(self.status_path, None)
+            state = self._status()
         except errors.RetryableError as exc:
             # vLLM's ScalingMiddleware answers every request, this probe included, with 503
             # "... currently scaling ..." while a resize runs.
@@ -88,7 +105,7 @@ class _HttpEngine:
             raise
         if not isinstance(state, dict):
             raise errors.RetryableError(f"{self.base_url}{self.status_path}: unexpected reply")
-        error = state.get("last_error")
+        error = state.get(self.error_field)
         if error:
             raise errors.RetryableError(f"engine reports a scaling error: {error}")
         return bool(state.get("is_scaling_elastic_ep", False))
@@ -230,7 +247,10 @@ class VllmElasticEngine(_HttpEngine):
 
 
 class SglangElasticEngine(_HttpEngine):
-    """SGLang elastic EP (``/scale_elastic_ep`` with ``new_ep_size``).
+    """SGLang elastic EP (``/scale_elastic_ep`` with ``new_ep_size``): refuses every release.
+
+    SGLang 0.5.23 only scales an EP group up (``SCALE_UP_ONLY``); ``prepare_release`` refuses
+    with that reason, so ``apply_release`` reports ``Aborted`` with the group unchanged.
 
     Args:
         base_url: the SGLang server (or its control prefix, e.g. ``.../engine/control``).
@@ -241,6 +261,18 @@ class SglangElasticEngine(_HttpEngine):
         sleep: injected for tests.
         monotonic: injected for tests.
     """
+
+    status_method = "GET"
+    error_field = "last_error"
+    SCALE_UP_ONLY = (
+        "SGLang 0.5.23 elastic EP scales up only: /scale_elastic_ep refuses a new_ep_size not "
+        "above the effective EP size (sglang/srt/managers/scheduler.py, "
+        "handle_scale_elastic_ep), so a release cannot shrink this engine's EP group"
+    )
+
+    def prepare_release(self, decision: api.ReleaseDecision) -> api.ReleaseAck:
+        """Refuse every release: the pinned SGLang cannot shrink an EP group (nothing sent)."""
+        return self._refuse(decision, self.SCALE_UP_ONLY)
 
     def _scale_body(self, new_size: int) -> Mapping[str, Any]:
         return {"new_ep_size": new_size}

@@ -14,13 +14,14 @@ from typing import Any
 from rlenergy import errors
 
 
-def post_json(url: str, body: bytes, timeout_s: float) -> Any | None:
-    """POST a JSON body and decode the JSON reply.
+def post_json(url: str, body: bytes | None, timeout_s: float, method: str = "POST") -> Any | None:
+    """POST a JSON body (or, ``method="GET"``, no body) and decode the JSON reply.
 
     Args:
         url: full URL (127.0.0.1 or a node-local address).
-        body: the encoded JSON request body.
+        body: the encoded JSON request body (``None`` with ``GET``).
         timeout_s: socket timeout, s.
+        method: ``POST`` or ``GET``.
 
     Returns:
         The decoded reply, or None when the reply is empty.
@@ -30,7 +31,7 @@ def post_json(url: str, body: bytes, timeout_s: float) -> Any | None:
         RetryableError: HTTP 5xx, a transport error or timeout, or a reply that is not JSON.
     """
     request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        url, data=body, method=method, headers={"Content-Type": "application/json"}
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:

@@ -1,8 +1,9 @@
 """Elastic-EP engine adapters against a fake HTTP server on 127.0.0.1; the in-process planner.
 
 We test these aspects:
-* vLLM and SGLang adapters send their engine's scale body and poll until scaling ends; vLLM's
-  503 "currently scaling" reads as scaling;
+* the vLLM adapter sends its scale body and polls until scaling ends; vLLM's 503 "currently
+  scaling" reads as scaling; the SGLang adapter refuses every release (the pinned SGLang scales
+  up only) and sends nothing;
 * prepare refuses what the engine cannot do (non-top ranks, expert copies, scaling running),
   and then nothing is sent; apply_release aborts with the group unchanged;
 * a scale that was sent and outlives the commit timeout, or whose blocking call gets no
@@ -119,10 +120,12 @@ def test_vllm_commit_sends_new_dp_size_and_polls(server):
     assert eng.active_ranks() == (0, 1)
 
 
-def test_sglang_commit_sends_new_ep_size(server):
+def test_sglang_refuses_every_release_and_sends_nothing(server):
+    # SGLang 0.5.23's scheduler refuses a new_ep_size not above the effective EP size.
     eng = engines.SglangElasticEngine(server, ranks=4, sleep=no_sleep)
-    assert rollout.apply_release(eng, decision(release=(3,))).status == "Committed"
-    assert [b for p, b in FakeEngine.calls if p == "/scale_elastic_ep"] == [{"new_ep_size": 3}]
+    outcome = rollout.apply_release(eng, decision(release=(3,)))
+    assert outcome.status == "Aborted" and "scales up only" in (outcome.reason or "")
+    assert outcome.active_workers == [0, 1, 2, 3] and FakeEngine.calls == []
 
 
 @pytest.mark.parametrize(
@@ -180,9 +183,11 @@ def test_vllm_scale_call_may_block_for_the_drain(server):
 
 
 def test_scale_call_without_answer_is_in_flight(server):
-    FakeEngine.scale_delay_s = 1.5
-    eng = engines.SglangElasticEngine(server, ranks=4, sleep=no_sleep, timeout_s=0.5)
-    outcome = rollout.apply_release(eng, decision(release=(3,)))
+    FakeEngine.scale_delay_s = 2.0  # longer than drain_timeout 1 s + commit timeout 0.5 s
+    eng = engines.VllmElasticEngine(
+        server, ranks=4, sleep=no_sleep, timeout_s=0.5, drain_timeout_s=1, commit_timeout_s=0.5
+    )
+    outcome = rollout.apply_release(eng, decision())
     assert outcome.status == "InFlight" and "outcome unknown" in (outcome.reason or "")
 
 
