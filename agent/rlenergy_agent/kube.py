@@ -204,6 +204,9 @@ class PlanWatcher:
         self.policy = policy
         self.saving_ratio: dict[str, float] = {}
         """From the last poll: the status' saving / 100 per phase, ``""`` for the job's total."""
+        self.lost_workers: list[str] = []
+        """From the last poll: ``status.rollout.failure.lostWorkers`` (rollout worker pods the
+        operator found lost mid-rollout), relayed to the dispatcher (``/v1/rollout/lost``)."""
         self.watch_timeout_s = self.WATCH_TIMEOUT_S if watch_timeout_s is None else watch_timeout_s
         self.retry_max_s = retry_max_s
         self.first_list_wait_s = 10.0
@@ -234,9 +237,12 @@ class PlanWatcher:
             raise error or TimeoutError(f"policy {self.namespace}/{self.policy} not listed yet")
         if not seen:
             self.saving_ratio = {}
+            self.lost_workers = []
             return False, None
         status = seen.get("status") or {}
         self.saving_ratio = saving_ratios(status)
+        failure = (status.get("rollout") or {}).get("failure") or {}
+        self.lost_workers = [str(p) for p in failure.get("lostWorkers") or []]
         plan = status.get("plan")
         return True, api_node.ClockPlan.model_validate(plan) if plan else None
 

@@ -183,6 +183,7 @@ class NodeLoop:
         try:
             exists, plan = watcher.poll()
             agent.saving_ratio = watcher.saving_ratio
+            agent.lost_workers = watcher.lost_workers
             if not exists or plan != agent.plan:
                 enforced = agent.plan is not None and agent.plan.enforce
                 agent.set_plan(plan)

@@ -67,16 +67,18 @@ class PodEndWatch:
         if not governed:
             return []
         listing = list(self.agent.podmap.pods())
-        gone = {p for p in governed if not _listed(p, listing)}
+        unlisted = {p for p in governed if not _listed(p, listing)}
+        in_api: set[service.PodRef] = set()
         now = self._clock()
-        rest = governed - gone
+        rest = governed - unlisted
         if self.ended_in_api is not None and rest and now - self._last_check >= self.check_s:
             self._last_check = now
             try:
-                gone |= self.ended_in_api(rest)
+                in_api = self.ended_in_api(rest)
             except Exception as exc:  # noqa: BLE001 - retried at the next check
                 log.warning("pod end check through the API failed: %s", exc)
-        for pod in sorted(gone, key=str):
+        gone = sorted(unlisted | in_api, key=str)
+        for pod in gone:
             log.info("pod %s ended: resetting its GPUs to the default governor", pod)
-            self.agent.pod_gone(pod)
-        return sorted(gone, key=str)
+            self.agent.pod_gone(pod, "NotAllocated" if pod in unlisted else "EndedInApi")
+        return gone

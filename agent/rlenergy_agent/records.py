@@ -203,6 +203,7 @@ class StepRecords(AgentState):
                     self.released_gpu_seconds(u) for u in self.actuator.controls
                 ),
                 rollout=self.dispatch,
+                ended_pods=list(self.ended_pods),
             )
 
 

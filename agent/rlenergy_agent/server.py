@@ -1,7 +1,7 @@
 """The agent's two listeners: the trainer signal socket and the health/metrics port.
 
 * Signals: HTTP over a Unix socket (``/v1/phase``, ``/v1/progress``, ``/v1/step``; FlexFloor:
-  ``/v1/park``, ``/v1/unpark``, ``/v1/rollout``), mounted into trainer pods; bodies and
+  ``/v1/park``, ``/v1/unpark``, ``/v1/rollout``, ``/v1/rollout/lost``), mounted into trainer pods; bodies and
   answers are the models of ``rlenergy.api.signals``. Each request carries the pod's projected
   service-account token (``Authorization: Bearer``); ``identity.TokenAuthenticator`` checks it
   (TokenReview, cached) and ``identity.authorize`` decides, in one place, that the pod is on
@@ -103,6 +103,8 @@ def dispatch(
     if isinstance(req, api_node.RolloutDispatch):
         agent.publish_rollout(pod, req)
         return signals.PodAnswer(pod=who)
+    if isinstance(req, signals.LostWorkersRequest):
+        return signals.LostWorkersAnswer(pod=who, lost_workers=list(agent.lost_workers))
     raise TypeError(f"no handler for {type(req).__name__}")
 
 

@@ -29,11 +29,13 @@ Callers: ``rlenergy_agent.server`` (signals), ``rlenergy_agent.__main__`` (lifec
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
@@ -50,6 +52,10 @@ from rlenergy_agent.state import MAX_STEPS_KEPT as MAX_STEPS_KEPT
 from rlenergy_agent.state import SignalRefused as SignalRefused
 
 log = logging.getLogger(__name__)
+
+ENDED_PODS_KEPT = 16
+"""Ended pods the node report lists, newest last [MODEL: a rollout loses few ranks a step]."""
+EndedHow = Literal["NotAllocated", "EndedInApi"]
 
 
 @dataclasses.dataclass
@@ -138,6 +144,12 @@ class Agent(ProbeSlices, Parks, StepRecords):
         """Per RL step the time of its ended parks, GPU-s."""
         self.dispatch: api_node.RolloutDispatch | None = None
         """The rollout dispatcher's newest publication on this node."""
+        self.ended_pods: collections.deque[api_node.EndedPod] = collections.deque(
+            maxlen=ENDED_PODS_KEPT
+        )
+        """Governed pods that ended (``pod_gone``), newest last, for the node report."""
+        self.lost_workers: list[str] = []
+        """Rollout worker pods the policy's status names lost (the plan watch sets it)."""
         self.report_due = False
         """Park state or a dispatcher publication changed: the report writer should write."""
         self.discovery: tuple[str, str] | None = None
@@ -382,16 +394,28 @@ class Agent(ProbeSlices, Parks, StepRecords):
             pods = set(self._open) | {p for p in self.pod_of.values() if p is not None}
             return pods | {p.pod for p in self.parked.values()}
 
-    def pod_gone(self, pod: PodRef) -> None:
+    def pod_gone(self, pod: PodRef, how: EndedHow = "NotAllocated") -> None:
         """The pod ended: close its window, end its parks, reset its GPUs to the default.
 
-        Its GPUs are the ones it drove last, parked, or has an open window on.
+        Its GPUs are the ones it drove last, parked, or has an open window on. The node report
+        lists it (``ended_pods``: how it ended, its GPUs, whether all were parked, the newest
+        step seen), so the operator can tell a rollout worker lost mid-rollout.
         """
         with self._lock:
             w = self._open.get(pod)
             parked = [u for u, p in self.parked.items() if p.pod == pod]
             gpus = [u for u, p in self.pod_of.items() if p == pod]
             gpus += [u for u in (*parked, *(w.gpus if w else ())) if u not in gpus]
+            step = max((*self.steps, *(o.step for o in self._open.values())), default=-1)
+            self.ended_pods.append(
+                api_node.EndedPod(
+                    pod=str(pod),
+                    how=how,
+                    gpus=sorted(gpus),
+                    parked=bool(gpus) and set(gpus) <= set(parked),
+                    step=step,
+                )
+            )
             self._end_parks(parked, self._clock())
             if w is not None and gpus:
                 self._close(pod, self.meter.mark(gpus))

@@ -9,6 +9,7 @@ probe records (``_Open``, ``_Probe``, ``_Slice``, ``_Park``) and the limits live
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -206,6 +207,8 @@ class AgentState:
     released_gpu_s: dict[str, float]
     step_released_gpu_s: dict[int, float]
     dispatch: api_node.RolloutDispatch | None
+    ended_pods: collections.deque[api_node.EndedPod]
+    lost_workers: list[str]
     report_due: bool
     discovery: tuple[str, str] | None
     _wake: threading.Event

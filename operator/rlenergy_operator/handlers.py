@@ -334,8 +334,9 @@ def _after_pass(
     if out.plan_changed:
         message = builders.describe_plan(out.plan)
         kopf.event(body, type="Normal", reason="PlanChanged", message=message)
-    if ro.event is not None:
-        kopf.event(body, type=ro.event[0], reason=ro.event[1], message=ro.event[2])
+    for e in (ro.event, ro.fault_event):
+        if e is not None and not (out.degraded_now and out.degraded[1:] == e[1:]):
+            kopf.event(body, type=e[0], reason=e[1], message=e[2])
     _cross_check_events(memo, body, reports)
     if out.degraded_now:
         kopf.event(body, type="Warning", reason=out.degraded[1], message=out.degraded[2])

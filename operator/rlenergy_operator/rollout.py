@@ -25,8 +25,9 @@ no Kubernetes credentials):
   ``rlenergy.io/allow-scale-by`` does not name the policy is never resized; the decision is
   ``ScaleNotAllowed``, the policy ``Degraded`` with how to opt in, re-checked every pass.
 
-Pure: ``layout``, ``floor``, ``newest_dispatch``, ``fold``, ``worker_group``. I/O (through
-``kube``): ``reconcile``. Callers: ``rlenergy_operator.handlers.policy_loop``.
+Pure: ``layout``, ``floor``, ``newest_dispatch``, ``fold``, ``worker_group``; failed shrink
+steps (Degraded, Event, ``status.rollout.failure``): ``rolloutfaults``. I/O (through
+``kube``): ``resize``, ``reconcile``. Callers: ``rlenergy_operator.handlers.policy_loop``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import aggregate
 from rlenergy.control.moe import base as moe_base
 from rlenergy.control.moe import scale
-from rlenergy_operator import kube, optin
+from rlenergy_operator import kube, optin, rolloutfaults
 
 ROLLOUT_PHASE = "generation"
 """The phase whose windows are rollout (occupied GPU time)."""
@@ -158,9 +159,45 @@ class Result:
     status: api_status.RolloutStatus | None
     event: tuple[str, str, str] | None = None
     degraded: tuple[str, str] | None = None
+    fault_event: tuple[str, str, str] | None = None
 
 
 def reconcile(
+    spec: api_policy.RLEnergyPolicySpec,
+    previous: api_status.RolloutStatus | None,
+    reports: Sequence[api_node.NodeReport],
+    namespace: str,
+    now: str,
+    *,
+    policy: str,
+) -> Result:
+    """``resize`` (fold, scale) and the failed shrink steps (``rolloutfaults``).
+
+    ``status.rollout`` gains ``failure`` (the failure that stands), ``reloadedExperts`` and
+    ``placementUnbalanced`` (the newest publication); the policy is Degraded with the
+    failure's reason (after the worker set's opt-in refusal, which the owner must fix first),
+    and ``fault_event`` is a Warning Event for a new failure. Arguments as ``resize``.
+    """
+    res = resize(spec, previous, reports, namespace, now, policy=policy)
+    if res.status is None:
+        return res
+    dispatch = newest_dispatch(reports)
+    fault = rolloutfaults.assess(
+        previous.failure if previous is not None else None, dispatch, reports, now
+    )
+    status = res.status.model_copy(
+        update={
+            "failure": fault.failure,
+            "reloaded_experts": list(dispatch.reloaded_experts) or None if dispatch else None,
+            "placement_unbalanced": dispatch is not None and dispatch.placement_unbalanced,
+        }
+    )
+    return dataclasses.replace(
+        res, status=status, degraded=res.degraded or fault.degraded, fault_event=fault.event
+    )
+
+
+def resize(
     spec: api_policy.RLEnergyPolicySpec,
     previous: api_status.RolloutStatus | None,
     reports: Sequence[api_node.NodeReport],

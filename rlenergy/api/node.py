@@ -312,6 +312,66 @@ class RolloutDispatch(_Wire):
         ge=1,
         description="Workers the next step needs (the operator resizes the worker set).",
     )
+    worker_pods: list[str] = Field(
+        default_factory=list,
+        max_length=4096,
+        description=(
+            "namespace/name of the pod of each active rank, rank order (the operator tells a "
+            "rollout worker pod that ended mid-rollout from any other)."
+        ),
+    )
+    failure: RolloutFailure | None = Field(
+        None, description="The newest shrink step of ``step`` that failed; null: none."
+    )
+    reloaded_experts: list[int] = Field(
+        default_factory=list,
+        max_length=65536,
+        description=(
+            "Experts reloaded onto survivors (a lost rank's, from the weights) or copied to "
+            "them (a committed release) during the step."
+        ),
+    )
+    placement_unbalanced: bool = Field(
+        False,
+        description=(
+            "The survivors host unequal expert counts after reloads or copies, until the "
+            "engine group is rebalanced (a restart or the next placement)."
+        ),
+    )
+
+
+class RolloutFailure(_Wire):
+    """One failed shrink step of the rollout dispatcher (FlexFloor's fail-safe outcome)."""
+
+    reason: Literal["ReleaseAborted", "ResizeInFlight", "RankLost"] = Field(
+        description=(
+            "ReleaseAborted: a release round aborted (a refusal or a missed ack deadline; the "
+            "group is unchanged); ResizeInFlight: the engine's resize was sent and did not "
+            "end within the commit timeout; RankLost: a rank left without a plan (torn down "
+            "abort-style)."
+        )
+    )
+    message: str = Field("", max_length=1024, description="What happened, for the Event.")
+    ranks: list[int] = Field(
+        default_factory=list, max_length=4096, description="Ranks the failure concerns."
+    )
+
+
+class EndedPod(_Wire):
+    """A pod the agent governed that ended; the agent reset its GPUs to the default governor."""
+
+    pod: str = Field(description="namespace/name.")
+    how: Literal["NotAllocated", "EndedInApi"] = Field(
+        description=(
+            "NotAllocated: the kubelet no longer allocates it GPUs; EndedInApi: the API shows "
+            "it deleted, being deleted, terminal or replaced by a pod of another UID."
+        )
+    )
+    gpus: list[str] = Field(default_factory=list, description="Its GPUs, reset.")
+    parked: bool = Field(
+        False, description="Every GPU it held was parked (a released rollout worker)."
+    )
+    step: int = Field(-1, ge=-1, description="Newest RL step the agent had seen then (-1: none).")
 
 
 class NodeReport(_Wire):
@@ -343,4 +403,9 @@ class NodeReport(_Wire):
     )
     rollout: RolloutDispatch | None = Field(
         None, description="The rollout dispatcher's newest publication on this node."
+    )
+    ended_pods: list[EndedPod] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Governed pods that ended, newest last (bounded; FlexFloor's lost ranks).",
     )

@@ -17,6 +17,7 @@ path                      request                  answer (200)
 ``/v1/park``              ``ParkRequest``          ``ParkAnswer``
 ``/v1/unpark``            ``UnparkRequest``        ``UnparkAnswer``
 ``/v1/rollout``           ``RolloutDispatch``      ``PodAnswer``
+``/v1/rollout/lost``      ``LostWorkersRequest``   ``LostWorkersAnswer``
 ========================  =======================  =====================================
 
 Refusals are ``ErrorAnswer`` with status 400 (bad body), 401 (no or invalid token), 403 (the
@@ -155,6 +156,25 @@ class UnparkAnswer(_Wire):
     released_gpu_seconds: float = Field(description="GPU time of the parks ended, GPU-s.")
 
 
+class LostWorkersRequest(_Wire):
+    """Ask which rollout worker pods the operator found lost mid-rollout (no fields)."""
+
+
+class LostWorkersAnswer(_Wire):
+    """The rollout worker pods the policy's status names lost (``status.rollout.failure``).
+
+    The operator sets ``lostWorkers`` from the node agents' ended pods
+    (``rlenergy_operator.rolloutfaults``); the agent follows the policy object and relays it
+    to the dispatcher, which has no Kubernetes credentials and calls
+    ``RolloutPlanner.rank_lost`` for each of its ranks on those pods.
+    """
+
+    pod: str
+    lost_workers: list[str] = Field(
+        default_factory=list, description="namespace/name of each lost rollout worker pod."
+    )
+
+
 class PodAnswer(_Wire):
     """The answer to progress, step and rollout signals: who was heard."""
 
@@ -174,6 +194,7 @@ REQUESTS: dict[str, type[pydantic.BaseModel]] = {
     "/v1/park": ParkRequest,
     "/v1/unpark": UnparkRequest,
     "/v1/rollout": RolloutDispatch,
+    "/v1/rollout/lost": LostWorkersRequest,
 }
 """The request model of each signal path."""
 

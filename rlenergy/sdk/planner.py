@@ -47,6 +47,12 @@ class RankLoss:
         reason: why (for the log and the policy's Degraded condition).
         aborted: the outcome of the round that was open, aborted (``None``: none was open).
         active_workers: the ranks left, ascending.
+        reload: expert -> survivor rank for the experts only the lost rank hosted (per its
+            newest report): the restart loads them from the weights, each onto the survivor
+            hosting the fewest experts then (ties: the lowest rank). Empty when the survivors
+            host them all, or the lost rank never reported.
+        unbalanced: the survivors then host unequal expert counts (the placement is
+            temporarily unbalanced until the engine group is rebalanced).
         teardown: always ``True``: the engine group must be torn down abort-style (its
             collectives include the dead rank) and restarted with ``active_workers``.
     """
@@ -55,6 +61,8 @@ class RankLoss:
     reason: str
     aborted: api.ReleaseOutcome | None
     active_workers: tuple[int, ...]
+    reload: dict[int, int] = dataclasses.field(default_factory=dict)
+    unbalanced: bool = False
     teardown: bool = True
 
 
@@ -257,8 +265,17 @@ class RolloutPlanner:
             aborted = self._decided()
         self._round = None
         self._active = tuple(w for w in self._active if w != rank)
-        self._reports.pop(rank, None)
-        return RankLoss(rank, reason, aborted, self._active)
+        lost = self._reports.pop(rank, None)
+        hosted = {w: set(self._reports[w].experts) for w in self._active if w in self._reports}
+        reload: dict[int, int] = {}
+        if lost is not None and hosted:
+            kept = set().union(*hosted.values())
+            for expert in sorted(set(lost.experts) - kept):
+                target = min(hosted, key=lambda w: (len(hosted[w]), w))
+                hosted[target].add(expert)
+                reload[expert] = target
+        counts = {len(e) for e in hosted.values()}
+        return RankLoss(rank, reason, aborted, self._active, reload, len(counts) > 1)
 
     def observe(self, prompt_ids: Sequence[Hashable], lengths_tokens: Sequence[float]) -> None:
         """After the step: response ``i`` of prompt ``prompt_ids[i]`` had ``lengths_tokens[i]``.

@@ -6,8 +6,10 @@ side of a decision through an ``ElasticEngine`` (``rlenergy.sdk.engines`` or the
 engine): prepare, then commit or abort, so the engine's group is ``activeAfter``, exactly
 ``activeBefore``, or, when a resize was sent and has not ended, reported ``InFlight`` (never
 ``Aborted``: the engine may still be shrinking). ``park_if_released`` then parks a released
-rank's GPUs through its node agent. (The HTTP client of ``/v1/rollout/{placement,progress,
-ack}`` was removed: nothing served those endpoints.)
+rank's GPUs through its node agent. ``failure_of`` turns a failed outcome or a lost rank into
+what the dispatcher publishes (``RLEnergyClient.publish_rollout(failure=...)``), so the
+operator marks the policy Degraded with its reason and an Event. (The HTTP client of
+``/v1/rollout/{placement,progress,ack}`` was removed: nothing served those endpoints.)
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from rlenergy import errors
+from rlenergy.api import node as api_node
 from rlenergy.api import rollout as api
+from rlenergy.sdk import planner
 
 
 def apply_release(engine: api.ElasticEngine, decision: api.ReleaseDecision) -> api.ReleaseOutcome:
@@ -78,6 +82,58 @@ def park_if_released(
         return False  # the engine kept it after all: never park an active rank
     agent.park(step, gpus=gpus)
     return True
+
+
+def failure_of(
+    what: api.ReleaseOutcome | planner.RankLoss,
+) -> api_node.RolloutFailure | None:
+    """What the dispatcher publishes for a failed shrink step; ``None`` for a committed one.
+
+    ``Aborted`` -> ``ReleaseAborted`` (the group is unchanged), ``InFlight`` ->
+    ``ResizeInFlight`` (the engine may still be resizing), a ``RankLoss`` -> ``RankLost``
+    (the rank, the reloaded experts and the abort-style teardown in the message).
+    """
+    if isinstance(what, planner.RankLoss):
+        targets = sorted(set(what.reload.values()))
+        reload = f"; experts {sorted(what.reload)} reloaded onto ranks {targets}" if targets else ""
+        return api_node.RolloutFailure(
+            reason="RankLost",
+            message=(
+                f"rank {what.rank} lost ({what.reason}): engine group torn down abort-style, "
+                f"restarted with ranks {list(what.active_workers)}{reload}"
+            )[:1024],
+            ranks=[what.rank],
+        )
+    if what.status == "Committed":
+        return None
+    return api_node.RolloutFailure(
+        reason="ReleaseAborted" if what.status == "Aborted" else "ResizeInFlight",
+        message=f"release {what.decision_id}: {what.reason or what.status}"[:1024],
+        ranks=list(what.active_workers),
+    )
+
+
+def feed_lost_ranks(
+    rollout_planner: planner.RolloutPlanner,
+    lost_pods: Sequence[str],
+    worker_pods: Sequence[str],
+) -> list[planner.RankLoss]:
+    """Tell the planner about every active rank whose pod was lost (``rank_lost``).
+
+    Args:
+        rollout_planner: the dispatcher's planner.
+        lost_pods: ``namespace/name`` of the lost pods (``RLEnergyClient.lost_workers``).
+        worker_pods: the pod of each rank, rank order (as published in ``workerPods``).
+
+    Returns:
+        One ``RankLoss`` per rank that was still active (tear the group down abort-style).
+    """
+    lost = set(lost_pods)
+    return [
+        rollout_planner.rank_lost(rank, f"pod {pod} ended mid-rollout (RolloutWorkerLost)")
+        for rank, pod in enumerate(worker_pods)
+        if pod in lost and rank in rollout_planner.active_workers
+    ]
 
 
 def _outcome(

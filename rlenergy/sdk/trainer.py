@@ -319,6 +319,10 @@ class RLEnergyClient:
         active_workers: int,
         released_workers: int = 0,
         next_step_workers: int | None = None,
+        worker_pods: Sequence[str] = (),
+        failure: api_node.RolloutFailure | None = None,
+        reloaded_experts: Sequence[int] = (),
+        placement_unbalanced: bool = False,
     ) -> None:
         """Publish the dispatcher's rollout state through this node's agent (node report).
 
@@ -328,6 +332,12 @@ class RLEnergyClient:
             released_workers: workers released during the step.
             next_step_workers: workers the next step needs; with ``releaseAction: scale`` the
                 operator resizes the worker set to it between steps (never below the floor).
+            worker_pods: ``namespace/name`` of each active rank's pod, rank order (the
+                operator marks the policy Degraded when one ends mid-rollout).
+            failure: the step's failed shrink step (``rollout.failure_of``), if any: the
+                operator marks the policy Degraded with its reason and emits an Event.
+            reloaded_experts: experts reloaded onto or copied to survivors in the step.
+            placement_unbalanced: the survivors host unequal expert counts since.
         """
         self._signal(
             "/v1/rollout",
@@ -336,7 +346,22 @@ class RLEnergyClient:
             active_workers=active_workers,
             released_workers=released_workers,
             next_step_workers=next_step_workers,
+            worker_pods=list(worker_pods),
+            failure=failure,
+            reloaded_experts=list(reloaded_experts),
+            placement_unbalanced=placement_unbalanced,
         )
+
+    def lost_workers(self) -> list[str]:
+        """Rollout worker pods (``namespace/name``) the operator found lost mid-rollout.
+
+        The operator sees a worker pod end in its node agent's report and writes it into the
+        policy's ``status.rollout.failure.lostWorkers``; this node's agent relays it. The
+        dispatcher feeds it to its planner (``rollout.feed_lost_ranks``). Empty when none
+        (or, not ``strict``, when the agent cannot be reached).
+        """
+        answer = self._signal("/v1/rollout/lost", signals.LostWorkersRequest)
+        return [str(p) for p in answer.get("lostWorkers") or []]
 
     def close(self) -> None:
         """Close the connection (reopened on the next call)."""

@@ -252,6 +252,28 @@ class ScaleStatus(_Status):
     )
 
 
+class RolloutFailureStatus(_Status):
+    """The newest failed shrink step of the rollout (FlexFloor's fail-safe outcome)."""
+
+    reason: str = Field(
+        description=(
+            "RolloutWorkerLost (a rollout worker pod ended mid-rollout: its node agent saw it "
+            "deleted, preempted or no longer allocated), or the dispatcher's ReleaseAborted, "
+            "ResizeInFlight, RankLost."
+        )
+    )
+    message: str = Field("", description="What happened and what to do.")
+    step: int = Field(ge=0, description="RL step the dispatcher had published last, then.")
+    lost_workers: list[str] | None = Field(
+        None, description="namespace/name of the rollout worker pods that ended mid-rollout."
+    )
+    since: str | None = Field(
+        None,
+        description="RFC 3339 time the operator first saw it.",
+        json_schema_extra={"format": "date-time"},
+    )
+
+
 class RolloutStatus(_Status):
     """MoE rollout worker release (FlexFloor), from the node reports and the worker set.
 
@@ -311,6 +333,27 @@ class RolloutStatus(_Status):
     )
     scale: ScaleStatus | None = Field(
         None, description="Newest resize decision of workerSetRef (releaseAction scale)."
+    )
+    failure: RolloutFailureStatus | None = Field(
+        None,
+        description=(
+            "The newest failed shrink step, while it stands (the policy is Degraded with its "
+            "reason); cleared once the dispatcher publishes a later step without a failure."
+        ),
+    )
+    reloaded_experts: list[int] | None = Field(
+        None,
+        description=(
+            "Experts the dispatcher reloaded onto survivors (a lost rank's) or copied to them "
+            "(a release) in its newest published step."
+        ),
+    )
+    placement_unbalanced: bool = Field(
+        False,
+        description=(
+            "The survivors host unequal expert counts (after reloads or copies) until the "
+            "engine group is rebalanced; the dispatcher's newest publication."
+        ),
     )
 
 

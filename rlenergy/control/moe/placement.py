@@ -506,7 +506,6 @@ def predicted_makespan_s(
     return max((model.finish_s(x) for x in loads), default=0.0)
 
 
-
 def place_lockstep(predicted_tokens: Sequence[float], ranks: int) -> tuple[int, ...]:
     """Deal a batch over the ranks of one lock-stepped EP group, longest predicted first.
 

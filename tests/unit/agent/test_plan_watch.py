@@ -147,3 +147,34 @@ def test_first_listing_error_is_raised_by_poll():
         api.hold.set()
     w._thread.join(timeout=5)
     assert not w._thread.is_alive()
+
+
+def test_lost_rollout_workers_are_relayed_to_the_dispatcher(make_driver):
+    # The operator names lost rollout worker pods in status.rollout.failure; the watch keeps
+    # them and the agent answers /v1/rollout/lost with them (the dispatcher has no API access).
+    from agent_support import standin_agent
+    from rlenergy_agent import server, service
+
+    from rlenergy.api import signals
+
+    lost = _policy(3, "9")
+    lost["status"]["rollout"] = {
+        "failure": {"reason": "RolloutWorkerLost", "step": 3, "lostWorkers": ["ns/worker-1"]}
+    }
+    api = _Api([_listing("10", lost)], [[{"type": "MODIFIED", "object": _policy(4, "12")}]])
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        w.poll()
+        assert w.lost_workers in (["ns/worker-1"], [])  # the MODIFIED event may be in already
+        _until(lambda: (p := w.poll()[1]) is not None and p.step == 4)
+        assert w.lost_workers == []  # the failure was cleared
+    finally:
+        w.stop()
+        api.hold.set()
+    pod = service.PodRef("ns", "dispatcher", "")
+    drv = make_driver(1)
+    agent = standin_agent({pod: list(drv.uuids)}, None, lambda: drv.virtual_s)
+    agent.lost_workers = ["ns/worker-1"]
+    answer = server.dispatch(agent, pod, signals.LostWorkersRequest(), 0.0)
+    assert isinstance(answer, signals.LostWorkersAnswer)
+    assert answer.lost_workers == ["ns/worker-1"] and answer.pod == str(pod)

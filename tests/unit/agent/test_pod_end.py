@@ -57,6 +57,16 @@ def test_a_pod_the_kubelet_drops_is_reset_parked_gpu_included(make_driver: Drive
     assert POD_A not in agent.governed_pods() and agent.report_due
     rep = {g.uuid: g for g in agent.report().gpus}
     assert all(rep[u].locked_clock_mhz is None and rep[u].pod is None for u in a)
+    # The report lists it (how, its GPUs, not all parked, the step): the operator tells a
+    # rollout worker lost mid-rollout from it (rlenergy_operator.rolloutfaults).
+    (ended,) = agent.report().ended_pods
+    assert (ended.pod, ended.how, ended.gpus, ended.parked, ended.step) == (
+        str(POD_A),
+        "NotAllocated",
+        sorted(a),
+        False,
+        0,
+    )
     assert watch.tick() == []  # once
 
 
@@ -65,8 +75,10 @@ def test_a_pod_that_only_parked_is_reset_too(make_driver: DriverFactory) -> None
     agent = standin_agent({POD_A: list(drv.uuids)}, PLAN, lambda: drv.virtual_s)
     agent.park(POD_A, 3)
     assert all(drv.gpu(u).locked for u in drv.uuids)
-    agent.pod_gone(POD_A)
+    agent.pod_gone(POD_A, "EndedInApi")
     assert not any(drv.gpu(u).locked for u in drv.uuids) and not agent.parked
+    (ended,) = agent.report().ended_pods
+    assert ended.parked and ended.how == "EndedInApi"  # a released worker, removed as planned
 
 
 def test_api_check_runs_every_check_s_and_survives_errors(make_driver: DriverFactory) -> None:
