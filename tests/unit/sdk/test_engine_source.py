@@ -8,6 +8,7 @@ reads the modules out of the wheels (zip files) and parses them with ``ast``. We
   (``new_data_parallel_size``, ``drain_timeout``) and answers 408 on a drain timeout;
   ``/is_scaling_elastic_ep`` is a route of the adapter's method whose reply carries
   ``is_scaling_elastic_ep`` and the adapter's error field;
+* the progress sources (``rlenergy.sdk.progress.ENGINES``) name the same versions;
 * SGLang: the same routes with SGLang's methods (the status route is a GET) and body field
   (``new_ep_size``); ``TokenizerManager.get_elastic_ep_state`` returns the fields the
   adapter reads; the scheduler refuses a ``new_ep_size`` not above the current size (so the
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from rlenergy.sdk import engines
+from rlenergy.sdk import engines, progress
 
 ROOT = Path(__file__).resolve().parents[3]
 PINS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["rlenergy"]["engines"]
@@ -144,3 +145,8 @@ def test_sglang_routes_methods_fields_and_scale_up_only():
     )
     # The refusal itself is tested in tests/unit/sdk/test_sdk_engines.py.
     assert refuses_shrink, "SGLang can shrink now: SglangElasticEngine must stop refusing"
+
+
+def test_one_pin_for_adapters_and_progress_sources():
+    # The progress sources' metric names were read from the same versions (rlenergy.sdk.progress).
+    assert {name: c.version for name, c in progress.ENGINES.items()} == PINS
