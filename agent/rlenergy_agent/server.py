@@ -1,12 +1,12 @@
 """The agent's two listeners: the trainer signal socket and the health/metrics port.
 
 * Signals: HTTP over a Unix socket (``/v1/phase``, ``/v1/progress``, ``/v1/step``; FlexFloor:
-  ``/v1/park``, ``/v1/unpark``, ``/v1/rollout``, ``/v1/rollout/lost``), mounted into trainer pods; bodies and
-  answers are the models of ``rlenergy.api.signals``. Each request carries the pod's projected
-  service-account token (``Authorization: Bearer``); ``identity.TokenAuthenticator`` checks it
-  (TokenReview, cached) and ``identity.authorize`` decides, in one place, that the pod is on
-  this node and names only its own GPUs. No token or a bad one: 401; another node's pod or
-  another pod's GPUs: 403.
+  ``/v1/park``, ``/v1/unpark``, ``/v1/rollout``, ``/v1/rollout/lost``), mounted into trainer
+  pods; bodies and answers are the models of ``rlenergy.api.signals``. Each request carries
+  the pod's projected service-account token (``Authorization: Bearer``);
+  ``identity.TokenAuthenticator`` checks it (TokenReview, cached) and ``identity.authorize``
+  decides, in one place, that the pod is on this node and names only its own GPUs. No token
+  or a bad one: 401; another node's pod or another pod's GPUs: 403.
 * Health and metrics: HTTP on ``127.0.0.1`` by default: ``/metrics`` (scrape-time collection),
   ``/healthz`` (NVML answers on some GPU, case #11a), ``/readyz`` (GPUs discovered, plan known).
 
