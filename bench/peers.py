@@ -15,7 +15,8 @@ seeds (every method runs on the same ``Job``: same steps, noise draws and GPUs):
 Saving = energy per valid token saved vs the default governor; throughput = default time / run
 time. ``EE/online`` = EE-RL's saving / the best online peer's among those whose throughput
 keeps the threshold (``inf`` when none saves anything); ``EE/static`` = EE-RL's / the best
-hindsight static clock's. The last line:
+hindsight static clock's. The line before the last gives the ceiling of both ratios, the
+per-phase oracle (no learning cost) in EE-RL's place; the last line:
 ``worst EE-RL / best online peer X; worst EE-RL / best hindsight static clock Y``.
 
 Usage: ``python bench/peers.py [--steps 200] [--seeds 0,1,2] [--traces a,b] [--json out]``
@@ -147,6 +148,12 @@ def main() -> int:
                     "ee_to_online": _ratio(ee, max(ok_online, default=0.0)),
                     "ee_to_static_clock": _ratio(ee, methods["static-clock"][0]),
                     "ee_to_oracle": _ratio(ee, methods["oracle"][0]),
+                    "oracle_to_online": _ratio(
+                        methods["oracle"][0], max(ok_online, default=0.0)
+                    ),
+                    "oracle_to_static_clock": _ratio(
+                        methods["oracle"][0], methods["static-clock"][0]
+                    ),
                 }
                 rows.append(row)
                 print(
@@ -182,6 +189,16 @@ def main() -> int:
         f"worst rows: online {worst_online['trace']} {worst_online['gpu']} "
         f"{worst_online['mode']}; static clock {worst_static['trace']} {worst_static['gpu']} "
         f"{worst_static['mode']}"
+    )
+    # The ceiling: the per-phase oracle (no learning cost) in EE-RL's place on every row.
+    cap_online = min(rows, key=lambda r: r["oracle_to_online"])
+    cap_static = min(rows, key=lambda r: r["oracle_to_static_clock"])
+    print(
+        f"ceiling (per-phase oracle in EE-RL's place): worst oracle / best online peer "
+        f"{cap_online['oracle_to_online']:.2f} ({cap_online['trace']} {cap_online['gpu']} "
+        f"{cap_online['mode']}); worst oracle / best hindsight static clock "
+        f"{cap_static['oracle_to_static_clock']:.2f} ({cap_static['trace']} "
+        f"{cap_static['gpu']} {cap_static['mode']})"
     )
     print(
         f"worst EE-RL / best online peer {worst_online['ee_to_online']:.2f}; "
