@@ -57,8 +57,6 @@ CFG = op_settings.OperatorConfig()
 RESOURCE = (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL)
 REPORT_RESOURCE = (api_nodereport.GROUP, api_nodereport.VERSION, api_nodereport.PLURAL)
 DAEMONSET = f"{CFG.namespace}/{CFG.agent_daemonset_name}"
-ECHOES = liveness.EchoTracker(CFG.watch_echo_bound_s)
-"""Status writes of the job loop waiting for the policy watch to bring them back."""
 
 
 @dataclasses.dataclass
@@ -103,12 +101,17 @@ def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     """Apply the kopf settings (finalizer, status storage, peering, timeouts); serve metrics.
 
     The global memo gets the operator-wide state; kopf gives each object a shallow copy, so
-    every policy and node report sees the same ``checkpoints`` and ``agent_check``.
+    every policy and node report sees the same ``checkpoints``, ``agent_check``, ``echoes``
+    (status writes waiting for the policy watch) and ``watch_lag`` (the API server's versions
+    against the watches').
     """
     op_settings.configure_kopf(settings, CFG)
     metrics.serve(CFG.metrics_port)
     memo["checkpoints"] = {}  # (namespace, policy) -> the loop's totals.throughStep
     memo["agent_check"] = AgentCheck()
+    memo["echoes"] = liveness.EchoTracker(CFG.watch_echo_bound_s)
+    stale_s = 3 * CFG.watch_check_interval_s + 2 * CFG.request_timeout_s
+    memo["watch_lag"] = liveness.WatchLag(CFG.watch_echo_bound_s, stale_s)
 
 
 def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
@@ -116,14 +119,18 @@ def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
 
 
 @kopf.on.probe(id="policy_watch")
-def policy_watch_probe(**_: Any) -> str:
-    """Liveness: fail while a status write has not come back through the policy watch.
+def policy_watch_probe(memo: kopf.Memo, **_: Any) -> str:
+    """Liveness: fail while the watches do not deliver what the API server has.
+
+    Not while the API server is unreachable (``liveness.WatchLag``: a restart would not help).
 
     Raises:
-        kopf.PermanentError: a write waited longer than ``watch_echo_bound_s`` (``/healthz``
-            then answers 500 and the kubelet restarts the operator).
+        kopf.PermanentError: a status write has not come back through the policy watch, or
+            an object listed by the API server has not been delivered at that version, for
+            longer than ``watch_echo_bound_s`` (``/healthz`` then answers 500 and the kubelet
+            restarts the operator).
     """
-    overdue = ECHOES.overdue()
+    overdue = memo["echoes"].overdue()
     if overdue:
         key, waited = max(overdue.items(), key=lambda kv: kv[1])
         ns, name = cast(tuple[str, str], key)
@@ -131,7 +138,34 @@ def policy_watch_probe(**_: Any) -> str:
             f"policy watch silent: the status written to {ns}/{name} {waited:.0f} s ago never "
             f"came back ({len(overdue)} policies waiting)"
         )
+    silent = memo["watch_lag"].silent()
+    if silent:
+        (plural, ns, name), waited = max(silent.items(), key=lambda kv: kv[1])
+        raise kopf.PermanentError(
+            f"watches silent: the API server has had {plural} {ns}/{name} for {waited:.0f} s "
+            f"at a version the watch never delivered ({len(silent)} objects waiting)"
+        )
     return "ok"
+
+
+@kopf.timer(*RESOURCE, interval=CFG.watch_check_interval_s, idle=None)
+def policy_watch_check(*, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """The API server's versions of the watched objects, for the probe (``liveness.WatchLag``).
+
+    One metadata-only read per kind every ``watch_check_interval_s`` serves every policy; a
+    failed read (API server unreachable) judges nothing.
+    """
+    lag: liveness.WatchLag = memo["watch_lag"]
+    if not lag.due(0.9 * CFG.watch_check_interval_s):
+        return
+    started_s = lag.now()
+    try:
+        versions = kube.watched_versions(CFG.served_namespaces, CFG.request_timeout_s)
+    except kube.ApiError as exc:
+        logger.info("watch check: API server read failed: %s %s", exc.status, exc.reason)
+        lag.unreachable()
+        return
+    lag.listed(versions, started_s)
 
 
 @kopf.on.resume(*RESOURCE)
@@ -185,11 +219,12 @@ def policy_node_reports(
     (``reports.ReportCache``); records already folded into the policy's totals are dropped.
     kopf calls no other handler before the first listing is indexed.
     """
+    version = str(meta.get("resourceVersion") or "")
+    memo["watch_lag"].delivered((api_nodereport.PLURAL, str(namespace), name), version)
     policy = spec.get("policyName")
     if not policy:
         return None
     key = (str(namespace), str(policy))
-    version = str(meta.get("resourceVersion") or "")
     after = memo["checkpoints"].get(key, -1)
     return {key: node_reports.IndexedReport.from_spec(name, version, spec, after)}
 
@@ -233,6 +268,12 @@ def _fold(
     return loop, reports, folded
 
 
+def _delivered(memo: kopf.Memo, key: tuple[str, str], version: str) -> None:
+    """The policy watch brought ``key`` at ``version`` (what the liveness probe compares)."""
+    memo["watch_lag"].delivered((api_policy.PLURAL, *key), version)
+    memo["echoes"].seen(key, version)
+
+
 @kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None)
 @metrics.counted("policy_loop")
 def policy_loop(
@@ -254,10 +295,10 @@ def policy_loop(
     Not before ``policy_reconcile`` recorded this generation: kopf runs timers beside change
     handlers, and a pass on the older status would drop the Ready it is about to set.
     """
+    key, version = (str(namespace), name), str(meta.get("resourceVersion") or "")
+    _delivered(memo, key, version)
     if meta.get("deletionTimestamp"):
         return
-    key, version = (str(namespace), name), str(meta.get("resourceVersion") or "")
-    ECHOES.seen(key, version)
     conds = _pass(meta, status)
     if status.get("observedGeneration") != conds.generation:
         return
@@ -273,7 +314,7 @@ def policy_loop(
     out = loopstatus.assemble(loop, reports, status.get("plan"), conds, *_findings(memo, conds, ro))
     new = dict(out.fields) | ({} if ro.status is None else {"rollout": _dump(ro.status)})
     if _write_status(patch, status, new):
-        ECHOES.wrote(key, version)
+        memo["echoes"].wrote(key, version)
     _after_pass(memo, key, loop, reports, folded, body, out, ro, logger)
 
 
@@ -451,7 +492,7 @@ def policy_delete(
     """Hold the finalizer until the GPUs are reset (or the deadline), then clean up."""
     memo["checkpoints"].pop((str(namespace), name), None)
     metrics.policy_gone(str(namespace), name)
-    ECHOES.forget((str(namespace), name))
+    memo["echoes"].forget((str(namespace), name))
     conds = _pass(meta, status)
     reset = jobloop.reset_plan(status.get("plan") or {}, conds.generation, conds.now)
     if reset is not None:

@@ -371,3 +371,37 @@ def patch_ray_worker_group(
     api.patch_namespaced_custom_object(
         group, version, namespace, plural, name, ops, _content_type="application/json-patch+json"
     )
+
+
+@_unreachable_is_api_error
+def watched_versions(
+    namespaces: Sequence[str] = (), timeout_s: float = 30.0
+) -> dict[tuple[str, str, str], str]:
+    """``(plural, namespace, name) -> resourceVersion`` of every RLEnergyPolicy and node report.
+
+    Metadata-only lists (``PartialObjectMetadataList``, no specs or statuses), cluster-wide or
+    one per namespace in ``namespaces``: what the operator's watches should have delivered
+    (``liveness.WatchLag``). Each request gives up after ``timeout_s`` seconds (a connection
+    that stopped answering is dropped; the next read opens a new one).
+    """
+    api = kubernetes.client.CustomObjectsApi(_api())
+    out: dict[tuple[str, str, str], str] = {}
+    kw: dict[str, Any] = {"_headers": {"Accept": _METADATA_LIST}, "_request_timeout": timeout_s}
+    for group, version, plural in (
+        (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL),
+        (api_nodereport.GROUP, api_nodereport.VERSION, api_nodereport.PLURAL),
+    ):
+        listings = (
+            [
+                api.list_namespaced_custom_object(group, version, ns, plural, **kw)
+                for ns in namespaces
+            ]
+            if namespaces
+            else [api.list_cluster_custom_object(group, version, plural, **kw)]
+        )
+        for listing in listings:
+            for item in (cast(dict[str, Any], listing) or {}).get("items") or []:
+                meta = item["metadata"]
+                key = (plural, str(meta.get("namespace") or ""), str(meta["name"]))
+                out[key] = str(meta["resourceVersion"])
+    return out

@@ -108,8 +108,13 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """Seconds between checks that every GPU node has a node agent: one list of all nodes
     (their GPU label, taints, allocatable GPUs) for all policies. Default 60 s."""
     watch_echo_bound_s: float = pydantic.Field(180.0, gt=0)
-    """Seconds a status write may wait for the policy watch to bring it back before the
-    liveness probe fails (``rlenergy_operator.liveness``). Default 180 s."""
+    """Seconds a status write may wait for the policy watch to bring it back, and an object
+    the API server lists may wait for its watch to deliver that version, before the liveness
+    probe fails (``rlenergy_operator.liveness``). Default 180 s."""
+    watch_check_interval_s: float = pydantic.Field(30.0, gt=0)
+    """Seconds between reads of the watched objects' versions from the API server (one
+    metadata-only list per kind, for all policies) that the liveness probe compares with
+    what the watches delivered. Default 30 s."""
     metrics_port: int = pydantic.Field(0, ge=0, le=65535)
     """Port of the operator's Prometheus ``/metrics`` on all addresses; 0: off. Default 0 (the
     Helm chart sets ``operator.metricsPort``, 8081)."""
@@ -199,7 +204,11 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
     settings.execution.default_backoff = cfg.retry_delay_s
     settings.networking.request_timeout = cfg.request_timeout_s
     settings.networking.connect_timeout = 5
-    # Watches end server-side and reconnect (410 Gone is handled by kopf's relist).
+    # Watches end server-side and reconnect: never unset (a watch with no timeouts can hang on
+    # a half-open connection; tests/unit/operator/test_liveness.py holds them). 410 Gone:
+    # kopf's relist, in kopf/_cogs/clients/watching.py: continuous_watch() returns on an ERROR
+    # event with code 410, and infinite_watch() calls it again, which lists before it watches
+    # (fetching.fetch_objs); we hold no resourceVersion of our own across kopf's watches.
     settings.watching.server_timeout = cfg.watch_server_timeout_s
     settings.watching.client_timeout = cfg.watch_server_timeout_s + 30
     settings.watching.connect_timeout = 5

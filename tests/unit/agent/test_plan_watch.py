@@ -119,7 +119,11 @@ def test_deleted_policy_reads_as_gone_and_410_lists_again():
     w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
     try:
         _until(lambda: (p := w.poll()[1]) is not None and p.step == 4)  # relisted after 410
-        assert sum(1 for c in api.calls if not c.get("watch")) >= 2
+        _until(lambda: len([c for c in api.calls if c.get("watch")]) == 2)
+        time.sleep(0.2)
+        # One relist, then a watch from the new list's version: no loop on the stale "6".
+        assert sum(1 for c in api.calls if not c.get("watch")) == 2
+        assert [c["resource_version"] for c in api.calls if c.get("watch")] == ["5", "20"]
     finally:
         w.stop()
         api.hold.set()
