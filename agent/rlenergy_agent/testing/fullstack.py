@@ -514,17 +514,26 @@ class FullStack:
                         clock = last_clock.get(a.node, float(self.sku.max_sm_clock_mhz))
                     last_clock[a.node] = clock
                     seen.add(_lock_of(a))
-                a.driver.advance(dt)
                 if a not in running:
+                    a.driver.advance(dt)
                     continue
-                work[a.node] += dt / phase_time(clock)
+                left_s = (1.0 - work[a.node]) * phase_time(clock)
+                if dt < left_s:
+                    a.driver.advance(dt)
+                    work[a.node] += dt / phase_time(clock)
+                else:
+                    # The work ends inside this tick: the GPUs idle for the rest of it (booked
+                    # under the phase, which the agent's window still spans until the signal).
+                    a.driver.advance(left_s)
+                    a.driver.set_work(a.uuids, "idle", label)
+                    a.driver.advance(dt - left_s)
+                    work[a.node] = 1.0
                 assert a.callback is not None
                 done = min(work[a.node], 1.0)
                 a.callback.on_phase_progress(tokens * (1.0 - (1.0 - done) ** pw.progress_shape))
                 if work[a.node] >= 1.0:
                     finished.append(a)
-                    over_s = (work[a.node] - 1.0) * phase_time(clock)
-                    done_at[a.node] = now - start - over_s
+                    done_at[a.node] = now - start - (dt - left_s)
             for a in finished:
                 assert a.callback is not None
                 if phase == "generation":

@@ -83,11 +83,14 @@ that would save at least this share of energy per token more than the lock [heur
 ASYNC_MIN_HISTORY = 8
 """Plain steps of pool-time history before a pool's threshold is relaxed: the max of two
 pools depends on their joint spread, which two warm-up steps cannot show [heuristic]."""
-SLICE_PER_PROGRESS_GAP = 2.0
-"""Shortest probe slice in gaps between the trainer's progress reports: a slice's progress is
-interpolated from the reports around its boundaries, so a slice must span at least two report
-gaps (the mean report interval of the phase's newest window; one late report does not
-disqualify a phase) for reports inside it to carry its rate [heuristic]. Without reports
+SLICE_PER_PROGRESS_GAP = 4.0
+"""Shortest probe slice in gaps between the trainer's progress reports: a slice's rate comes
+from the reports inside it (``rlenergy_agent.probes.slice_progress``; a report interval that
+straddles a switch mixes two clocks), so a slice must span enough report gaps (the mean report
+interval of the phase's newest window; one late report does not disqualify a phase) for at
+least two reports to fall inside it when the gaps vary: four [heuristic; at two, a full-stack
+run with 16 ms median trainer ticks read training slices through the interpolated fallback
+and locked a clock whose true ratio was 0.933 against 0.97]. Without reports
 (``PhaseObservation.progress_gap_s`` infinite) no slice can be resolved and trials alternate
 whole steps (whole-phase evidence)."""
 ASYNC_SLACK = 0.05
