@@ -20,8 +20,9 @@ slices in order, the partial last one included.
 
 ``Agent`` keeps the lock, the shared state (``state.AgentState``) and the phase windows, and
 delegates one concern per module: ``probes`` (probe slices and the prober thread), ``parks``
-(parked rollout workers), ``records`` (step records and the node report); the pod map's types
-are in ``pods``.
+(parked rollout workers), ``records`` (step records and the node report), ``observe`` (the
+sampling loop's clock read-backs and stall samples of open windows); the pod map's types are in
+``pods``.
 
 Callers: ``rlenergy_agent.server`` (signals), ``rlenergy_agent.__main__`` (lifecycle),
 ``rlenergy_agent.metrics`` (``snapshot``).
@@ -38,9 +39,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from rlenergy.api import node as api_node
-from rlenergy.gpu import base, errors
 from rlenergy_agent import actuator as act
 from rlenergy_agent import crosscheck, energy, histogram, shares, stalls
+from rlenergy_agent.observe import WindowObservations
 from rlenergy_agent.parks import Parks
 from rlenergy_agent.pods import PodMap as PodMap
 from rlenergy_agent.pods import PodRef as PodRef
@@ -75,7 +76,7 @@ class PhaseResult:
     closed: api_node.PhaseWindowReport | None
 
 
-class Agent(ProbeSlices, Parks, StepRecords):
+class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
     """One node's agent for one policy.
 
     Args:
@@ -293,74 +294,6 @@ class Agent(ProbeSlices, Parks, StepRecords):
         if probing:
             self._wake.set()
         return PhaseResult(gpus, results, latency, closed)
-
-    def _observe_clocks(self, pod: PodRef, gpus: Sequence[str]) -> None:
-        """Read back the SM clock of a pod's busy GPUs into its open window (lowest wins)."""
-        w = self._open.get(pod)
-        if w is None:
-            return
-        for u in gpus:
-            ctl = self.actuator.controls.get(u)
-            if ctl is None or ctl.condition == "lost" or u in self.parked:
-                continue
-            gpu = self.actuator.gpus[u]
-            try:
-                reasons = gpu.clock_event_reasons()
-                if base.ClockEventReason.GPU_IDLE in reasons:
-                    continue
-                w.applied.append(gpu.sm_clock_mhz())
-                w.slowdown = w.slowdown or bool(reasons & base.SLOWDOWN_REASONS)
-            except errors.GpuError as exc:
-                log.debug("clock read-back on %s failed: %s", u, exc)
-
-    def _observe_stall(self, pod: PodRef) -> None:
-        """One stall sample of the pod's window (``stalls``): progress, in flight, power."""
-        w = self._open.get(pod)
-        if w is None or w.stall is None or not w.gpus:
-            return
-        watch = w.stall
-        mark = self.meter.mark(w.gpus)
-        prev = watch._last_mark  # noqa: SLF001 - the previous sample's mark, for power
-        power: float | None = None
-        if prev is not None:
-            win = self.meter.window(prev, mark)
-            if win.energy_j is not None and win.duration_s > 0:
-                power = win.energy_j / win.duration_s / len(w.gpus)
-        change = watch.sample(mark.t_s, w.progress, power, mark)
-        if change is not None:
-            self.report_due = True
-            log.warning(
-                "pod %s %s step %d: stall %s (progress %.0f, stalled %.0f s, %s in flight, "
-                "%.0f W per GPU, band %.0f W)",
-                pod,
-                w.phase,
-                w.step,
-                change,
-                w.progress,
-                watch.stalled_s(mark.t_s),
-                watch.in_flight,
-                power or 0.0,
-                watch.band_w,
-            )
-
-    def stalled_since_s(self, uuid: str) -> float | None:
-        """How long the window on ``uuid`` is stalled, s (``None``: not stalled)."""
-        pod = self.pod_of.get(uuid)
-        w = self._open.get(pod) if pod is not None else None
-        if w is None or w.stall is None or not w.stall.stalled:
-            return None
-        return max(self._clock() - w.stall.stalls[-1].start_s, 0.0)
-
-    def observe(self) -> None:
-        """Read back clocks of every open window and of due locks (the sampling loop)."""
-        with self._lock:
-            for pod in list(self._open):
-                self._observe_clocks(pod, self.gpus_of(pod)[0])
-                self._observe_stall(pod)
-            if self.actuator.watch_caps():
-                self.report_due = True  # an unexplained shortfall: report it now
-            if self.crosscheck.tick():
-                self.report_due = True  # counter and power disagree: report both numbers
 
     # ----- in-phase probes ------------------------------------------------------------------
 
