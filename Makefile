@@ -12,7 +12,7 @@ MODE ?= sync
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
 .PHONY: bench-scale test-chaos test-field test-privilege mutation test-realnode
-.PHONY: bench-peers test-peers engine-wheels
+.PHONY: bench-peers test-peers engine-wheels venv-verl test-verl
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,22 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 venv: $(STAMP)
+
+## The pinned verl (PyPI verl==0.9.1, --no-deps + the packages its imported modules need, PyPI's
+## torch) in its own venv layered over .venv (hack/verl-venv.sh); cached: rebuilt only when the
+## list changes.
+VERL_VENV ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.verl-stamp
+$(VERL_STAMP): $(STAMP) hack/verl-venv.sh hack/verl-requirements.txt
+	bash hack/verl-venv.sh $(VERL_VENV) $(VENV) $(PYTHON)
+	@touch $@
+
+venv-verl: $(VERL_STAMP)
+
+## The verl integration's tests alone (tests/verl, in .venv-verl; also in `make test`): the hook
+## through verl's real classes, valid tokens from a real DataProto, the docs' one setting.
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 
 ## The full stack on this machine (no GPU, no Docker): dev cluster + helm install + operator and
 ## 3 node agents on the stand-in NVML + a verl trace through the SDK; `make demo SIM_ONLY=1` or
@@ -59,8 +75,9 @@ lint: $(STAMP)
 
 ## The full test suite: lint, unit, end-to-end against the real control plane, then the chaos
 ## suite (tests/chaos: its own dev cluster, fault injection; also alone as `make test-chaos`).
-test: $(STAMP) bins images engine-wheels lint
+test: $(STAMP) $(VERL_STAMP) bins images engine-wheels lint
 	$(PY) -m pytest -q
+	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 	$(PY) -m pytest -q -m chaos tests/chaos
 
 unit: $(STAMP) engine-wheels
@@ -137,4 +154,4 @@ test-images: images
 	$(PY) -m pytest -q -m images tests/images
 
 clean:
-	rm -rf $(VENV) out .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) out .mypy_cache .ruff_cache .pytest_cache

@@ -8,11 +8,16 @@ There are no skips: a missing binary fails with the command that builds it.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 
 import pytest
 
 from rlenergy.devcluster import DevCluster, MissingBinaryError
+
+# tests/verl run in .venv-verl, which has the pinned verl (`make test-verl`, part of `make
+# test`); the main venv has no verl or torch by design.
+collect_ignore = [] if importlib.util.find_spec("verl") else ["verl"]
 
 
 @pytest.fixture(scope="session")

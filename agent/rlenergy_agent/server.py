@@ -84,8 +84,8 @@ def dispatch(
             agent.progress(pod, req.amount, req.in_flight)
         return signals.PodAnswer(pod=who)
     if isinstance(req, signals.StepRequest):
-        agent.end_step(pod, req.step, req.workload)
-        return signals.PodAnswer(pod=who)
+        energy = agent.end_step(pod, req.step, req.workload)
+        return signals.StepAnswer(pod=who, phase_energy_joules=energy)
     if isinstance(req, signals.ParkRequest):
         parked = agent.park(pod, req.step, gpu_uuids=req.gpus)
         return signals.ParkAnswer(

@@ -114,6 +114,8 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
         self._open: dict[PodRef, _Open] = {}
         self.steps: dict[int, dict[str, list[api_node.PhaseWindowReport]]] = {}
         self.workloads: dict[int, api_node.TokenWorkloadReport] = {}
+        self.pod_energy: dict[tuple[PodRef, int], dict[str, float | None]] = {}
+        """Energy of each pod's phase windows per (pod, step) and phase, J, until its step ends."""
         self.phase_of: dict[str, str] = {u: "idle" for u in actuator.gpus}
         self.pod_of: dict[str, PodRef | None] = {u: None for u in actuator.gpus}
         self.phase_energy_j: dict[tuple[str, str], float] = {}
@@ -297,8 +299,14 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
 
     # ----- in-phase probes ------------------------------------------------------------------
 
-    def end_step(self, pod: PodRef, step: int, workload: api_node.TokenWorkloadReport) -> None:
+    def end_step(
+        self, pod: PodRef, step: int, workload: api_node.TokenWorkloadReport
+    ) -> dict[str, float | None]:
         """``pod`` finished RL step ``step``: close its window and file the step's workload.
+
+        Returns:
+            The energy of ``pod``'s phase windows of the step per phase, J (``None``: some
+            window's energy is unknown), the trainer's ``rlenergy/energy/*`` metrics.
 
         Raises:
             SignalRefused: a negative step (it would make every later node report invalid).
@@ -320,6 +328,16 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             self.valid_tokens_total += workload.valid_tokens - (old.valid_tokens if old else 0.0)
             self.workloads[step] = workload
             self.dirty_steps.add(step)
+            return self._pod_step_energy(pod, step)
+
+    def _pod_step_energy(self, pod: PodRef, step: int) -> dict[str, float | None]:
+        """Energy of ``pod``'s windows of ``step`` per phase, J (caller holds the lock).
+
+        Forgets the pod's older steps.
+        """
+        for key in [k for k in self.pod_energy if k[0] == pod and k[1] < step]:
+            del self.pod_energy[key]
+        return self.pod_energy.pop((pod, step), {})
 
     def governed_pods(self) -> set[PodRef]:
         """Pods this agent acts for: an open window, a GPU they drove last, or a park."""
@@ -352,6 +370,8 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             self._end_parks(parked, self._clock())
             if w is not None and gpus:
                 self._close(pod, self.meter.mark(gpus))
+            for key in [k for k in self.pod_energy if k[0] == pod]:
+                del self.pod_energy[key]
             self.actuator.release(gpus, f"pod {pod} ended")
             for u in gpus:
                 self.phase_of[u] = "idle"
@@ -445,6 +465,9 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             else min(stalled_j, win.energy_j if win.energy_j is not None else stalled_j),
         )
         self.steps.setdefault(w.step, {}).setdefault(w.phase, []).append(report)
+        mine = self.pod_energy.setdefault((pod, w.step), {})
+        prev = mine.get(w.phase, 0.0)
+        mine[w.phase] = None if prev is None or win.energy_j is None else prev + win.energy_j
         self.dirty_steps.add(w.step)
         self._count(win, w.phase)
         self._trim()

@@ -181,6 +181,19 @@ class PodAnswer(_Wire):
     pod: str
 
 
+class StepAnswer(_Wire):
+    """The answer to a step signal: the step's energy on the caller's GPUs, per phase."""
+
+    pod: str
+    phase_energy_joules: dict[str, float | None] = Field(
+        default_factory=dict,
+        description=(
+            "Energy the agent metered on the calling pod's GPUs in each phase window of the "
+            "step, J (summed over the pod's windows; null: a window's energy is unknown)."
+        ),
+    )
+
+
 class ErrorAnswer(_Wire):
     """Any refusal (4xx/5xx): what is wrong and what to change."""
 

@@ -275,8 +275,14 @@ class RLEnergyClient:
         prompt_tokens: float,
         valid_tokens: float,
         mean_context_tokens: float = 0.0,
-    ) -> None:
-        """Close RL step ``step`` with its token workload (valid tokens: the objective's unit)."""
+    ) -> dict[str, Any]:
+        """Close RL step ``step`` with its token workload (valid tokens: the objective's unit).
+
+        Returns:
+            The agent's answer (``signals.StepAnswer``: ``phaseEnergyJoules``, the energy the
+            agent metered on this pod's GPUs per phase of the step, J); empty when the agent
+            was unreachable and not ``strict``.
+        """
         workload = api_node.TokenWorkloadReport(
             samples=samples,
             response_tokens=response_tokens,
@@ -284,7 +290,7 @@ class RLEnergyClient:
             valid_tokens=valid_tokens,
             mean_context_tokens=mean_context_tokens,
         )
-        self._signal("/v1/step", signals.StepRequest, step=step, workload=workload)
+        return self._signal("/v1/step", signals.StepRequest, step=step, workload=workload)
 
     def park(self, step: int, *, gpus: Sequence[str] = ()) -> dict[str, Any]:
         """Park this pod's GPUs (or ``gpus``, each the pod's own): a released rollout worker.

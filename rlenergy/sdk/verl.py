@@ -1,23 +1,24 @@
-"""A verl-style trainer callback that signals phases to the node agent.
+"""Phase hooks for a hand-written verl-style loop (a custom driver that holds the GPUs).
 
-verl's PPO loop runs, per step: rollout (generation), then old-log-prob / reference / critic
-work and the actor update (training). Call the hooks from the trainer's loop (or a subclass of
-its ``RayPPOTrainer.fit``)::
+A verl job run by ``verl.trainer.main_ppo`` needs none of this: one setting installs
+``rlenergy.sdk.verl_hook`` in verl's own worker processes (docs/verl.md). A loop of one's own
+calls the same steps itself::
 
     cb = RLEnergyVerlCallback()
-    cb.on_generation_start(step); gen = rollout(...); cb.on_generation_end(step, gen_batch)
-    cb.on_training_start(step); update(...); cb.on_step_end(step, metrics)
+    cb.on_generation_start(step); gen = rollout(...); cb.on_generation_end(step)
+    cb.on_training_start(step); update(batch)
+    metrics.update(cb.on_step_end(step, verl_hook.trained_batch(batch)))
 
-``on_step_end`` reads verl's metric names (``response_length/mean``, ``prompt_length/mean``,
-``batch_size``); valid tokens are the response tokens of samples with a non-zero mask unless the
-trainer passes ``valid_tokens`` explicitly. Callers: trainer code.
+``on_step_end`` takes the workload of the batch that reached the update
+(``rlenergy.sdk.verl_hook.trained_batch``: valid tokens are the response tokens under
+``response_mask`` of its samples) and returns the step's ``rlenergy/*`` metrics (tokens, and
+the energy per phase the agent metered). Callers: trainer code, the demo's trainers
+(``rlenergy_agent.testing.fullstack``, ``podtrainer``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from rlenergy.sdk import trainer
+from rlenergy.sdk import trainer, verl_hook
 
 
 class RLEnergyVerlCallback:
@@ -29,10 +30,11 @@ class RLEnergyVerlCallback:
 
     def __init__(self, client: trainer.RLEnergyClient | None = None) -> None:
         self.client = client or trainer.RLEnergyClient()
+        self._hook = verl_hook.VerlHook(self.client, signals=True)
 
     def on_generation_start(self, step: int) -> None:
         """Rollout begins."""
-        self.client.phase("generation", step=step)
+        self._hook.enter("generation", step)
 
     def on_generation_progress(self, decoded_tokens: float) -> None:
         """Tokens decoded since the last call (rollout progress)."""
@@ -48,34 +50,21 @@ class RLEnergyVerlCallback:
 
     def on_generation_end(self, step: int) -> None:
         """Rollout done; the GPUs wait (reward, data movement) until training starts."""
-        self.client.phase("idle", step=step)
+        self._hook.enter("idle", step)
 
     def on_training_start(self, step: int) -> None:
         """Log-prob, reference, critic and actor update begin."""
-        self.client.phase("training", step=step)
+        self._hook.enter("training", step)
 
-    def on_step_end(
-        self, step: int, metrics: Mapping[str, float], *, valid_tokens: float | None = None
-    ) -> None:
-        """Close the step with its token workload from verl's metrics.
+    def on_step_end(self, step: int, workload: verl_hook.TrainedBatch) -> dict[str, float]:
+        """Close step ``step`` with the workload of the batch that reached the update.
 
         Args:
             step: RL step.
-            metrics: verl's step metrics (``batch_size``, ``response_length/mean``,
-                ``prompt_length/mean``, optional ``response_length/clip_ratio``).
-            valid_tokens: valid tokens when the trainer knows them better.
+            workload: ``verl_hook.trained_batch(batch)`` of the updated batch.
+
+        Returns:
+            The step's ``rlenergy/*`` metrics, to merge into verl's metrics dict.
         """
-        samples = int(metrics.get("batch_size", 0))
-        response = float(metrics.get("response_length/mean", 0.0)) * samples
-        prompt = float(metrics.get("prompt_length/mean", 0.0)) * samples
-        clipped = float(metrics.get("response_length/clip_ratio", 0.0))
-        valid = valid_tokens if valid_tokens is not None else response * (1.0 - clipped)
-        self.client.phase("idle", step=step)
-        self.client.end_step(
-            step,
-            samples=samples,
-            response_tokens=response,
-            prompt_tokens=prompt,
-            valid_tokens=valid,
-            mean_context_tokens=(response + prompt) / samples if samples else 0.0,
-        )
+        self._hook.step = step
+        return self._hook.end_step(workload)

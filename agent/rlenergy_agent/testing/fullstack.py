@@ -51,6 +51,7 @@ from rlenergy.devcluster import trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer as sdk_trainer
 from rlenergy.sdk import verl as sdk_verl
+from rlenergy.sdk import verl_hook
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import traces, workload
 from rlenergy_agent import kube
@@ -539,9 +540,7 @@ class FullStack:
                 if phase == "generation":
                     a.callback.on_generation_end(step.index)
                 else:
-                    a.callback.on_step_end(
-                        step.index, verl_metrics(step), valid_tokens=step.workload.valid_tokens
-                    )
+                    a.callback.on_step_end(step.index, trained_workload(step))
                 a.driver.set_work(a.uuids, "idle", f"idle-{step.index}")
                 running.remove(a)
         return last - start, seen, max(done_at.values(), default=last - start)
@@ -553,12 +552,17 @@ def _lock_of(a: NodeAgent) -> int | None:
     return int(g.lock_max_mhz) if g.locked else None
 
 
-def verl_metrics(step: workload.StepWork) -> dict[str, float]:
-    """The verl step metrics for the step's token workload (what ``on_step_end`` reads)."""
+def trained_workload(step: workload.StepWork) -> verl_hook.TrainedBatch:
+    """The replayed step's token workload, as ``verl_hook.trained_batch`` counts a real batch.
+
+    The trace gives the step's samples and tokens (verl's logged ``response_length/mean`` etc.
+    times the batch, ``rlenergy.sim.traces``): no tensors to count here.
+    """
     w = step.workload
-    samples = max(w.samples, 1)
-    return {
-        "batch_size": float(w.samples),
-        "response_length/mean": w.response_tokens / samples,
-        "prompt_length/mean": w.prompt_tokens / samples,
-    }
+    return verl_hook.TrainedBatch(
+        samples=w.samples,
+        aborted_samples=0,
+        valid_tokens=w.valid_tokens,
+        response_tokens=w.response_tokens,
+        prompt_tokens=w.prompt_tokens,
+    )

@@ -41,13 +41,13 @@ def replay_document(job: Any, sku: Any) -> dict[str, Any]:
         sku: its ``rlenergy.gpu.models.GpuSku``.
 
     Returns:
-        ``{"steps": [{"index", "other_time_s", "valid_tokens", "metrics", "phases": {phase:
+        ``{"steps": [{"index", "other_time_s", "valid_tokens", "workload" (the fields of
+        ``rlenergy.sdk.verl_hook.TrainedBatch``), "phases": {phase:
         {"kind", "tokens", "progress_shape", "times_s": {effective MHz: s}}}}]}``.
     """
     steps = []
     for step in job.replay.steps:
         w = step.workload
-        samples = max(w.samples, 1)
         phases = {}
         for phase in PHASES:
             pw = step.phase(phase)
@@ -66,10 +66,12 @@ def replay_document(job: Any, sku: Any) -> dict[str, Any]:
                 "index": step.index,
                 "other_time_s": step.other_time_s,
                 "valid_tokens": w.valid_tokens,
-                "metrics": {
-                    "batch_size": float(w.samples),
-                    "response_length/mean": w.response_tokens / samples,
-                    "prompt_length/mean": w.prompt_tokens / samples,
+                "workload": {
+                    "samples": w.samples,
+                    "aborted_samples": 0,
+                    "valid_tokens": w.valid_tokens,
+                    "response_tokens": w.response_tokens,
+                    "prompt_tokens": w.prompt_tokens,
                 },
                 "phases": phases,
             }
@@ -209,7 +211,9 @@ def _replay_round(
             if phase == "generation":
                 callback.on_generation_end(s)
             else:
-                callback.on_step_end(s, step["metrics"], valid_tokens=step["valid_tokens"])
+                from rlenergy.sdk import verl_hook  # noqa: PLC0415
+
+                callback.on_step_end(s, verl_hook.TrainedBatch(**step["workload"]))
             work("idle", f"idle-{s}")
             out.append(
                 {"step": s, "phase": phase, "seconds": last - start, "clocks": sorted(clocks)}

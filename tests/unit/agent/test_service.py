@@ -15,7 +15,7 @@ from rlenergy_agent import identity, kube, metrics, podmap, pods, server, servic
 from rlenergy_agent.testing import standin
 
 from rlenergy.api import node as api_node
-from rlenergy.sdk import trainer, verl
+from rlenergy.sdk import trainer, verl, verl_hook
 
 POD_A = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
 POD_B = service.PodRef("team-b", "rollout-0", "66666666-7777-8888-9999-000000000000")
@@ -46,6 +46,7 @@ def test_sdk_signals_apply_clocks_and_meter_phases_within_1_percent(
     try:
         client = reviews.client(sock, POD_A, short_tmp, strict=True)
         cb = verl.RLEnergyVerlCallback(client)
+        step_metrics: dict[int, dict[str, float]] = {}
         for step in range(2):
             cb.on_generation_start(step)
             assert all(drv.gpu(u).locked and drv.gpu(u).lock_max_mhz == 1395 for u in a_gpus)
@@ -63,8 +64,15 @@ def test_sdk_signals_apply_clocks_and_meter_phases_within_1_percent(
                 drv.advance(0.1)
                 agent.meter.sample()
             drv.set_work(a_gpus, "idle", "idle")
-            cb.on_step_end(
-                step, {"batch_size": 8, "response_length/mean": 100.0, "prompt_length/mean": 50.0}
+            step_metrics[step] = cb.on_step_end(
+                step,
+                verl_hook.TrainedBatch(
+                    samples=8,
+                    aborted_samples=0,
+                    valid_tokens=800.0,
+                    response_tokens=800.0,
+                    prompt_tokens=400.0,
+                ),
             )
         report = agent.report()
         assert [s.step for s in report.steps] == [0, 1]
@@ -78,6 +86,14 @@ def test_sdk_signals_apply_clocks_and_meter_phases_within_1_percent(
             assert by["generation"].applied_clock_mhz == 1395
             assert by["generation"].energy_source == "counter"
             assert rec.workload.valid_tokens == 800.0
+            # the step's answer carries the same energy back to the trainer (rlenergy/* keys)
+            m = step_metrics[rec.step]
+            assert m["rlenergy/energy/generation_j"] == by["generation"].energy_joules
+            assert m["rlenergy/energy/training_j"] == by["training"].energy_joules
+            assert m["rlenergy/valid_tokens"] == 800.0
+            assert m["rlenergy/energy_per_valid_token_j"] == pytest.approx(
+                (by["generation"].energy_joules + by["training"].energy_joules) / 800.0
+            )
         assert report.steps[0].phases[0].progress == 1000.0
         # case #22: energy of GPUs no pod holds is not dropped: POD_B holds its GPUs here,
         # so nothing is unattributed; the totals cover every GPU

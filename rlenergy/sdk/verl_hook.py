@@ -1,0 +1,373 @@
+r"""verl integration inside verl's own processes: phases, valid tokens, ``rlenergy/*`` metrics.
+
+One setting turns it on for a verl job (verl 0.9.1's ``verl/trainer/main_ppo.py`` merges
+``ray_kwargs.ray_init.runtime_env`` into ``ray.init``, and Ray runs a runtime env's
+``worker_process_setup_hook`` in every worker process of the job before it runs a task)::
+
+    python3 -m verl.trainer.main_ppo ... trainer.use_v1=false \\
+        +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=rlenergy.sdk.verl_hook.install
+
+:func:`install` wraps, without forking verl, the real methods where the work happens
+(``docs/verl.md`` says what runs where):
+
+* in the GPU workers, ``verl.workers.engine_workers.ActorRolloutRefWorker``:
+  ``update_weights`` (colocated sync mode, checkpoint backend ``naive``: it ends with the
+  rollout woken up, so the next step's **generation** starts when it returns; its
+  ``global_steps`` argument names the step just trained; other backends send the weights to
+  rollout GPUs elsewhere and these GPUs go ``idle``), ``compute_log_prob`` /
+  ``compute_ref_log_prob`` / ``update_actor`` (**training**: the first of them ends
+  generation; ``update_actor`` closes the step with its token workload and reads the step's
+  energy back from the agent). The wrappers sit below verl's
+  ``register``/``tqbridge`` decorators (re-registered with verl's own ``register``), so they
+  see the real ``TensorDict`` the engine trains on. Only ``LOCAL_RANK`` 0 of a pod signals
+  (one caller per pod; the agent acts on every GPU of the calling pod);
+* in the driver (verl's ``TaskRunner`` is a Ray actor too), ``RayPPOTrainer._update_actor``:
+  it counts the step's workload on the whole batch that reaches the update (after DAPO's
+  dynamic sampling dropped its groups), hands it to the workers with the batch
+  (``meta_info[WORKLOAD_KEY]``, which ``DataProto.to_tensordict`` carries as non-tensor data),
+  and puts the ``rlenergy/*`` keys into verl's step metrics (console, W&B...).
+
+Valid tokens are response tokens under ``response_mask`` of the samples reaching
+``update_actor`` (:func:`trained_batch`); aborted samples (no response token, verl's
+``response/aborted_ratio`` definition in ``verl/trainer/ppo/metric_utils.py``) count as not
+trained. Generated tokens come from the generation phase's progress sources (the engine's own
+token counter), when one is plugged in (:meth:`VerlHook.add_progress_source`).
+
+Nothing here imports torch or verl at module import: the SDK stays slim. Callers: Ray (the
+setup hook), ``tests/verl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from rlenergy.sdk import trainer
+
+log = logging.getLogger(__name__)
+
+WORKER_CLASS = ("verl.workers.engine_workers", "ActorRolloutRefWorker")
+TRAINER_CLASS = ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer")
+TRAINING_METHODS = ("compute_log_prob", "compute_ref_log_prob", "update_actor")
+WEIGHTS_METHOD = "update_weights"
+WORKLOAD_KEY = "rlenergy_workload"
+"""``meta_info`` / non-tensor key carrying the step's :class:`TrainedBatch` to the workers."""
+PREFIX = "rlenergy/"
+_PATCHED = "__rlenergy_patched__"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedBatch:
+    """Token workload of the samples that reach the actor update.
+
+    Attributes:
+        samples: samples with at least one response token under ``response_mask``.
+        aborted_samples: samples with none (aborted or zero-length).
+        valid_tokens: response tokens under ``response_mask``: what the update trains on.
+        response_tokens: response tokens under ``attention_mask`` (tool output included).
+        prompt_tokens: prompt tokens under ``attention_mask``.
+    """
+
+    samples: int
+    aborted_samples: int
+    valid_tokens: float
+    response_tokens: float
+    prompt_tokens: float
+
+    def metrics(self) -> dict[str, float]:
+        """The ``rlenergy/*`` metric keys of the workload."""
+        return {
+            f"{PREFIX}valid_tokens": float(self.valid_tokens),
+            f"{PREFIX}trained_samples": float(self.samples),
+            f"{PREFIX}aborted_samples": float(self.aborted_samples),
+            f"{PREFIX}response_tokens": float(self.response_tokens),
+            f"{PREFIX}prompt_tokens": float(self.prompt_tokens),
+        }
+
+
+def trained_batch(batch: Any) -> TrainedBatch:
+    """Count the workload of a verl batch in the padded left/right layout.
+
+    Args:
+        batch: a ``verl.DataProto`` or a ``TensorDict`` with ``response_mask`` (samples x
+            response width) and ``attention_mask`` (samples x prompt + response width), as
+            ``RayPPOTrainer.fit`` builds it and ``left_right_2_no_padding`` keeps it.
+
+    Raises:
+        KeyError: ``response_mask`` or ``attention_mask`` is missing.
+    """
+    tensors = getattr(batch, "batch", batch)
+    mask = tensors["response_mask"]
+    attention = tensors["attention_mask"]
+    width = int(mask.shape[-1])
+    per_sample = mask.sum(-1)
+    samples = int((per_sample > 0).sum().item())
+    return TrainedBatch(
+        samples=samples,
+        aborted_samples=int(per_sample.shape[0]) - samples,
+        valid_tokens=float(per_sample.sum().item()),
+        response_tokens=float(attention[:, -width:].sum().item()),
+        prompt_tokens=float(attention[:, :-width].sum().item()),
+    )
+
+
+class ProgressSource(Protocol):
+    """In-phase progress of one phase (the seam for engine metrics and forward hooks).
+
+    ``begin`` is called when the phase starts with the worker instance (e.g. to find the actor
+    module for a torch forward hook) and ``report``, which takes the phase's cumulative work so
+    far (decoded tokens in generation, trained tokens in training) and sends it to the agent;
+    call it every few tens of ms from the source's own thread or hook. ``end`` is called when
+    the phase ends and returns the phase's total (``None``: unknown).
+    """
+
+    def begin(self, worker: Any, report: Callable[[float], None]) -> None:
+        """The phase started."""
+
+    def end(self) -> float | None:
+        """The phase ended: its total work (tokens), or ``None``."""
+
+
+class VerlHook:
+    """Per-process state: the current phase and step, the agent client, progress sources.
+
+    Args:
+        client: the agent client (default: a new ``RLEnergyClient``; best effort).
+        signals: whether this process signals the agent (default: ``LOCAL_RANK`` is 0).
+    """
+
+    def __init__(
+        self, client: trainer.RLEnergyClient | None = None, *, signals: bool | None = None
+    ) -> None:
+        self.client = client or trainer.RLEnergyClient()
+        self.signals = signals if signals is not None else os.environ.get("LOCAL_RANK", "0") == "0"
+        self.phase = "idle"
+        self.step = 0
+        self.sources: dict[str, list[ProgressSource]] = {"generation": [], "training": []}
+        self.generated_tokens: float | None = None
+        """Tokens the generation sources counted in the current step (``None``: no source)."""
+        self._lock = threading.Lock()
+
+    def add_progress_source(self, phase: str, source: ProgressSource) -> None:
+        """Plug in-phase progress for ``phase`` (``generation`` or ``training``).
+
+        Raises:
+            ValueError: an unknown phase.
+        """
+        if phase not in self.sources:
+            raise ValueError(f"phase must be one of {sorted(self.sources)}, not {phase!r}")
+        self.sources[phase].append(source)
+
+    def enter(self, phase: str, step: int, worker: Any = None) -> None:
+        """Enter ``phase`` of ``step`` (no-op if already in it); ends the current phase."""
+        with self._lock:
+            if phase == self.phase and step == self.step:
+                return
+            self._end_sources()
+            self.phase, self.step = phase, step
+            if phase == "generation":
+                self.generated_tokens = None
+            if self.signals:
+                self.client.phase(phase, step=step)
+            for src in self.sources.get(phase, ()):
+                src.begin(worker, self._report)
+
+    def _report(self, total: float) -> None:
+        if self.signals:
+            self.client.progress_total(total)
+
+    def _end_sources(self) -> None:
+        totals = [src.end() for src in self.sources.get(self.phase, ())]
+        known = [t for t in totals if t is not None]
+        if self.phase == "generation" and known:
+            self.generated_tokens = float(sum(known))
+
+    def end_step(self, workload: TrainedBatch) -> dict[str, float]:
+        """Close the current step with ``workload``; returns its ``rlenergy/*`` metrics.
+
+        The energy keys (``rlenergy/energy/<phase>_j``, ``rlenergy/energy_per_valid_token_j``)
+        are the agent's measurement of the calling pod's GPUs, present when the agent answered.
+        """
+        with self._lock:
+            self._end_sources()
+            step = self.step
+            self.phase = "idle"
+            out = workload.metrics()
+            if self.generated_tokens is not None:
+                out[f"{PREFIX}generated_tokens"] = self.generated_tokens
+            if not self.signals:
+                return out
+            self.client.phase("idle", step=step)
+            answer = self.client.end_step(
+                step,
+                samples=workload.samples,
+                response_tokens=workload.response_tokens,
+                prompt_tokens=workload.prompt_tokens,
+                valid_tokens=workload.valid_tokens,
+                mean_context_tokens=(
+                    (workload.response_tokens + workload.prompt_tokens) / workload.samples
+                    if workload.samples
+                    else 0.0
+                ),
+            )
+        energy = answer.get("phaseEnergyJoules") or {}
+        total = 0.0
+        for phase, joules in energy.items():
+            if joules is not None:
+                out[f"{PREFIX}energy/{phase}_j"] = float(joules)
+                total += float(joules)
+        if energy and all(j is not None for j in energy.values()):
+            out[f"{PREFIX}energy/step_j"] = total
+            if workload.valid_tokens > 0:
+                out[f"{PREFIX}energy_per_valid_token_j"] = total / workload.valid_tokens
+            if self.generated_tokens:
+                out[f"{PREFIX}energy_per_generated_token_j"] = total / self.generated_tokens
+        return out
+
+
+_HOOK: VerlHook | None = None
+
+
+def hook() -> VerlHook:
+    """This process's hook (made on first use)."""
+    global _HOOK  # noqa: PLW0603 - one per process, as Ray's setup hook runs once per worker
+    if _HOOK is None:
+        _HOOK = VerlHook()
+    return _HOOK
+
+
+def _workload_of(data: Any) -> TrainedBatch:
+    """The whole step's workload the driver attached, else this rank's shard's."""
+    from verl.utils import tensordict_utils as tu  # noqa: PLC0415 - verl only in its image
+
+    attached = tu.get(data, WORKLOAD_KEY)
+    if isinstance(attached, dict):
+        return TrainedBatch(**attached)
+    return trained_batch(data)
+
+
+def _add_metrics(output: Any, extra: dict[str, float]) -> None:
+    """Merge ``extra`` into the ``metrics`` of a worker's output ``TensorDict`` (if it has one)."""
+    from verl.utils import tensordict_utils as tu  # noqa: PLC0415 - verl only in its image
+
+    metrics = tu.get(output, "metrics") if output is not None else None
+    if isinstance(metrics, dict):
+        tu.assign_non_tensor_data(output, "metrics", {**metrics, **extra})
+
+
+def _training(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapper(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        h = hook()
+        h.enter("training", h.step, self)
+        output = method(self, data, *args, **kwargs)
+        if name == "update_actor":
+            _add_metrics(output, h.end_step(_workload_of(data)))
+        return output
+
+    return wrapper
+
+
+def _weights(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def wrapper(
+        self: Any, global_steps: int | None = None, mode: str = "auto", **kwargs: Any
+    ) -> Any:
+        result = await method(self, global_steps, mode, **kwargs)
+        # verl resolves "auto" to the checkpoint engine's backend; "naive" is the colocated
+        # sync mode, where the call ends with the rollout on these GPUs woken up. Any other
+        # backend sends the weights to rollout GPUs elsewhere: these GPUs wait (idle).
+        colocated = (
+            mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
+        ) == "naive"
+        hook().enter("generation" if colocated else "idle", (global_steps or 0) + 1, self)
+        return result
+
+    return wrapper
+
+
+def _rewrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace ``cls.name`` (a verl ``@register`` method) by ``make(method)``, re-registered.
+
+    verl's ``register`` wraps the method in ``tqbridge`` (which turns TransferQueue metadata
+    into the real ``TensorDict``) and records the dispatch mode on the wrapper
+    (``verl/single_controller/base/decorator.py``): the new function wraps the method below
+    both and goes through verl's own ``register`` again with the same dispatch attributes.
+    """
+    from verl.single_controller.base import decorator  # noqa: PLC0415 - verl only in its image
+
+    registered = cls.__dict__[name]
+    if getattr(registered, _PATCHED, False):
+        return
+    attrs = getattr(registered, decorator.MAGIC_ATTR)
+    below = registered.__wrapped__.__wrapped__  # register's inner -> tqbridge's inner -> method
+    new = decorator.register(**attrs)(make(below))
+    setattr(new, _PATCHED, True)
+    setattr(cls, name, new)
+
+
+def patch_worker(cls: type) -> None:
+    """Wrap ``ActorRolloutRefWorker``'s generation and training methods (idempotent)."""
+    for name in TRAINING_METHODS:
+        _rewrap(cls, name, functools.partial(_training, name))
+    _rewrap(cls, WEIGHTS_METHOD, _weights)
+
+
+def patch_trainer(cls: type) -> None:
+    """Wrap ``RayPPOTrainer._update_actor``: whole-batch workload in, ``rlenergy/*`` out."""
+    original = cls.__dict__["_update_actor"]
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def _update_actor(self: Any, batch: Any) -> Any:
+        workload = trained_batch(batch)
+        batch.meta_info[WORKLOAD_KEY] = dataclasses.asdict(workload)
+        try:
+            actor_output = original(self, batch)
+        finally:
+            batch.meta_info.pop(WORKLOAD_KEY, None)
+        metrics = actor_output.meta_info.setdefault("metrics", {})
+        for key in [k for k in metrics if k.startswith("actor/" + PREFIX)]:
+            metrics[key.removeprefix("actor/")] = metrics.pop(key)
+        for key, value in workload.metrics().items():
+            metrics.setdefault(key, value)
+        return actor_output
+
+    setattr(_update_actor, _PATCHED, True)
+    cls._update_actor = _update_actor  # type: ignore[attr-defined]
+
+
+def install() -> None:
+    """Ray ``worker_process_setup_hook``: patch verl's classes in this process.
+
+    Best effort: a process without verl (or with a verl whose classes moved) logs why and runs
+    unpatched, at default clocks; it never fails the job.
+    """
+    import importlib  # noqa: PLC0415
+
+    for (module, name), patch in ((WORKER_CLASS, patch_worker), (TRAINER_CLASS, patch_trainer)):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+            patch(cls)
+        except (ImportError, AttributeError, KeyError) as exc:
+            log.warning("rlenergy verl hook: %s.%s not patched (%s)", module, name, exc)
+
+
+__all__ = [
+    "PREFIX",
+    "WORKLOAD_KEY",
+    "ProgressSource",
+    "TrainedBatch",
+    "VerlHook",
+    "hook",
+    "install",
+    "patch_trainer",
+    "patch_worker",
+    "trained_batch",
+]

@@ -1,0 +1,88 @@
+"""docs/verl.md's one setting, as written, through verl 0.9.1's own Hydra config and
+``run_ppo``: the hook arrives in ``ray.init``'s runtime env, and Ray runs it in a worker
+process, which then holds verl's patched classes."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import verl
+from hydra import compose, initialize_config_dir
+from verl.trainer import main_ppo
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
+CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
+
+
+def _doc_overrides() -> list[str]:
+    """The Hydra overrides of the doc's ``python3 -m verl.trainer.main_ppo`` command."""
+    text = DOC.read_text()
+    block = re.search(r"```bash\n(python3 -m verl\.trainer\.main_ppo.*?)```", text, re.S)
+    assert block, "docs/verl.md lost its verl command line"
+    words = shlex.split(block.group(1).replace("\\\n", " "))
+    return [w for w in words if "=" in w]
+
+
+class _Stop(Exception):
+    pass
+
+
+def _ray_init_kwargs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=_doc_overrides())
+    assert config.trainer.use_v1 is False  # main() then runs main_ppo_v0's RayPPOTrainer
+    seen: dict[str, Any] = {}
+
+    def init(**kwargs: Any) -> None:
+        seen.update(kwargs)
+        raise _Stop
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(_Stop):
+        main_ppo.run_ppo(config, task_runner_class=None)
+    return seen
+
+
+def test_the_docs_setting_reaches_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    kwargs = _ray_init_kwargs(monkeypatch)
+    hook = kwargs["runtime_env"]["worker_process_setup_hook"]
+    assert hook == "rlenergy.sdk.verl_hook.install"
+    module, _, name = hook.rpartition(".")
+    assert callable(getattr(importlib.import_module(module), name))
+    assert "env_vars" in kwargs["runtime_env"]  # verl's own runtime env is kept, merged
+
+
+@pytest.mark.slow
+def test_ray_runs_the_hook_in_a_worker_process_before_its_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime_env = _ray_init_kwargs(monkeypatch)["runtime_env"]
+    monkeypatch.undo()  # the real ray.init again
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)
+    try:
+
+        @ray.remote
+        def patched() -> dict[str, bool]:
+            from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+            from verl.workers.engine_workers import ActorRolloutRefWorker
+
+            names = ["compute_log_prob", "compute_ref_log_prob", "update_actor", "update_weights"]
+            out = {
+                n: getattr(ActorRolloutRefWorker.__dict__[n], "__rlenergy_patched__", False)
+                for n in names
+            }
+            out["_update_actor"] = getattr(
+                RayPPOTrainer.__dict__["_update_actor"], "__rlenergy_patched__", False
+            )
+            return out
+
+        assert all(ray.get(patched.remote(), timeout=300).values())
+    finally:
+        ray.shutdown()
