@@ -57,7 +57,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "agent-actuator": (
         ["agent/rlenergy_agent/actuator.py"],
-        ["tests/unit/agent/test_actuator.py", "tests/unit/agent/test_park.py"],
+        [
+            "tests/unit/agent/test_actuator.py",
+            "tests/unit/agent/test_park.py",
+            "tests/unit/agent/test_caps.py",
+        ],
     ),
     "agent-callers": (
         ["agent/rlenergy_agent/identity.py"],
