@@ -17,7 +17,9 @@ from rlenergy.devcluster import DevCluster, MissingBinaryError
 
 # tests/verl run in .venv-verl, which has the pinned verl (`make test-verl`, part of `make
 # test`); the main venv has no verl or torch by design.
-collect_ignore = [] if importlib.util.find_spec("verl") else ["verl"]
+# (A spec without an origin is the folder tests/verl itself, a namespace package, not verl.)
+_VERL = importlib.util.find_spec("verl")
+collect_ignore = [] if _VERL is not None and _VERL.origin is not None else ["verl"]
 
 
 @pytest.fixture(scope="session")

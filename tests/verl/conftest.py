@@ -15,7 +15,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "agent"))
 
-if importlib.util.find_spec("verl") is None:
+_VERL = importlib.util.find_spec("verl")
+if _VERL is None or _VERL.origin is None:  # no origin: this folder itself (a namespace package)
     pytest.exit(
         "tests/verl need the pinned verl: run them with `make test-verl` (it builds .venv-verl)",
         returncode=4,
