@@ -31,6 +31,26 @@ def energy_sources(caps: Mapping[str, backend.Capabilities]) -> dict[str, energy
     }
 
 
+def probe_plan(
+    schedule: Sequence[int | None], slice_s: float, *, training_locked: bool = False
+) -> api_node.ClockPlan:
+    """Step 0's plan: generation probed in slices of ``slice_s`` s through ``schedule`` (MHz,
+    ``None`` = default governor); with ``training_locked`` also a training entry at the default
+    (locked, no clock)."""
+    phases = [
+        api_node.PhasePlan(
+            phase="generation",
+            clockMHz=None,
+            state="trial",
+            probeClocksMHz=list(schedule),
+            probeSliceSeconds=slice_s,
+        )
+    ]
+    if training_locked:
+        phases.append(api_node.PhasePlan(phase="training", clockMHz=None, state="locked"))
+    return api_node.ClockPlan(step=0, phases=phases)
+
+
 def standin_agent(
     pods: Mapping[service.PodRef, list[str]],
     plan: api_node.ClockPlan | None,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import prometheus_client
 import pytest
-from agent_support import DriverFactory, FakeReviews, standin_agent
+from agent_support import DriverFactory, FakeReviews, probe_plan, standin_agent
 from rlenergy_agent import server, service
 from rlenergy_agent.testing import standin
 
@@ -45,19 +45,7 @@ def _rate(clock_mhz: float) -> float:
 
 
 def _plan() -> api_node.ClockPlan:
-    return api_node.ClockPlan(
-        step=0,
-        phases=[
-            api_node.PhasePlan(
-                phase="generation",
-                clockMHz=None,
-                state="trial",
-                probeClocksMHz=list(SCHEDULE),
-                probeSliceSeconds=SLICE_S,
-            ),
-            api_node.PhasePlan(phase="training", clockMHz=None, state="locked"),
-        ],
-    )
+    return probe_plan(SCHEDULE, SLICE_S, training_locked=True)
 
 
 class VllmEngine:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_support import DriverFactory, FakeReviews, standin_agent
+from agent_support import DriverFactory, FakeReviews, probe_plan, standin_agent
 from rlenergy_agent import probes, server, service
 from rlenergy_agent.testing import standin
 
@@ -28,19 +28,7 @@ CONTEXT = 2000.0
 def _plan(
     schedule: tuple[int | None, ...] = SCHEDULE, slice_s: float = SLICE_S
 ) -> api_node.ClockPlan:
-    return api_node.ClockPlan(
-        step=0,
-        phases=[
-            api_node.PhasePlan(
-                phase="generation",
-                clockMHz=None,
-                state="trial",
-                probeClocksMHz=list(schedule),
-                probeSliceSeconds=slice_s,
-            ),
-            api_node.PhasePlan(phase="training", clockMHz=None, state="locked"),
-        ],
-    )
+    return probe_plan(schedule, slice_s, training_locked=True)
 
 
 def _agent(drv: standin.StandinDriver, *, virtual: bool = True) -> service.Agent:

@@ -9,7 +9,7 @@ ran, not the lock. Without a cap (or within one clock step) the lock stays the l
 from __future__ import annotations
 
 import pytest
-from agent_support import DriverFactory, standin_agent
+from agent_support import DriverFactory, probe_plan, standin_agent
 from rlenergy_agent import service
 
 from rlenergy.api import node as api_node
@@ -19,18 +19,7 @@ pytestmark = pytest.mark.field
 
 POD = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
 LOCK_MHZ = 1395
-PLAN = api_node.ClockPlan(
-    step=0,
-    phases=[
-        api_node.PhasePlan(
-            phase="generation",
-            clockMHz=None,
-            state="trial",
-            probeClocksMHz=list(probe.block_schedule([LOCK_MHZ])),
-            probeSliceSeconds=0.4,
-        )
-    ],
-)
+PLAN = probe_plan(probe.block_schedule([LOCK_MHZ]), 0.4)
 WORKLOAD = api_node.TokenWorkloadReport(
     samples=8, response_tokens=1000, prompt_tokens=100, valid_tokens=1000, mean_context_tokens=500
 )

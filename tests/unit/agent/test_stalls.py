@@ -11,7 +11,7 @@ out of the phase figures (aggregate, job loop) and raise ``RolloutStalled``.
 from __future__ import annotations
 
 import pytest
-from agent_support import DriverFactory, standin_agent
+from agent_support import DriverFactory, probe_plan, standin_agent
 from prometheus_client.parser import text_string_to_metric_families
 from rlenergy_agent import metrics, service, stalls
 from rlenergy_agent.testing import standin
@@ -26,18 +26,7 @@ pytestmark = pytest.mark.field
 
 POD = service.PodRef("team-a", "rollout-0", "11111111-2222-3333-4444-555555555555")
 CANDIDATE_MHZ = 1395
-PROBE_PLAN = api_node.ClockPlan(
-    step=0,
-    phases=[
-        api_node.PhasePlan(
-            phase="generation",
-            clockMHz=None,
-            state="trial",
-            probeClocksMHz=list(probe.block_schedule([CANDIDATE_MHZ])),
-            probeSliceSeconds=1.0,
-        )
-    ],
-)
+PROBE_PLAN = probe_plan(probe.block_schedule([CANDIDATE_MHZ]), 1.0)
 STALL_AFTER_S = 10.0
 DT_S = 0.25
 
