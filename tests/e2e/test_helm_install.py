@@ -296,10 +296,14 @@ def test_delete_policies_then_helm_uninstall_leaves_no_locked_clock_or_finalizer
         )  # fmt: skip
         stack.run_trainer(job)
         # The job is in the first trial's generation when the policy goes: the agents lock the
-        # trial's probe clocks slice by slice.
+        # trial's probe clocks slice by slice, or the whole phase at the trial clock when the
+        # trainer's progress reports in warm-up came too far apart for eight slices in the short
+        # compressed phase (EE-RL then alternates whole steps and says so in probeEvidence; seen
+        # in a fresh-clone CI run: clockMHz 1845, no probe clocks).
         stack.wait_plan(warmup)
         gen = next(p for p in stack.policy_status()["plan"]["phases"] if p["phase"] == "generation")
-        assert [c for c in gen["probeClocksMHz"] if c is not None], gen
+        probed = [c for c in gen["probeClocksMHz"] if c is not None]
+        assert probed or gen["clockMHz"] is not None, gen
         for a in stack.agents:
             assert a.callback is not None
             a.callback.on_generation_start(warmup)
