@@ -159,7 +159,8 @@ def _progress(worker: int, experts: list[int]) -> api_rollout.ProgressReport:
     )  # fmt: skip
 
 
-def test_rank_lost_names_the_experts_to_reload_and_the_imbalance():
+def _placed_planner() -> planner.RolloutPlanner:
+    """A planner with one prompt of 3 responses placed over ranks 0, 1, 2."""
     p = _planner()
     p.place(
         api_rollout.PlacementRequest.model_validate(
@@ -167,6 +168,11 @@ def test_rank_lost_names_the_experts_to_reload_and_the_imbalance():
              "prompts": [{"promptId": "a", "promptTokens": 1, "responses": 3}]}
         )
     )  # fmt: skip
+    return p
+
+
+def test_rank_lost_names_the_experts_to_reload_and_the_imbalance():
+    p = _placed_planner()
     p.progress([_progress(0, [0, 1]), _progress(1, [2, 3]), _progress(2, [4, 5, 1])])
     loss = p.rank_lost(2, "pod rl/worker-2 deleted")
     # Expert 1 survives on rank 0; 4 and 5 only lived on rank 2: one each onto the survivors.
@@ -175,13 +181,7 @@ def test_rank_lost_names_the_experts_to_reload_and_the_imbalance():
     assert f is not None and f.reason == "RankLost" and f.ranks == [2]
     assert "experts [4, 5] reloaded onto ranks [0, 1]" in f.message
     assert "abort-style" in f.message
-    odd = _planner()
-    odd.place(
-        api_rollout.PlacementRequest.model_validate(
-            {"rolloutId": "r", "workers": [0, 1, 2],
-             "prompts": [{"promptId": "a", "promptTokens": 1, "responses": 3}]}
-        )
-    )  # fmt: skip
+    odd = _placed_planner()
     odd.progress([_progress(0, [0, 1]), _progress(1, [2, 3]), _progress(2, [4])])
     assert odd.rank_lost(2, "preempted").unbalanced  # 3 experts on rank 0, 2 on rank 1
 
@@ -207,13 +207,7 @@ def test_status_model_round_trip():
 
 
 def test_feed_lost_ranks_calls_rank_lost_for_the_active_ranks_on_lost_pods():
-    p = _planner()
-    p.place(
-        api_rollout.PlacementRequest.model_validate(
-            {"rolloutId": "r", "workers": [0, 1, 2],
-             "prompts": [{"promptId": "a", "promptTokens": 1, "responses": 3}]}
-        )
-    )  # fmt: skip
+    p = _placed_planner()
     pods = ["rl/w-0", "rl/w-1", "rl/w-1"]  # ranks 1 and 2 share a pod
     losses = sdk_rollout.feed_lost_ranks(p, ["rl/w-1", "rl/unknown"], pods)
     assert [x.rank for x in losses] == [1, 2] and p.active_workers == (0,)
