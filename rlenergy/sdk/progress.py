@@ -576,6 +576,42 @@ def verl_actor_module(worker: Any) -> Any:
     return obj
 
 
+def verl_training_modules(worker: Any) -> list[Any]:
+    """The distinct torch modules verl 0.9.1's training phase runs forward passes on.
+
+    The actor's (``verl_actor_module``) and, when the worker has a reference model of its own
+    (``ActorRolloutRefWorker.ref``, a ``TrainingWorker`` that ``compute_ref_log_prob`` runs),
+    the reference's ``ref.engine.module``; the same module once.
+
+    Raises:
+        ProgressUnavailable: the worker has no initialised actor engine.
+    """
+    modules = [verl_actor_module(worker)]
+    ref = getattr(getattr(worker, "ref", None), "engine", None)
+    module = getattr(ref, "module", None)
+    if module is not None and all(module is not m for m in modules):
+        modules.append(module)
+    return modules
+
+
+class TrainingTokens:
+    """Tokens of the completed forward passes over a verl worker's training modules.
+
+    One ``ForwardTokenCounter`` per module of ``verl_training_modules(worker)`` (log-prob,
+    reference log-prob and update passes all count: the training phase's GPU work).
+
+    Raises:
+        ProgressUnavailable: the worker has no initialised actor engine.
+    """
+
+    def __init__(self, worker: Any) -> None:
+        self.counters = [ForwardTokenCounter(m) for m in verl_training_modules(worker)]
+
+    def total(self) -> float:
+        """Tokens counted so far, summed over the modules."""
+        return sum(c.total() for c in self.counters)
+
+
 class PhaseProgress:
     """One phase's progress for a per-phase hook: ``begin(worker, report)`` / ``end()``.
 

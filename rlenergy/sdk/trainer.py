@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 import types
 from collections.abc import Sequence
@@ -158,6 +159,8 @@ class RLEnergyClient:
         self.strict = strict
         self.gpus = list(gpus)
         self._conn: _UnixConnection | None = None
+        self._post_lock = threading.Lock()
+        """One request at a time on the connection (progress threads share the client)."""
         self._warned = False
         self.last_response: dict[str, Any] = {}
 
@@ -179,6 +182,12 @@ class RLEnergyClient:
 
     def _post(self, path: str, message: pydantic.BaseModel | dict[str, Any]) -> dict[str, Any]:
         """POST a request (a model, or a raw JSON object: tests of the agent's validation)."""
+        with self._post_lock:
+            return self._post_locked(path, message)
+
+    def _post_locked(
+        self, path: str, message: pydantic.BaseModel | dict[str, Any]
+    ) -> dict[str, Any]:
         data = (
             message.model_dump_json(by_alias=True, exclude_none=True).encode()
             if isinstance(message, pydantic.BaseModel)

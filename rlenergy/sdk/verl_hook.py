@@ -30,8 +30,12 @@ One setting turns it on for a verl job (verl 0.9.1's ``verl/trainer/main_ppo.py`
 Valid tokens are response tokens under ``response_mask`` of the samples reaching
 ``update_actor`` (:func:`trained_batch`); aborted samples (no response token, verl's
 ``response/aborted_ratio`` definition in ``verl/trainer/ppo/metric_utils.py``) count as not
-trained. Generated tokens come from the generation phase's progress sources (the engine's own
-token counter), when one is plugged in (:meth:`VerlHook.add_progress_source`).
+trained. In-phase progress comes with the same setting (:meth:`VerlHook.add_default_sources`):
+generation from the decoded-token counters of the pod's rollout servers (``vLLMHttpServer`` /
+``SGLangHttpServer``, whose ``launch_server`` is wrapped to publish their ``/metrics``,
+``rlenergy.sdk.pod_engines``), training from a forward hook on the actor's torch module; the
+generated tokens are the generation source's total. In verl's async recipes the rollout pool's
+``CheckpointEngineWorker.update_weights`` sets the pool's step (``RolloutPoolPhases``).
 
 Nothing here imports torch or verl at module import: the SDK stays slim. Callers: Ray (the
 setup hook), ``tests/verl``.
@@ -41,13 +45,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import sys
 import threading
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from rlenergy.sdk import trainer
+from rlenergy.sdk import pod_engines, progress, trainer
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,13 @@ WORKER_CLASS = ("verl.workers.engine_workers", "ActorRolloutRefWorker")
 TRAINER_CLASS = ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer")
 TRAINING_METHODS = ("compute_log_prob", "compute_ref_log_prob", "update_actor")
 WEIGHTS_METHOD = "update_weights"
+CHECKPOINT_WORKER_CLASS = ("verl.checkpoint_engine.base", "CheckpointEngineWorker")
+"""The rollout pool's weight receiver in verl's async recipes (non-``naive`` backends)."""
+ENGINE_SERVERS = {
+    ("verl.workers.rollout.vllm_rollout.vllm_async_server", "vLLMHttpServer"): "vllm",
+    ("verl.workers.rollout.sglang_rollout.async_sglang_server", "SGLangHttpServer"): "sglang",
+}
+"""verl 0.9.1's rollout server actors and the engine each runs (patched when imported)."""
 WORKLOAD_KEY = "rlenergy_workload"
 """``meta_info`` / non-tensor key carrying the step's :class:`TrainedBatch` to the workers."""
 PREFIX = "rlenergy/"
@@ -153,6 +170,24 @@ class VerlHook:
         """Tokens the generation sources counted in the current step (``None``: no source)."""
         self._lock = threading.Lock()
 
+    def add_default_sources(self) -> None:
+        """Plug the sources a verl job has by itself (what :func:`install` gives every worker).
+
+        * generation: the decoded tokens of the pod's inference engines
+          (``pod_engines.PodEngines``: the rollout servers' ``/metrics``, published by the
+          wrapped ``launch_server``);
+        * training: the tokens of the forward passes of the actor's (and reference's) torch
+          module (``progress.TrainingTokens`` on ``worker.actor.engine.module``).
+
+        A source that cannot be read sends nothing (logged once per phase): the agent then sees
+        the window without progress and EE-RL uses whole-phase evidence, which the policy's
+        ``status.phases[].probeEvidence`` says.
+        """
+        self.add_progress_source(
+            "generation", progress.PhaseProgress(lambda worker: pod_engines.PodEngines())
+        )
+        self.add_progress_source("training", progress.PhaseProgress(progress.TrainingTokens))
+
     def add_progress_source(self, phase: str, source: ProgressSource) -> None:
         """Plug in-phase progress for ``phase`` (``generation`` or ``training``).
 
@@ -231,14 +266,28 @@ class VerlHook:
 
 
 _HOOK: VerlHook | None = None
+_POOL: progress.RolloutPoolPhases | None = None
 
 
 def hook() -> VerlHook:
-    """This process's hook (made on first use)."""
+    """This process's hook (made on first use, with the default progress sources)."""
     global _HOOK  # noqa: PLW0603 - one per process, as Ray's setup hook runs once per worker
     if _HOOK is None:
         _HOOK = VerlHook()
+        _HOOK.add_default_sources()
     return _HOOK
+
+
+def pool_phases() -> progress.RolloutPoolPhases:
+    """This process's rollout-pool phase tracker (async verl; made on first use).
+
+    It reads the pod's engines (``pod_engines.PodEngines``) and signals through this
+    process's hook client.
+    """
+    global _POOL  # noqa: PLW0603 - one per process, like the hook
+    if _POOL is None:
+        _POOL = progress.RolloutPoolPhases(pod_engines.PodEngines(), hook().client)
+    return _POOL
 
 
 def _workload_of(data: Any) -> TrainedBatch:
@@ -289,6 +338,95 @@ def _weights(method: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return wrapper
+
+
+def _pool_weights(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, global_steps: int | None = None, **kwargs: Any) -> Any:
+        result = await method(self, global_steps, **kwargs)
+        # The rollout pool now holds the weights of step ``global_steps``: what it generates
+        # next is step global_steps + 1, the step the trainer pool trains meanwhile (the same
+        # numbering as the colocated ``update_weights``).
+        if hook().signals:
+            pool = pool_phases()
+            pool.set_step((global_steps or 0) + 1)
+            pool.start()
+        return result
+
+    return wrapper
+
+
+def _publishing(engine: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def launch_server(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await method(self, *args, **kwargs)
+        port = getattr(self, "_server_port", None)
+        if port is not None:  # headless (node_rank > 0) servers serve no HTTP
+            try:
+                pod_engines.publish(
+                    engine, pod_engines.metrics_url(str(self._server_address), int(port))
+                )
+            except OSError as exc:
+                log.warning("rlenergy verl hook: %s metrics not published (%s)", engine, exc)
+        return result
+
+    setattr(launch_server, _PATCHED, True)
+    return launch_server
+
+
+def patch_engine_server(cls: type, engine: str) -> None:
+    """Wrap a rollout server's ``launch_server`` to publish its ``/metrics`` (idempotent).
+
+    The class is verl's ``vLLMHttpServer`` or ``SGLangHttpServer`` (``ENGINE_SERVERS``);
+    once ``launch_server`` returned, ``_server_address`` / ``_server_port`` are where its
+    HTTP server listens (``verl/workers/rollout/utils.py`` ``run_uvicorn``).
+
+    Raises:
+        ValueError: an engine without a pinned token counter.
+    """
+    progress.engine_counter(engine)
+    original = cls.__dict__["launch_server"]
+    if not getattr(original, _PATCHED, False):
+        cls.launch_server = _publishing(engine, original)  # type: ignore[attr-defined]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after ``name`` is first imported.
+
+    No import of our own: the engine servers' modules import vLLM/SGLang, which only their
+    processes should pay for.
+    """
+
+    def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            run(module)
+            self.then(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def after_import(name: str, then: Callable[[types.ModuleType], None]) -> None:
+    """``then(module)`` now if ``name`` is imported, else right after its first import."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 def _rewrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -343,20 +481,45 @@ def patch_trainer(cls: type) -> None:
     cls._update_actor = _update_actor  # type: ignore[attr-defined]
 
 
+def patch_checkpoint_worker(cls: type) -> None:
+    """Wrap ``CheckpointEngineWorker.update_weights``: the rollout pool's step (idempotent).
+
+    In verl's async recipes (fully async, one-step-off: ``CheckpointEngineManager`` with a
+    backend other than ``naive``) the rollout pool's workers receive each new policy there
+    (``verl/checkpoint_engine/base.py``); after it the pod's ``RolloutPoolPhases`` signals
+    generation of step ``global_steps + 1`` whenever the pod's engines hold requests.
+    """
+    _rewrap(cls, WEIGHTS_METHOD, _pool_weights)
+
+
+def _patch_logged(module: str, name: str, patch: Callable[[type], None]) -> None:
+    try:
+        patch(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError, KeyError) as exc:
+        log.warning("rlenergy verl hook: %s.%s not patched (%s)", module, name, exc)
+
+
 def install() -> None:
     """Ray ``worker_process_setup_hook``: patch verl's classes in this process.
 
-    Best effort: a process without verl (or with a verl whose classes moved) logs why and runs
-    unpatched, at default clocks; it never fails the job.
+    The GPU workers' phases and training progress, the driver's workload count, the async
+    rollout pool's weight versions; the rollout servers (imported later, only in their own
+    processes) publish their metrics URL on import. Best effort: a process without verl (or
+    with a verl whose classes moved) logs why and runs unpatched, at default clocks; it never
+    fails the job.
     """
-    import importlib  # noqa: PLC0415
+    for (module, name), patch in (
+        (WORKER_CLASS, patch_worker),
+        (TRAINER_CLASS, patch_trainer),
+        (CHECKPOINT_WORKER_CLASS, patch_checkpoint_worker),
+    ):
+        _patch_logged(module, name, patch)
+    for (module, name), engine in ENGINE_SERVERS.items():
 
-    for (module, name), patch in ((WORKER_CLASS, patch_worker), (TRAINER_CLASS, patch_trainer)):
-        try:
-            cls = getattr(importlib.import_module(module), name)
-            patch(cls)
-        except (ImportError, AttributeError, KeyError) as exc:
-            log.warning("rlenergy verl hook: %s.%s not patched (%s)", module, name, exc)
+        def then(mod: types.ModuleType, name: str = name, engine: str = engine) -> None:
+            _patch_logged(mod.__name__, name, functools.partial(patch_engine_server, engine=engine))
+
+        after_import(module, then)
 
 
 __all__ = [
@@ -366,8 +529,12 @@ __all__ = [
     "TrainedBatch",
     "VerlHook",
     "hook",
+    "after_import",
     "install",
+    "patch_checkpoint_worker",
+    "patch_engine_server",
     "patch_trainer",
     "patch_worker",
+    "pool_phases",
     "trained_batch",
 ]

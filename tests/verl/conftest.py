@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,19 +33,67 @@ make_driver = _agent_conftest.make_driver
 short_tmp = _agent_conftest.short_tmp
 standin_lib = _agent_conftest.standin_lib
 
-__all__ = ["make_driver", "short_tmp", "standin_lib"]
+__all__ = ["cpu_weight_sync", "hooked", "make_driver", "short_tmp", "standin_lib"]
 
 # verl and Ray warn at import (optional engines missing: megatron, mindspeed...; Ray's
 # deprecated state-API path) and torch on its nested tensors: third-party noise that the
 # project's warnings-are-errors setting must not turn into failures of these tests.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    import torch
     import verl.trainer.main_ppo  # noqa: F401
-    import verl.trainer.ppo.ray_trainer  # noqa: F401
-    import verl.workers.engine_workers  # noqa: F401
+    from verl.checkpoint_engine.base import CheckpointEngineWorker
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from rlenergy.sdk import verl_hook  # noqa: E402 - after the verl check above
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for category in ("UserWarning", "DeprecationWarning", "FutureWarning"):
             item.add_marker(pytest.mark.filterwarnings(f"ignore::{category}"))
+
+
+@pytest.fixture
+def hooked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's classes as ``install`` leaves them (restored after the test)."""
+    for cls, names in (
+        (ActorRolloutRefWorker, [*verl_hook.TRAINING_METHODS, verl_hook.WEIGHTS_METHOD]),
+        (RayPPOTrainer, ["_update_actor"]),
+        (CheckpointEngineWorker, [verl_hook.WEIGHTS_METHOD]),
+    ):
+        for name in names:
+            monkeypatch.setattr(cls, name, cls.__dict__[name])
+    monkeypatch.setattr(verl_hook, "_HOOK", None)
+    monkeypatch.setattr(verl_hook, "_POOL", None)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # install's import watches
+    verl_hook.install()
+
+
+class CpuDevice:
+    """``get_torch_device()`` without a GPU: the CUDA calls of the weight sync are no-ops."""
+
+    @staticmethod
+    def empty_cache() -> None:
+        return None
+
+    @staticmethod
+    def synchronize() -> None:
+        return None
+
+
+@pytest.fixture
+def cpu_weight_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The GPU-only calls of the colocated weight sync made CPU no-ops; a 1-process gloo group
+    for its real ``torch.distributed.barrier``."""
+    from verl.workers import engine_workers
+
+    monkeypatch.setattr(engine_workers, "get_torch_device", lambda: CpuDevice)
+    monkeypatch.setattr(engine_workers, "set_expandable_segments", lambda enable: None)
+    monkeypatch.setattr(engine_workers, "log_gpu_memory_usage", lambda *a, **k: None)
+    torch.distributed.init_process_group(
+        "gloo", store=torch.distributed.HashStore(), rank=0, world_size=1
+    )
+    yield
+    torch.distributed.destroy_process_group()

@@ -187,26 +187,18 @@ def _worker(engine: CpuEngine) -> ActorRolloutRefWorker:
     worker.enable_routing_replay = False
     worker.rollout = KeepRollout()
     worker.config = OmegaConf.create(
-        {"rollout": {"name": "vllm", "free_cache_engine": True,
-                     "checkpoint_engine": {"backend": "naive"}}}
+        {
+            "rollout": {
+                "name": "vllm",
+                "free_cache_engine": True,
+                "checkpoint_engine": {"backend": "naive"},
+            }
+        }
     )
     worker.peft_merge = False
     worker.layered_summon = False
     worker.base_sync_done = False
     return worker
-
-
-@pytest.fixture
-def hooked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """verl's classes as ``install`` leaves them (restored after the test)."""
-    for cls, names in (
-        (ActorRolloutRefWorker, [*verl_hook.TRAINING_METHODS, verl_hook.WEIGHTS_METHOD]),
-        (RayPPOTrainer, ["_update_actor"]),
-    ):
-        for name in names:
-            monkeypatch.setattr(cls, name, cls.__dict__[name])
-    monkeypatch.setattr(verl_hook, "_HOOK", None)
-    verl_hook.install()
 
 
 def test_install_keeps_verls_dispatch_and_is_idempotent(hooked: None) -> None:
@@ -313,18 +305,6 @@ async def _weights_done(worker: ActorRolloutRefWorker, global_steps: int) -> Non
     await ActorRolloutRefWorker.update_weights(worker, global_steps=global_steps, mode="naive")
 
 
-class CpuDevice:
-    """``get_torch_device()`` without a GPU: the CUDA calls of the weight sync are no-ops."""
-
-    @staticmethod
-    def empty_cache() -> None:
-        return None
-
-    @staticmethod
-    def synchronize() -> None:
-        return None
-
-
 class KeepRollout:
     """The worker's rollout adapter (``ServerAdapter``): wake-ups and weights, kept."""
 
@@ -338,19 +318,3 @@ class KeepRollout:
     async def update_weights(self, params: Any, **kw: Any) -> None:
         assert sum(1 for _ in params) > 0
         self.sent.append(int(kw.get("global_steps") or 0))
-
-
-@pytest.fixture
-def cpu_weight_sync(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The GPU-only calls of the colocated weight sync made CPU no-ops; a 1-process gloo group
-    for its real ``torch.distributed.barrier``."""
-    from verl.workers import engine_workers
-
-    monkeypatch.setattr(engine_workers, "get_torch_device", lambda: CpuDevice)
-    monkeypatch.setattr(engine_workers, "set_expandable_segments", lambda enable: None)
-    monkeypatch.setattr(engine_workers, "log_gpu_memory_usage", lambda *a, **k: None)
-    torch.distributed.init_process_group(
-        "gloo", store=torch.distributed.HashStore(), rank=0, world_size=1
-    )
-    yield
-    torch.distributed.destroy_process_group()

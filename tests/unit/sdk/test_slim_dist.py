@@ -19,11 +19,23 @@ ALLOWED = {
     "annotated_types",
     "typing_inspection",
 }
-FORBIDDEN = {"numpy", "matplotlib", "rich", "cryptography", "kubernetes", "yaml", "torch", "verl"}
+# prometheus_client: imported only once an engine's metrics are read (it is in every engine image).
+FORBIDDEN = {
+    "numpy",
+    "matplotlib",
+    "rich",
+    "cryptography",
+    "kubernetes",
+    "yaml",
+    "torch",
+    "verl",
+    "prometheus_client",
+}
 
 PROBE = """
 import json, sys
 import rlenergy.sdk.trainer, rlenergy.sdk.verl, rlenergy.sdk.verl_hook
+import rlenergy.sdk.progress, rlenergy.sdk.pod_engines  # the hook's progress sources
 hook = rlenergy.sdk.verl_hook
 w = hook.TrainedBatch(samples=2, aborted_samples=1, valid_tokens=7.0, response_tokens=9.0,
                       prompt_tokens=4.0)

@@ -1,0 +1,138 @@
+"""The inference engines of this pod: where verl's rollout servers serve their metrics.
+
+verl 0.9.1 runs each rollout replica's engine in its own Ray actor process,
+``vLLMHttpServer`` (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``) or
+``SGLangHttpServer`` (``verl/workers/rollout/sglang_rollout/async_sglang_server.py``), next to
+the GPU workers of the same node; ``launch_server`` ends with the engine's OpenAI-compatible
+HTTP server listening on ``(self._server_address, self._server_port)`` (verl's ``run_uvicorn``),
+and that server serves the engine's Prometheus exposition on ``/metrics`` (vLLM:
+``vllm/entrypoints/serve/instrumentator/metrics.py`` ``attach_router``; SGLang with
+``enable_metrics``, which verl sets when ``rollout.prometheus.enable`` or the engine kwargs
+ask for it). The process that signals the pod's phases (``LOCAL_RANK`` 0 of a GPU worker) is a
+different process, so the servers publish where they listen (:func:`publish`, called by the
+hook's wrapper of ``launch_server``) in a folder every process of the pod shares
+(``RLENERGY_ENGINE_DIR``, default ``/tmp/rlenergy-engines``, one JSON file per server), and the
+signalling process reads them all (:class:`PodEngines`): the pod's decoded tokens are the sum
+over its engines, as the agent governs every GPU of the calling pod.
+
+A file whose writer's process is gone (a crashed or earlier run) is skipped. Standard library
+only; the metrics are parsed by ``rlenergy.sdk.progress`` (prometheus-client, in every engine
+image). Callers: ``rlenergy.sdk.verl_hook``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from rlenergy.sdk import progress
+
+ENGINE_DIR_ENV = "RLENERGY_ENGINE_DIR"
+DEFAULT_ENGINE_DIR = "/tmp/rlenergy-engines"  # noqa: S108 - the pod's own /tmp, shared by its processes
+
+
+def engine_dir() -> Path:
+    """The pod's engine folder (``RLENERGY_ENGINE_DIR``, default ``/tmp/rlenergy-engines``)."""
+    return Path(os.environ.get(ENGINE_DIR_ENV) or DEFAULT_ENGINE_DIR)
+
+
+def metrics_url(host: str, port: int) -> str:
+    """``http://host:port/metrics`` (an IPv6 host in brackets)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{int(port)}/metrics"
+
+
+def publish(engine: str, url: str, *, directory: Path | None = None) -> Path:
+    """Record that an ``engine`` server of this process serves its metrics at ``url``.
+
+    Written atomically (rename) as ``<pid>-<n>.json`` with ``{"engine", "url", "pid"}``.
+
+    Raises:
+        ValueError: an engine without a pinned token counter (``progress.ENGINES``).
+    """
+    progress.engine_counter(engine)
+    folder = directory or engine_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    pid = os.getpid()
+    n = len(list(folder.glob(f"{pid}-*.json")))
+    path = folder / f"{pid}-{n}.json"
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".publish-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"engine": engine, "url": url, "pid": pid}, f)
+    Path(tmp).replace(path)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def published(directory: Path | None = None) -> list[progress.HttpExposition]:
+    """The engines published in the folder whose processes still run (sorted by file name)."""
+    folder = directory or engine_dir()
+    out: list[progress.HttpExposition] = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            entry = json.loads(path.read_text())
+            pid, engine, url = int(entry["pid"]), str(entry["engine"]), str(entry["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(pid):
+            out.append(progress.HttpExposition(url, engine))
+    return out
+
+
+class PodEngines:
+    """Decoded tokens and held requests summed over the pod's published engines.
+
+    Read on every call (a server that starts later is picked up at the next phase's zero).
+
+    Args:
+        directory: the engine folder (default :func:`engine_dir`).
+
+    Raises (from ``total`` / ``activity``):
+        progress.ProgressUnavailable: no engine published, or one cannot be read (a partial
+            sum would report the pod's progress falling).
+    """
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory
+
+    def _engines(self) -> list[progress.HttpExposition]:
+        engines = published(self.directory)
+        if not engines:
+            raise progress.ProgressUnavailable(
+                f"no inference engine published in {self.directory or engine_dir()} (the "
+                "rollout servers publish there from rlenergy.sdk.verl_hook.install)"
+            )
+        return engines
+
+    def total(self) -> float:
+        """Tokens the pod's engines decoded so far."""
+        return sum(e.total() for e in self._engines())
+
+    def activity(self) -> tuple[float, float]:
+        """(requests the pod's engines hold now, tokens they decoded so far)."""
+        held = tokens = 0.0
+        for e in self._engines():
+            h, t = e.activity()
+            held, tokens = held + h, tokens + t
+        return held, tokens
+
+
+__all__ = [
+    "DEFAULT_ENGINE_DIR",
+    "ENGINE_DIR_ENV",
+    "PodEngines",
+    "engine_dir",
+    "metrics_url",
+    "publish",
+    "published",
+]
