@@ -207,6 +207,8 @@ class PlanWatcher:
         self.lost_workers: list[str] = []
         """From the last poll: ``status.rollout.failure.lostWorkers`` (rollout worker pods the
         operator found lost mid-rollout), relayed to the dispatcher (``/v1/rollout/lost``)."""
+        self.phase_source = "socket"
+        """From the last poll: ``spec.phaseSource`` (``annotation``: ``annotations`` watch)."""
         self.watch_timeout_s = self.WATCH_TIMEOUT_S if watch_timeout_s is None else watch_timeout_s
         self.retry_max_s = retry_max_s
         self.first_list_wait_s = 10.0
@@ -238,8 +240,10 @@ class PlanWatcher:
         if not seen:
             self.saving_ratio = {}
             self.lost_workers = []
+            self.phase_source = "socket"
             return False, None
         status = seen.get("status") or {}
+        self.phase_source = str((seen.get("spec") or {}).get("phaseSource") or "socket")
         self.saving_ratio = saving_ratios(status)
         failure = (status.get("rollout") or {}).get("failure") or {}
         self.lost_workers = [str(p) for p in failure.get("lostWorkers") or []]

@@ -21,6 +21,7 @@ from rlenergy.api import selector
 from rlenergy_agent import config, podlife, pods, service
 
 if TYPE_CHECKING:
+    from rlenergy_agent import annotations as annotations_t
     from rlenergy_agent import kube as kube_t
 
 log = logging.getLogger("rlenergy_agent")
@@ -104,6 +105,9 @@ class NodeLoop:
         self.writer: kube_t.ReportWriter | None = None
         self.watcher: kube_t.PlanWatcher | None = None
         self.finder: kube_t.PolicyDiscovery | None = None
+        self.phase_watch: annotations_t.PodPhaseWatch | None = None
+        """Watch of the node's pod annotations while the policy says ``phaseSource:
+        annotation`` (``rlenergy_agent.annotations``)."""
         if api is not None:
             from rlenergy_agent import kube
 
@@ -132,9 +136,22 @@ class NodeLoop:
         self._stop.set()
 
     def close(self) -> None:
-        """End the plan watch (the policy is left, or the agent stops)."""
+        """End the plan watch and the annotation watch (the policy is left, or the agent stops)."""
         if self.watcher is not None:
             self.watcher.stop()
+        self._follow_annotations(False)
+
+    def _follow_annotations(self, on: bool) -> None:
+        """Start or stop the watch of the node's pod annotations."""
+        if on and self.phase_watch is None:
+            from rlenergy_agent import annotations
+
+            self.phase_watch = annotations.PodPhaseWatch(self.agent, self.settings.node_name)
+            self.phase_watch.start()
+            log.info("phaseSource annotation: watching the pods of %s", self.settings.node_name)
+        elif not on and self.phase_watch is not None:
+            self.phase_watch.stop()
+            self.phase_watch = None
 
     def tick(self, now: float) -> None:
         """One pass at monotonic time ``now``, s."""
@@ -184,6 +201,7 @@ class NodeLoop:
             exists, plan = watcher.poll()
             agent.saving_ratio = watcher.saving_ratio
             agent.lost_workers = watcher.lost_workers
+            self._follow_annotations(exists and watcher.phase_source == "annotation")
             if not exists or plan != agent.plan:
                 enforced = agent.plan is not None and agent.plan.enforce
                 agent.set_plan(plan)

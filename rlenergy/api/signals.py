@@ -216,3 +216,57 @@ def requested_gpus(request: pydantic.BaseModel) -> list[str]:
     """The GPUs a request names (empty: every GPU of the caller's pod, or none applies)."""
     gpus = getattr(request, "gpus", None)
     return list(gpus) if gpus else []
+
+
+PHASE_ANNOTATION = "rlenergy.io/phase"
+"""Pod annotation carrying the pod's current phase (``phaseSource: annotation``)."""
+STEP_ANNOTATION = "rlenergy.io/step"
+"""Pod annotation carrying the RL step of ``PHASE_ANNOTATION`` (decimal, >= 0)."""
+WORKLOAD_ANNOTATION = "rlenergy.io/workload"
+"""Pod annotation carrying the last finished step's workload: a ``StepRequest`` as JSON."""
+
+
+def annotated_phase(annotations: dict[str, str] | None) -> PhaseRequest | None:
+    """The phase signal a pod's annotations carry (``phaseSource: annotation``).
+
+    Args:
+        annotations: ``metadata.annotations`` of the pod (``None``: none).
+
+    Returns:
+        A ``PhaseRequest`` for all of the pod's GPUs, or ``None`` when the pod carries neither
+        ``PHASE_ANNOTATION`` nor ``STEP_ANNOTATION``.
+
+    Raises:
+        ValueError: only one of the two is set, or the step is not a decimal integer >= 0, or
+            the phase is too long; the message names the annotation to fix.
+    """
+    got = annotations or {}
+    phase, step = got.get(PHASE_ANNOTATION), got.get(STEP_ANNOTATION)
+    if phase is None and step is None:
+        return None
+    if phase is None or step is None:
+        missing = PHASE_ANNOTATION if phase is None else STEP_ANNOTATION
+        raise ValueError(f"annotation {missing} is missing: set both in one patch")
+    if not step.strip().isdecimal():
+        raise ValueError(f"annotation {STEP_ANNOTATION}={step!r} must be an integer >= 0")
+    try:
+        return PhaseRequest(phase=phase, step=int(step))
+    except pydantic.ValidationError as exc:
+        raise ValueError(f"annotation {PHASE_ANNOTATION}: {exc.errors()[0]['msg']}") from None
+
+
+def annotated_workload(annotations: dict[str, str] | None) -> StepRequest | None:
+    """The step end a pod's ``WORKLOAD_ANNOTATION`` carries (``None``: not set).
+
+    Raises:
+        ValueError: the value is not a ``StepRequest`` JSON document (the message says why).
+    """
+    raw = (annotations or {}).get(WORKLOAD_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return StepRequest.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "value"
+        raise ValueError(f"annotation {WORKLOAD_ANNOTATION}: {where}: {err['msg']}") from None

@@ -447,6 +447,18 @@ class RLEnergyPolicySpec(_Spec):
     rollout: RolloutSpec | None = Field(
         None, description="MoE rollout worker release (FlexFloor); absent for dense models."
     )
+    phase_source: Literal["socket", "annotation"] = Field(
+        "socket",
+        description=(
+            "How the trainer's phase signals reach the node agent. socket (default): the "
+            "agent's Unix socket (rlenergy.sdk.trainer), about 1 ms to the clocks, with "
+            "in-phase progress, so EE-RL trials run as in-phase probe slices. annotation: the "
+            "trainer annotates its own pod (rlenergy.io/phase, rlenergy.io/step; "
+            "rlenergy.sdk.annotate) and the agent learns them from a watch on its node's "
+            "pods: an API round trip plus the watch (tens of ms), good for whole phases "
+            "only, so EE-RL trials alternate whole steps (no probe slices)."
+        ),
+    )
 
     @pydantic.field_validator("phases")
     @classmethod

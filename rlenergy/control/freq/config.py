@@ -56,7 +56,7 @@ def phase_settings(
 
 
 def controller_settings(spec: api_policy.RLEnergyPolicySpec) -> eerl.ControllerSettings:
-    """Controller settings from ``spec.controller`` and ``spec.mode``."""
+    """Controller settings from ``spec.controller``, ``spec.mode`` and ``spec.phaseSource``."""
     c = spec.controller
     return eerl.ControllerSettings(
         enforce=c.mode == "enforce",
@@ -65,6 +65,7 @@ def controller_settings(spec: api_policy.RLEnergyPolicySpec) -> eerl.ControllerS
         drift_threshold=c.drift_threshold,
         max_trial_fraction=c.max_trial_fraction,
         async_mode=spec.mode == "async",
+        in_phase_probes=spec.phase_source == "socket",
     )
 
 

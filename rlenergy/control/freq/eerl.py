@@ -144,6 +144,11 @@ class ControllerSettings:
         min_blocks: probe blocks before a candidate can be decided.
         async_mode: pools run concurrently (see module docstring).
         recovery_steps: clean steps after an error before trialling again.
+        in_phase_probes: False when phase signals arrive as pod annotations
+            (``phaseSource: annotation``): a signal takes an API round trip and a watch
+            (tens of ms, ``docs/agent.md``) and no in-phase progress comes with it, so no
+            probe slice can be timed or resolved; every trial alternates whole steps
+            (whole-phase evidence) and locked phases run no in-phase monitor checks.
     """
 
     enforce: bool = True
@@ -157,6 +162,7 @@ class ControllerSettings:
     min_blocks: int = 3
     async_mode: bool = False
     recovery_steps: int = 2
+    in_phase_probes: bool = True
 
 
 def _drift_feature(phase: str, workload: api_workload.TokenWorkload) -> float:
@@ -270,7 +276,7 @@ class PhaseController:
         0: the phase is too short, or no in-phase progress resolves its slices.
         """
         shortest = self._min_slice_s()
-        if not math.isfinite(shortest):
+        if not self.ctl.in_phase_probes or not math.isfinite(shortest):
             return 0
         fit = int(self._last_time_s / shortest)
         n = min(self.ctl.slices_per_phase, fit)
@@ -280,6 +286,11 @@ class PhaseController:
     def probe_evidence(self) -> str:
         """Which evidence trials of this phase use, and why (status ``probeEvidence``)."""
         gap = self.progress_gap_s
+        if not self.ctl.in_phase_probes:
+            return (
+                "whole-phase: phases arrive as pod annotations (phaseSource annotation), "
+                "so trials alternate whole steps"
+            )
         if not math.isfinite(gap):
             return (
                 "whole-phase: no in-phase progress reports in the newest window, "

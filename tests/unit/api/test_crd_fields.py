@@ -7,7 +7,7 @@ We test these aspects:
   test function or its module's helpers);
 * every ``RLEnergyPolicy`` field is read by component code (``.attribute`` in the operator, the
   agent, the control algorithms, the SDK or the selector), so an accepted field nobody reads
-  (``controller.objective``, ``phaseSource`` before their removal) cannot come back;
+  (``controller.objective`` before its removal) cannot come back;
 * the two rows this page cites here: phase settings and ``spec.mode`` reach the controller and
   the job loop.
 """

@@ -239,3 +239,26 @@ def test_default_equivalent_judges_a_capped_lock_at_the_clock_it_ran() -> None:
         10.0 * pc.fit.throughput_ratio(1410)
     )
     assert base.ran_clock_mhz(base.PhaseObservation("g", 1.0, 1.0, None, 900)) is None
+
+
+def test_annotation_phase_source_trials_whole_steps_and_keeps_the_threshold() -> None:
+    """phaseSource annotation: a phase signal takes an API round trip and a watch, and no
+    in-phase progress comes with it, so EE-RL plans no probe slice at all: every trial and
+    check alternates whole steps, and the run still keeps the threshold and saves energy."""
+    spec = api_policy.RLEnergyPolicySpec.model_validate(
+        {"selector": {"matchLabels": {"app": "x"}}, "phaseSource": "annotation"}
+    )
+    assert config.controller_settings(spec).in_phase_probes is False
+    replay = workload.synthetic(200, seed=6)
+    job, ctl, results, _, plans = _run(replay, spec=spec)
+    decisions = [d for p in plans for d in p.phases.values()]
+    assert not any(d.probe_clocks_mhz for d in decisions)  # no slice is ever planned
+    assert any(d.step_probe for d in decisions)  # trials ran as whole steps
+    for pc in ctl.phases.values():
+        assert "phaseSource annotation" in pc.probe_evidence
+    online = sim_job.totals(job, results)
+    default = sim_job.default_run(job)
+    assert default.time_s / online.time_s >= 0.95
+    assert online.energy_j < default.energy_j
+    socket = config.controller_settings(api_policy.RLEnergyPolicySpec())
+    assert socket.in_phase_probes is True  # the default, phaseSource socket
