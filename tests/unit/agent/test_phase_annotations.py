@@ -1,0 +1,309 @@
+"""Phase signals from pod annotations (``phaseSource: annotation``; ``rlenergy_agent.annotations``).
+
+The agent is real (stand-in NVML under the real pynvml); the API is faked at the transport as
+in ``test_plan_watch.py``: ``list_pod_for_all_namespaces`` returns a listing (raw JSON, as with
+``_preload_content=False``) or, with ``watch=True``, a response streaming watch events as JSON
+lines through the kubernetes client's real ``Watch``. We test these aspects:
+* an annotated pod's phase locks its own GPUs at the plan's clock, through the same
+  ``Agent.phase`` path as the socket (latency histogram, windows), and the next phase closes
+  the window; the workload annotation ends the step before the new phase opens;
+* only a change of the annotated values is a signal: the same annotations again (a relist, a
+  status update) do nothing;
+* the same authorization as the socket: a pod of another node, a pod holding no GPU here, or a
+  pod whose UID differs from the kubelet's is refused and clocks nothing; another pod's GPUs
+  are never touched; a bad value (one annotation of the pair, a non-numeric step, a bad
+  workload JSON) is refused, logged once, and the watch goes on;
+* the watch: field selector ``spec.nodeName=<node>``, resumes from the list's resourceVersion
+  with bookmarks, tracks the newest resourceVersion (bookmarks included), lists again after
+  410 Gone without signalling twice; a deleted pod is forgotten;
+* the plan watch reads ``spec.phaseSource`` (the node loop starts the annotation watch from it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from agent_support import DriverFactory, standin_agent
+from rlenergy_agent import annotations, kube, service
+
+from rlenergy.api import node as api_node
+from rlenergy.api import signals
+
+NODE = "node-1"
+POD_A = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
+POD_B = service.PodRef("team-a", "trainer-1", "66666666-7777-8888-9999-000000000000")
+PLAN = api_node.ClockPlan(
+    step=0,
+    phases=[
+        api_node.PhasePlan(phase="generation", clockMHz=1395, state="locked"),
+        api_node.PhasePlan(phase="training", clockMHz=1755, state="locked"),
+    ],
+)
+WORKLOAD = {
+    "samples": 8,
+    "responseTokens": 800,
+    "promptTokens": 100,
+    "validTokens": 800,
+    "meanContextTokens": 450,
+}
+
+
+def _pod(
+    ref: service.PodRef,
+    notes: dict[str, str] | None = None,
+    *,
+    node: str = NODE,
+    rv: str = "1",
+    uid: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": ref.namespace,
+            "name": ref.name,
+            "uid": ref.uid if uid is None else uid,
+            "resourceVersion": rv,
+            "annotations": dict(notes or {}),
+        },
+        "spec": {"nodeName": node, "serviceAccountName": "trainer"},
+    }
+
+
+def _phase(phase: str, step: int) -> dict[str, str]:
+    return {signals.PHASE_ANNOTATION: phase, signals.STEP_ANNOTATION: str(step)}
+
+
+def _event(ref: service.PodRef, notes: dict[str, str] | None = None, **kw: Any):
+    return annotations.PodEvent.of(_pod(ref, notes, **kw))
+
+
+def _locked(drv: Any, uuids: list[str]) -> list[int | None]:
+    return [drv.gpu(u).lock_max_mhz if drv.gpu(u).locked else None for u in uuids]
+
+
+def test_an_annotated_phase_drives_the_pods_own_gpus_like_a_socket_signal(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(4)
+    a, b = list(drv.uuids[:2]), list(drv.uuids[2:])
+    agent = standin_agent({POD_A: a, POD_B: b}, PLAN, lambda: drv.virtual_s, node=NODE)
+    notes = annotations.PodAnnotations(agent, clock=lambda: drv.virtual_s)
+    assert notes.handle(_event(POD_A, _phase("generation", 0))) == ["phase generation 0"]
+    assert _locked(drv, a) == [1395, 1395] and _locked(drv, b) == [None, None]
+    assert agent.latency_hist.count == 1  # the socket's histogram: same path
+    assert {agent.phase_of[u] for u in a} == {"generation"} and agent.pod_of[a[0]] == POD_A
+    # The same values again (a relist, a status update of the pod): no signal.
+    assert notes.handle(_event(POD_A, _phase("generation", 0), rv="2")) == []
+    assert agent.latency_hist.count == 1
+    drv.advance(2.0)
+    step_end = {signals.WORKLOAD_ANNOTATION: json.dumps({"step": 0, "workload": WORKLOAD})}
+    assert notes.handle(_event(POD_A, {**_phase("training", 1), **step_end}, rv="3")) == [
+        "step 0",
+        "phase training 1",
+    ]
+    assert _locked(drv, a) == [1755, 1755]
+    assert agent.workloads[0].valid_tokens == 800  # the step's workload, filed before step 1
+    gen = agent.steps[0]["generation"][0]
+    assert gen.duration_seconds == pytest.approx(2.0) and gen.requested_clock_mhz == 1395
+    rec = agent.report()
+    assert [s.step for s in rec.steps] == [0] and rec.steps[0].workload.samples == 8
+    assert notes.signals == 3 and notes.refused == 0
+    notes.handle(_event(POD_A, _phase("idle", 1), rv="4"))
+    assert {agent.phase_of[u] for u in a} == {"idle"}
+
+
+def test_pods_of_other_nodes_without_gpus_or_with_bad_values_are_refused(
+    make_driver: DriverFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    drv = make_driver(2)
+    agent = standin_agent({POD_A: list(drv.uuids)}, PLAN, lambda: drv.virtual_s, node=NODE)
+    notes = annotations.PodAnnotations(agent)
+    stranger = service.PodRef("team-a", "no-gpus", "99999999-0000-0000-0000-000000000000")
+    caplog.set_level(logging.WARNING, logger="rlenergy_agent.annotations")
+    refused = [
+        _event(POD_A, _phase("generation", 0), node="node-2"),  # another node's pod
+        _event(stranger, _phase("generation", 0)),  # holds no GPU here
+        _event(POD_A, _phase("generation", 0), uid="00000000-0000-0000-0000-000000000000"),
+        _event(POD_A, {signals.PHASE_ANNOTATION: "generation"}),  # the step is missing
+        _event(POD_A, {**_phase("generation", 0), signals.STEP_ANNOTATION: "two"}),
+        _event(POD_A, {signals.WORKLOAD_ANNOTATION: '{"step": 0}'}),  # no workload
+    ]
+    for ev in refused:
+        assert notes.handle(ev) == []
+    assert _locked(drv, list(drv.uuids)) == [None, None]
+    assert notes.refused == len(refused) and notes.signals == 0
+    text = caplog.text
+    for why in (
+        "this agent serves node node-1",
+        "holds no GPU on node node-1",
+        "has UID 00000000",
+        "annotation rlenergy.io/step is missing",
+        "rlenergy.io/step='two' must be an integer",
+        "annotation rlenergy.io/workload: workload",
+    ):
+        assert why in text, text
+    # One warning per reason, not one per event of the pod.
+    caplog.clear()
+    bad = _event(POD_A, {**_phase("generation", 0), signals.STEP_ANNOTATION: "two"})
+    notes.handle(bad)
+    notes.handle(bad)
+    assert caplog.text.count("must be an integer") == 1
+    # Fixed: the pod's next patch is acted on.
+    assert notes.handle(_event(POD_A, _phase("generation", 0))) == ["phase generation 0"]
+    assert _locked(drv, list(drv.uuids)) == [1395, 1395]
+
+
+class _Resp:
+    """A watch response: JSON lines, then (the last one) held open until released."""
+
+    def __init__(self, events: list[dict[str, Any]], hold: threading.Event | None) -> None:
+        self.events, self.hold, self.status = events, hold, 200
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+        for e in self.events:
+            yield (json.dumps(e) + "\n").encode()
+        if self.hold is not None:
+            self.hold.wait(5)
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+class _Listing:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.data = json.dumps(body).encode()
+
+
+class _Core:
+    """``CoreV1Api`` stand-in: scripted pod listings and watch streams."""
+
+    def __init__(self, listings: list[dict[str, Any]], watches: list[list[dict[str, Any]]]):
+        self.listings, self.watches = listings, watches
+        self.calls: list[dict[str, Any]] = []
+        self.hold = threading.Event()
+
+    def list_pod_for_all_namespaces(self, **kwargs: Any) -> Any:
+        """Fake.
+
+        :return: V1PodList
+        """
+        self.calls.append(kwargs)
+        if kwargs.get("watch"):
+            events = self.watches.pop(0) if self.watches else []
+            return _Resp(events, None if self.watches else self.hold)
+        assert kwargs.get("_preload_content") is False  # raw JSON: no V1Pod per pod
+        body = self.listings.pop(0) if len(self.listings) > 1 else self.listings[0]
+        return _Listing(body)
+
+
+def _until(cond: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.01)
+
+
+def _listing(rv: str, *items: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": rv}, "items": list(items)}
+
+
+def test_the_watch_lists_resumes_with_bookmarks_and_relists_after_410(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(2)
+    agent = standin_agent({POD_A: list(drv.uuids)}, PLAN, lambda: drv.virtual_s, node=NODE)
+    gone = {"type": "ERROR", "object": {"code": 410, "reason": "Gone", "message": "too old"}}
+    core = _Core(
+        [
+            _listing("10", _pod(POD_A, _phase("generation", 0), rv="9")),
+            # after 410: the pod as it is now; already acted on, so no second signal
+            _listing("30", _pod(POD_A, _phase("training", 0), rv="21")),
+        ],
+        [
+            [
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
+                {"type": "MODIFIED", "object": _pod(POD_A, _phase("training", 0), rv="21")},
+                gone,
+            ],
+            [{"type": "MODIFIED", "object": _pod(POD_A, _phase("generation", 1), rv="31")}],
+        ],
+    )
+    watch = annotations.PodPhaseWatch(agent, NODE, core, retry_max_s=0.05)
+    watch.start()
+    try:
+        _until(lambda: watch.handler.signals == 3)
+        assert _locked(drv, list(drv.uuids)) == [1395, 1395]  # generation of step 1
+        lists = [c for c in core.calls if not c.get("watch")]
+        watches = [c for c in core.calls if c.get("watch")]
+        assert len(lists) == 2 and all(c["field_selector"] == f"spec.nodeName={NODE}" for c in lists)
+        assert [c["resource_version"] for c in watches] == ["10", "30"]
+        assert all(c["allow_watch_bookmarks"] is True for c in watches)
+        assert all(c["field_selector"] == f"spec.nodeName={NODE}" for c in watches)
+        assert watch.version == "31" and watch.lists == 2
+        assert agent.latency_hist.count == 3  # list (gen 0), event (train 0), event (gen 1)
+    finally:
+        watch.stop()
+        core.hold.set()
+        watch.join(5)
+    assert not watch._thread.is_alive()
+
+
+def test_a_deleted_pod_is_forgotten_and_a_relist_drops_pods_gone_meanwhile(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(2)
+    agent = standin_agent({POD_A: list(drv.uuids)}, PLAN, lambda: drv.virtual_s, node=NODE)
+    notes = annotations.PodAnnotations(agent)
+    notes.handle(_event(POD_A, _phase("generation", 0)))
+    notes.forget(POD_A.uid)
+    # A pod of the same UID seen again (the watch relisted after its delete): a new signal.
+    assert notes.handle(_event(POD_A, _phase("generation", 0))) == ["phase generation 0"]
+    notes.keep(set())
+    assert notes.handle(_event(POD_A, _phase("generation", 0))) == ["phase generation 0"]
+
+
+def test_the_plan_watch_reads_the_policys_phase_source() -> None:
+    def policy(source: str | None, rv: str) -> dict[str, Any]:
+        spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}}}
+        if source is not None:
+            spec["phaseSource"] = source
+        return {"metadata": {"name": "p", "namespace": "ns", "resourceVersion": rv}, "spec": spec}
+
+    go, hold = threading.Event(), threading.Event()
+
+    class _Later(_Resp):
+        def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+            go.wait(5)  # the listing is polled first
+            yield from super().stream(amt, decode_content)
+
+    class _Api:
+        watches = 0
+
+        def list_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+            """Fake.
+
+            :return: object
+            """
+            if kwargs.get("watch"):
+                self.watches += 1
+                if self.watches > 1:
+                    return _Resp([], hold)
+                return _Later([{"type": "MODIFIED", "object": policy(None, "3")}], None)
+            return _listing("2", policy("annotation", "2"))
+
+    w = kube.PlanWatcher(_Api(), "ns", "p", retry_max_s=0.05)
+    try:
+        w.poll()
+        assert w.phase_source == "annotation"
+        go.set()
+        _until(lambda: (w.poll(), w.phase_source)[1] == "socket")  # default when left out
+    finally:
+        w.stop()
+        hold.set()
