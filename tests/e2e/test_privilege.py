@@ -286,6 +286,7 @@ RBAC_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("agent", "patch", "rlenergy.io/rlenergypolicies", "a", False),
     ("agent", "patch", "rlenergy.io/rlenergypolicies/status", "a", False),
     ("agent", "list", "/pods", "", True),
+    ("agent", "watch", "/pods", "", True),  # phaseSource annotation: its node's pods
     ("agent", "patch", "/pods", "a", False),
     ("agent", "get", "/secrets", "a", False),
     ("agent", "patch", "/nodes", "", False),
@@ -329,6 +330,7 @@ NAMESPACED_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("agent", "create", "rlenergy.io/rlenergynodereports", "b", True),
     ("agent", "get", "rlenergy.io/rlenergypolicies", "b", True),
     ("agent", "list", "/pods", "", True),  # cluster-wide: its node's pods, any namespace
+    ("agent", "watch", "/pods", "", True),  # phaseSource annotation, any namespace
     ("agent", "create", "rlenergy.io/rlenergynodereports", "a", False),
     ("agent", "list", "rlenergy.io/rlenergypolicies", "a", False),
     ("agent", "list", "rlenergy.io/rlenergypolicies", "", False),
