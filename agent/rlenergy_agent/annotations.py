@@ -174,17 +174,6 @@ class PodAnnotations:
         seen.refused = why
 
 
-class _RawWatch(kubernetes.watch.Watch):
-    """A watch that hands out each event's object as JSON, not as a client model.
-
-    Building a ``V1Pod`` per event costs milliseconds of CPU under the GIL that signals share;
-    only a handful of fields are read. The resourceVersion is tracked by ``PodPhaseWatch``.
-    """
-
-    def unmarshal_event(self, data: str, return_type: Any) -> Any:
-        return super().unmarshal_event(data, None)
-
-
 class PodPhaseWatch:
     """Follows this node's pods by a watch and feeds their annotations to ``PodAnnotations``.
 
@@ -208,7 +197,7 @@ class PodPhaseWatch:
         retry_max_s: float = 10.0,
     ) -> None:
         self.node = node
-        self.core = core if core is not None else kubernetes.client.CoreV1Api()
+        self.core: Any = core if core is not None else kubernetes.client.CoreV1Api()
         self.handler = PodAnnotations(agent)
         self.watch_timeout_s = self.WATCH_TIMEOUT_S if watch_timeout_s is None else watch_timeout_s
         self.retry_max_s = retry_max_s
@@ -217,7 +206,7 @@ class PodPhaseWatch:
         self.version = ""
         """The newest resourceVersion seen (list, event or bookmark)."""
         self._stopped = threading.Event()
-        self._watch: _RawWatch | None = None
+        self._watch: kubernetes.watch.Watch | None = None
         self._thread = threading.Thread(target=self._run, name=f"pod-phases-{node}", daemon=True)
 
     @property
@@ -255,7 +244,9 @@ class PodPhaseWatch:
 
     def _follow(self, version: str) -> str:
         """One watch request from ``version``; returns the newest resourceVersion seen."""
-        self._watch = watch = _RawWatch()
+        # Events as JSON ("object" as CustomObjectsApi's watches have it), not as V1Pod: a
+        # client model per event costs milliseconds of CPU under the GIL the signals share.
+        self._watch = watch = kubernetes.watch.Watch(return_type="object")
         for event in watch.stream(
             self.core.list_pod_for_all_namespaces,
             field_selector=self.selector,
@@ -287,7 +278,9 @@ class PodPhaseWatch:
             except ApiException as exc:
                 version = ""  # 410 Gone (too old) or any API error: list again
                 if exc.status != 410 and not self._stopped.is_set():
-                    log.warning("pod annotation watch on %s: %s %s", self.node, exc.status, exc.reason)
+                    log.warning(
+                        "pod annotation watch on %s: %s %s", self.node, exc.status, exc.reason
+                    )
                     self._stopped.wait(backoff)
                     backoff = min(backoff * 2, self.retry_max_s)
             except Exception as exc:  # noqa: BLE001 - connection loss: list again after a pause

@@ -85,7 +85,8 @@ class PodAnnotator:
             raise errors.InvalidInputError("api_url", f"{api_url!r} must be https://host:port")
         if not namespace or not pod:
             raise errors.InvalidInputError(
-                "pod", f"need the pod's name and namespace (env {POD_NAME_ENV}, {POD_NAMESPACE_ENV})"
+                "pod",
+                f"need the pod's name and namespace (env {POD_NAME_ENV}, {POD_NAMESPACE_ENV})",
             )
         self.host, self.port = url.hostname, url.port or 443
         self.namespace, self.pod = namespace, pod

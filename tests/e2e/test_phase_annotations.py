@@ -141,8 +141,9 @@ def test_annotation_patches_drive_the_pods_gpus_through_the_watch(
     pod = trainers.create_trainer(k, ns, "trainer-0", node, tmp_path, labels={"job": "annotated"})
     idle = trainers.create_trainer(k, ns, "no-gpus", node, tmp_path, labels={"job": "annotated"})
     wait_until(
-        lambda: get_json(dev_cluster, "pod", pod.name, "-n", ns)["status"].get("phase")
-        == "Running",
+        lambda: (
+            get_json(dev_cluster, "pod", pod.name, "-n", ns)["status"].get("phase") == "Running"
+        ),
         timeout=90,
         what="trainer pod Running on the KWOK node",
     )

@@ -242,7 +242,9 @@ def test_the_watch_lists_resumes_with_bookmarks_and_relists_after_410(
         assert _locked(drv, list(drv.uuids)) == [1395, 1395]  # generation of step 1
         lists = [c for c in core.calls if not c.get("watch")]
         watches = [c for c in core.calls if c.get("watch")]
-        assert len(lists) == 2 and all(c["field_selector"] == f"spec.nodeName={NODE}" for c in lists)
+        assert len(lists) == 2 and all(
+            c["field_selector"] == f"spec.nodeName={NODE}" for c in lists
+        )
         assert [c["resource_version"] for c in watches] == ["10", "30"]
         assert all(c["allow_watch_bookmarks"] is True for c in watches)
         assert all(c["field_selector"] == f"spec.nodeName={NODE}" for c in watches)
