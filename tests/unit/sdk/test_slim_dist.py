@@ -36,6 +36,7 @@ PROBE = """
 import json, sys
 import rlenergy.sdk.trainer, rlenergy.sdk.verl, rlenergy.sdk.verl_hook
 import rlenergy.sdk.progress, rlenergy.sdk.pod_engines  # the hook's progress sources
+import rlenergy.sdk.annotate  # phaseSource annotation
 hook = rlenergy.sdk.verl_hook
 w = hook.TrainedBatch(samples=2, aborted_samples=1, valid_tokens=7.0, response_tokens=9.0,
                       prompt_tokens=4.0)
