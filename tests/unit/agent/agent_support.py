@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -151,3 +153,23 @@ class FakeReviews:
         token_file = folder / f"token-{len(self.bound)}"
         token_file.write_text(self.issue(pod))
         return trainer.RLEnergyClient(str(sock), token_file=str(token_file), **kw)
+
+
+class WatchStream:
+    """A watch response as the kubernetes client reads it: JSON lines of ``events``, then (with
+    ``hold``) the connection held open until ``hold`` is set (the API server's long request)."""
+
+    def __init__(self, events: list[dict[str, Any]], hold: threading.Event | None) -> None:
+        self.events, self.hold, self.status = events, hold, 200
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+        for e in self.events:
+            yield (json.dumps(e) + "\n").encode()
+        if self.hold is not None:
+            self.hold.wait(5)
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass

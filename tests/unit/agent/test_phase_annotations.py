@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 import pytest
-from agent_support import DriverFactory, standin_agent
+from agent_support import DriverFactory, WatchStream, standin_agent
 from rlenergy_agent import annotations, kube, service
 
 from rlenergy.api import node as api_node
@@ -157,23 +157,7 @@ def test_pods_of_other_nodes_without_gpus_or_with_bad_values_are_refused(
     assert _locked(drv, list(drv.uuids)) == [1395, 1395]
 
 
-class _Resp:
-    """A watch response: JSON lines, then (the last one) held open until released."""
-
-    def __init__(self, events: list[dict[str, Any]], hold: threading.Event | None) -> None:
-        self.events, self.hold, self.status = events, hold, 200
-
-    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
-        for e in self.events:
-            yield (json.dumps(e) + "\n").encode()
-        if self.hold is not None:
-            self.hold.wait(5)
-
-    def close(self) -> None:
-        pass
-
-    def release_conn(self) -> None:
-        pass
+_Resp = WatchStream
 
 
 class _Listing:

@@ -12,12 +12,12 @@ server sends them. We test these aspects:
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
 
 import pytest
+from agent_support import WatchStream
 from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import kube
 
@@ -30,21 +30,7 @@ def _policy(step: int, rv: str) -> dict[str, Any]:
     }
 
 
-class _Resp:
-    def __init__(self, events: list[dict[str, Any]], hold: threading.Event | None) -> None:
-        self.events, self.hold, self.status = events, hold, 200
-
-    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
-        for e in self.events:
-            yield (json.dumps(e) + "\n").encode()
-        if self.hold is not None:
-            self.hold.wait(5)
-
-    def close(self) -> None:
-        pass
-
-    def release_conn(self) -> None:
-        pass
+_Resp = WatchStream
 
 
 class _Api:
