@@ -86,6 +86,8 @@ class NodeLoop:
         discover: find the governing policy (no policy configured) instead of following
             ``settings.policy_name``.
         stop: the event that ends ``run`` (a new one when None).
+        pods_api: the ``CoreV1Api`` of the annotation watch (None: one on the process-wide
+            configuration, made when a policy says ``phaseSource: annotation``).
     """
 
     def __init__(
@@ -97,8 +99,10 @@ class NodeLoop:
         *,
         discover: bool,
         stop: threading.Event | None = None,
+        pods_api: Any = None,
     ) -> None:
         self.settings = settings
+        self.pods_api = pods_api
         self.agent = agent
         self.pod_ends = pod_ends
         self.api = api
@@ -146,7 +150,9 @@ class NodeLoop:
         if on and self.phase_watch is None:
             from rlenergy_agent import annotations
 
-            self.phase_watch = annotations.PodPhaseWatch(self.agent, self.settings.node_name)
+            self.phase_watch = annotations.PodPhaseWatch(
+                self.agent, self.settings.node_name, self.pods_api
+            )
             self.phase_watch.start()
             log.info("phaseSource annotation: watching the pods of %s", self.settings.node_name)
         elif not on and self.phase_watch is not None:
@@ -201,11 +207,12 @@ class NodeLoop:
             exists, plan = watcher.poll()
             agent.saving_ratio = watcher.saving_ratio
             agent.lost_workers = watcher.lost_workers
-            self._follow_annotations(exists and watcher.phase_source == "annotation")
             if not exists or plan != agent.plan:
                 enforced = agent.plan is not None and agent.plan.enforce
                 agent.set_plan(plan)
                 self.state_changed = self.state_changed or enforced != bool(plan and plan.enforce)
+            # After the plan: the watch's first listing signals the pods' current phases.
+            self._follow_annotations(exists and watcher.phase_source == "annotation")
         except Exception as exc:  # noqa: BLE001 - keep the last plan on API errors
             log.warning("plan poll failed: %s", exc)
 

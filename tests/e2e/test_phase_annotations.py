@@ -50,6 +50,7 @@ from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import annotate, trainer
 
+pytestmark = pytest.mark.field
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"
 POLICY = "annotated"

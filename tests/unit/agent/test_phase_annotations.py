@@ -34,6 +34,7 @@ from rlenergy_agent import annotations, kube, service
 from rlenergy.api import node as api_node
 from rlenergy.api import signals
 
+pytestmark = pytest.mark.field
 NODE = "node-1"
 POD_A = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
 POD_B = service.PodRef("team-a", "trainer-1", "66666666-7777-8888-9999-000000000000")
@@ -293,3 +294,65 @@ def test_the_plan_watch_reads_the_policys_phase_source() -> None:
     finally:
         w.stop()
         hold.set()
+
+
+def test_the_node_loop_watches_annotations_only_while_the_policy_says_so(
+    make_driver: DriverFactory,
+) -> None:
+    from rlenergy_agent import config, nodeloop, podlife
+
+    drv = make_driver(2)
+    agent = standin_agent({POD_A: list(drv.uuids)}, None, lambda: drv.virtual_s, node=NODE)
+    plan = PLAN.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    def policy(source: str, rv: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "p", "namespace": "ns", "resourceVersion": rv},
+            "spec": {"selector": {"matchLabels": {"app": "x"}}, "phaseSource": source},
+            "status": {"plan": plan},
+        }
+
+    go, hold = threading.Event(), threading.Event()
+
+    class _Later(WatchStream):
+        def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+            go.wait(5)  # the policy turns to socket only when the test says so
+            yield from super().stream(amt, decode_content)
+
+    class _Api:
+        watches = 0
+
+        def list_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+            """Fake.
+
+            :return: object
+            """
+            if kwargs.get("watch"):
+                self.watches += 1
+                if self.watches > 1:
+                    return WatchStream([], hold)
+                return _Later([{"type": "MODIFIED", "object": policy("socket", "3")}], None)
+            return _listing("2", policy("annotation", "2"))
+
+    core = _Core([_listing("10", _pod(POD_A, _phase("training", 0)))], [[]])
+    settings = config.AgentSettings(node_name=NODE, policy_name="p", namespace="ns", kube=False)
+    loop = nodeloop.NodeLoop(
+        settings, agent, podlife.PodEndWatch(agent), _Api(), discover=False, pods_api=core
+    )
+    assert loop.writer is not None
+    loop.writer.write = lambda report: None  # type: ignore[method-assign]
+    try:
+        loop.tick(1e9)
+        assert loop.phase_watch is not None and agent.plan == PLAN
+        _until(lambda: _locked(drv, list(drv.uuids)) == [1755, 1755])  # the pod's annotation
+        assert core.calls[0]["field_selector"] == f"spec.nodeName={NODE}"
+        watch = loop.phase_watch
+        go.set()  # phaseSource back to socket: the next poll stops the pod watch
+        _until(lambda: (loop.tick(2e9 + time.monotonic()), loop.phase_watch is None)[1])
+        core.hold.set()  # the fake stream cannot be cut like a socket: end it
+        watch.join(5)
+        assert not watch._thread.is_alive()
+    finally:
+        loop.close()
+        hold.set()
+        core.hold.set()

@@ -29,6 +29,8 @@ from rlenergy.api import signals
 from rlenergy.devcluster import certs
 from rlenergy.sdk import annotate
 
+pytestmark = pytest.mark.field
+
 
 class _Server:
     """An HTTPS server that records PATCH requests and answers ``status`` (a list, in turn)."""

@@ -241,6 +241,7 @@ def test_default_equivalent_judges_a_capped_lock_at_the_clock_it_ran() -> None:
     assert base.ran_clock_mhz(base.PhaseObservation("g", 1.0, 1.0, None, 900)) is None
 
 
+@pytest.mark.field
 def test_annotation_phase_source_trials_whole_steps_and_keeps_the_threshold() -> None:
     """phaseSource annotation: a phase signal takes an API round trip and a watch, and no
     in-phase progress comes with it, so EE-RL plans no probe slice at all: every trial and
