@@ -432,7 +432,8 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
                     f"{tr['signals_with_gc']:.0f} signals saw a GC"
                 )
         print(
-            "start-up work (fresh interpreter): resolving the Kubernetes CoreV1Api "
+            "start-up work (fresh interpreter): resolving the Kubernetes CoreV1Api (no longer "
+            "loaded by the agent) "
             f"{census['core_api_calls']:,.0f} Python calls, {census['core_api_cpu_ms']:.0f} ms "
             f"CPU, +{census['core_api_rss_mb']:.1f} MB; a full garbage collection over "
             f"{census['tracked_objects']:,.0f} start-up objects {census['full_gc_ms']:.1f} ms "

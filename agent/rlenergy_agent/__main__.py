@@ -188,8 +188,8 @@ def _cluster(
 
         try:
             api = kube.load_api()
-            core, auth = kube.start_clients()
-            return api, kube.TokenReviewer(auth).review, kube.ended_pods(settings.node_name, core)
+            auth = kube.start_clients()
+            return api, kube.TokenReviewer(auth).review, kube.ended_pods(settings.node_name)
         except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
             log.error(
                 "no Kubernetes API (%s); reports, plan updates and caller checks disabled "

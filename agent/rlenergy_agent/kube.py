@@ -14,6 +14,7 @@ ended (reset on pod end). Callers: ``rlenergy_agent.__main__``, ``rlenergy_agent
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -60,17 +61,72 @@ def load_api(kubeconfig: str | None = None) -> Any:
     return kubernetes.client.CustomObjectsApi()
 
 
-def start_clients() -> tuple[Any, Any]:
-    """``(CoreV1Api, AuthenticationV1Api)`` on the process-wide configuration, made at start-up.
+def start_clients() -> Any:
+    """The ``AuthenticationV1Api`` on the process-wide configuration, made at start-up.
 
-    Call after ``load_api`` and before the signal socket serves. The client resolves its API
-    classes lazily, and ``CoreV1Api`` is large: resolving it builds about 240 pydantic models
-    (1.47 million Python calls, 1-2 s of CPU, +21 MB RSS; ``bench/agent.py`` prints it). Made
-    in the first pod-end check instead, that work ran on the node loop thread while trainers
-    signalled, and every signal waited for the GIL behind it (each of a signal's NVML calls
-    releases the GIL and waits up to the interpreter's 5 ms switch interval to get it back).
+    Call after ``load_api`` and before the signal socket serves: the client resolves its API
+    classes lazily, and a class resolved in the node loop while trainers signal takes the GIL
+    from every signal (each of a signal's NVML calls releases it and waits up to the
+    interpreter's 5 ms switch interval to get it back). Pods are listed without the client's
+    ``CoreV1Api`` (``NodePods``), whose 240 pydantic models cost 1.47 million Python calls, 1-2 s
+    of CPU and +21-28 MB RSS (``bench/agent.py`` prints it).
     """
-    return kubernetes.client.CoreV1Api(), kubernetes.client.AuthenticationV1Api()
+    return kubernetes.client.AuthenticationV1Api()
+
+
+class NodePods:
+    """The pods on one node as the API server's JSON, through the client's ``ApiClient``.
+
+    One ``GET /api/v1/pods`` with the field selector ``spec.nodeName=<node>``.
+
+    No model class: the agent reads a few metadata fields and the phase, and ``CoreV1Api`` with
+    its models would add 21-28 MB and validate every pod of the listing into them. RBAC: pods
+    ``list`` (cluster-wide).
+
+    Args:
+        node: the node.
+        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
+            configuration, made at the first listing).
+        timeout_s: per listing deadline, s.
+    """
+
+    def __init__(
+        self, node: str, api_client: Any | None = None, *, timeout_s: float = 10.0
+    ) -> None:
+        self.node = node
+        self._client = api_client
+        self.timeout_s = timeout_s
+
+    def __call__(self) -> list[dict[str, Any]]:
+        """The pods (``items`` of the ``PodList``).
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: the API server answered an error.
+            OSError, urllib3 errors: it could not be reached.
+        """
+        if self._client is None:
+            self._client = kubernetes.client.ApiClient()
+        method, url, headers, body, post = self._client.param_serialize(
+            method="GET",
+            resource_path="/api/v1/pods",
+            query_params=[("fieldSelector", f"spec.nodeName={self.node}")],
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self._client.call_api(
+            method, url, header_params=headers, body=body, post_params=post,
+            _request_timeout=self.timeout_s,
+        )  # fmt: skip
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=resp)
+        items = json.loads(resp.data or b"{}").get("items")
+        return [p for p in items or () if isinstance(p, dict)]
+
+
+def _meta(pod: dict[str, Any]) -> dict[str, Any]:
+    meta = pod.get("metadata")
+    return meta if isinstance(meta, dict) else {}
 
 
 class ReportWriter:
@@ -350,30 +406,28 @@ def saving_ratios(status: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def pod_uid_lookup(node: str, max_age_s: float = 10.0) -> Callable[[str, str], str]:
+def pod_uid_lookup(
+    node: str, max_age_s: float = 10.0, list_pods: Callable[[], list[dict[str, Any]]] | None = None
+) -> Callable[[str, str], str]:
     """``(namespace, name) -> uid`` for pods on ``node`` (PodResources carries no UID).
 
-    The listing is cached for ``max_age_s`` seconds; an API error keeps the last listing. The
-    client is made at the first lookup: the agent builds its pod map before ``load_api`` loads
-    the cluster configuration, and a client made earlier has no API server address.
+    The listing (``list_pods``, default ``NodePods(node)``) is cached for ``max_age_s`` seconds;
+    an API error keeps the last listing. ``NodePods`` makes its client at the first listing: the
+    agent builds its pod map before ``load_api`` loads the cluster configuration.
     """
-    clients: list[Any] = []
+    listing = list_pods if list_pods is not None else NodePods(node)
     cache: dict[tuple[str, str], str] = {}
     at = [-1e18]
 
     def lookup(namespace: str, name: str) -> str:
         if time.monotonic() - at[0] > max_age_s:
             try:
-                if not clients:
-                    clients.append(kubernetes.client.CoreV1Api())
-                pods = clients[0].list_pod_for_all_namespaces(
-                    field_selector=f"spec.nodeName={node}"
-                )
+                pods = listing()
                 cache.clear()
-                for p in pods.items:
-                    meta = p.metadata
-                    if meta is not None and meta.namespace and meta.name and meta.uid:
-                        cache[(str(meta.namespace), str(meta.name))] = str(meta.uid)
+                for p in pods:
+                    meta = _meta(p)
+                    if meta.get("namespace") and meta.get("name") and meta.get("uid"):
+                        cache[(str(meta["namespace"]), str(meta["name"]))] = str(meta["uid"])
                 at[0] = time.monotonic()
             except (ApiException, OSError) as exc:
                 log.warning("pod listing failed, using the last one: %s", exc)
@@ -393,13 +447,15 @@ class PolicyDiscovery:
     Args:
         api: a ``CustomObjectsApi``.
         node: this node.
-        core: a ``CoreV1Api`` (default: one on the process-wide configuration).
+        list_pods: lists the node's pods (default: ``NodePods(node)``).
     """
 
-    def __init__(self, api: Any, node: str, core: Any | None = None) -> None:
+    def __init__(
+        self, api: Any, node: str, list_pods: Callable[[], list[dict[str, Any]]] | None = None
+    ) -> None:
         self.api = api
         self.node = node
-        self.core = core if core is not None else kubernetes.client.CoreV1Api()
+        self.list_pods = list_pods if list_pods is not None else NodePods(node)
 
     def discover(self, gpu_pods: Iterable[tuple[str, str]]) -> selector.Discovery:
         """The governing policy of the GPU pods ``(namespace, name)``.
@@ -411,12 +467,12 @@ class PolicyDiscovery:
         wanted = set(gpu_pods)
         if not wanted:
             return selector.discover((), ())
-        listing = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}")
         labels: dict[tuple[str, str], dict[str, str]] = {}
-        for p in listing.items:
-            meta = p.metadata
-            if meta is not None and meta.namespace and meta.name:
-                labels[(str(meta.namespace), str(meta.name))] = dict(meta.labels or {})
+        for p in self.list_pods():
+            meta = _meta(p)
+            if meta.get("namespace") and meta.get("name"):
+                key = (str(meta["namespace"]), str(meta["name"]))
+                labels[key] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
         pods = [selector.PodLabels(ns, name, labels.get((ns, name), {})) for ns, name in wanted]
         policies: list[selector.PolicySelector] = []
         for ns in sorted({ns for ns, _ in wanted}):
@@ -496,7 +552,7 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def ended_pods(
-    node: str, core: Any | None = None
+    node: str, list_pods: Callable[[], list[dict[str, Any]]] | None = None
 ) -> Callable[[Iterable[pods.PodRef]], set[pods.PodRef]]:
     """``pods -> those of them that ended``, from one listing of the pods on ``node``.
 
@@ -506,29 +562,25 @@ def ended_pods(
 
     Args:
         node: this node (field selector ``spec.nodeName``).
-        core: a ``CoreV1Api`` (default: one on the process-wide configuration, made at the
-            first call).
+        list_pods: lists the node's pods (default: ``NodePods(node)``).
 
     Raises (from the returned function):
         kubernetes.client.exceptions.ApiException, OSError: the listing failed (the caller
             tries again at the next check).
     """
-    clients: list[Any] = [] if core is None else [core]
+    listing = list_pods if list_pods is not None else NodePods(node)
 
-    def ended(pods: Iterable[pods.PodRef]) -> set[pods.PodRef]:
-        if not clients:
-            clients.append(kubernetes.client.CoreV1Api())
-        listing = clients[0].list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+    def ended(refs: Iterable[pods.PodRef]) -> set[pods.PodRef]:
         live: dict[tuple[str, str], str] = {}
-        for p in listing.items:
-            meta = p.metadata
-            if meta is None or meta.deletion_timestamp is not None:
+        for p in listing():
+            meta = _meta(p)
+            if meta.get("deletionTimestamp") is not None:
                 continue
-            if p.status is not None and p.status.phase in TERMINAL_PHASES:
+            if (p.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 continue
-            live[(str(meta.namespace), str(meta.name))] = str(meta.uid or "")
+            live[(str(meta.get("namespace")), str(meta.get("name")))] = str(meta.get("uid") or "")
         out = set()
-        for pod in pods:
+        for pod in refs:
             uid = live.get((pod.namespace, pod.name))
             if uid is None or (uid and pod.uid and uid != pod.uid):
                 out.add(pod)

@@ -97,14 +97,16 @@ EXCLUDED_DISTS = (
     "cryptography",
     "cffi",
     "pycparser",
+    "aiohttp-retry",
 )
 """Declared by the wheel for the ``rlenergy`` CLI (plots, simulator, pretty output) but never
 imported by the operator or the agent (tests/images checks the entry points without them):
-~170 MB of the images (cryptography: ``rlenergy.devcluster`` only). ``rlenergy simulate`` is not
+~170 MB of the images (cryptography: ``rlenergy.devcluster`` only; aiohttp-retry: only
+kubernetes 37's asyncio client, pruned below). ``rlenergy simulate`` is not
 available in the images."""
 PRUNE = ("kubernetes/aio",)
 """Removed from the installed tree: kubernetes >= 36.0.1 ships a second, asyncio copy of the
-client (40 MB with byte-code) that nothing imports; the operator and the agent use the
+client (68 MB installed with 37.0.2) that nothing imports; the operator and the agent use the
 synchronous client."""
 
 

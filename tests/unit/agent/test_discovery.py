@@ -12,7 +12,6 @@ We test these aspects:
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -36,18 +35,23 @@ TOKENS = api_node.TokenWorkloadReport(
 )
 
 
-def _pod(ns: str, name: str, labels: dict[str, str] | None) -> Any:
-    return SimpleNamespace(metadata=SimpleNamespace(namespace=ns, name=name, labels=labels))
+def _pod(ns: str, name: str, labels: dict[str, str] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": ns, "name": name}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"metadata": meta}
 
 
 class _Core:
-    def __init__(self, pods: list[Any]) -> None:
-        self.pods = pods
-        self.selectors: list[str] = []
+    """A node's pods as the API server's JSON (``kube.NodePods``'s answer)."""
 
-    def list_pod_for_all_namespaces(self, field_selector: str) -> Any:
-        self.selectors.append(field_selector)
-        return SimpleNamespace(items=self.pods)
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.calls = 0
+
+    def __call__(self) -> list[dict[str, Any]]:
+        self.calls += 1
+        return self.pods
 
 
 class _Custom:
@@ -85,18 +89,18 @@ POLICIES = {
 
 def test_discovery_reads_the_gpu_pods_namespaces_and_matches() -> None:
     core, custom = _Core(NODE_PODS), _Custom(POLICIES)
-    finder = kube.PolicyDiscovery(custom, "gpu-1", core=core)
+    finder = kube.PolicyDiscovery(custom, "gpu-1", list_pods=core)
     found = finder.discover([("team-a", "trainer-0")])
     assert found.policy == selector.PolicyRef("team-a", "grpo") and found.reason == "Matched"
     assert found.pods == ("team-a/trainer-0",)
-    assert core.selectors == ["spec.nodeName=gpu-1"] and custom.namespaces == ["team-a"]
+    assert core.calls == 1 and custom.namespaces == ["team-a"]
     # no GPU pod: no API call at all
-    assert kube.PolicyDiscovery(_Custom(POLICIES), "gpu-1", core=_Core([])).discover([]).reason == (
-        "NoGpuPods"
-    )
+    assert kube.PolicyDiscovery(_Custom(POLICIES), "gpu-1", list_pods=_Core([])).discover(
+        []
+    ).reason == ("NoGpuPods")
     # a second policy selecting the same pod: a conflict, nothing governs
     both = dict(POLICIES, **{"team-a": [*POLICIES["team-a"], _policy("all", {"matchLabels": {}})]})
-    found = kube.PolicyDiscovery(_Custom(both), "gpu-1", core=_Core(NODE_PODS)).discover(
+    found = kube.PolicyDiscovery(_Custom(both), "gpu-1", list_pods=_Core(NODE_PODS)).discover(
         [("team-a", "trainer-0")]
     )
     assert found.policy is None and found.reason == "Conflict"
@@ -117,7 +121,7 @@ def test_a_namespace_the_agent_may_not_read_has_no_policy_for_it() -> None:
 
     pods = [*NODE_PODS, _pod("team-c", "trainer-9", {"job": "grpo"})]
     custom = _Namespaced(POLICIES)
-    found = kube.PolicyDiscovery(custom, "gpu-1", core=_Core(pods)).discover(
+    found = kube.PolicyDiscovery(custom, "gpu-1", list_pods=_Core(pods)).discover(
         [("team-a", "trainer-0"), ("team-c", "trainer-9")]
     )
     assert found.policy == selector.PolicyRef("team-a", "grpo"), found
@@ -128,7 +132,7 @@ def test_a_namespace_the_agent_may_not_read_has_no_policy_for_it() -> None:
             raise ApiException(status=500, reason="boom")
 
     with pytest.raises(ApiException):  # any other error still keeps the current policy
-        kube.PolicyDiscovery(_Down(POLICIES), "gpu-1", core=_Core(pods)).discover(
+        kube.PolicyDiscovery(_Down(POLICIES), "gpu-1", list_pods=_Core(pods)).discover(
             [("team-a", "trainer-0")]
         )
 

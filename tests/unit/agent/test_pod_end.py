@@ -9,12 +9,13 @@ pod that is still listed and running is left alone. The e2e test
 
 from __future__ import annotations
 
-import datetime
+import json
 from collections.abc import Iterable
 from typing import Any
 
+import pytest
 from agent_support import DriverFactory, standin_agent
-from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import kube, podlife, service
 
 from rlenergy.api import node as api_node
@@ -115,26 +116,28 @@ def test_api_check_runs_every_check_s_and_survives_errors(make_driver: DriverFac
     assert all(drv.gpu(u).locked for u in drv.uuids[:2])
 
 
-class _Core:
-    def __init__(self, pods: list[k8s.V1Pod]) -> None:
+class _Pods:
+    """A node's pods as the API server's JSON (``kube.NodePods``'s answer)."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.pods = pods
-        self.selectors: list[str] = []
+        self.calls = 0
 
-    def list_pod_for_all_namespaces(self, field_selector: str) -> Any:
-        self.selectors.append(field_selector)
-        return k8s.V1PodList(items=self.pods)
+    def __call__(self) -> list[dict[str, Any]]:
+        self.calls += 1
+        return self.pods
 
 
-def _pod(ref: service.PodRef, phase: str = "Running", deleting: bool = False) -> k8s.V1Pod:
-    meta = k8s.V1ObjectMeta(namespace=ref.namespace, name=ref.name, uid=ref.uid)
+def _pod(ref: service.PodRef, phase: str = "Running", deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid}
     if deleting:
-        meta.deletion_timestamp = datetime.datetime.now(datetime.UTC)
-    return k8s.V1Pod(metadata=meta, status=k8s.V1PodStatus(phase=phase))
+        meta["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": phase}}
 
 
 def test_ended_pods_reads_gone_deleting_terminal_and_replaced() -> None:
     refs = [service.PodRef("ns", f"p{i}", f"uid-{i}") for i in range(7)]
-    core = _Core(
+    core = _Pods(
         [
             _pod(refs[0]),  # running: not ended
             _pod(refs[1], deleting=True),
@@ -147,6 +150,44 @@ def test_ended_pods_reads_gone_deleting_terminal_and_replaced() -> None:
     )
     ended = kube.ended_pods("node-1", core)(refs)
     assert ended == {refs[1], refs[2], refs[3], refs[4], refs[5]}
-    assert core.selectors == ["spec.nodeName=node-1"]
+    assert core.calls == 1
     # a pod map without UIDs (the lookup has not run yet) matches by name
     assert kube.ended_pods("node-1", core)([service.PodRef("ns", "p0")]) == set()
+
+
+class _ApiClient:
+    """The two ``kubernetes.client.ApiClient`` calls ``kube.NodePods`` makes."""
+
+    def __init__(self, status: int, data: bytes) -> None:
+        self.status, self.data = status, data
+        self.asked: list[dict[str, Any]] = []
+
+    def param_serialize(self, **kwargs: Any) -> tuple[str, str, dict[str, str], None, list[Any]]:
+        self.asked.append(kwargs)
+        return kwargs["method"], "https://127.0.0.1:6443/api/v1/pods", {}, None, []
+
+    def call_api(self, method: str, url: str, **kwargs: Any) -> Any:
+        client = self
+
+        class _Response:
+            status = client.status
+            data = client.data
+            reason = "Forbidden"
+            headers: dict[str, str] = {}
+
+            def read(self) -> bytes:
+                return client.data
+
+        return _Response()
+
+
+def test_node_pods_lists_one_node_as_json_without_models() -> None:
+    body = json.dumps({"kind": "PodList", "items": [_pod(service.PodRef("ns", "p0", "u0"))]})
+    client = _ApiClient(200, body.encode())
+    assert kube.NodePods("node-1", client)() == [_pod(service.PodRef("ns", "p0", "u0"))]
+    asked = client.asked[0]
+    assert asked["resource_path"] == "/api/v1/pods"
+    assert asked["query_params"] == [("fieldSelector", "spec.nodeName=node-1")]
+    with pytest.raises(ApiException) as info:
+        kube.NodePods("node-1", _ApiClient(403, b'{"kind": "Status"}'))()
+    assert info.value.status == 403
