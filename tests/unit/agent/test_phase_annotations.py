@@ -15,7 +15,8 @@ lines through the kubernetes client's real ``Watch``. We test these aspects:
   workload JSON) is refused, logged once, and the watch goes on;
 * the watch: field selector ``spec.nodeName=<node>``, resumes from the list's resourceVersion
   with bookmarks, tracks the newest resourceVersion (bookmarks included), lists again after
-  410 Gone without signalling twice; a deleted pod is forgotten;
+  410 Gone without signalling twice, and after a lost connection (a pause first); a deleted
+  pod is forgotten;
 * the plan watch reads ``spec.phaseSource`` (the node loop starts the annotation watch from it).
 """
 
@@ -169,7 +170,7 @@ class _Listing:
 class _Core:
     """``CoreV1Api`` stand-in: scripted pod listings and watch streams."""
 
-    def __init__(self, listings: list[dict[str, Any]], watches: list[list[dict[str, Any]]]):
+    def __init__(self, listings: list[Any], watches: list[list[dict[str, Any]]]):
         self.listings, self.watches = listings, watches
         self.calls: list[dict[str, Any]] = []
         self.hold = threading.Event()
@@ -185,6 +186,8 @@ class _Core:
             return _Resp(events, None if self.watches else self.hold)
         assert kwargs.get("_preload_content") is False  # raw JSON: no V1Pod per pod
         body = self.listings.pop(0) if len(self.listings) > 1 else self.listings[0]
+        if isinstance(body, Exception):
+            raise body
         return _Listing(body)
 
 
@@ -240,6 +243,30 @@ def test_the_watch_lists_resumes_with_bookmarks_and_relists_after_410(
         core.hold.set()
         watch.join(5)
     assert not watch._thread.is_alive()
+
+
+def test_a_lost_connection_lists_again_after_a_pause(make_driver: DriverFactory) -> None:
+    drv = make_driver(2)
+    agent = standin_agent({POD_A: list(drv.uuids)}, PLAN, lambda: drv.virtual_s, node=NODE)
+    core = _Core(
+        [
+            ConnectionRefusedError("API server restarting"),  # the first listing fails
+            _listing("7", _pod(POD_A, _phase("generation", 0), rv="7")),
+        ],
+        [[]],
+    )
+    watch = annotations.PodPhaseWatch(agent, NODE, core, retry_max_s=0.05)
+    watch.start()
+    try:
+        _until(lambda: watch.handler.signals == 1)
+        assert _locked(drv, list(drv.uuids)) == [1395, 1395]
+        assert watch.lists == 1  # the failed attempt made no listing
+        _until(lambda: any(c.get("watch") for c in core.calls))
+        assert [c["resource_version"] for c in core.calls if c.get("watch")] == ["7"]
+    finally:
+        watch.stop()
+        core.hold.set()
+        watch.join(5)
 
 
 def test_a_deleted_pod_is_forgotten_and_a_relist_drops_pods_gone_meanwhile(
