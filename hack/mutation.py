@@ -49,6 +49,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/agent/test_probe_slices.py",
             "tests/unit/gpu/test_energy.py",
             "tests/unit/gpu/test_counter_delta.py",
+            "tests/unit/agent/test_energy_bounds.py",
         ],
     ),
     "gpu-energy": (
@@ -61,6 +62,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/agent/test_actuator.py",
             "tests/unit/agent/test_park.py",
             "tests/unit/agent/test_caps.py",
+            "tests/unit/agent/test_actuator_faults.py",
         ],
     ),
     "agent-callers": (
@@ -69,7 +71,12 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "operator-accounting": (
         ["operator/rlenergy_operator/jobloop.py"],
-        ["tests/unit/operator/test_jobloop.py", "tests/unit/operator/test_jobloop_truth.py"],
+        [
+            "tests/unit/operator/test_jobloop.py",
+            "tests/unit/operator/test_jobloop_truth.py",
+            "tests/unit/operator/test_jobloop_totals.py",
+            "tests/unit/operator/test_jobloop_accounting.py",
+        ],
     ),
     "sim-scoring": (["rlenergy/sim/job.py"], ["tests/unit/sim/test_job.py"]),
 }

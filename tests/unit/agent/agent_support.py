@@ -53,6 +53,36 @@ def probe_plan(
     return api_node.ClockPlan(step=0, phases=phases)
 
 
+def standin_actuator(
+    drv: standin.StandinDriver,
+    state: Path | None = None,
+    *,
+    clock: Callable[[], float] | None = None,
+    **kw: bool,
+) -> actuator.Actuator:
+    """A started ``Actuator`` over the stand-in NVML's GPUs, as the agent's start-up makes it.
+
+    Args:
+        drv: the stand-in driver (its library preloaded).
+        state: the lock state file (``None``: in memory).
+        clock: the actuator's monotonic time source, s (default: the driver's virtual time).
+        kw: ``enforce`` / ``probe_writes`` of ``Actuator``.
+    """
+    found = backend.discover()
+    act = actuator.Actuator(
+        found.gpus,
+        actuator.LockStateFile(state),
+        clock=clock or (lambda: drv.virtual_s),
+        **kw,
+    )
+    caps = {u: g.probe() for u, g in found.gpus.items()}
+    act.start(
+        persistence={u: c.persistence for u, c in caps.items()},
+        mig_uuids={u: g.mig_uuids for u, g in found.gpus.items()},
+    )
+    return act
+
+
 def standin_agent(
     pods: Mapping[service.PodRef, list[str]],
     plan: api_node.ClockPlan | None,

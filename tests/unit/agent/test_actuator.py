@@ -4,29 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_support import DriverFactory
+from agent_support import DriverFactory, standin_actuator
 from rlenergy_agent import actuator
-from rlenergy_agent.nvml import backend, lib
+from rlenergy_agent.nvml import lib
 from rlenergy_agent.testing import standin
-
-
-def _actuator(
-    drv: standin.StandinDriver, state: Path | None = None, **kw: bool
-) -> actuator.Actuator:
-    found = backend.discover()
-    act = actuator.Actuator(found.gpus, actuator.LockStateFile(state), **kw)
-    caps = {u: g.probe() for u, g in found.gpus.items()}
-    act.start(
-        persistence={u: c.persistence for u, c in caps.items()},
-        mig_uuids={u: g.mig_uuids for u, g in found.gpus.items()},
-    )
-    return act
 
 
 def test_apply_is_idempotent_and_reads_back(make_driver: DriverFactory) -> None:
     drv = make_driver(2)
     drv.set_work(drv.uuids, "generation")
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     u = drv.uuids[0]
     writes0 = drv.gpu(u).clock_writes
     r = act.apply(u, 1200)
@@ -41,7 +28,7 @@ def test_apply_is_idempotent_and_reads_back(make_driver: DriverFactory) -> None:
 
 def test_observe_mode_never_writes(make_driver: DriverFactory) -> None:
     drv = make_driver(2)
-    act = _actuator(drv, enforce=False)
+    act = standin_actuator(drv, enforce=False)
     for u in drv.uuids:
         r = act.apply(u, 1200)
         assert r.skipped == "observe" and not r.wrote
@@ -57,7 +44,7 @@ def test_case1_no_permission_turns_measure_only_with_a_visible_reason(
     drv = make_driver(2)
     bad, good = drv.uuids
     drv.gpu(bad).fail_clock_set = standin.NO_PERMISSION
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     assert act.controls[bad].condition == "measureOnly"
     assert act.controls[bad].reason == "NoPermission (agent needs CAP_SYS_ADMIN)"
     r = act.apply(bad, 1410)
@@ -73,7 +60,7 @@ def test_case3_locked_clocks_not_supported_degrades_that_gpu_only(
 ) -> None:
     drv = make_driver(2)
     drv.gpu(drv.uuids[0]).fail_clock_set = standin.NOT_SUPPORTED
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     assert act.controls[drv.uuids[0]].condition == "measureOnly"
     assert act.controls[drv.uuids[0]].reason.startswith("ClocksNotSupported")
     assert act.apply(drv.uuids[1], 1200).wrote
@@ -86,7 +73,7 @@ def test_case3_lock_accepted_but_effective_clock_lower(make_driver: DriverFactor
     u = drv.uuids[0]
     drv.set_work([u], "training")
     drv.gpu(u).clock_cap_mhz = 1400
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     r = act.apply(u, 1800)
     assert r.wrote and r.target_mhz == 1800
     assert r.effective_mhz == 1395 and r.slowdown
@@ -98,13 +85,13 @@ def test_case4_sigkill_then_restart_resets_the_stale_lock(
     drv = make_driver(2)
     drv.set_work(drv.uuids, "generation")
     state = tmp_path / "locks.json"
-    act = _actuator(drv, state)
+    act = standin_actuator(drv, state)
     act.apply(drv.uuids[1], 1100)
     assert drv.gpu(drv.uuids[1]).locked == 1
     assert drv.uuids[1] in state.read_text()
     del act  # SIGKILL: nothing reset
     lib.shutdown()
-    restarted = _actuator(drv, state)
+    restarted = standin_actuator(drv, state)
     assert restarted.recovered == [drv.uuids[1]]
     assert drv.gpu(drv.uuids[1]).locked == 0
     assert actuator.LockStateFile(state).locked == frozenset()
@@ -114,7 +101,7 @@ def test_case4_reset_all_on_sigterm_resets_every_lock(
     make_driver: DriverFactory, tmp_path: Path
 ) -> None:
     drv = make_driver(3)
-    act = _actuator(drv, tmp_path / "locks.json")
+    act = standin_actuator(drv, tmp_path / "locks.json")
     for u in drv.uuids:
         act.apply(u, 1500)
     assert all(drv.gpu(u).locked for u in drv.uuids)
@@ -130,7 +117,7 @@ def test_case5_persistence_off_reapplies_at_every_phase_switch(
     u = drv.uuids[0]
     drv.gpu(u).persistence_mode = 0
     drv.gpu(u).call_delay_us = 2000
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     w0 = drv.gpu(u).clock_writes
     for _ in range(3):
         assert act.apply(u, 1200).wrote
@@ -147,7 +134,7 @@ def test_case6_snapping_and_degenerate_lists(make_driver: DriverFactory) -> None
     drv.set_supported_clocks(irregular, [937, 924, 912, 899, 887, 886, 873, 861])
     drv.set_supported_clocks(single, [1380])
     drv.set_work(drv.uuids, "generation")
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     r = act.apply(irregular, 900)
     assert (r.requested_mhz, r.target_mhz) == (900, 899)
     assert drv.gpu(irregular).lock_max_mhz == 899
@@ -162,7 +149,7 @@ def test_case7_mig_gpu_is_clocked_only_when_the_job_owns_every_instance(
     drv = make_driver(1)
     g = drv.gpu(drv.uuids[0])
     g.mig_mode, g.mig_count = 1, 7
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     migs = act.controls[drv.uuids[0]].mig_uuids
     r = act.apply(drv.uuids[0], 1200, owner_uuids=migs[:2])
     assert r.skipped == "SharedMIGDevice" and g.locked == 0
@@ -171,7 +158,7 @@ def test_case7_mig_gpu_is_clocked_only_when_the_job_owns_every_instance(
 
 def test_case10_lost_gpu_skips_clock_actions(make_driver: DriverFactory) -> None:
     drv = make_driver(8)
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     drv.gpu(drv.uuids[3]).fail_all = standin.GPU_IS_LOST
     r = act.apply(drv.uuids[3], 1200)
     assert r.error and "GpuLostError" in r.error
@@ -183,5 +170,5 @@ def test_case10_lost_gpu_skips_clock_actions(make_driver: DriverFactory) -> None
 
 def test_case15_unknown_uuid_is_a_condition_not_a_crash(make_driver: DriverFactory) -> None:
     drv = make_driver(2)
-    act = _actuator(drv)
+    act = standin_actuator(drv)
     assert act.apply("GPU-vanished", 1200).skipped == "GPUNotFound"
