@@ -58,6 +58,10 @@ class PhaseAccount:
     predicted_default_seconds: float = 0.0
     energy_per_valid_token_joules: float | None = None
     predicted_default_energy_per_valid_token_joules: float | None = None
+    basis_energy_source: str | None = None
+    """The energy source of the phase's first default-governor window: the source its
+    default-governor model is fitted on, so a compared window must come from it too. In the
+    status checkpoint, so a restart whose node reports no longer hold that window keeps it."""
 
 
 @dataclasses.dataclass
@@ -120,9 +124,15 @@ class JobLoop:
         self.replayed = 0
         self.gpu_name: str | None = None
         self.last_workload: api_workload.TokenWorkload | None = None
-        self.basis_source: dict[str, str] = {}
-        """Per phase the energy source of its first default-governor window: the source the
-        default-governor model is fitted on, so a compared window must come from it too."""
+
+    @property
+    def basis_source(self) -> dict[str, str]:
+        """Phase -> its default-governor basis source (``PhaseAccount.basis_energy_source``)."""
+        return {
+            name: pa.basis_energy_source
+            for name, pa in self.account.phases.items()
+            if pa.basis_energy_source
+        }
 
     # ----- restore -----------------------------------------------------------------------
     @classmethod
@@ -212,7 +222,8 @@ class JobLoop:
         for name, ph in obs.phases.items():
             default = ph.requested_clock_mhz is None and not ph.slices and ph.error is None
             if default and ph.energy_j is not None and ph.energy_source:
-                self.basis_source.setdefault(name, ph.energy_source)
+                pa = self.account.phases.setdefault(name, PhaseAccount())
+                pa.basis_energy_source = pa.basis_energy_source or ph.energy_source
         if account:
             self._account(job)
         self.last_workload = obs.workload
@@ -233,7 +244,7 @@ class JobLoop:
             pa = acc.phases.setdefault(name, PhaseAccount())
             pc = self.controller.phases.get(name)
             p_e, p_t = _predict(pc, ph, obs.workload)
-            basis = self.basis_source.get(name)
+            basis = pa.basis_energy_source
             if basis and ph.energy_source and ph.energy_source != basis:
                 # Like with like: the default-governor side comes from the basis source (a
                 # counter vs integrated power disagreement would read as a saving).

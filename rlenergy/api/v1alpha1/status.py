@@ -127,6 +127,13 @@ class PhaseStatus(_Status):
         ge=0,
         description="Predicted default-governor phase time of the compared steps, s.",
     )
+    basis_energy_source: str | None = Field(
+        None,
+        description=(
+            "Energy source (counter, power_integration, ...) of the phase's first "
+            "default-governor window; only windows metered by it are compared (like with like)."
+        ),
+    )
     saving: Saving = Field(default_factory=Saving, description="Saving of this phase.")
     selections: int = Field(0, ge=0, description="Clock selections made so far.")
     last_retrial_reason: str | None = Field(None, description="Why the newest re-trial started.")

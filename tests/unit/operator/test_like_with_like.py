@@ -14,6 +14,7 @@ from rlenergy_operator import jobloop
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy as api_policy
+from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import base, probe
 
 pytestmark = pytest.mark.field
@@ -54,16 +55,19 @@ def _step(
     )
 
 
-def _loop(steps: list[api_node.StepRecord]) -> jobloop.JobLoop:
-    report = api_node.NodeReport(
+def _report(steps: list[api_node.StepRecord]) -> api_node.NodeReport:
+    return api_node.NodeReport(
         policy_name="pol",
         node_name="gpu-a",
         gpus=[api_node.GpuStatus(uuid="GPU-1", supported_clocks_mhz=[1980, 1500, 1005])],
         steps=steps,
         last_step=steps[-1].step,
     )
+
+
+def _loop(steps: list[api_node.StepRecord]) -> jobloop.JobLoop:
     loop = jobloop.JobLoop(SPEC, 1)
-    loop.advance([report])
+    loop.advance([_report(steps)])
     return loop
 
 
@@ -84,6 +88,31 @@ def test_a_window_from_another_source_is_measured_not_compared():
     assert tm.saved_joules == pytest.approx(0.0, abs=1e-6)  # no fake saving
     (gen,) = [p for p in mixed.phase_status() if p.name == "generation"]
     assert gen.compared_measured_joules == pytest.approx(1.2e5)
+
+
+def test_the_basis_survives_a_restart_whose_reports_lost_the_default_windows():
+    # The default-governor windows (steps 0-2, counter) are trimmed from the node report by the
+    # time the operator restarts; the next default window is metered by integrated power (the
+    # counter stopped). Restored from the status checkpoint, the loop keeps the counter basis
+    # and books exactly what a loop that never restarted books.
+    warm = [_step(s, "counter") for s in range(3)]
+    later = [_step(3, "power_integration", 2.8e4, clock_mhz=1500), _step(4, "power_integration")]
+    never = _loop([*warm, *later])
+    before = _loop([*warm, later[0]])
+    body = {
+        "phases": [p.model_dump(by_alias=True, exclude_none=True) for p in before.phase_status()],
+        "totals": before.totals().model_dump(by_alias=True, exclude_none=True),
+    }
+    checkpoint = api_status.RLEnergyPolicyStatus.model_validate(body)
+    assert {p.name: p.basis_energy_source for p in checkpoint.phases}["generation"] == "counter"
+    restored = jobloop.JobLoop.restore(SPEC, 1, checkpoint, [_report(later)])
+    restored.advance([_report(later)])
+    assert restored.basis_source == never.basis_source == {
+        "generation": "counter",
+        "training": "counter",
+    }
+    assert restored.totals() == never.totals()
+    assert restored.totals().source_mismatch_steps == 2
 
 
 def _block(sources: list[str | None]) -> list[base.ProbeSlice]:
