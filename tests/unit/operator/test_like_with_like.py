@@ -107,10 +107,8 @@ def test_the_basis_survives_a_restart_whose_reports_lost_the_default_windows():
     assert {p.name: p.basis_energy_source for p in checkpoint.phases}["generation"] == "counter"
     restored = jobloop.JobLoop.restore(SPEC, 1, checkpoint, [_report(later)])
     restored.advance([_report(later)])
-    assert restored.basis_source == never.basis_source == {
-        "generation": "counter",
-        "training": "counter",
-    }
+    counter = {"generation": "counter", "training": "counter"}
+    assert restored.basis_source == never.basis_source == counter
     assert restored.totals() == never.totals()
     assert restored.totals().source_mismatch_steps == 2
 
