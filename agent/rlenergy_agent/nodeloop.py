@@ -86,8 +86,8 @@ class NodeLoop:
         discover: find the governing policy (no policy configured) instead of following
             ``settings.policy_name``.
         stop: the event that ends ``run`` (a new one when None).
-        pods_api: the ``CoreV1Api`` of the annotation watch (None: one on the process-wide
-            configuration, made when a policy says ``phaseSource: annotation``).
+        pods_api: what the annotation watch lists and watches pods with (None:
+            ``annotations.NodePodStream`` on the process-wide configuration).
     """
 
     def __init__(
