@@ -222,3 +222,16 @@ def test_status_says_which_probe_evidence_and_falls_back_without_progress():
     assert any(p.clock_mhz for p in trials)
     for ph in _status(blind).phases:
         assert ph.probe_evidence and "whole-phase: no in-phase progress" in ph.probe_evidence
+
+
+def test_annotation_phase_source_plans_whole_step_trials_only():
+    """phaseSource annotation: no plan the operator publishes has probe slices; trials are whole
+    steps at the trial clock, and the status says why (docs/agent.md)."""
+    spec = SPEC.model_copy(update={"phase_source": "annotation"})
+    loop, seen = _run(30, spec)
+    entries = [p for plan in seen["plans"] for p in plan.phases]  # type: ignore[attr-defined]
+    assert not any(p.probe_clocks_mhz for p in entries)
+    assert any(p.state == "trial" and p.clock_mhz for p in entries)  # a whole-step trial
+    for ph in loop.phase_status():
+        assert ph.probe_evidence is not None and "phaseSource annotation" in ph.probe_evidence
+    assert loop.totals().steps == 30
