@@ -15,7 +15,8 @@ hook's wrapper of ``launch_server``) in a folder every process of the pod shares
 signalling process reads them all (:class:`PodEngines`): the pod's decoded tokens are the sum
 over its engines, as the agent governs every GPU of the calling pod.
 
-A file whose writer's process is gone (a crashed or earlier run) is skipped. Standard library
+A file whose writer's process is gone (a crashed or earlier run; pid and start time) is
+skipped. Standard library
 only; the metrics are parsed by ``rlenergy.sdk.progress`` (prometheus-client, in every engine
 image). Callers: ``rlenergy.sdk.verl_hook``.
 """
@@ -46,7 +47,8 @@ def metrics_url(host: str, port: int) -> str:
 def publish(engine: str, url: str, *, directory: Path | None = None) -> Path:
     """Record that an ``engine`` server of this process serves its metrics at ``url``.
 
-    Written atomically (rename) as ``<pid>-<n>.json`` with ``{"engine", "url", "pid"}``.
+    Written atomically (rename) as ``<pid>-<n>.json`` with ``{"engine", "url", "pid",
+    "started"}`` (the process's start time: a later process that reuses the pid is not it).
 
     Raises:
         ValueError: an engine without a pinned token counter (``progress.ENGINES``).
@@ -59,19 +61,32 @@ def publish(engine: str, url: str, *, directory: Path | None = None) -> Path:
     path = folder / f"{pid}-{n}.json"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".publish-")
     with os.fdopen(fd, "w") as f:
-        json.dump({"engine": engine, "url": url, "pid": pid}, f)
+        json.dump({"engine": engine, "url": url, "pid": pid, "started": _started(pid)}, f)
     Path(tmp).replace(path)
     return path
 
 
-def _alive(pid: int) -> bool:
+def _started(pid: int) -> str | None:
+    """The process's start time, or ``None`` without ``/proc``.
+
+    ``/proc/<pid>/stat`` field 22 (clock ticks since boot, ``proc(5)``): with the pid it names
+    one process, never a later one that reused the pid.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _alive(pid: int, started: str | None) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        return True
-    return True
+        pass
+    return started is None or _started(pid) in (None, started)
 
 
 def published(directory: Path | None = None) -> list[progress.HttpExposition]:
@@ -82,9 +97,10 @@ def published(directory: Path | None = None) -> list[progress.HttpExposition]:
         try:
             entry = json.loads(path.read_text())
             pid, engine, url = int(entry["pid"]), str(entry["engine"]), str(entry["url"])
-        except (OSError, ValueError, KeyError, TypeError):
+            started = entry.get("started")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        if _alive(pid):
+        if _alive(pid, None if started is None else str(started)):
             out.append(progress.HttpExposition(url, engine))
     return out
 

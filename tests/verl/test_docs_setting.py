@@ -16,6 +16,8 @@ import verl
 from hydra import compose, initialize_config_dir
 from verl.trainer import main_ppo
 
+from rlenergy.sdk import verl_hook
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
 
@@ -33,9 +35,13 @@ class _Stop(Exception):
     pass
 
 
-def _ray_init_kwargs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def _doc_config() -> Any:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=_doc_overrides())
+        return compose(config_name="ppo_trainer", overrides=_doc_overrides())
+
+
+def _ray_init_kwargs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    config = _doc_config()
     assert config.trainer.use_v1 is False  # main() then runs main_ppo_v0's RayPPOTrainer
     seen: dict[str, Any] = {}
 
@@ -57,6 +63,12 @@ def test_the_docs_setting_reaches_ray_init(monkeypatch: pytest.MonkeyPatch) -> N
     module, _, name = hook.rpartition(".")
     assert callable(getattr(importlib.import_module(module), name))
     assert "env_vars" in kwargs["runtime_env"]  # verl's own runtime env is kept, merged
+
+
+def test_the_docs_command_turns_on_vllms_token_counter() -> None:
+    """verl 0.9.1 starts vLLM with ``disable_log_stats: True`` by default, which leaves out
+    vLLM's Prometheus stat logger (and its ``vllm:generation_tokens`` counter)."""
+    assert _doc_config().actor_rollout_ref.rollout.disable_log_stats is False
 
 
 @pytest.mark.slow
@@ -81,6 +93,15 @@ def test_ray_runs_the_hook_in_a_worker_process_before_its_tasks(
             out["_update_actor"] = getattr(
                 RayPPOTrainer.__dict__["_update_actor"], "__rlenergy_patched__", False
             )
+            from verl.checkpoint_engine.base import CheckpointEngineWorker
+
+            out["CheckpointEngineWorker.update_weights"] = getattr(
+                CheckpointEngineWorker.__dict__["update_weights"], "__rlenergy_patched__", False
+            )
+            import sys
+
+            watched = {getattr(f, "name", None) for f in sys.meta_path}
+            out["engine servers watched"] = {m for m, _ in verl_hook.ENGINE_SERVERS} <= watched
             return out
 
         assert all(ray.get(patched.remote(), timeout=300).values())

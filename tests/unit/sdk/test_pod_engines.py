@@ -5,6 +5,7 @@ served by prometheus-client on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -80,6 +81,17 @@ def test_a_dead_processs_entry_is_skipped_and_bad_input_refused(tmp_path: Path) 
         json.dumps({"engine": "vllm", "url": "http://127.0.0.1:1/metrics", "pid": int(dead.stdout)})
     )
     (tmp_path / "2-0.json").write_text("not json")
+    # this very pid, but another start time: a process that reused the pid
+    (tmp_path / "3-0.json").write_text(
+        json.dumps(
+            {
+                "engine": "vllm",
+                "url": "http://127.0.0.1:3/metrics",
+                "pid": os.getpid(),
+                "started": "1",
+            }
+        )
+    )
     assert pod_engines.published(tmp_path) == []
     with pytest.raises(ValueError, match="no token counter known for engine 'trtllm'"):
         pod_engines.publish("trtllm", "http://127.0.0.1:1/metrics", directory=tmp_path)
