@@ -463,6 +463,45 @@ class DevCluster:
         """
         return self._run(self.binaries.helm, args, check=check, timeout=timeout)
 
+    def wait_crds_established(self, *names: str, timeout_s: float = 60.0) -> None:
+        """Wait until every CRD in ``names`` is Established and its resource is served.
+
+        Polls the CRD's ``Established`` condition, then a listing of its resource
+        (``kubectl get <plural>.<group> -A``: discovery can lag behind Established), rather
+        than ``kubectl wait --for=condition=Established``, which on a CRD applied a moment ago
+        can fail at once with a ``.status.conditions`` accessor error (no conditions yet)
+        instead of waiting.
+
+        Args:
+            *names: CRD names (``<plural>.<group>``).
+            timeout_s: deadline for all of them, s.
+
+        Raises:
+            DevClusterError: a CRD is not Established and served within ``timeout_s``; the
+                message names it and kubectl's last answer.
+        """
+        deadline = time.monotonic() + timeout_s
+        for name in names:
+            last = ""
+            while True:
+                got = self.kubectl(
+                    "get", f"crd/{name}", "-o",
+                    'jsonpath={.status.conditions[?(@.type=="Established")].status}',
+                    check=False,
+                )  # fmt: skip
+                if got.returncode == 0 and got.stdout.strip() == "True":
+                    served = self.kubectl("get", name, "-A", check=False)
+                    if served.returncode == 0:
+                        break
+                    got = served
+                last = (got.stderr or got.stdout).strip()
+                if time.monotonic() > deadline:
+                    raise DevClusterError(
+                        f"CRD {name} not Established and served within {timeout_s:.0f} s "
+                        f"(kubectl: {last or 'no answer'}); see `kubectl describe crd/{name}`"
+                    )
+                time.sleep(0.2)
+
     def server_version(self) -> str:
         """``gitVersion`` the API server reports on ``/version``."""
         data = json.loads(self._get("/version"))

@@ -51,18 +51,10 @@ def chaos_cluster() -> Iterator[DevCluster]:
         pytest.fail(f"chaos tests need the control-plane binaries: {exc}", pytrace=False)
     with cluster:
         cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
-        cluster.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "crd/rlenergypolicies.rlenergy.io",
-            "crd/rlenergynodereports.rlenergy.io",
-            "crd/clusterkopfpeerings.kopf.dev",
-            "--timeout=60s",
-        )
-        wait_until(
-            lambda: cluster.kubectl("get", "rlep", "-A", check=False).returncode == 0,
-            timeout=30,
-            what="rlenergypolicies served",
+        cluster.wait_crds_established(
+            "rlenergypolicies.rlenergy.io",
+            "rlenergynodereports.rlenergy.io",
+            "clusterkopfpeerings.kopf.dev",
         )
         cluster.kubectl(
             "apply",

@@ -52,18 +52,6 @@ def namespace(dev_cluster: DevCluster, request: pytest.FixtureRequest) -> Iterat
 def crds(dev_cluster: DevCluster) -> None:
     """The project's CRDs (``crds/``) applied once, established and served."""
     dev_cluster.kubectl("apply", "--server-side", "-f", str(E2E_DIR.parents[1] / "crds"))
-    dev_cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/rlenergypolicies.rlenergy.io",
-        "crd/rlenergynodereports.rlenergy.io",
-        "--timeout=60s",
+    dev_cluster.wait_crds_established(
+        "rlenergypolicies.rlenergy.io", "rlenergynodereports.rlenergy.io"
     )
-    # The discovery cache of a fresh CRD can lag behind Established for a moment.
-    for short in ("rlep", "rlenr"):
-        wait_until(
-            lambda short=short: dev_cluster.kubectl("get", short, "-A", check=False).returncode
-            == 0,
-            timeout=30,
-            what=f"{short} served",
-        )

@@ -16,13 +16,7 @@ CRD = "gpuwidgets.e2e.rlenergy.dev"
 @pytest.fixture(scope="module")
 def widget_crd(dev_cluster: DevCluster) -> Iterator[str]:
     dev_cluster.kubectl("apply", "-f", str(MANIFESTS / "widget-crd.yaml"))
-    dev_cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
-    # The discovery cache of a fresh CRD can lag behind Established for a moment.
-    wait_until(
-        lambda: dev_cluster.kubectl("get", "gpuwidgets", "-A", check=False).returncode == 0,
-        timeout=30,
-        what="gpuwidgets served",
-    )
+    dev_cluster.wait_crds_established(CRD)
     yield CRD
     dev_cluster.kubectl("delete", "crd", CRD, "--wait=false", check=False)
 

@@ -393,9 +393,7 @@ def _raycluster_crd() -> dict[str, Any]:
 
 def _apply_crd(dev_cluster: DevCluster, crd: dict[str, Any]) -> None:
     dev_cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(crd))
-    dev_cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=60s"
-    )
+    dev_cluster.wait_crds_established(crd["metadata"]["name"])
 
 
 @pytest.mark.timeout(180)
