@@ -84,9 +84,14 @@ _METRIC = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def request_counts(cluster: DevCluster) -> collections.Counter[tuple[str, str, str]]:
-    """``apiserver_request_total`` as (verb, resource[/subresource], code) -> count."""
-    text = cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout
+def apiserver_metrics(cluster: DevCluster) -> str:
+    """The API server's ``/metrics`` text."""
+    return cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout
+
+
+def request_counts(text: str) -> collections.Counter[tuple[str, str, str]]:
+    """``apiserver_request_total`` of a ``/metrics`` text as (verb, resource[/subresource],
+    code) -> count."""
     out: collections.Counter[tuple[str, str, str]] = collections.Counter()
     for line in text.splitlines():
         m = _METRIC.match(line)
@@ -98,6 +103,25 @@ def request_counts(cluster: DevCluster) -> collections.Counter[tuple[str, str, s
             res += "/" + labels["subresource"]
         out[(labels.get("verb", ""), res, labels.get("code", ""))] += int(float(m.group("value")))
     return out
+
+
+def mean_seconds(before: str, after: str, metric: str, **labels: str) -> tuple[float, int]:
+    """(mean, count) between two ``/metrics`` texts of the histogram ``metric`` over the series
+    whose labels include ``labels`` (``<metric>_sum`` / ``<metric>_count`` deltas)."""
+
+    def totals(text: str) -> tuple[float, float]:
+        out = [0.0, 0.0]
+        for line in text.splitlines():
+            for i, suffix in enumerate(("_sum{", "_count{")):
+                if line.startswith(metric + suffix):
+                    have = dict(_LABEL.findall(line[line.index("{") : line.index("}")]))
+                    if all(have.get(k) == v for k, v in labels.items()):
+                        out[i] += float(line.rsplit(" ", 1)[1])
+        return out[0], out[1]
+
+    (s0, c0), (s1, c1) = totals(before), totals(after)
+    n = int(c1 - c0)
+    return ((s1 - s0) / n if n else float("nan")), n
 
 
 plan_to_decisions = aggregate.plan_decisions
@@ -215,6 +239,91 @@ class PolicyWatch:
         self.proc.wait(timeout=10)
 
 
+REPORT_WATCHER = r"""
+import json, sys, time
+import kubernetes
+kubernetes.config.load_kube_config(config_file=sys.argv[1])
+api = kubernetes.client.CustomObjectsApi()
+version = ""
+while True:
+    w = kubernetes.watch.Watch()
+    kw = {"timeout_seconds": 60, "allow_watch_bookmarks": True}
+    if version:
+        kw["resource_version"] = version
+    try:
+        for ev in w.stream(api.list_namespaced_custom_object, sys.argv[2], sys.argv[3],
+                           sys.argv[4], sys.argv[5], **kw):
+            now = time.time()
+            if ev["type"] in ("ADDED", "MODIFIED"):
+                spec = ev["object"].get("spec") or {}
+                print(json.dumps([spec.get("policyName"), spec.get("nodeName"),
+                                  int(spec.get("lastStep", -1)), now]), flush=True)
+        version = w.resource_version or version
+    except Exception as exc:
+        version = ""
+        print(json.dumps(["", "", -1, repr(exc)]), flush=True)
+        time.sleep(1)
+"""
+
+
+class ReportWatch:
+    """A watch on the namespace's node reports in its own process: when each node's report of
+    each step first reached a watcher (the API server's watch delivery, which the operator's
+    report index waits for too).
+
+    It is one more watcher of every report event for the API server (each event is encoded
+    once and written to each watcher) and parses every report in its own process.
+    """
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        self.first: dict[tuple[str, str], list[tuple[int, float]]] = collections.defaultdict(list)
+        self.lock = threading.Lock()
+        self.restarts = 0
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                REPORT_WATCHER,
+                str(kubeconfig),
+                GROUP,
+                VERSION,
+                namespace,
+                "rlenergynodereports",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            policy, node, last, now = json.loads(line)
+            if not policy:
+                self.restarts += 1
+                continue
+            with self.lock:
+                seen = self.first[(policy, node)]
+                if not seen or last > seen[-1][0]:
+                    seen.append((last, now))
+
+    def delivered(self, policy: str, nodes: list[str], step: int) -> float | None:
+        """When the watch had every one of ``nodes``' reports with ``lastStep >= step``."""
+        out = 0.0
+        with self.lock:
+            for node in nodes:
+                times = [t for last, t in self.first.get((policy, node), []) if last >= step]
+                if not times:
+                    return None
+                out = max(out, min(times))
+        return out
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
 ACCOUNTED = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\].*\[([^/\]]+)/([^\]]+)\] "
     r"accounted steps \[([\d, ]+)\]"
@@ -259,6 +368,7 @@ class FleetJob:
         self.records: list[api_node.StepRecord] = []
         self.last_write: dict[int, float] = {}
         self.plan: api_node.ClockPlan | None = None
+        self.report_bytes: list[int] = []  # per RL step: one node's report body, JSON bytes
         self.propagation: list[float] = []
         self.error: BaseException | None = None
         clocks = list(self.sku.supported_sm_clocks_mhz())
@@ -369,6 +479,9 @@ class FleetJob:
             idle_energy_joules=0.0,
         )
         self.records.append(rec)
+        first = self.nodes[0]
+        body = self.writers[first].body(self.report(first))
+        self.report_bytes.append(len(json.dumps(body, separators=(",", ":"))))
         self.last_write[obs.step] = self.write_all()
 
     def run(self) -> None:
@@ -428,6 +541,7 @@ class Point:
 
     def run(self) -> dict[str, Any]:
         watch = PolicyWatch(self.cluster.kubeconfig, self.namespace)
+        reports = ReportWatch(self.cluster.kubeconfig, self.namespace)
         try:
             self.create()
             # Agents start: each writes its first report (GPUs and clock tables) at once.
@@ -437,7 +551,8 @@ class Point:
             for j in self.jobs:
                 j.write_all()
             initial_s = time.monotonic() - t0
-            before = request_counts(self.cluster)
+            metrics_before = apiserver_metrics(self.cluster)
+            before = request_counts(metrics_before)
             t_start = time.monotonic()
             threads = [threading.Thread(target=j.run, name=j.name) for j in self.jobs]
             for t in threads:
@@ -452,7 +567,8 @@ class Point:
                         break
                     time.sleep(0.1)
             elapsed = time.monotonic() - t_start
-            after = request_counts(self.cluster)
+            metrics_text = apiserver_metrics(self.cluster)
+            after = request_counts(metrics_text)
             errors = [f"{j.name}: {j.error!r}" for j in self.jobs if j.error is not None]
             lags: list[float] = []
             missing = 0
@@ -466,10 +582,15 @@ class Point:
             prop = [p for j in self.jobs for p in j.propagation]
             writes = {(j.name, step): t for j in self.jobs for step, t in j.last_write.items()}
             seen_at = {key: watch.first_seen(key[0], key[1]) for key in writes}
+            nodes_of = {j.name: j.nodes for j in self.jobs}
+            delivered = {key: reports.delivered(key[0], nodes_of[key[0]], key[1]) for key in writes}
             return {
                 "namespace": self.namespace,
                 "writes": writes,
                 "seen": seen_at,
+                "delivered": delivered,
+                "report_watch_restarts": reports.restarts,
+                "metrics_before": metrics_before,
                 "nodes": len(self.nodes),
                 "gpus": len(self.nodes) * GPUS_PER_NODE,
                 "policies": len(self.jobs),
@@ -480,10 +601,13 @@ class Point:
                 "lag_missing": missing,
                 "propagation": prop,
                 "requests": after - before,
+                "metrics": metrics_text,
+                "report_bytes": [b for j in self.jobs for b in j.report_bytes],
                 "errors": errors,
             }
         finally:
             watch.stop()
+            reports.stop()
 
     def teardown(self) -> float:
         """Delete the policies; the agents acknowledge the reset plan (the finalizer's wait)."""
@@ -513,6 +637,13 @@ class Point:
         )
         self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false", check=False)
         return time.monotonic() - t0
+
+    def stop_watchers(self) -> None:
+        """End the simulated agents' plan watches (before the next point or the cluster stops:
+        a watch cut by the API server's exit logs a reconnect warning)."""
+        for j in self.jobs:
+            for w in j.watchers:
+                w.stop()
 
 
 def summarize(res: dict[str, Any], op: Operator) -> list[str]:
@@ -547,6 +678,18 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
     lags, prop = res["lags"], res["propagation"]
     folded = res["accounted"]
     fold_lags = [max(0.0, folded[key] - t) for key, t in res["writes"].items() if key in folded]
+    delivered = res["delivered"]
+    delivery = [max(0.0, d - res["writes"][k]) for k, d in delivered.items() if d is not None]
+    after_delivery = [
+        max(0.0, folded[k] - d) for k, d in delivered.items() if d is not None and k in folded
+    ]
+    m0, m1 = res["metrics_before"], res["metrics"]
+    patch_s, patches = mean_seconds(
+        m0, m1, "apiserver_request_duration_seconds", resource="rlenergynodereports", verb="PATCH"
+    )
+    etcd_s, updates = mean_seconds(
+        m0, m1, "etcd_request_duration_seconds", resource="rlenergynodereports", operation="update"
+    )
     n = res["nodes"]
     lines = [
         f"== {n} nodes x {GPUS_PER_NODE} GPUs ({res['gpus']} GPUs), {res['policies']} policies, "
@@ -560,8 +703,19 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
         f"    of which in the operator (last report -> the operator logs the step accounted, "
         f"before its status PATCH): p50 {pct(fold_lags, 50):.2f} s, p99 {pct(fold_lags, 99):.2f} s "
         f"over {len(fold_lags)} steps",
+        f"    the API server's watch delivery (last report written -> an independent watch on "
+        f"the reports has every node's report of the step): p50 {pct(delivery, 50):.2f} s, p99 "
+        f"{pct(delivery, 99):.2f} s over {len(delivery)} steps ({res['report_watch_restarts']} "
+        f"watch restarts); then the operator (-> accounted): p50 {pct(after_delivery, 50):.2f} s, "
+        f"p99 {pct(after_delivery, 99):.2f} s",
+        f"    API server per report PATCH (apiserver_request_duration_seconds): mean "
+        f"{patch_s:.3f} s over {patches}; of which its etcd update "
+        f"(etcd_request_duration_seconds): mean {etcd_s:.3f} s over {updates}",
         f"  plan propagation (last report of a step -> every agent holds the next plan, "
         f"{PLAN_POLL_S:.0f} s polls): p50 {pct(prop, 50):.2f} s, p99 {pct(prop, 99):.2f} s",
+        f"  node report body (one node's, JSON, per write): p50 "
+        f"{pct(res['report_bytes'], 50) / 1e3:.1f} kB, max "
+        f"{max(res['report_bytes'], default=0) / 1e3:.1f} kB",
         f"  node report writes per node per RL step: {per_node_step:.2f} ({writes} writes; target "
         f"<= 1)  {'OK' if per_node_step <= 1.0 + 1e-9 else 'MISSED'}",
         f"  policy status writes: {status_writes} ({status_writes / (res['policies'] * res['steps']):.2f} "
@@ -663,16 +817,22 @@ def main(argv: list[str] | None = None) -> int:
                             "last_write": t,
                             "accounted": folded.get((job, step)),
                             "seen": res["seen"].get((job, step)),
+                            "delivered": res["delivered"].get((job, step)),
                         }
                         for (job, step), t in sorted(res["writes"].items())
                     ]
                     print("\n".join(lines), flush=True)
                     out_lines += lines
+                    (ROOT / "out").mkdir(exist_ok=True)
+                    (ROOT / "out" / f"bench-scale-apiserver-metrics-{n}.txt").write_text(
+                        res["metrics"]
+                    )
                     if k < len(points) - 1:
                         print(
                             f"  teardown (reset acks, finalizers) {point.teardown():.1f} s",
                             flush=True,
                         )
+                    point.stop_watchers()
                     if op.proc.poll() is not None:
                         print("operator exited!", file=sys.stderr)
                         break

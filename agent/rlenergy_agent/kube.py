@@ -376,6 +376,8 @@ class PlanWatcher:
                 backoff = 0.5
             except ApiException as exc:
                 version = ""  # 410 Gone or any API error: list again
+                if self._stopped.is_set():
+                    return  # stopped: what ended the watch is no news
                 if exc.status != 410:
                     self._set(None, exc)
                     log.warning("plan watch %s/%s: %s", self.namespace, self.policy, exc.reason)
@@ -383,6 +385,8 @@ class PlanWatcher:
                     backoff = min(backoff * 2, self.retry_max_s)
             except Exception as exc:  # noqa: BLE001 - connection loss: list again after a pause
                 version = ""
+                if self._stopped.is_set():
+                    return
                 self._set(None, exc)
                 log.warning("plan watch %s/%s: %s", self.namespace, self.policy, exc)
                 self._stopped.wait(backoff)

@@ -114,18 +114,25 @@ class WatchLag:
         self._delivered: dict[WatchKey, tuple[str, float]] = {}  # version, when
         self._pending: dict[WatchKey, tuple[str | None, float]] = {}  # delivered then, since
         self._read_at: float | None = None  # the last successful read's start
-        self._tried_at = float("-inf")  # the last read's start, successful or not
+        self._tried_at = float("-inf")  # the last read's start or end, successful or not
+        self._reading = False  # a read started and has not ended (listed / unreachable)
 
     def due(self, interval_s: float) -> bool:
-        """Whether a read is due: none started in the last ``interval_s`` s (then this one is).
+        """Whether a read is due (then this one is).
 
-        Every policy's timer asks; one read serves them all.
+        Due when none is running and none started or ended in the last ``interval_s`` s.
+
+        Every policy's timer asks; one read serves them all. A read ends with ``listed`` or
+        ``unreachable``. Reads never overlap: on a slow API server (``bench/scale.py``, 250
+        nodes on a loaded machine) reads that each waited out the request timeout had piled
+        up four and five at a time, each holding a handler thread and each asking the API
+        server for every object again.
         """
         now = self._clock()
         with self._lock:
-            if now - self._tried_at < interval_s:
+            if self._reading or now - self._tried_at < interval_s:
                 return False
-            self._tried_at = now
+            self._tried_at, self._reading = now, True
             return True
 
     def now(self) -> float:
@@ -146,6 +153,7 @@ class WatchLag:
         Objects delivered before the read started and not listed are gone: forgotten.
         """
         with self._lock:
+            self._reading, self._tried_at = False, self._clock()
             if self._read_at is None or started_s - self._read_at > self.stale_s:
                 self._pending.clear()  # no read for a while: start over
             self._read_at = started_s
@@ -164,6 +172,7 @@ class WatchLag:
     def unreachable(self) -> None:
         """A read failed (API server unreachable or erring): nothing is judged until the next."""
         with self._lock:
+            self._reading, self._tried_at = False, self._clock()
             self._pending.clear()
             self._read_at = None
 

@@ -168,3 +168,61 @@ def test_lost_rollout_workers_are_relayed_to_the_dispatcher(make_driver):
     answer = server.dispatch(agent, pod, signals.LostWorkersRequest(), 0.0)
     assert isinstance(answer, signals.LostWorkersAnswer)
     assert answer.lost_workers == ["ns/worker-1"] and answer.pod == str(pod)
+
+
+
+class _CutResp(_Resp):
+    """A watch response whose connection breaks once ``cut`` is set (the API server exits)."""
+
+    def __init__(self, cut: threading.Event) -> None:
+        super().__init__([], None)
+        self.cut = cut
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+        self.cut.wait(5)
+        raise ConnectionResetError("Response ended prematurely")
+        yield b""  # a generator, like urllib3's
+
+
+class _CutApi(_Api):
+    """Each watch request holds until the test cuts its connection (``cuts[i].set()``)."""
+
+    def __init__(self) -> None:
+        super().__init__([_listing("10", _policy(0, "9"))], [])
+        self.cuts = [threading.Event() for _ in range(3)]
+
+    def list_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+        """Fake.
+
+        :return: object
+        """
+        if kwargs.get("watch"):
+            self.calls.append(kwargs)
+            return _CutResp(self.cuts[len([c for c in self.calls if c.get("watch")]) - 1])
+        return super().list_namespaced_custom_object(*args, **kwargs)
+
+
+def _watches(api: _Api) -> int:
+    return len([c for c in api.calls if c.get("watch")])
+
+
+def test_a_connection_cut_after_stop_ends_quietly_and_one_before_lists_again(caplog):
+    # The scale bench saw one "Response ended prematurely" per watcher when its cluster stopped
+    # under watchers it had not stopped: a stopped watcher says nothing and ends; a live one
+    # warns and lists again.
+    api = _CutApi()
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    with caplog.at_level("WARNING", logger=kube.log.name):
+        w.poll()
+        _until(lambda: _watches(api) == 1)
+        api.cuts[0].set()  # a live watcher's connection breaks
+        _until(lambda: _watches(api) == 2)  # warned, listed again, watches again
+        assert "ended prematurely" in caplog.text
+        assert sum(1 for c in api.calls if not c.get("watch")) == 2
+        caplog.clear()
+        w.stop()
+        api.cuts[1].set()  # the connection of a stopped watcher breaks
+        w._thread.join(timeout=5)
+    assert not w._thread.is_alive()
+    assert "ended prematurely" not in caplog.text
+    assert _watches(api) == 2

@@ -140,11 +140,18 @@ def test_unreachable_api_server_and_stopped_reads_are_not_judged():
     assert lag.silent() == {}
 
 
-def test_one_read_per_interval_serves_every_policy():
+def test_one_read_per_interval_serves_every_policy_and_reads_never_overlap():
     clock = _Clock()
     lag = liveness.WatchLag(clock=clock)
     assert lag.due(27.0)
     assert not lag.due(27.0)  # the second policy's timer in the same interval
+    clock.t += 90  # the read is still waiting for the API server
+    assert not lag.due(27.0)
+    lag.listed({}, 0.0)
+    assert not lag.due(27.0)  # the interval counts from the end of the last read
+    clock.t += 27
+    assert lag.due(27.0)
+    lag.unreachable()  # a failed read ends it too
     clock.t += 27
     assert lag.due(27.0)
 
@@ -223,6 +230,7 @@ def test_watched_versions_lists_metadata_only_per_namespace(monkeypatch: pytest.
         def list_namespaced_custom_object(self, g: str, v: str, ns: str, plural: str, **kw: Any):
             calls.append((ns, plural, kw["_headers"]["Accept"]))
             assert kw["_request_timeout"] == 5.0
+            assert kw["resource_version"] == "0"  # from the watch cache, not etcd
             if plural == R:
                 return {"items": None}  # an empty metadata list says null
             meta = {"name": "p", "namespace": ns, "resourceVersion": "3"}
