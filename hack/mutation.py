@@ -41,6 +41,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/operator/test_jobloop_truth.py",
         ],
     ),
+    "control-freq-units": (
+        ["rlenergy/control/freq/predictor.py", "rlenergy/control/freq/candidates.py"],
+        ["tests/unit/control/freq/test_predictor.py", "tests/unit/control/freq/test_candidates.py"],
+    ),
     "control-moe": (["rlenergy/control/moe/*.py"], ["tests/unit/control/moe"]),
     "agent-energy": (
         ["agent/rlenergy_agent/energy.py", "rlenergy/gpu/energy.py"],
@@ -80,7 +84,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "sim-scoring": (["rlenergy/sim/job.py"], ["tests/unit/sim/test_job.py"]),
 }
-"""Key -> (files to mutate, unit tests to run). Test paths that do not exist are skipped."""
+"""Key -> (files to mutate, unit tests to run). Test paths that do not exist are skipped.
+
+``control-freq-units`` mutates two of ``control-freq``'s files against their own function-level
+tests only (seconds per mutant instead of the whole simulated jobs of ``test_eerl.py``): its
+score is a lower bound of theirs under ``control-freq``, where more tests run."""
 
 COPIED = {
     "rlenergy": "rlenergy",

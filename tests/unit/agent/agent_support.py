@@ -33,6 +33,20 @@ def energy_sources(caps: Mapping[str, backend.Capabilities]) -> dict[str, energy
     }
 
 
+def discovered_meter(
+    clock: Callable[[], float], wall: Callable[[], float], totals: Path | None = None
+) -> energy.EnergyMeter:
+    """An ``EnergyMeter`` over the GPUs the stand-in NVML shows, timed by ``clock``/``wall`` (s)."""
+    found = backend.discover()
+    return energy.EnergyMeter(
+        found.gpus,
+        energy_sources({u: g.probe() for u, g in found.gpus.items()}),
+        totals_path=totals,
+        clock=clock,
+        wall=wall,
+    )
+
+
 def probe_plan(
     schedule: Sequence[int | None], slice_s: float, *, training_locked: bool = False
 ) -> api_node.ClockPlan:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agent_support import DriverFactory, energy_sources
+from agent_support import DriverFactory, discovered_meter, energy_sources
 from rlenergy_agent import energy
 from rlenergy_agent.nvml import backend
 from rlenergy_agent.testing import standin
@@ -14,14 +14,7 @@ from rlenergy.gpu import energy as gpu_energy
 
 
 def _meter(drv: standin.StandinDriver, totals: Path | None = None) -> energy.EnergyMeter:
-    found = backend.discover()
-    return energy.EnergyMeter(
-        found.gpus,
-        energy_sources({u: g.probe() for u, g in found.gpus.items()}),
-        totals_path=totals,
-        clock=lambda: drv.virtual_s,
-        wall=lambda: drv.virtual_s,
-    )
+    return discovered_meter(lambda: drv.virtual_s, lambda: drv.virtual_s, totals)
 
 
 def _run(
