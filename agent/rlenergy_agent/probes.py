@@ -188,7 +188,14 @@ class ProbeSlices(AgentState):
         p.power_w += total
         p.power_n += 1
 
-    def _finish_slice(self, w: _Open, p: _Probe, end_s: float, mark: energy.Mark) -> None:
+    def _finish_slice(
+        self,
+        w: _Open,
+        p: _Probe,
+        end_s: float,
+        mark: energy.Mark,
+        switch_s: float | None = None,
+    ) -> None:
         duration = max(end_s - p.start_s, 0.0)
         energy_j: float | None
         source: str | None
@@ -203,12 +210,22 @@ class ProbeSlices(AgentState):
         ran = min(p.clock_reads) if p.clock_reads and p.clock_mhz is not None else None
         p.done.append(
             _Slice(
-                p.clock_mhz, p.start_s, end_s, energy_j, effective_mhz=ran, energy_source=source
+                p.clock_mhz,
+                p.start_s,
+                end_s,
+                energy_j,
+                effective_mhz=ran,
+                energy_source=source,
+                switch_s=switch_s,
             )
         )
 
     def _next_slice(self, w: _Open, p: _Probe) -> None:
         nxt = p.schedule[(p.index + 1) % len(p.schedule)]
+        # The GPUs take the new clock one after the other: from the first write on, a job
+        # gated by its slowest GPU may run at the new clock (the switch took 2-20 ms over 8
+        # stand-in GPUs in the full-stack e2e), so the ending slice's rate stops here.
+        began = self._clock()
         results = [
             self.actuator.apply(u, nxt, owner_uuids=w.devices)
             for u in w.gpus
@@ -216,7 +233,7 @@ class ProbeSlices(AgentState):
         ]
         now = self._clock()  # the new clock is in effect from here
         mark = self.meter.mark(w.gpus)
-        self._finish_slice(w, p, now, mark)
+        self._finish_slice(w, p, now, mark, switch_s=min(began, now))
         p.index += 1
         p.begin(now, mark)
         self.probe_switches += 1
@@ -240,7 +257,18 @@ class ProbeSlices(AgentState):
     def _slice_reports(self, w: _Open, p: _Probe) -> list[api_node.SliceReport]:
         log_t = [t for t, _ in w.progress_log]
         log_p = [v for _, v in w.progress_log]
-        progress = slice_progress(log_t, log_p, [(sl.start_s, sl.end_s) for sl in p.done])
+        # The window's last report holds the phase's end: the work finished somewhere inside
+        # its interval and the GPUs waited for the rest, so it is no slice's rate (counted
+        # in, it read a rollout's last default slice 20 % slow and its block's ratio 0.985
+        # against a true 0.924, tests/unit/agent/test_status_truth.py).
+        before_last = bisect.bisect_left(log_t, log_t[-1]) - 1 if log_t else -1
+        last = log_t[before_last] if before_last >= 0 else -math.inf
+        progress = slice_progress(
+            log_t,
+            log_p,
+            [(sl.start_s, sl.end_s) for sl in p.done],
+            [min(sl.end_s, last) if sl.switch_s is None else sl.switch_s for sl in p.done],
+        )
         return [
             api_node.SliceReport(
                 clock_mhz=sl.clock_mhz,
@@ -286,7 +314,10 @@ class ProbeSlices(AgentState):
 
 
 def slice_progress(
-    ts: Sequence[float], values: Sequence[float], spans: Sequence[tuple[float, float]]
+    ts: Sequence[float],
+    values: Sequence[float],
+    spans: Sequence[tuple[float, float]],
+    rate_ends: Sequence[float] | None = None,
 ) -> list[float]:
     """Each slice's progress from the trainer's cumulative progress log.
 
@@ -299,14 +330,23 @@ def slice_progress(
     ratio is 0.946 against a 0.95 threshold, tests/unit/agent/test_status_truth.py). So a
     slice's rate comes from the reports inside it only (its first to its last, all at its
     own clock); a slice with fewer than two reports inside falls back to the interpolated
-    rate. The rates times the slices' durations are then scaled by one factor so that the
-    slices add up to the interpolated progress of their whole span (the ratios between
-    slices, which is what the probe blocks use, are unchanged by it).
+    rate. A slice's clock holds only until the switch to the next one begins (``rate_ends``):
+    the GPUs take a new lock one after the other, and a job gated by its slowest GPU runs the
+    new clock from the first write on, so reports made while the switch runs are left out of
+    both slices' rates (counted in, they read a default slice before a low clock as slow and
+    inflate the block's throughput ratio: tests/unit/agent/test_status_truth.py, case
+    "e2e-cadence", where a 5 ms switch read 1200 MHz training blocks at 0.70 against a true 0.64).
+    The rates times the slices' durations are then scaled by one factor so that the slices
+    add up to the interpolated progress of their whole span (the ratios between slices, which
+    is what the probe blocks use, are unchanged by it).
 
     Args:
         ts: report times, ascending (the agent's clock), s.
         values: cumulative progress at each report.
         spans: (start, end) of each slice, in order, s.
+        rate_ends: per slice, the last time a report counts in its rate (when the switch
+            away from its clock began; ``None``: each slice's end, a report at the end
+            included), s.
 
     Returns:
         Progress per slice (>= 0), in the order of ``spans``.
@@ -318,9 +358,10 @@ def slice_progress(
         return _interpolate(ts, values, t)
 
     raw: list[float] = []
-    for start, end in spans:
+    ends = [end for _, end in spans] if rate_ends is None else rate_ends
+    for (start, end), rate_end in zip(spans, ends, strict=True):
         lo = bisect.bisect_right(ts, start)
-        hi = bisect.bisect_left(ts, end) - 1
+        hi = bisect.bisect_right(ts, min(rate_end, end)) - 1
         if hi > lo and ts[hi] > ts[lo]:
             rate = (values[hi] - values[lo]) / (ts[hi] - ts[lo])
             raw.append(max(rate, 0.0) * (end - start))

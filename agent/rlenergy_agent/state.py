@@ -52,6 +52,10 @@ class _Slice:
     """Lowest SM clock read with the slice's power samples (locked slices), MHz."""
     energy_source: str | None = None
     """``instant_power`` (mean of the samples) or the meter's source of the counter fallback."""
+    switch_s: float | None = None
+    """When the switch to the next slice's clock began (``end_s``: when it had reached every
+    GPU), s; ``None``: the slice ended without a switch. Between the two the GPUs run mixed
+    clocks, so progress reported then is no slice's rate (``probes.slice_progress``)."""
 
 
 @dataclasses.dataclass

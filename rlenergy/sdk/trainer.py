@@ -251,9 +251,16 @@ class RLEnergyClient:
         """Report work done in the current phase since the last report (tokens)."""
         self._signal("/v1/progress", signals.ProgressRequest, amount=amount)
 
-    def progress_total(self, total: float, *, in_flight: int | None = None) -> None:
+    def progress_total(
+        self, total: float, *, in_flight: int | None = None, measured_at_s: float | None = None
+    ) -> None:
         """Report the cumulative work done in the current phase so far.
 
+        ``measured_at_s``: when ``total`` was counted (``time.monotonic()``, s; ``None``: now).
+        Pass it when the count is taken some time before this call (read from an engine's
+        counter, or several ranks counted in one pass): the agent puts the report at that time
+        in the probe slices, and a stamp later than the count shifts progress into the wrong
+        slice (a few ms on a slice of tens of ms moves its rate by tens of percent).
         ``in_flight``: requests the rollout engine has in flight now (``None``: not said).
         With it the agent watches the phase for stalls: progress frozen with requests in
         flight at low power is a ``RolloutStalled`` rollout, held at its clock and kept out
@@ -271,7 +278,7 @@ class RLEnergyClient:
             "/v1/progress",
             signals.ProgressRequest,
             total=total,
-            atMonotonicSeconds=time.monotonic(),
+            atMonotonicSeconds=time.monotonic() if measured_at_s is None else measured_at_s,
             inFlight=in_flight,
         )
 

@@ -40,13 +40,15 @@ class RLEnergyVerlCallback:
         """Tokens decoded since the last call (rollout progress)."""
         self.client.progress(decoded_tokens)
 
-    def on_phase_progress(self, done: float) -> None:
+    def on_phase_progress(self, done: float, *, measured_at_s: float | None = None) -> None:
         """Cumulative work of the current phase so far.
 
         Decode iterations in rollout, trained tokens in the update; call every few tens of ms
-        and right before the phase ends (probe slices interpolate it).
+        and right before the phase ends (probe slices interpolate it). ``measured_at_s``: when
+        ``done`` was counted (``time.monotonic()``; ``None``: now), see
+        ``RLEnergyClient.progress_total``.
         """
-        self.client.progress_total(done)
+        self.client.progress_total(done, measured_at_s=measured_at_s)
 
     def on_generation_end(self, step: int) -> None:
         """Rollout done; the GPUs wait (reward, data movement) until training starts."""

@@ -216,9 +216,8 @@ class Job:
 
 
 def _progress(x: float, k: float) -> float:
-    """SDK-reported progress ``F(x) = 1 - (1 - x)**k`` at work fraction ``x`` (see PhaseWork)."""
-    x = min(max(x, 0.0), 1.0)
-    return float(1.0 - (1.0 - x) ** k)
+    """SDK-reported progress at work fraction ``x`` (``workload.reported_progress``)."""
+    return workload.reported_progress(x, k)
 
 
 class _Agent:

@@ -22,7 +22,32 @@ PHASES: tuple[str, ...] = ("generation", "training")
 DECODE_ITERATION_SHAPE = 0.15
 """How much decode iterations speed up as the batch drains, relative to token throughput
 (which falls with the number of active sequences) [MODEL]."""
+
 """Phase names of an RL step, in order (sync mode)."""
+
+
+def reported_progress(x: float, k: float) -> float:
+    """Share of a phase's progress the SDK has reported at work fraction ``x`` (0..1).
+
+    The reporting rate per unit of work rises linearly over the phase, from 1 at the start to
+    ``k`` times that at the end (``PhaseWork.progress_shape``; ``k = 1``: proportional):
+    ``F(x) = (x + (k - 1) x**2 / 2) / ((k + 1) / 2)`` [MODEL]. Decode iterations get cheaper
+    as sequences finish, so iterations speed up over a rollout and stay bounded at its end.
+    (The earlier ``1 - (1 - x)**k`` had iterations slow down to a halt at the end, against
+    that reasoning: its rate falls to 0 at ``x = 1`` with infinite slope, and a Thue-Morse
+    probe block over a rollout's last slices then read the low clock 0.02-0.036 faster than
+    it was, measured on the full-stack replay at 12-25 ms report gaps, issue 21; a rate linear
+    in ``x`` is a trend such a block cancels.)
+
+    Args:
+        x: work fraction done, clamped to [0, 1].
+        k: the phase's progress shape, >= 1.
+
+    Returns:
+        Reported progress as a share of the phase's total, in [0, 1].
+    """
+    x = min(max(x, 0.0), 1.0)
+    return (x + (k - 1.0) * x * x / 2.0) / ((k + 1.0) / 2.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +58,12 @@ class PhaseWork:
         name: phase name (``generation`` or ``training``).
         kind: phase kind for the GPU model.
         boost_time_s: time at max boost clock with all the job's GPUs, s.
-        progress_shape: shape ``k`` of the progress the SDK reports, ``F(x) = 1 - (1 - x)**k``
-            over the phase's work fraction ``x``. Generation reports decode iterations (engine
-            steps): an iteration gets cheaper as sequences finish and their KV reads stop, so
-            iterations speed up over the phase, ``k = 1 + DECODE_ITERATION_SHAPE * (max / mean
-            response length - 1)``; training reports tokens of finished micro-batches, ``k = 1``.
+        progress_shape: shape ``k`` of the progress the SDK reports over the phase's work
+            fraction ``x`` (``reported_progress``: the rate rises linearly to ``k`` times its
+            start). Generation reports decode iterations (engine steps): an iteration gets
+            cheaper as sequences finish and their KV reads stop, so iterations speed up over
+            the phase, ``k = 1 + DECODE_ITERATION_SHAPE * (max / mean response length - 1)``;
+            training reports tokens of finished micro-batches, ``k = 1``.
     """
 
     name: str

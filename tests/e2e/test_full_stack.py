@@ -13,10 +13,10 @@ the agent as it goes. The agents write their ``RLEnergyNodeReport``s and follow
 We check: the policy's status gets per-phase savings and totals and ``kubectl get rlep`` shows
 the saving; the agents ran the trials' probe slices and generation locks a clock below max with
 a positive saving; against the simulator's truth (``_truth``: the same steps under the default
-governor), every phase's and the job's true throughput ratio keeps its threshold, and the
-status's saving and throughput ratio are within ``SAVING_TOLERANCE_PP`` and
-``RATIO_TOLERANCE`` of the true ones (trials included; judged after every other check, and a
-miss ends the test as an expected failure that names ``KNOWN_TRUTH_BUG`` and the figures); totals
+governor), every locked clock keeps its phase's threshold on the run's steps, every phase's
+and the job's whole-run true throughput ratio (trials included) keeps it within
+``TRIAL_ALLOWANCE``, and the status's saving and throughput ratio are within
+``SAVING_TOLERANCE_PP`` and ``RATIO_TOLERANCE`` of the true ones (trials included); totals
 equal the sum of the node reports; every measured phase energy of every node and step is
 within 1 % of the simulator's truth (the windows that miss it are printed); after the policy is
 deleted the finalizer is lifted on the agents' reset acknowledgements (not the deadline) and
@@ -36,6 +36,7 @@ from e2e_support import get_json, wait_until
 from rlenergy_agent.testing import fullstack, standin
 
 from rlenergy.devcluster import DevCluster
+from rlenergy.sim import job as sim_job
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"
@@ -46,15 +47,12 @@ SAVING_TOLERANCE_PP = 1.0
 """Largest gap between the status's saving and the true saving, percentage points (issue 19)."""
 RATIO_TOLERANCE = 0.01
 """Largest gap between the status's throughput ratio and the true ratio (issue 19)."""
-KNOWN_TRUTH_BUG = (
-    "open bug (issues 21 and 19 item 6): on some runs, at 12-25 ms trainer ticks on an idle "
-    "machine, a probed training window's slices read a throughput ratio far from the truth "
-    "(status 1.76 vs true 0.85 on 2026-12-02), so the controller locks training below its "
-    "threshold in truth and status overstates the saving; other runs pass every truth check"
-)
-"""Why the truth checks of this e2e end the test as an expected failure instead of failing it:
-the bug is real and open, and the run is reported (``-ra``) with its figures rather than hidden.
-Remove this and assert again once the slice rates are fixed."""
+TRIAL_ALLOWANCE = 0.03
+"""How far a phase's whole-run true ratio may fall below its threshold in these 40 steps: 4
+warm up and up to a quarter of max(steps, 40) trial (``eerl._trial_budget_left``), half of each
+probe's slices at the lever-arm clock (``eerl.PROBE_MIN_RATIO``, 0.85); the promise on the
+whole run is made over long runs (``make bench-energy``, 200 steps), the lock's here
+(``_lock_misses``). As tests/unit/agent/test_status_truth.py."""
 
 
 def _truth_misses(
@@ -62,19 +60,41 @@ def _truth_misses(
     true_figures: dict[str, tuple[float, float]],
     thresholds: dict[str, float],
 ) -> list[str]:
-    """What of the status is off the truth: each phase's and the job's true throughput ratio
-    below its threshold, the saving more than ``SAVING_TOLERANCE_PP`` off, the ratio more than
-    ``RATIO_TOLERANCE`` off."""
+    """What of the status is off the truth: each phase's and the job's whole-run true
+    throughput ratio more than ``TRIAL_ALLOWANCE`` below its threshold, the saving more than
+    ``SAVING_TOLERANCE_PP`` off, the ratio more than ``RATIO_TOLERANCE`` off."""
     misses = []
     for key, (saving, ratio) in report.items():
         true_saving, true_ratio = true_figures[key]
-        if true_ratio < thresholds[key]:
-            misses.append(f"{key} true throughput ratio {true_ratio:.4f} < {thresholds[key]}")
+        if true_ratio < thresholds[key] - TRIAL_ALLOWANCE:
+            misses.append(
+                f"{key} true throughput ratio {true_ratio:.4f} < {thresholds[key]} - "
+                f"{TRIAL_ALLOWANCE} (trials)"
+            )
         if saving is None or abs(saving - true_saving) > SAVING_TOLERANCE_PP:
             misses.append(f"{key} saving {saving} vs true {true_saving:.2f}")
         if ratio is None or abs(ratio - true_ratio) > RATIO_TOLERANCE:
             misses.append(f"{key} throughput ratio {ratio} vs true {true_ratio:.4f}")
     return misses
+
+
+def _lock_misses(
+    job: sim_job.Job, phases: dict[str, dict[str, Any]], thresholds: dict[str, float]
+) -> dict[str, tuple[int, float]]:
+    """Each locked phase whose clock misses its threshold in truth: (clock, true ratio), the
+    default governor's time of the run's steps over their time at the lock (the simulator)."""
+    default = sim_job.default_run(job)
+    out = {}
+    for name in fullstack.PHASES:
+        clock = phases[name].get("clockMHz")
+        if phases[name]["state"] != "locked" or clock is None:
+            continue
+        ratio = (
+            default.phase_time_s[name] / sim_job.fixed_run(job, {name: clock}).phase_time_s[name]
+        )
+        if ratio < thresholds[name]:
+            out[name] = (clock, ratio)
+    return out
 
 
 def _policy() -> dict[str, Any]:
@@ -190,8 +210,9 @@ def test_full_stack_savings_run(
         print("status vs truth ((saving %, throughput ratio), (true ...)):", compared)
         thresholds = {p["name"]: p["minThroughputRatio"] for p in policy["spec"]["phases"]}
         thresholds["total"] = min(thresholds.values())
-        # Judged after every other check below (which must pass regardless): see KNOWN_TRUTH_BUG.
-        truth_misses = _truth_misses(report, true_figures, thresholds)
+        misses = _truth_misses(report, true_figures, thresholds)
+        locks = _lock_misses(job, status_phases, thresholds)
+        assert not misses and not locks, (misses, locks, compared)
 
         # Measured phase energy per node and step vs the simulator's truth.
         errors = []
@@ -276,5 +297,3 @@ def test_full_stack_savings_run(
         stack.stop_operator()
         assert "Traceback (most recent call last)" not in stack.operator_log.read_text()
     print(f"full-stack e2e took {time.monotonic() - t0:.1f} s")
-    if truth_misses:
-        pytest.xfail(f"{KNOWN_TRUTH_BUG}: {truth_misses}; {compared}")

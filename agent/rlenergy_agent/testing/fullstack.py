@@ -150,7 +150,8 @@ class StepTruth:
     default_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     """The phase's time under the default governor on the same step (same noise), s."""
     default_joules: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
-    """(node, phase) -> the node's GPUs' energy for the phase under the default governor, J."""
+    """(node, phase) -> the node's GPUs' energy for the phase under the default governor, J
+    (the work's, plus the same idle tail of the trainer's last tick: ``tail_label``)."""
 
 
 class FullStack:
@@ -458,9 +459,12 @@ class FullStack:
                 default_s = truth.default_seconds[phase] = job.phase_truth(step, phase, None)[0]
                 default_w = self.sku.power_w(pw.kind, self.sku.effective_clock_mhz(pw.kind, None))
                 for a in self.agents:
-                    truth.joules[(a.node, phase)] = sum(a.driver.truth_j(u, label) for u in a.uuids)
+                    tail_j = sum(a.driver.truth_j(u, tail_label(label)) for u in a.uuids)
+                    truth.joules[(a.node, phase)] = (
+                        sum(a.driver.truth_j(u, label) for u in a.uuids) + tail_j
+                    )
                     truth.default_joules[(a.node, phase)] = (
-                        default_w * default_s * sum(spread.get(u, 1.0) for u in a.uuids)
+                        default_w * default_s * sum(spread.get(u, 1.0) for u in a.uuids) + tail_j
                     )
                 if phase == "generation":
                     self._run_for(step.other_time_s)  # reward, advantages: GPUs near idle
@@ -505,33 +509,44 @@ class FullStack:
             last = now
             self.phase_ticks_s.append(dt)
             finished = []
+            # Clocks in effect over the tick: every rank's read at once, right at the tick's
+            # end and before any counter advances or report (reading each rank's clock after
+            # the previous ranks' reports would book this tick at a lock the agent set after
+            # it ended). A read racing the stand-in's lock write can see a half-written lock
+            # (0 MHz): the tick then keeps the clock of the previous one.
+            for a in running:
+                clock = min(a.driver.clock_mhz(u) for u in a.uuids)
+                if clock < self.sku.min_sm_clock_mhz:
+                    clock = last_clock.get(a.node, float(self.sku.max_sm_clock_mhz))
+                last_clock[a.node] = clock
+                seen.add(_lock_of(a))
             for a in self.agents:
-                # Clocks in effect over the tick: read before the counters advance. A read
-                # racing the stand-in's lock write can see a half-written lock (0 MHz): the
-                # tick then keeps the clock of the previous one.
-                if a in running:
-                    clock = min(a.driver.clock_mhz(u) for u in a.uuids)
-                    if clock < self.sku.min_sm_clock_mhz:
-                        clock = last_clock.get(a.node, float(self.sku.max_sm_clock_mhz))
-                    last_clock[a.node] = clock
-                    seen.add(_lock_of(a))
                 if a not in running:
                     a.driver.advance(dt)
                     continue
+                clock = last_clock[a.node]
                 left_s = (1.0 - work[a.node]) * phase_time(clock)
                 if dt < left_s:
                     a.driver.advance(dt)
                     work[a.node] += dt / phase_time(clock)
                 else:
-                    # The work ends inside this tick: the GPUs idle for the rest of it (booked
-                    # under the phase, which the agent's window still spans until the signal).
+                    # The work ends inside this tick: the GPUs idle for the rest of it (inside
+                    # the agent's window until the signal; booked apart, ``tail_label``, as
+                    # the default governor's run of the step would idle as long).
                     a.driver.advance(left_s)
-                    a.driver.set_work(a.uuids, "idle", label)
+                    a.driver.set_work(a.uuids, "idle", tail_label(label))
                     a.driver.advance(dt - left_s)
                     work[a.node] = 1.0
                 assert a.callback is not None
                 done = min(work[a.node], 1.0)
-                a.callback.on_phase_progress(tokens * (1.0 - (1.0 - done) ** pw.progress_shape))
+                # Stamped with the tick's end, when this total was counted: the later ranks'
+                # reports leave after the earlier ranks' round trips (ms to tens of ms on a
+                # loaded machine), and a stamp that late moves progress across slice
+                # boundaries (tests/unit/agent/test_status_truth.py, "late stamps").
+                a.callback.on_phase_progress(
+                    tokens * workload.reported_progress(done, pw.progress_shape),
+                    measured_at_s=now,
+                )
                 if work[a.node] >= 1.0:
                     finished.append(a)
                     done_at[a.node] = now - start - (dt - left_s)
@@ -544,6 +559,16 @@ class FullStack:
                 a.driver.set_work(a.uuids, "idle", f"idle-{step.index}")
                 running.remove(a)
         return last - start, seen, max(done_at.values(), default=last - start)
+
+
+def tail_label(label: str) -> str:
+    """Truth label of a phase's tail: the rest of the trainer's tick after a rank's work ended.
+
+    The GPUs idle then, inside the agent's phase window (the phase ends at the next signal);
+    under the default governor the same step would idle as long, so the tail's energy counts
+    on both sides of the true saving (``StepTruth.joules`` and ``default_joules``).
+    """
+    return f"{label}/tail"
 
 
 def _lock_of(a: NodeAgent) -> int | None:

@@ -185,6 +185,8 @@ def run(
 def _replay_round(
     steps: Sequence[Mapping[str, Any]], first: int, callback: Any, clock: Any, work: Any
 ) -> list[dict[str, Any]]:
+    from rlenergy.sim.workload import reported_progress  # noqa: PLC0415 - the simulator's
+
     out = []
     for step in steps:
         s = first + int(step["index"])
@@ -206,7 +208,7 @@ def _replay_round(
                 last = now
                 frac = min(done, 1.0)
                 callback.on_phase_progress(
-                    ph["tokens"] * (1.0 - (1.0 - frac) ** ph["progress_shape"])
+                    ph["tokens"] * reported_progress(frac, ph["progress_shape"])
                 )
             if phase == "generation":
                 callback.on_generation_end(s)
