@@ -263,12 +263,12 @@ class ProbeSlices(AgentState):
         # against a true 0.924, tests/unit/agent/test_status_truth.py).
         before_last = bisect.bisect_left(log_t, log_t[-1]) - 1 if log_t else -1
         last = log_t[before_last] if before_last >= 0 else -math.inf
-        progress = slice_progress(
-            log_t,
-            log_p,
-            [(sl.start_s, sl.end_s) for sl in p.done],
-            [min(sl.end_s, last) if sl.switch_s is None else sl.switch_s for sl in p.done],
-        )
+        spans = [(sl.start_s, sl.end_s) for sl in p.done]
+        rate_ends = [min(sl.end_s, last) if sl.switch_s is None else sl.switch_s for sl in p.done]
+        progress = slice_progress(log_t, log_p, spans, rate_ends)
+        counts = [
+            _rate_reports(log_t, span, end) for span, end in zip(spans, rate_ends, strict=True)
+        ]
         return [
             api_node.SliceReport(
                 clock_mhz=sl.clock_mhz,
@@ -279,8 +279,9 @@ class ProbeSlices(AgentState):
                 or (w.stall is not None and w.stall.overlaps(sl.start_s, sl.end_s)),
                 effective_clock_mhz=sl.effective_mhz,
                 energy_source=sl.energy_source,
+                rate_reports=n,
             )
-            for sl, amount in zip(p.done, progress, strict=True)
+            for sl, amount, n in zip(p.done, progress, counts, strict=True)
         ]
 
     def start_prober(self) -> None:
@@ -360,8 +361,7 @@ def slice_progress(
     raw: list[float] = []
     ends = [end for _, end in spans] if rate_ends is None else rate_ends
     for (start, end), rate_end in zip(spans, ends, strict=True):
-        lo = bisect.bisect_right(ts, start)
-        hi = bisect.bisect_right(ts, min(rate_end, end)) - 1
+        lo, hi = _rate_span(ts, (start, end), rate_end)
         if hi > lo and ts[hi] > ts[lo]:
             rate = (values[hi] - values[lo]) / (ts[hi] - ts[lo])
             raw.append(max(rate, 0.0) * (end - start))
@@ -371,6 +371,22 @@ def slice_progress(
     total = sum(raw)
     scale = whole / total if total > 0 else 0.0
     return [r * scale for r in raw]
+
+
+def _rate_span(ts: Sequence[float], span: tuple[float, float], rate_end: float) -> tuple[int, int]:
+    """First and last index of the reports a slice's rate uses (``slice_progress``)."""
+    return bisect.bisect_right(ts, span[0]), bisect.bisect_right(ts, min(rate_end, span[1])) - 1
+
+
+def _rate_reports(ts: Sequence[float], span: tuple[float, float], rate_end: float) -> int:
+    """Reports a slice's rate was measured from.
+
+    Fewer than 2: ``slice_progress`` fell back to the log interpolated at its boundaries.
+    """
+    lo, hi = _rate_span(ts, span, rate_end)
+    if hi > lo and ts[hi] > ts[lo]:
+        return hi - lo + 1
+    return min(max(hi - lo + 1, 0), 1)
 
 
 def _interpolate(ts: Sequence[float], values: Sequence[float], t: float) -> float:

@@ -112,6 +112,14 @@ class SliceReport(_Wire):
         description="instant_power (mean of the slice's power samples) or the counter "
         "fallback's source; a probe block compares power only within one source.",
     )
+    rate_reports: int | None = Field(
+        None,
+        ge=0,
+        description="Progress reports the slice's rate was measured from (inside it, at its "
+        "own clock); fewer than 2: its progress is the log interpolated across its boundaries "
+        "(a report gap longer than the slice mixes clocks) and its probe block is not "
+        "evidence; null: not counted.",
+    )
 
 
 class PhaseWindowReport(_Wire):

@@ -208,7 +208,8 @@ def _replay_round(
                 last = now
                 frac = min(done, 1.0)
                 callback.on_phase_progress(
-                    ph["tokens"] * reported_progress(frac, ph["progress_shape"])
+                    ph["tokens"] * reported_progress(frac, ph["progress_shape"]),
+                    measured_at_s=now,  # counted at the tick's end, before the clock read
                 )
             if phase == "generation":
                 callback.on_generation_end(s)

@@ -146,6 +146,7 @@ def _slices(windows: Sequence[api_node.PhaseWindowReport]) -> tuple[base.ProbeSl
                 stalled=p.stalled,
                 effective_clock_mhz=p.effective_clock_mhz,
                 energy_source=p.energy_source,
+                rate_reports=p.rate_reports,
             )
             for p in parts
         ]

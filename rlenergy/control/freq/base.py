@@ -48,6 +48,10 @@ class ProbeSlice:
             (``None``: default governor or not read); see ``ran_slice_clock_mhz``.
         energy_source: where ``energy_j`` came from (``instant_power`` samples, or the
             counter fallback's source); a block's power ratio needs one source on both sides.
+        rate_reports: progress reports the slice's rate was measured from (``None``: not
+            counted, e.g. the simulator's exact slices); fewer than 2 (``unresolved``): its
+            progress was interpolated across a report gap that mixes clocks, and its block
+            is no evidence (``probe.blocks_from_slices`` drops it).
     """
 
     clock_mhz: int | None
@@ -57,6 +61,12 @@ class ProbeSlice:
     stalled: bool = False
     effective_clock_mhz: int | None = None
     energy_source: str | None = None
+    rate_reports: int | None = None
+
+    @property
+    def unresolved(self) -> bool:
+        """The slice's progress is not its own rate (fewer than 2 reports at its clock)."""
+        return self.rate_reports is not None and self.rate_reports < 2
 
 
 @dataclasses.dataclass(frozen=True)

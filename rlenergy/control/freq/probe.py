@@ -83,8 +83,11 @@ def blocks_from_slices(
 
     Slices are scanned in order; a block is eight consecutive slices whose clocks follow
     ``THUE_MORSE`` for one candidate clock. Blocks with a slice shorter than ``min_fraction`` of
-    the block's longest slice (the phase ended mid-slice), without tokens on the default side
-    or with a stalled slice (a hung engine: ``ProbeSlice.stalled``) are dropped; a block whose
+    the block's longest slice (the phase ended mid-slice), without tokens on the default side,
+    with a stalled slice (a hung engine: ``ProbeSlice.stalled``) or with a slice whose rate
+    the progress reports did not resolve (``ProbeSlice.unresolved``: a report gap longer than
+    the slice; its interpolated progress read 1560 MHz training blocks at up to 1.10 against a
+    true 0.81, tests/unit/agent/test_status_truth.py) are dropped; a block whose
     slices were metered by different sources (``ProbeSlice.energy_source``) keeps its
     throughput ratio but gives no power ratio. A block is
     credited to the clock its candidate slices ran (``base.ran_slice_clock_mhz``, time-weighted)
@@ -103,7 +106,7 @@ def blocks_from_slices(
             i += 1
             continue
         i += BLOCK
-        if any(s.stalled for s in group):
+        if any(s.stalled or s.unresolved for s in group):
             continue
         durations = [s.duration_s for s in group]
         if min(durations) < min_fraction * max(durations):
@@ -181,7 +184,8 @@ def paired_default(
         pa, pb = sum(s.progress for s in a), sum(s.progress for s in b)
         ea, eb = sum(s.energy_j or 0.0 for s in a), sum(s.energy_j or 0.0 for s in b)
         one_source = len({s.energy_source for s in group}) == 1  # like with like
-        if min(ta, tb, pb, ea, eb) > 0 and one_source and not any(s.stalled for s in group):
+        clean = not any(s.stalled or s.unresolved for s in group)
+        if min(ta, tb, pb, ea, eb) > 0 and one_source and clean:
             time_s += tb * (1.0 + pa / pb)
             energy_j += eb * (1.0 + pa / pb)
             ratios.setdefault(clock, []).append(((pa / ta) / (pb / tb), (ea / ta) / (eb / tb)))

@@ -157,8 +157,16 @@ def _block_errors(
     out = []
     rec = next(r for r in report.steps if r.step == step.index)
     for w in rec.phases:
+        # Each slice says how many reports its rate came from (< 2: its block is dropped).
+        assert all(s.rate_reports is not None for s in w.slices), w.slices
         slices = [
-            base.ProbeSlice(s.clock_mhz, s.duration_seconds, s.progress, s.energy_joules)
+            base.ProbeSlice(
+                s.clock_mhz,
+                s.duration_seconds,
+                s.progress,
+                s.energy_joules,
+                rate_reports=s.rate_reports,
+            )
             for s in w.slices
         ]
         t_default = job.phase_truth(step, w.phase, None)[0]

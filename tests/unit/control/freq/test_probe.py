@@ -1,5 +1,6 @@
 """Thue-Morse probe blocks and the phase-model fit."""
 
+import dataclasses
 import math
 
 import pytest
@@ -109,3 +110,19 @@ def test_paired_default_is_measured_by_the_window_s_own_default_slices() -> None
     # Unknown slice energy: no measured answer.
     unknown = [*slices[:-1], base.ProbeSlice(None, 0.02, 2.0, None)]
     assert probe.paired_default(unknown, fit) is None
+
+
+def test_a_block_with_a_slice_the_reports_did_not_resolve_is_no_evidence() -> None:
+    """A slice with fewer than 2 reports at its clock got interpolated progress (mixed clocks):
+    its block is dropped from the ratios and from the paired default; counted or unknown
+    report counts keep it."""
+    slices = _slices(0.9, 0.8, lambda t: 100.0, n_blocks=2)
+    marked = [dataclasses.replace(s, rate_reports=5) for s in slices]
+    marked[3] = dataclasses.replace(marked[3], rate_reports=1, progress=99.0)  # blurred
+    blocks, _ = probe.blocks_from_slices(marked)
+    assert [round(b[1], 9) for b in blocks] == [0.9]
+    assert len(probe.blocks_from_slices(slices)[0]) == 2  # the simulator's: not counted
+    # The blurred block's candidate slices are scaled by the clean block's ratios instead.
+    t_paired, _ = probe.paired_default(marked, None) or (0.0, 0.0)
+    t_clean, _ = probe.paired_default(slices, None) or (0.0, 0.0)
+    assert t_paired == pytest.approx(t_clean, rel=1e-9)
