@@ -12,12 +12,12 @@ LIMIT_MJ_PER_S = energy.MAX_PLAUSIBLE_POWER_W * 1000.0
 
 @pytest.mark.parametrize(("start", "end"), [(-1, 0), (0, -1), (-5, -5)])
 def test_negative_counters_are_refused(start: int, end: int) -> None:
-    with pytest.raises(ValueError, match="counter values must be >= 0 mJ"):
+    with pytest.raises(ValueError, match=r"^counter values must be >= 0 mJ$"):
         energy.counter_delta(start, end, 1.0)
 
 
 def test_a_negative_duration_is_refused() -> None:
-    with pytest.raises(ValueError, match="duration_s must be >= 0"):
+    with pytest.raises(ValueError, match=r"^duration_s must be >= 0$"):
         energy.counter_delta(0, 10, -0.001)
 
 
@@ -65,3 +65,10 @@ def test_a_wrap_exactly_at_the_limit_is_still_plausible() -> None:
     start = energy.COUNTER_WRAP_MJ - limit // 3
     end = limit - limit // 3
     assert energy.counter_delta(start, end, 1.0) == energy.CounterDelta(limit)
+
+
+def test_only_a_start_above_2_63_can_wrap_even_over_a_long_window() -> None:
+    """Over 1e13 s the plausibility limit (3e19 mJ) admits any wrap, so only ``start > 2**63``
+    tells a wrap from a reset: at 2**63 exactly, and far below it, a backwards step is a reset."""
+    assert energy.counter_delta(2**63, 10, 1e13) == energy.CounterDelta(10, reset_detected=True)
+    assert energy.counter_delta(1_000, 10, 1e13) == energy.CounterDelta(10, reset_detected=True)
