@@ -150,12 +150,15 @@ def test_vllm_counter_drives_the_probe_slices_at_50_hz(
     report, reporter, elapsed = _run_phase(drv, source, short_tmp)
 
     # The exposition was read and reported at 20 Hz or more over the phase (50 Hz asked), and
-    # no gap came near the slice length (the controller sizes slices to four mean gaps).
+    # no gap came near the slice length (the controller sizes slices to four mean gaps): every
+    # full slice's rate comes from its own reports. The longest gap is a thread's wake-up on a
+    # shared machine (0.10 s seen under load), so it is bounded by the slice, not by the poll.
     assert reporter.last_error is None
     assert reporter.reports >= elapsed / 0.05, (reporter.reports, elapsed)
     gen = next(p for p in report.steps[0].phases if p.phase == "generation")
     assert gen.progress_max_gap_seconds is not None and gen.progress_mean_gap_seconds
-    assert gen.progress_max_gap_seconds <= SLICE_S / 2
+    assert gen.progress_max_gap_seconds < SLICE_S
+    assert all((s.rate_reports or 0) >= 2 for s in gen.slices if s.duration_seconds >= 0.9 * SLICE_S)
     assert gen.progress_mean_gap_seconds <= min(0.05, SLICE_S / eerl.SLICE_PER_PROGRESS_GAP)
     # Each full slice's progress is the decode rate of its clock (default vs 1200 MHz).
     assert [s.clock_mhz for s in gen.slices][: len(SCHEDULE)] == list(SCHEDULE)
