@@ -93,6 +93,15 @@ run with 16 ms median trainer ticks read training slices through the interpolate
 and locked a clock whose true ratio was 0.933 against 0.97]. Without reports
 (``PhaseObservation.progress_gap_s`` infinite) no slice can be resolved and trials alternate
 whole steps (whole-phase evidence)."""
+REPAY_HORIZON = 1.0
+"""Future phase time, as a multiple of the phase time so far (at least ``REPAY_MIN_WINDOWS``
+mean windows), over which a lock repays the run's throughput deficit (trial and monitor slices
+below the threshold): the lock target is the ratio that brings the phase's whole-run ratio back
+to its threshold by then [heuristic; 1.0: by twice the time run so far, inside the bench's 200
+steps where trials end by step 60-100]."""
+REPAY_MIN_WINDOWS = 40
+"""Shortest repayment horizon, in mean phase windows: the trial budget's own horizon
+(``EERLController._trial_budget_left`` counts at least 40 steps) [heuristic]."""
 ASYNC_SLACK = 0.05
 """Extra throughput margin kept on the non-bottleneck pool in async mode [heuristic]:
 per-step noise makes max(pool times) exceed both means."""
@@ -194,6 +203,10 @@ class PhaseController:
         self._previous_lock_mhz: int | None = None
         self._was_step_probe = False
         self._lock_threshold = settings.min_throughput_ratio
+        self._lock_target = settings.min_throughput_ratio + LOCK_MARGIN
+        self.ledger_default_s = 0.0
+        self.ledger_actual_s = 0.0
+        self.ledger_windows = 0
         self._lock_feature = 0.0
         self._lock_slowdown = False
         self._slowdowns = 0
@@ -239,6 +252,44 @@ class PhaseController:
     def f_default_mhz(self) -> int:
         """Clock the default governor runs this phase at (read back in warm-up), MHz."""
         return self.default_clock_mhz or self.settings.max_clock_mhz
+
+    @property
+    def repay_ratio(self) -> float:
+        """Throughput ratio that repays the run's deficit against the threshold (0: none).
+
+        The phase's whole run so far took ``A`` s where the default governor would have taken
+        ``D`` (``ledger_actual_s``, ``ledger_default_s``: every window's default-equivalent
+        time, ``default_equivalent``; probe windows from their paired default slices). Over
+        ``H = REPAY_HORIZON x D`` more seconds of default-governor work (at least
+        ``REPAY_MIN_WINDOWS`` mean windows) the ratio ``r`` keeps the whole-run ratio at the
+        threshold ``theta`` where ``(D + H) / (A + H / r) = theta``, so
+        ``r = H / ((D + H) / theta - A)`` (1.0 when no clock below the default can repay it in
+        time). A pool whose threshold the async slack relaxed (``threshold`` below the
+        policy's) repays nothing: its slowdown does not set the step time.
+        """
+        d, a = self.ledger_default_s, self.ledger_actual_s
+        theta = self.threshold
+        if d <= 0 or a <= 0 or theta < self.settings.min_throughput_ratio - 1e-9:
+            return 0.0
+        h = REPAY_HORIZON * max(d, REPAY_MIN_WINDOWS * d / max(self.ledger_windows, 1))
+        room = (d + h) / theta - a
+        return min(h / room, 1.0) if room > 0 else 1.0
+
+    @property
+    def lock_target(self) -> float:
+        """Throughput ratio a lock's lower bound must meet, in (0, 1 + LOCK_MARGIN].
+
+        The threshold or the repayment ratio (``repay_ratio``), whichever is higher, plus
+        ``LOCK_MARGIN``.
+        """
+        return max(self.threshold, self.repay_ratio) + LOCK_MARGIN
+
+    def _ledger_add(self, obs: base.PhaseObservation) -> None:
+        """Book a window in the phase's run ledger (its default-equivalent time, s)."""
+        if obs.error is None and obs.duration_s > 0 and self._last_default_time_s > 0:
+            self.ledger_default_s += self._last_default_time_s
+            self.ledger_actual_s += obs.duration_s
+            self.ledger_windows += 1
 
     def _allowed(self) -> list[int]:
         """Clocks the selection may lock, descending: below the default clock, above the floor."""
@@ -330,7 +381,9 @@ class PhaseController:
             extending = self._round_steps >= self.trial_step_limit
             if extending and not allow_extra and self.fit is not None:
                 # No budget to extend the trial: lock the safest choice the data supports.
-                self._lock(self._choose()[0], self._last_feature, self._last_slowdown)
+                self._lock(
+                    self._choose(self.lock_target)[0], self._last_feature, self._last_slowdown
+                )
                 return self.decide(allow_probe, allow_extra)
             if not allow_probe or not active:
                 # Waiting for trial budget: run the safest choice so far, else the previous lock.
@@ -556,6 +609,7 @@ class PhaseController:
         self._last_time_s = obs.duration_s
         self.progress_gap_s = obs.progress_gap_s
         self._last_default_time_s = self._default_time_s(obs, workload)
+        self._ledger_add(obs)
         self._last_feature = _drift_feature(self.settings.name, workload)
         self._last_slowdown = obs.slowdown
         tokens = workload.phase_tokens(self.settings.name)
@@ -660,7 +714,7 @@ class PhaseController:
             self._round_steps >= 3 * limit or self._uncertainty_cost() < INFO_GAIN
         )
         if precise or done:
-            self._lock(choice, self._last_feature, obs.slowdown)
+            self._lock(self._choose(self.lock_target)[0], self._last_feature, obs.slowdown)
 
     def _uncertainty_cost(self) -> float:
         """Energy-per-token ratio given up by the conservative choice vs the point estimate.
@@ -686,16 +740,21 @@ class PhaseController:
         k = probe.student_t_factor(stats.n - 1, self.ctl.confidence_z)
         return stats.throughput_mean + k * stats.stderr
 
-    def _choose(self) -> tuple[int | None, float]:
-        """Most efficient allowed clock whose lower bound meets the threshold, and its stderr."""
+    def _choose(self, target: float | None = None) -> tuple[int | None, float]:
+        """Most efficient allowed clock whose lower bound meets ``target``, and its stderr.
+
+        ``target``: default ``threshold + LOCK_MARGIN`` (what trials decide against); locks
+        pass ``lock_target`` (the run's deficit repaid as well).
+        """
         fit = self.fit
         if fit is None:
             return None, math.inf
         best: int | None = None
         best_e = 1.0
         z = self.ctl.confidence_z
+        target = self.threshold + LOCK_MARGIN if target is None else target
         for clock in self._allowed():
-            if fit.throughput_lower_bound(clock, z) < self.threshold + LOCK_MARGIN:
+            if fit.throughput_lower_bound(clock, z) < target:
                 continue
             e = fit.energy_ratio(clock)
             score = e if e is not None else clock / self.settings.max_clock_mhz
@@ -708,6 +767,7 @@ class PhaseController:
     def _lock(self, clock: int | None, feature: float, slowdown: bool) -> None:
         self.locked_clock_mhz = clock
         self._lock_threshold = self.threshold
+        self._lock_target = self.lock_target
         self._previous_lock_mhz = clock
         self.state = base.PhaseState.LOCKED
         self.selections += 1
@@ -729,7 +789,7 @@ class PhaseController:
         if search is not None and lock is not None and search < lock:
             self._retrial(f"model misfit: search below {lock} MHz", keep_floor=True, keep_all=True)
             return
-        choice, _ = self._choose()
+        choice, _ = self._choose(self.lock_target)
         current = self.locked_clock_mhz
         if choice is not None and current is not None and choice < current:
             self.retrial_reasons.append(f"refined {current} -> {choice} MHz")
@@ -741,17 +801,42 @@ class PhaseController:
         self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
     ) -> None:
         fit, clock = self.fit, self.locked_clock_mhz
+        if fit is not None and clock is None:
+            # Held at the default governor while the run's deficit is repaid: lock once a clock
+            # meets the (falling) target.
+            choice, _ = self._choose(self.lock_target)
+            if choice is not None:
+                self.retrial_reasons.append(
+                    f"target {self.lock_target:.3f}: default governor -> {choice} MHz"
+                )
+                self.locked_clock_mhz = choice
+                self._lock_target = self.lock_target
+                self._monitor = probe.RatioStats()
+                self.selections += 1
+                return
         if fit is not None and clock is not None:
             z = self.ctl.confidence_z
-            moved = abs(self.threshold - self._lock_threshold) > 1e-9
-            if moved and fit.throughput_lower_bound(clock, z) < self.threshold + LOCK_MARGIN:
-                # The threshold rose (async slack shrank): step up to what the model supports.
-                choice, _ = self._choose()
+            target = self.lock_target
+            threshold_moved = abs(self.threshold - self._lock_threshold) > 1e-9
+            moved = threshold_moved or target > self._lock_target + 1e-9
+            self._lock_target = min(self._lock_target, target)
+            choice = None
+            if moved and fit.throughput_lower_bound(clock, z) < target:
+                choice, _ = self._choose(target)
+            if choice is None and moved and not threshold_moved:
+                # Only the run's deficit grew and no clock is shown to repay it: keep the
+                # lock (the monitor still steps it up on its own blocks' evidence).
+                self._lock_target = max(self._lock_target, target)
+            elif moved and fit.throughput_lower_bound(clock, z) < target:
+                # The threshold rose (async slack shrank) or the run's deficit grew (monitor
+                # slices): step up to what the model supports.
                 self.retrial_reasons.append(
-                    f"threshold {self.threshold:.3f}: {clock} -> {choice} MHz"
+                    f"target {target:.3f} (threshold {self.threshold:.3f}): "
+                    f"{clock} -> {choice} MHz"
                 )
                 self.locked_clock_mhz = choice
                 self._lock_threshold = self.threshold
+                self._lock_target = target
                 self._monitor = probe.RatioStats()
                 self.selections += 1
                 return
@@ -767,7 +852,7 @@ class PhaseController:
                 f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f} "
                 f"at {failed} MHz"
             )
-            choice, _ = self._choose()
+            choice, _ = self._choose(self.lock_target)
             if choice is not None:
                 # Step up at once to the next clock the model supports; no default-governor gap.
                 self.retrial_reasons.append(f"{reason}: stepped up to {choice} MHz")

@@ -490,7 +490,9 @@ class CorrectedFit:
         if not self.misfit:
             return self.model.throughput_ratio(clock_mhz, u)
         r_m, v_m, r_c, v_c, _, _ = self._parts(clock_mhz, u)
-        return self._blend(r_m, v_m, r_c, v_c)[0]
+        # Monotone by physics: no clock at or below the default runs faster than the default
+        # (a noisy block above 1 at one clock must not make the default look slower there).
+        return min(self._blend(r_m, v_m, r_c, v_c)[0], 1.0)
 
     def throughput_stderr(self, clock_mhz: float) -> float:
         """Standard error of the predicted ratio."""

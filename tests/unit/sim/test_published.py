@@ -110,18 +110,33 @@ def test_locking_raises_idle_power_in_the_run_and_in_the_truth() -> None:
     assert sim_job.totals(job, results).energy_j == pytest.approx(truth.energy_j, rel=1e-9)
 
 
+THRESHOLD_TRACES = {
+    "verl-gpg-qwen2-7b-fsdp-8gpu": 120,
+    # Phases of about 0.6 s (two or three probe blocks a step): the trials cost the most here,
+    # where a 200-step run ended TinyZero's training at 0.9495 (sync) and the job at 0.939
+    # (async, b200:hbm-decode) before the run ledger (eerl.PhaseController.lock_target).
+    "tinyzero-ppo-qwen25-05b-countdown-rtx4090": 200,
+}
+
+
+BOTH_FAMILIES = ("h100-sxm", "b200", *CURVES)
+"""The first family (the model EE-RL's fit assumes) beside every published curve."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("curve", CURVES)
-def test_eerl_keeps_every_phase_threshold_on_every_curve_sync(curve: str) -> None:
-    rep = report.simulate("verl-gpg-qwen2-7b-fsdp-8gpu", curve, "sync", steps=120, seed=0)
+@pytest.mark.parametrize("trace", sorted(THRESHOLD_TRACES))
+@pytest.mark.parametrize("curve", BOTH_FAMILIES)
+def test_eerl_keeps_every_phase_threshold_on_every_curve_sync(curve: str, trace: str) -> None:
+    rep = report.simulate(trace, curve, "sync", steps=THRESHOLD_TRACES[trace], seed=0)
     for p in rep.phases:
         assert p.throughput_ratio >= p.min_throughput_ratio, (p.name, p.throughput_ratio)
     assert rep.online_saving > 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("curve", CURVES)
-def test_eerl_keeps_the_job_threshold_on_every_curve_async(curve: str) -> None:
-    rep = report.simulate("verl-gpg-qwen2-7b-fsdp-8gpu", curve, "async", steps=120, seed=0)
-    assert rep.throughput_ratio >= rep.min_throughput_ratio
+@pytest.mark.parametrize("trace", sorted(THRESHOLD_TRACES))
+@pytest.mark.parametrize("curve", BOTH_FAMILIES)
+def test_eerl_keeps_the_job_threshold_on_every_curve_async(curve: str, trace: str) -> None:
+    rep = report.simulate(trace, curve, "async", steps=THRESHOLD_TRACES[trace], seed=0)
+    assert rep.throughput_ratio >= rep.min_throughput_ratio, rep.throughput_ratio
     assert rep.online_saving > 0
