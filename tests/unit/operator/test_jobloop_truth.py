@@ -103,8 +103,12 @@ def test_status_and_thresholds_match_the_true_default_run(seed: int) -> None:
     default = sim_job.default_run(job)
     for ph in loop.phase_status():
         threshold = ph.min_throughput_ratio
-        assert ph.state == "locked" and ph.clock_mhz is not None, ph
-        fixed = sim_job.fixed_run(job, {ph.name: ph.clock_mhz})
+        # A workload drift may open a re-trial on the last steps; the clock held until then
+        # (the controller keeps it while the new round runs) is the lock judged.
+        clock = loop.controller.phases[ph.name].locked_clock_mhz
+        drift = ph.state == "trial" and (ph.last_retrial_reason or "").startswith("workload drift")
+        assert (ph.state == "locked" or drift) and clock is not None, ph
+        fixed = sim_job.fixed_run(job, {ph.name: clock})
         assert default.phase_time_s[ph.name] / fixed.phase_time_s[ph.name] >= threshold, ph
         whole_run = default.phase_time_s[ph.name] / online.phase_time_s[ph.name]
         assert whole_run >= threshold - TRIAL_ALLOWANCE, (ph.name, whole_run)
