@@ -99,9 +99,13 @@ mean windows), over which a lock repays the run's throughput deficit (trial and 
 below the threshold): the lock target is the ratio that brings the phase's whole-run ratio back
 to its threshold by then [heuristic; 1.0: by twice the time run so far, inside the bench's 200
 steps where trials end by step 60-100]."""
-REPAY_MIN_WINDOWS = 40
+TRIAL_BUDGET_MIN_STEPS = 40
+"""Shortest horizon, in steps, over which ``max_trial_fraction`` budgets trial steps
+(``EERLController._trial_budget_left``): early in a run the budget is a fraction of this, not of
+the few steps seen [heuristic]."""
+REPAY_MIN_WINDOWS = TRIAL_BUDGET_MIN_STEPS
 """Shortest repayment horizon, in mean phase windows: the trial budget's own horizon
-(``EERLController._trial_budget_left`` counts at least 40 steps) [heuristic]."""
+(``TRIAL_BUDGET_MIN_STEPS``) [heuristic]."""
 ASYNC_SLACK = 0.05
 """Extra throughput margin kept on the non-bottleneck pool in async mode [heuristic]:
 per-step noise makes max(pool times) exceed both means."""
@@ -959,7 +963,7 @@ class EERLController:
         self._pool_times: list[dict[str, float]] = []
 
     def _trial_budget_left(self, step: int) -> bool:
-        horizon = max(step + 1, 40)
+        horizon = max(step + 1, TRIAL_BUDGET_MIN_STEPS)
         return self.trial_steps + 1 <= self.settings.max_trial_fraction * horizon
 
     def decide(self, step: int) -> base.Plan:
