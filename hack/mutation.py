@@ -81,6 +81,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/operator/test_jobloop_totals.py",
             "tests/unit/operator/test_jobloop_accounting.py",
             "tests/unit/operator/test_reset_plan.py",
+            "tests/unit/operator/test_jobloop_status.py",
         ],
     ),
     "sim-scoring": (["rlenergy/sim/job.py"], ["tests/unit/sim/test_job.py"]),
