@@ -199,19 +199,17 @@ while True:
 """
 
 
-class PolicyWatch:
-    """A watch on the namespace's policies: when each (policy, throughStep) was first seen.
+class _WatchProcess:
+    """A watch script (``WATCHER``, ``REPORT_WATCHER``) run in its own process, one JSON line
+    per event read by a thread of this one (``_event``): the child stamps each event with the
+    wall clock as it arrives; in this process the watch shared the GIL with the simulated
+    agents (serialising every node's report at each step), which delayed its timestamps by
+    seconds at 250 nodes and more."""
 
-    The watch runs in its own process and stamps each event with the wall clock as it arrives:
-    in this process it shared the GIL with the simulated agents (serialising every node's
-    report at each step), which delayed its timestamps by seconds at 250 nodes and more.
-    """
-
-    def __init__(self, kubeconfig: Path, namespace: str) -> None:
-        self.seen: dict[tuple[str, int], float] = {}
+    def __init__(self, script: str, kubeconfig: Path, namespace: str, plural: str) -> None:
         self.lock = threading.Lock()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WATCHER, str(kubeconfig), GROUP, VERSION, namespace, POLICIES],
+            [sys.executable, "-c", script, str(kubeconfig), GROUP, VERSION, namespace, plural],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -221,22 +219,36 @@ class PolicyWatch:
     def _run(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            name, through, now = json.loads(line)
-            if not name:
-                print(f"  (policy watch restarted: {now})", file=sys.stderr)
-                continue
-            with self.lock:
-                self.seen.setdefault((name, through), now)
+            self._event(json.loads(line))
+
+    def _event(self, fields: list[Any]) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+class PolicyWatch(_WatchProcess):
+    """A watch on the namespace's policies: when each (policy, throughStep) was first seen."""
+
+    def __init__(self, kubeconfig: Path, namespace: str) -> None:
+        self.seen: dict[tuple[str, int], float] = {}
+        super().__init__(WATCHER, kubeconfig, namespace, POLICIES)
+
+    def _event(self, fields: list[Any]) -> None:
+        name, through, now = fields
+        if not name:
+            print(f"  (policy watch restarted: {now})", file=sys.stderr)
+            return
+        with self.lock:
+            self.seen.setdefault((name, through), now)
 
     def first_seen(self, name: str, step: int) -> float | None:
         """Wall-clock time (``time.time()``) the status first showed ``throughStep >= step``."""
         with self.lock:
             times = [t for (n, s), t in self.seen.items() if n == name and s >= step]
         return min(times) if times else None
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 REPORT_WATCHER = r"""
@@ -266,7 +278,7 @@ while True:
 """
 
 
-class ReportWatch:
+class ReportWatch(_WatchProcess):
     """A watch on the namespace's node reports in its own process: when each node's report of
     each step first reached a watcher (the API server's watch delivery, which the operator's
     report index waits for too).
@@ -277,36 +289,18 @@ class ReportWatch:
 
     def __init__(self, kubeconfig: Path, namespace: str) -> None:
         self.first: dict[tuple[str, str], list[tuple[int, float]]] = collections.defaultdict(list)
-        self.lock = threading.Lock()
         self.restarts = 0
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                REPORT_WATCHER,
-                str(kubeconfig),
-                GROUP,
-                VERSION,
-                namespace,
-                "rlenergynodereports",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(REPORT_WATCHER, kubeconfig, namespace, "rlenergynodereports")
 
-    def _run(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            policy, node, last, now = json.loads(line)
-            if not policy:
-                self.restarts += 1
-                continue
-            with self.lock:
-                seen = self.first[(policy, node)]
-                if not seen or last > seen[-1][0]:
-                    seen.append((last, now))
+    def _event(self, fields: list[Any]) -> None:
+        policy, node, last, now = fields
+        if not policy:
+            self.restarts += 1
+            return
+        with self.lock:
+            seen = self.first[(policy, node)]
+            if not seen or last > seen[-1][0]:
+                seen.append((last, now))
 
     def delivered(self, policy: str, nodes: list[str], step: int) -> float | None:
         """When the watch had every one of ``nodes``' reports with ``lastStep >= step``."""
@@ -318,10 +312,6 @@ class ReportWatch:
                     return None
                 out = max(out, min(times))
         return out
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 ACCOUNTED = re.compile(
