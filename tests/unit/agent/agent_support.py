@@ -18,6 +18,18 @@ from rlenergy.sdk import trainer
 
 DriverFactory = Callable[..., standin.StandinDriver]
 
+POD_A = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
+POD_B = service.PodRef("team-a", "trainer-1", "66666666-7777-8888-9999-000000000000")
+"""Two trainer pods of one namespace (their UIDs never index-shaped)."""
+LOCKED_PLAN = api_node.ClockPlan(
+    step=0,
+    phases=[
+        api_node.PhasePlan(phase="generation", clockMHz=1395, state="locked"),
+        api_node.PhasePlan(phase="training", clockMHz=1755, state="locked"),
+    ],
+)
+"""A plan that locks both phases (generation 1395 MHz, training 1755 MHz) from step 0."""
+
 
 def make_uuids(n: int, seed: int = 7) -> list[str]:
     """``n`` random-looking GPU UUIDs (never index-shaped)."""

@@ -14,21 +14,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from agent_support import DriverFactory, standin_agent
+from agent_support import LOCKED_PLAN as PLAN
+from agent_support import POD_A, POD_B, DriverFactory, standin_agent
 from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import kube, podlife, service
-
-from rlenergy.api import node as api_node
-
-POD_A = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
-POD_B = service.PodRef("team-a", "trainer-1", "66666666-7777-8888-9999-000000000000")
-PLAN = api_node.ClockPlan(
-    step=0,
-    phases=[
-        api_node.PhasePlan(phase="generation", clockMHz=1395, state="locked"),
-        api_node.PhasePlan(phase="training", clockMHz=1755, state="locked"),
-    ],
-)
 
 
 class Clock:
