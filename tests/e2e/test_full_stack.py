@@ -285,7 +285,7 @@ def test_full_stack_savings_run(
             f"{totals['throughputRatio']:.4f}); max phase energy error "
             f"{max(errors) * 100:.4f} %; "
             + "; ".join(
-                f"{ph} {phases[ph]['state']} {phases[ph]['clockMHz']} MHz saving "
+                f"{ph} {phases[ph]['state']} {phases[ph].get('clockMHz')} MHz saving "
                 f"{phases[ph]['saving'].get('percent')} % throughput ratio "
                 f"{phases[ph]['throughputRatio']}"
                 for ph in fullstack.PHASES
