@@ -274,18 +274,15 @@ def test_a_deleted_pod_is_forgotten_and_a_relist_drops_pods_gone_meanwhile(
     assert notes.handle(_event(POD_A, _phase("generation", 0))) == ["phase generation 0"]
 
 
-def test_the_plan_watch_reads_the_policys_phase_source() -> None:
-    def policy(source: str | None, rv: str) -> dict[str, Any]:
-        spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}}}
-        if source is not None:
-            spec["phaseSource"] = source
-        return {"metadata": {"name": "p", "namespace": "ns", "resourceVersion": rv}, "spec": spec}
+def _policy_watch_api(
+    listed: dict[str, Any], changed: dict[str, Any], go: threading.Event, hold: threading.Event
+) -> Any:
+    """A fake ``CustomObjectsApi`` for a ``PlanWatcher``: the listing holds ``listed``; the first
+    watch delivers ``changed`` once ``go`` is set, later watches hold until ``hold`` is."""
 
-    go, hold = threading.Event(), threading.Event()
-
-    class _Later(_Resp):
+    class _Later(WatchStream):
         def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
-            go.wait(5)  # the listing is polled first
+            go.wait(5)  # the listing is read first; the change comes when the test says so
             yield from super().stream(amt, decode_content)
 
     class _Api:
@@ -299,11 +296,23 @@ def test_the_plan_watch_reads_the_policys_phase_source() -> None:
             if kwargs.get("watch"):
                 self.watches += 1
                 if self.watches > 1:
-                    return _Resp([], hold)
-                return _Later([{"type": "MODIFIED", "object": policy(None, "3")}], None)
-            return _listing("2", policy("annotation", "2"))
+                    return WatchStream([], hold)
+                return _Later([{"type": "MODIFIED", "object": changed}], None)
+            return _listing("2", listed)
 
-    w = kube.PlanWatcher(_Api(), "ns", "p", retry_max_s=0.05)
+    return _Api()
+
+
+def test_the_plan_watch_reads_the_policys_phase_source() -> None:
+    def policy(source: str | None, rv: str) -> dict[str, Any]:
+        spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}}}
+        if source is not None:
+            spec["phaseSource"] = source
+        return {"metadata": {"name": "p", "namespace": "ns", "resourceVersion": rv}, "spec": spec}
+
+    go, hold = threading.Event(), threading.Event()
+    api = _policy_watch_api(policy("annotation", "2"), policy(None, "3"), go, hold)
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
     try:
         w.poll()
         assert w.phase_source == "annotation"
@@ -331,31 +340,12 @@ def test_the_node_loop_watches_annotations_only_while_the_policy_says_so(
         }
 
     go, hold = threading.Event(), threading.Event()
-
-    class _Later(WatchStream):
-        def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
-            go.wait(5)  # the policy turns to socket only when the test says so
-            yield from super().stream(amt, decode_content)
-
-    class _Api:
-        watches = 0
-
-        def list_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> Any:
-            """Fake.
-
-            :return: object
-            """
-            if kwargs.get("watch"):
-                self.watches += 1
-                if self.watches > 1:
-                    return WatchStream([], hold)
-                return _Later([{"type": "MODIFIED", "object": policy("socket", "3")}], None)
-            return _listing("2", policy("annotation", "2"))
+    api = _policy_watch_api(policy("annotation", "2"), policy("socket", "3"), go, hold)
 
     core = _Core([_listing("10", _pod(POD_A, _phase("training", 0)))], [[]])
     settings = config.AgentSettings(node_name=NODE, policy_name="p", namespace="ns", kube=False)
     loop = nodeloop.NodeLoop(
-        settings, agent, podlife.PodEndWatch(agent), _Api(), discover=False, pods_api=core
+        settings, agent, podlife.PodEndWatch(agent), api, discover=False, pods_api=core
     )
     assert loop.writer is not None
     loop.writer.write = lambda report: None  # type: ignore[method-assign]
