@@ -89,10 +89,42 @@ def teams(dev_cluster: DevCluster, crds: None) -> dict[str, str]:
     return {"a": _ns(dev_cluster, "team-a"), "b": _ns(dev_cluster, "team-b")}
 
 
+def _wait_enforced(
+    cluster: DevCluster, inst: Install, namespace: str, tmp_path: Path, timeout: float = 60
+) -> None:
+    """Wait until the API server enforces the release's ValidatingAdmissionPolicy.
+
+    ``helm install --wait`` returns once the policy object is stored; each API server loads
+    policies from its informer and recompiles them once a second
+    (k8s.io/apiserver pkg/admission/plugin/policy/generic/policy_source.go,
+    ``policyRefreshIntervalDefault``), so a write right after the install can still pass
+    unchecked. The probe is a dry-run create (admission runs, nothing is stored) with the
+    agent's token bound to no pod, which the policy refuses once it is loaded.
+    """
+    api = _api(cluster, _token(cluster, inst, inst.agent_sa), tmp_path)
+    writer = agent_kube.ReportWriter(api, namespace, "probe", cluster.nodes[0])
+    body = writer.body(_report(cluster.nodes[0]))
+
+    def refused() -> bool:
+        try:
+            api.create_namespaced_custom_object(
+                agent_kube.GROUP, agent_kube.VERSION, namespace, agent_kube.REPORT_PLURAL, body,
+                dry_run="All",
+            )  # fmt: skip
+        except ApiException as exc:
+            return exc.status == 403
+        return False
+
+    wait_until(refused, timeout=timeout, what=f"{inst.release}'s admission policy in force")
+
+
 @pytest.fixture(scope="module")
-def install(dev_cluster: DevCluster, teams: dict[str, str]) -> Iterator[Install]:
-    """The chart with its defaults: cluster-wide, node-scoped report writes."""
+def install(
+    dev_cluster: DevCluster, teams: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Install]:
+    """The chart with its defaults: cluster-wide, node-scoped report writes (in force)."""
     inst = _install(dev_cluster, "priv")
+    _wait_enforced(dev_cluster, inst, teams["a"], tmp_path_factory.mktemp("priv"))
     yield inst
     dev_cluster.helm("uninstall", inst.release, "-n", inst.namespace, "--wait", check=False)
 
