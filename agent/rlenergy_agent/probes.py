@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 
 from rlenergy.api import node as api_node
+from rlenergy.gpu import base as gpu_base
 from rlenergy.gpu import errors
 from rlenergy_agent import energy, stalls
 from rlenergy_agent.pods import PodRef
@@ -177,7 +178,14 @@ class ProbeSlices(AgentState):
             gpu = self.actuator.gpus[u]
             if p.clock_mhz is not None and u not in self.parked:
                 try:  # the clock the slice runs: a cap below the lock is credited, not the lock
-                    p.clock_reads.append(gpu.sm_clock_mhz())
+                    mhz = gpu.sm_clock_mhz()
+                    # An idle GPU reads its idle clock under any lock (the work has not begun:
+                    # the trainer signals a phase before its first kernels, or has ended):
+                    # no cap, and crediting it read a 1485 MHz block at 1198 MHz in the
+                    # full-stack e2e (tests/e2e/test_full_stack.py). Reasons are read only
+                    # for a read below the lock.
+                    if mhz >= p.clock_mhz or not _idle(gpu.clock_event_reasons()):
+                        p.clock_reads.append(mhz)
                 except errors.GpuError as exc:
                     log.debug("slice clock read on %s failed: %s", u, exc)
             try:
@@ -257,14 +265,17 @@ class ProbeSlices(AgentState):
     def _slice_reports(self, w: _Open, p: _Probe) -> list[api_node.SliceReport]:
         log_t = [t for t, _ in w.progress_log]
         log_p = [v for _, v in w.progress_log]
-        # The window's last report holds the phase's end: the work finished somewhere inside
-        # its interval and the GPUs waited for the rest, so it is no slice's rate (counted
-        # in, it read a rollout's last default slice 20 % slow and its block's ratio 0.985
-        # against a true 0.924, tests/unit/agent/test_status_truth.py).
-        before_last = bisect.bisect_left(log_t, log_t[-1]) - 1 if log_t else -1
-        last = log_t[before_last] if before_last >= 0 else -math.inf
+        # The window's end (its last entry, appended at the close) and the trainer's last
+        # report hold the phase's end: the work finished inside the last report's interval
+        # (a trainer counts it done at its next report), then the GPUs waited for the end
+        # signal. So neither interval is any slice's rate, also in a slice the prober switched
+        # away from, as the switch can come after the last report. Counted in, the window's end
+        # read a rollout's last default slice 20 % slow and its block 0.985 against a true
+        # 0.924 (tests/unit/agent/test_status_truth.py); the last report, after a switch, read
+        # one 10 % slow and its block 0.958 against a true 0.917 (tests/e2e/test_full_stack.py).
+        last = _before(log_t, _before(log_t, log_t[-1])) if log_t else -math.inf
         spans = [(sl.start_s, sl.end_s) for sl in p.done]
-        rate_ends = [min(sl.end_s, last) if sl.switch_s is None else sl.switch_s for sl in p.done]
+        rate_ends = [min(sl.end_s if sl.switch_s is None else sl.switch_s, last) for sl in p.done]
         progress = slice_progress(log_t, log_p, spans, rate_ends)
         counts = [
             _rate_reports(log_t, span, end) for span, end in zip(spans, rate_ends, strict=True)
@@ -312,6 +323,19 @@ class ProbeSlices(AgentState):
             self._wake.set()
             self._prober.join(timeout=5)
             self._prober = None
+
+
+def _before(ts: Sequence[float], t: float) -> float:
+    """The latest time in ``ts`` (ascending) before ``t`` (-inf: none)."""
+    i = bisect.bisect_left(ts, t) - 1
+    return ts[i] if i >= 0 else -math.inf
+
+
+def _idle(reasons: frozenset[gpu_base.ClockEventReason]) -> bool:
+    """The GPU idles (NVML's GPU_IDLE reason) and nothing else holds its clock down."""
+    return gpu_base.ClockEventReason.GPU_IDLE in reasons and not (
+        reasons & gpu_base.SLOWDOWN_REASONS
+    )
 
 
 def slice_progress(

@@ -47,6 +47,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from rlenergy.api import node as api_node
+from rlenergy.control.freq import base, probe
 from rlenergy.devcluster import trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer as sdk_trainer
@@ -591,3 +593,36 @@ def trained_workload(step: workload.StepWork) -> verl_hook.TrainedBatch:
         response_tokens=w.response_tokens,
         prompt_tokens=w.prompt_tokens,
     )
+
+
+def probe_block_errors(
+    job: sim_job.Job, step: workload.StepWork, windows: Sequence[api_node.PhaseWindowReport]
+) -> list[tuple[str, int, int, float, float]]:
+    """(phase, step, clock MHz, block ratio, true ratio) of each probe block in ``windows``.
+
+    The blocks ``probe.blocks_from_slices`` makes of the slices as a node report gives them to
+    the operator, each credited to the clock its candidate slices ran (a cap below the lock,
+    ``effective_clock_mhz``); the truth is the default governor's time of ``step``'s phase over
+    its time at that clock (``sim_job.Job.phase_truth``). Callers: tests/unit/agent/
+    test_status_truth.py and tests/e2e/test_full_stack.py.
+    """
+    out = []
+    for w in windows:
+        slices = [
+            base.ProbeSlice(
+                s.clock_mhz,
+                s.duration_seconds,
+                s.progress,
+                s.energy_joules,
+                stalled=s.stalled,
+                effective_clock_mhz=s.effective_clock_mhz,
+                energy_source=s.energy_source,
+                rate_reports=s.rate_reports,
+            )
+            for s in w.slices
+        ]
+        t_default = job.phase_truth(step, w.phase, None)[0]
+        for clock, ratio, _ in probe.blocks_from_slices(slices)[0]:
+            true = t_default / job.phase_truth(step, w.phase, clock)[0]
+            out.append((w.phase, step.index, clock, round(ratio, 4), round(true, 4)))
+    return out

@@ -304,3 +304,29 @@ def test_slice_rates_come_from_the_reports_inside_each_slice() -> None:
     few = probes.slice_progress(ts, values, [(0.0, 0.006), (0.006, 0.1)])
     assert few[0] > 0 and sum(few) == pytest.approx(whole, rel=1e-12)
     assert probes.slice_progress(ts, values, []) == []
+
+
+def test_the_last_report_is_no_slice_rate_after_a_switch(make_driver: DriverFactory) -> None:
+    """The work ends inside the last report's interval; the prober then switches to the next
+    slice before the phase's end signal. That interval (a partly idle one) must not count in
+    the rate of the slice it fell in, nor the end signal's."""
+    drv = make_driver(1)
+    agent = _agent(drv)
+    agent.set_plan(_plan(probe.block_schedule([1395]), 0.1))
+    agent.phase(POD, "generation", 0)
+    rate, done_s = 1000.0, 0.195
+    for k in range(1, 21):  # a report every 10 ms; the work ends at 0.195 s
+        drv.advance(0.01)
+        agent.progress_total(POD, rate * min(k * 0.01, done_s))
+        agent.probe_tick()  # at 0.1 and 0.2: the boundary, after the report
+    drv.advance(0.01)
+    agent.probe_tick()
+    agent.phase(POD, "idle", 0)  # the end signal, 10 ms after the last report
+    slices = agent.steps[0]["generation"][0].slices
+    assert [s.clock_mhz for s in slices] == [1395, None, None]
+    first, second = slices[0], slices[1]
+    # Both slices ran at the same rate; the last report's interval read 0.944 of it.
+    assert second.progress / second.duration_seconds == pytest.approx(
+        first.progress / first.duration_seconds, rel=1e-9
+    )
+    assert second.rate_reports == 8  # 0.11-0.19 s: the last report (0.2 s) left out

@@ -25,13 +25,20 @@ WORKLOAD = api_node.TokenWorkloadReport(
 )
 
 
-def _probed_step(make_driver: DriverFactory, cap_mhz: int) -> api_node.PhaseWindowReport:
+def _probed_step(
+    make_driver: DriverFactory, cap_mhz: int, idle_start_s: float = 0.0
+) -> api_node.PhaseWindowReport:
+    """One probed generation phase; its work starts ``idle_start_s`` after the phase signal."""
     drv = make_driver(2)
     agent = standin_agent({POD: list(drv.uuids)}, PLAN, lambda: drv.virtual_s)
     for u in drv.uuids:
         drv.gpu(u).clock_cap_mhz = cap_mhz  # 0: no cap
-    drv.set_work(drv.uuids, "generation")
+    drv.set_work(drv.uuids, "idle" if idle_start_s else "generation")
     agent.phase(POD, "generation", 0)
+    for _ in range(round(idle_start_s / 0.02)):
+        drv.advance(0.02)
+        agent.probe_tick()
+    drv.set_work(drv.uuids, "generation")
     done = 0.0
     for _ in range(int(3 * 8 * 0.4 / 0.02)):  # three blocks in 20 ms steps
         drv.advance(0.02)
@@ -62,6 +69,17 @@ def test_an_uncapped_candidate_keeps_its_lock(make_driver: DriverFactory):
     assert {s.energy_source for s in win.slices} == {"instant_power"}  # one source per block
     slices = aggregate.job_step(0, [_report(win)]).observation.phases["generation"].slices
     assert {clock for clock, _, _ in probe.blocks_from_slices(slices)[0]} == {LOCK_MHZ}
+
+
+@pytest.mark.parametrize("cap_mhz", [0, 1200])
+def test_an_idle_gpu_is_no_cap(make_driver: DriverFactory, cap_mhz: int):
+    # The work starts after the first slice's first power sample (50 ms in): the GPUs read
+    # their idle clock then, with NVML's GPU_IDLE reason; the slice is credited at its lock
+    # (or the cap it ran under once working), not the idle clock.
+    win = _probed_step(make_driver, cap_mhz, idle_start_s=0.08)
+    first = win.slices[0]
+    assert first.clock_mhz == LOCK_MHZ
+    assert first.effective_clock_mhz == (cap_mhz or LOCK_MHZ), first
 
 
 def _report(win: api_node.PhaseWindowReport) -> api_node.NodeReport:

@@ -48,7 +48,6 @@ from rlenergy_operator import jobloop
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy
-from rlenergy.control.freq import base, probe
 from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import workload
@@ -68,6 +67,11 @@ loaded machine measured (p50 8-23 ms, p95 16-100 ms)."""
 E2E_SWITCH_S = 0.005
 """How long the agent's switch over 8 GPUs takes in the e2e-cadence case, s (8 NVML writes and
 read-backs through pynvml and the stand-in on a loaded machine)."""
+E2E_SIGNAL_LAG_S = 0.012
+"""How long after its phase signal a rank's work starts, and its end signal after its last
+report, in the e2e-cadence case, s: the full-stack harness signals its three ranks one after
+the other (a round trip each, 1-3 ms on a loaded machine) before any work starts; the first
+slice's first power sample falls 5 ms in (a 40 ms slice, four samples)."""
 SAVING_TOLERANCE_PP = 1.0
 RATIO_TOLERANCE = 0.01
 ENERGY_TOLERANCE = 0.01
@@ -95,6 +99,7 @@ def _phase(
     phase: str,
     ticks: Callable[[], float],
     real_time: bool,
+    lags_s: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[float, float, float]:
     """Run one phase to the end of its work.
 
@@ -104,7 +109,12 @@ def _phase(
     advance the counters, report progress stamped with the tick's end), so a report interval
     straddling a switch mixes two clocks. Otherwise slices switch at the tick's start and
     every tick runs one clock. The rest of the last tick after the work is done idles, booked
-    apart (``fullstack.tail_label``) as in the full-stack harness.
+    apart (``fullstack.tail_label``) as in the full-stack harness. ``lags_s``: the
+    GPUs' work starts ``lags_s[0]`` after the phase signal and the end signal follows the last
+    progress report ``lags_s[1]`` later, with the prober running in between (the full-stack harness
+    signals its three ranks one after the other before their work starts, and each rank's
+    end signal leaves after its last report); the GPUs idle meanwhile, booked with the tail
+    (the default governor's run would wait as long).
 
     Returns:
         (work time, s; the GPUs' energy over the agent's window, J; the idle tail's, J).
@@ -114,6 +124,8 @@ def _phase(
     tokens = step.workload.phase_tokens(phase)
     label = f"{phase}-{step.index}"
     agent.phase(POD, phase, step.index)
+    drv.set_work(uuids, "idle", fullstack.tail_label(label))
+    _lag(drv, agent, lags_s[0])  # the GPUs idle at the slice's lock: no cap
     drv.set_work(uuids, pw.kind, label)
     work, start = 0.0, drv.virtual_s
     while True:
@@ -142,38 +154,31 @@ def _phase(
         if work >= 1.0:
             work_s = drv.virtual_s - start - (work - 1.0) * t_full
             break
+    _lag(drv, agent, lags_s[1])  # the prober may switch after the last report
     drv.set_work(uuids, "idle", f"idle-{step.index}")
     agent.phase(POD, "idle", step.index)
     tail_j = sum(drv.truth_j(u, fullstack.tail_label(label)) for u in uuids)
     return work_s, sum(drv.truth_j(u, label) for u in uuids) + tail_j, tail_j
 
 
+def _lag(drv: standin.StandinDriver, agent: service.Agent, lag_s: float) -> None:
+    """Let ``lag_s`` of virtual time pass with the GPUs' counters and the prober running."""
+    end = drv.virtual_s + lag_s
+    due = agent.probe_tick()
+    while due is not None and due < end:
+        drv.advance(max(due - drv.virtual_s, 0.0))
+        due = agent.probe_tick()
+    drv.advance(max(end - drv.virtual_s, 0.0))
+
+
 def _block_errors(
     job: sim_job.Job, step: workload.StepWork, report: api_node.NodeReport
 ) -> list[tuple[str, int, int, float, float]]:
-    """(phase, step, clock, block ratio, true ratio) of each probe block of ``step`` in the
-    node report: the blocks ``probe.blocks_from_slices`` makes of the reported slices, the
-    truth the default-governor time of the step's phase over its time at the block's clock."""
-    out = []
+    """``fullstack.probe_block_errors`` of ``step``'s record in the node report."""
     rec = next(r for r in report.steps if r.step == step.index)
-    for w in rec.phases:
-        # Each slice says how many reports its rate came from (< 2: its block is dropped).
-        assert all(s.rate_reports is not None for s in w.slices), w.slices
-        slices = [
-            base.ProbeSlice(
-                s.clock_mhz,
-                s.duration_seconds,
-                s.progress,
-                s.energy_joules,
-                rate_reports=s.rate_reports,
-            )
-            for s in w.slices
-        ]
-        t_default = job.phase_truth(step, w.phase, None)[0]
-        for clock, ratio, _ in probe.blocks_from_slices(slices)[0]:
-            true = t_default / job.phase_truth(step, w.phase, clock)[0]
-            out.append((w.phase, step.index, clock, round(ratio, 4), round(true, 4)))
-    return out
+    # Each slice says how many reports its rate came from (< 2: its block is dropped).
+    assert all(s.rate_reports is not None for w in rec.phases for s in w.slices), rec.phases
+    return fullstack.probe_block_errors(job, step, rec.phases)
 
 
 def _slow_switch(agent: service.Agent, drv: standin.StandinDriver, switch_s: float) -> None:
@@ -188,17 +193,37 @@ def _slow_switch(agent: service.Agent, drv: standin.StandinDriver, switch_s: flo
     agent.actuator.apply = slow  # type: ignore[method-assign]
 
 
-CASES: dict[str, tuple[tuple[float, ...], bool, float]] = {
-    "exact": ((TICK_S,), False, 0.0),
-    "real-time": ((REAL_TIME_TICK_S,), True, 0.0),
-    "e2e-cadence": (E2E_TICKS_S, True, E2E_SWITCH_S),
+CASES: dict[str, tuple[tuple[float, ...], bool, float, tuple[float, float]]] = {
+    "exact": ((TICK_S,), False, 0.0, (0.0, 0.0)),
+    "real-time": ((REAL_TIME_TICK_S,), True, 0.0, (0.0, 0.0)),
+    "e2e-cadence": (E2E_TICKS_S, True, E2E_SWITCH_S, (0.0, E2E_SIGNAL_LAG_S)),
+    "work-starts-late": (E2E_TICKS_S, True, E2E_SWITCH_S, (E2E_SIGNAL_LAG_S, E2E_SIGNAL_LAG_S)),
 }
-"""(trainer ticks to draw from, s; real-time switching; the switch's length, s) per case."""
+"""(trainer ticks to draw from, s; real-time switching; the switch's length, s; the lags of
+the work's start and of the end signal, s) per case."""
+WORK_STARTS_LATE_BUG = (
+    "open bug (issue 21): when the GPUs' work starts after the phase signal, the status's "
+    "generation saving reads high: 17.10 % vs 15.53 % true, its predicted default-governor "
+    "energy 76,017 J vs 74,604 J and time 24.47 s vs 23.98 s (measured energy exact, every "
+    "probe block within 0.006 of the truth); the full-stack e2e shows the same, 18.23 % vs "
+    "16.80 % true (2026-12-02)"
+)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            c,
+            marks=[pytest.mark.xfail(strict=True, reason=WORK_STARTS_LATE_BUG)]
+            if c == "work-starts-late"
+            else [],
+        )
+        for c in CASES
+    ],
+)
 def test_status_matches_the_truth_on_the_agent_path(make_driver: DriverFactory, case: str) -> None:
-    tick_choices, real_time, switch_s = CASES[case]
+    tick_choices, real_time, switch_s, lags_s = CASES[case]
     rng = random.Random(0)
     job, _ = fullstack.compressed_replay(
         fullstack.DEFAULT_TRACE, SKU, STEPS, num_gpus=8, longest_phase_s=fullstack.LONGEST_PHASE_S
@@ -220,7 +245,7 @@ def test_status_matches_the_truth_on_the_agent_path(make_driver: DriverFactory, 
         agent.set_plan(loop.plan("t"))
         for phase in fullstack.PHASES:
             work_s, joules, tail_j = _phase(
-                drv, agent, job, step, phase, lambda: rng.choice(tick_choices), real_time
+                drv, agent, job, step, phase, lambda: rng.choice(tick_choices), real_time, lags_s
             )
             run_s[phase] += work_s
             run_j[phase] += joules
