@@ -51,13 +51,14 @@ SAVING_TOLERANCE_PP = 1.0
 RATIO_TOLERANCE = 0.01
 """Largest gap between the status's throughput ratio and the true ratio (issue 19)."""
 KNOWN_TRUTH_BUG = (
-    "open bug (issue 21): the status's generation saving reads about 1.4 points above the "
-    "truth (18.23 % vs 16.80 % on 2026-12-02, every probe block within 0.004 of the truth, the "
-    "lock 1440 MHz meeting its threshold); tests/unit/agent/test_status_truth.py's "
-    "work-starts-late case reproduces it (the GPUs' work starting after the phase signal). "
-    "Fixed before it: a first slice's idle clock read credited blocks to a clock far below "
-    "their lock, and a rollout's last report counted in a slice's rate after a switch, which "
-    "locked generation below its threshold in truth in 6 of 7 runs"
+    "open bug (issue 21): in some runs one phase's status throughput ratio reads below the "
+    "truth (training 0.952 vs true 0.9712 in 1 of 6 runs on 2026-12-02; generation 0.9511 "
+    "and 0.9515 vs 0.9589 and 0.9591 in 2 more, inside the 0.01 tolerance); every probe block "
+    "within 0.009 of the truth and every lock meeting its threshold in truth in all 6. Fixed "
+    "before it: a first slice's idle clock read credited blocks far below their lock, a "
+    "rollout's last report counted in a slice's rate after a switch (generation locked below "
+    "its threshold in truth in 6 of 7 runs), and the harness started the ranks' work only "
+    "after signalling all three (status saving 1.4 points high)"
 )
 """Why the truth checks of this e2e end the test as an expected failure instead of failing it:
 the bug is real and open, and the run is reported (``-ra``) with its figures rather than hidden.
@@ -129,6 +130,26 @@ def _block_summary(
         k: (len(v), round(sum(v) / len(v), 4), round(max(v, key=abs), 4))
         for k, v in sorted(errs.items())
     }
+
+
+def _long_windows(
+    truths: list[fullstack.StepTruth], records: dict[tuple[str, int], dict[str, Any]]
+) -> list[tuple[int, str, float, float]]:
+    """(step, phase, longest window over the nodes, s; the slowest rank's work, s) wherever
+    the window outlasts the work by 20 ms or more (the rank's tick and end signal included)."""
+    out = []
+    for t in truths:
+        for phase in fullstack.PHASES:
+            windows = [
+                w["durationSeconds"]
+                for (_node, step), rec in records.items()
+                if step == t.step
+                for w in rec["phases"]
+                if w["phase"] == phase
+            ]
+            if windows and max(windows) - t.work_seconds[phase] >= 0.02:
+                out.append((t.step, phase, round(max(windows), 4), round(t.work_seconds[phase], 4)))
+    return out
 
 
 def _policy() -> dict[str, Any]:
@@ -248,6 +269,7 @@ def test_full_stack_savings_run(
         locks = _lock_misses(job, status_phases, thresholds)
         blocks = _block_summary(job, records)
         print("probe blocks vs truth (phase, clock): (blocks, mean error, worst error):", blocks)
+        print("windows over the work by 20 ms or more:", _long_windows(truths, records))
         # Judged after every other check below (which must pass regardless): KNOWN_TRUTH_BUG.
         truth_misses = (misses, locks, compared) if misses or locks else None
 

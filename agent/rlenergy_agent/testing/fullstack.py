@@ -411,10 +411,6 @@ class FullStack:
                 return
             time.sleep(min(TICK_S, left))
 
-    def _set_work(self, kind: models.PhaseKind, label: str) -> None:
-        for a in self.agents:
-            a.driver.set_work(a.uuids, kind, label)
-
     def run_trainer(
         self,
         job: sim_job.Job,
@@ -444,16 +440,23 @@ class FullStack:
                 self.wait_plan(s)
             truth = StepTruth(s, {}, {}, {})
             for phase in PHASES:
+                label = f"{phase}-{s}"
+                kind = step.phase(phase).kind
+                started: dict[str, float] = {}
                 for a in self.agents:
+                    # Each rank's work starts at its own phase signal, as a verl worker's
+                    # does: signalling every rank before any worked left the first ranks'
+                    # GPUs idle for the later ranks' round trips inside their first probe
+                    # slice (tests/unit/agent/test_status_truth.py, work-starts-late).
                     assert a.callback is not None
                     if phase == "generation":
                         a.callback.on_generation_start(s)
                     else:
                         a.callback.on_training_start(s)
+                    started[a.node] = time.monotonic()
+                    a.driver.set_work(a.uuids, kind, label)
                 truth.clocks_mhz[phase] = _lock_of(self.agents[0])
-                label = f"{phase}-{s}"
-                self._set_work(step.phase(phase).kind, label)
-                seconds, seen, work_s = self._run_phase(job, step, phase, label)
+                seconds, seen, work_s = self._run_phase(job, step, phase, label, started)
                 truth.seconds[phase] = seconds
                 truth.work_seconds[phase] = work_s
                 truth.locks_seen[phase] = seen
@@ -476,18 +479,24 @@ class FullStack:
         return out
 
     def _run_phase(
-        self, job: sim_job.Job, step: workload.StepWork, phase: str, label: str
+        self,
+        job: sim_job.Job,
+        step: workload.StepWork,
+        phase: str,
+        label: str,
+        started: Mapping[str, float],
     ) -> tuple[float, set[int | None], float]:
         """Run one phase on every rank until each finished its work (``sim.job._run_phase``).
 
         Per tick, a rank's work fraction advances by ``dt / T(f)``, ``T(f)`` the phase time at
-        the lowest clock its GPUs run now; its cumulative progress (the phase's tokens along
+        the lowest clock its GPUs run now (``dt`` from the rank's phase signal, ``started``
+        by node, for its first tick); its cumulative progress (the phase's tokens along
         the phase's progress shape) goes to the agent. A rank that is done reports its final
         progress, signals the phase end and idles its GPUs.
 
         Returns:
             (the phase's time, the slowest rank, s; every lock seen on any node; when the
-            slowest rank's work was done, s from the start: its last tick less the overshoot).
+            slowest rank's work was done, s from its signal: its last tick less the overshoot).
         """
         pw = step.phase(phase)
         tokens = step.workload.phase_tokens(phase)
@@ -503,13 +512,13 @@ class FullStack:
         last_clock: dict[str, float] = {}
         seen: set[int | None] = set()
         start = last = time.monotonic()
+        rank_last = dict(started)
         running = list(self.agents)
         while running:
             time.sleep(PHASE_TICK_S)
             now = time.monotonic()
-            dt = now - last
+            self.phase_ticks_s.append(now - last)
             last = now
-            self.phase_ticks_s.append(dt)
             finished = []
             # Clocks in effect over the tick: every rank's read at once, right at the tick's
             # end and before any counter advances or report (reading each rank's clock after
@@ -523,6 +532,8 @@ class FullStack:
                 last_clock[a.node] = clock
                 seen.add(_lock_of(a))
             for a in self.agents:
+                dt = now - rank_last[a.node]
+                rank_last[a.node] = now
                 if a not in running:
                     a.driver.advance(dt)
                     continue
@@ -551,7 +562,7 @@ class FullStack:
                 )
                 if work[a.node] >= 1.0:
                     finished.append(a)
-                    done_at[a.node] = now - start - (dt - left_s)
+                    done_at[a.node] = now - started[a.node] - (dt - left_s)
             for a in finished:
                 assert a.callback is not None
                 if phase == "generation":

@@ -202,11 +202,15 @@ CASES: dict[str, tuple[tuple[float, ...], bool, float, tuple[float, float]]] = {
 """(trainer ticks to draw from, s; real-time switching; the switch's length, s; the lags of
 the work's start and of the end signal, s) per case."""
 WORK_STARTS_LATE_BUG = (
-    "open bug (issue 21): when the GPUs' work starts after the phase signal, the status's "
-    "generation saving reads high: 17.10 % vs 15.53 % true, its predicted default-governor "
-    "energy 76,017 J vs 74,604 J and time 24.47 s vs 23.98 s (measured energy exact, every "
-    "probe block within 0.006 of the truth); the full-stack e2e shows the same, 18.23 % vs "
-    "16.80 % true (2026-12-02)"
+    "open limitation (issue 21): when the GPUs' work starts after the phase signal (here 12 ms "
+    "of 0.55-1.5 s phases), the status's generation saving reads high: 17.10 % vs 15.53 % "
+    "true, its predicted default-governor energy 76,017 J vs 74,604 J (measured energy exact, "
+    "every probe block within 0.006 of the truth): a probed window's first slice is credited "
+    "its rate times its whole length, idle start included, in the paired default "
+    "(probe.paired_default); an exact first-slice amount instead read its blocks 0.03 low "
+    "(2026-12-02). The full-stack harness showed it (18.23 % vs 16.80 %) while it signalled "
+    "all three ranks before any worked; a verl worker signals right before its own work, ms "
+    "against phases of seconds to minutes"
 )
 
 
