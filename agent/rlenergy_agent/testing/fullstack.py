@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from rlenergy.api import node as api_node
-from rlenergy.control.freq import base, probe
+from rlenergy.control.freq import aggregate, probe
 from rlenergy.devcluster import trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer as sdk_trainer
@@ -619,19 +619,7 @@ def probe_block_errors(
     """
     out = []
     for w in windows:
-        slices = [
-            base.ProbeSlice(
-                s.clock_mhz,
-                s.duration_seconds,
-                s.progress,
-                s.energy_joules,
-                stalled=s.stalled,
-                effective_clock_mhz=s.effective_clock_mhz,
-                energy_source=s.energy_source,
-                rate_reports=s.rate_reports,
-            )
-            for s in w.slices
-        ]
+        slices = [aggregate.probe_slice(s) for s in w.slices]
         t_default = job.phase_truth(step, w.phase, None)[0]
         for clock, ratio, _ in probe.blocks_from_slices(slices)[0]:
             true = t_default / job.phase_truth(step, w.phase, clock)[0]

@@ -137,20 +137,22 @@ def _slices(windows: Sequence[api_node.PhaseWindowReport]) -> tuple[base.ProbeSl
     for n, parts in enumerate(lists):
         if n < len(lists) - 1:
             parts = parts[: len(parts) - len(parts) % probe.BLOCK]
-        out += [
-            base.ProbeSlice(
-                clock_mhz=p.clock_mhz,
-                duration_s=p.duration_seconds,
-                progress=p.progress,
-                energy_j=p.energy_joules,
-                stalled=p.stalled,
-                effective_clock_mhz=p.effective_clock_mhz,
-                energy_source=p.energy_source,
-                rate_reports=p.rate_reports,
-            )
-            for p in parts
-        ]
+        out += [probe_slice(p) for p in parts]
     return tuple(out)
+
+
+def probe_slice(p: api_node.SliceReport) -> base.ProbeSlice:
+    """The controller's ``base.ProbeSlice`` of one reported slice."""
+    return base.ProbeSlice(
+        clock_mhz=p.clock_mhz,
+        duration_s=p.duration_seconds,
+        progress=p.progress,
+        energy_j=p.energy_joules,
+        stalled=p.stalled,
+        effective_clock_mhz=p.effective_clock_mhz,
+        energy_source=p.energy_source,
+        rate_reports=p.rate_reports,
+    )
 
 
 def _phase(
