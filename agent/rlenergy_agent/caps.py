@@ -22,7 +22,8 @@ The tolerance defaults to one SM clock step of the A100/H100 clock tables (15 MH
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
 
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base
@@ -49,6 +50,41 @@ _REASON_NAMES = {
 def limit_names(reasons: Iterable[base.ClockEventReason]) -> str:
     """The slowdown reasons among ``reasons`` as ``A,B`` (NVML names, sorted); ``""`` if none."""
     return ",".join(sorted(_REASON_NAMES[r] for r in reasons if r in _REASON_NAMES))
+
+
+def held_clock_mhz(reads: Mapping[str, Sequence[int]]) -> int | None:
+    """The lowest SM clock any GPU held over two consecutive read-backs, MHz (``None``: none).
+
+    Args:
+        reads: per GPU UUID, its SM clock read-backs of one window or probe slice, in order.
+
+    A power or thermal cap holds a clock for many read-backs; one low read between reads at
+    the lock is a transient, not the clock the window ran: a GPU ramping as its work begins,
+    or the two NVML calls of a read (clock-event reasons, then the clock) falling either side
+    of the GPU going idle or busy. Crediting such a read as the window's clock judged a 1.6 s
+    training window at 1935 MHz by a single 345 MHz read in the full-stack e2e (its default
+    time predicted 5x too short, the phase's status throughput ratio 0.952 against a true
+    0.972). So each GPU's low is the lowest of the larger of each two consecutive reads; a GPU
+    read once counts that read.
+    """
+    lows = [
+        seq[0] if len(seq) == 1 else min(max(a, b) for a, b in itertools.pairwise(seq))
+        for seq in reads.values()
+        if seq
+    ]
+    return min(lows) if lows else None
+
+
+def held_flag(flags: Mapping[str, Sequence[bool]]) -> bool:
+    """Whether any GPU showed a flag on two consecutive read-backs (as ``held_clock_mhz``).
+
+    Args:
+        flags: per GPU UUID, one flag per read-back in order (a slowdown reason seen).
+    """
+    return any(
+        (len(seq) == 1 and seq[0]) or any(a and b for a, b in itertools.pairwise(seq))
+        for seq in flags.values()
+    )
 
 
 def classify(

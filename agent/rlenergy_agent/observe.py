@@ -2,7 +2,8 @@
 
 ``WindowObservations`` is a mixin of ``service.Agent`` over ``state.AgentState``: the node loop
 calls ``observe`` every sample (``nodeloop``), under the agent lock. A busy GPU's SM clock and
-clock-event reasons go into its window (the lowest read-back wins; a slowdown reason flags it),
+clock-event reasons go into its window (the lowest clock a GPU held over two consecutive
+read-backs wins; a slowdown reason on two flags it: ``caps.held_clock_mhz``),
 and each window with a ``stalls.StallWatch`` gets one sample: its cumulative progress, the
 requests in flight its caller reported, and the mean power per GPU since the previous sample
 (meter marks). Due lock read-backs (``actuator.watch_caps``) and the energy cross-check tick
@@ -25,7 +26,11 @@ class WindowObservations(AgentState):
     """Clock read-backs and stall samples of ``service.Agent``'s open windows (a mixin)."""
 
     def _observe_clocks(self, pod: PodRef, gpus: Sequence[str]) -> None:
-        """Read back the SM clock of a pod's busy GPUs into its open window (lowest wins)."""
+        """Read back the SM clock of a pod's busy GPUs into its open window.
+
+        The window reports the lowest clock a GPU held over two consecutive reads and a
+        slowdown reason seen on two (``caps.held_clock_mhz``, ``caps.held_flag``).
+        """
         w = self._open.get(pod)
         if w is None:
             return
@@ -38,8 +43,8 @@ class WindowObservations(AgentState):
                 reasons = gpu.clock_event_reasons()
                 if base.ClockEventReason.GPU_IDLE in reasons:
                     continue
-                w.applied.append(gpu.sm_clock_mhz())
-                w.slowdown = w.slowdown or bool(reasons & base.SLOWDOWN_REASONS)
+                w.applied.setdefault(u, []).append(gpu.sm_clock_mhz())
+                w.slow_reads.setdefault(u, []).append(bool(reasons & base.SLOWDOWN_REASONS))
             except errors.GpuError as exc:
                 log.debug("clock read-back on %s failed: %s", u, exc)
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base as gpu_base
 from rlenergy.gpu import errors
-from rlenergy_agent import energy, stalls
+from rlenergy_agent import caps, energy, stalls
 from rlenergy_agent.pods import PodRef
 from rlenergy_agent.state import (
     IDLE,
@@ -185,7 +185,7 @@ class ProbeSlices(AgentState):
                     # full-stack e2e (tests/e2e/test_full_stack.py). Reasons are read only
                     # for a read below the lock.
                     if mhz >= p.clock_mhz or not _idle(gpu.clock_event_reasons()):
-                        p.clock_reads.append(mhz)
+                        p.clock_reads.setdefault(u, []).append(mhz)
                 except errors.GpuError as exc:
                     log.debug("slice clock read on %s failed: %s", u, exc)
             try:
@@ -215,7 +215,7 @@ class ProbeSlices(AgentState):
             energy_j = win.energy_j
             kinds = set(win.sources.values())
             source = kinds.pop() if len(kinds) == 1 else "mixed"
-        ran = min(p.clock_reads) if p.clock_reads and p.clock_mhz is not None else None
+        ran = caps.held_clock_mhz(p.clock_reads) if p.clock_mhz is not None else None
         p.done.append(
             _Slice(
                 p.clock_mhz,

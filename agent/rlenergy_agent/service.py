@@ -40,7 +40,7 @@ from typing import Literal
 
 from rlenergy.api import node as api_node
 from rlenergy_agent import actuator as act
-from rlenergy_agent import crosscheck, energy, histogram, shares, stalls
+from rlenergy_agent import caps, crosscheck, energy, histogram, shares, stalls
 from rlenergy_agent.observe import WindowObservations
 from rlenergy_agent.parks import Parks
 from rlenergy_agent.pods import PodMap as PodMap
@@ -280,7 +280,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
                 mark,
                 now,
                 clock_mhz,
-                [],
+                {},
                 any(r.slowdown for r in results.values()),
                 [f"{u}: {r.error}" for u, r in results.items() if r.error],
                 gpus=gpus,
@@ -447,8 +447,8 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             duration_seconds=win.duration_s,
             energy_joules=win.energy_j,
             requested_clock_mhz=w.requested_mhz,
-            applied_clock_mhz=min(w.applied) if w.applied else None,
-            slowdown=w.slowdown,
+            applied_clock_mhz=caps.held_clock_mhz(w.applied),
+            slowdown=w.slowdown or caps.held_flag(w.slow_reads),
             error="; ".join(w.errors) or None,
             energy_source=sources.pop() if len(sources) == 1 else "mixed",
             incomplete=win.incomplete,

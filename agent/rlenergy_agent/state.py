@@ -71,7 +71,8 @@ class _Probe:
         power_w: sum over samples of the instant power summed over the window's GPUs, W.
         power_n: samples in ``power_w``.
         power_failed: an instant-power read failed in this slice (use counter deltas).
-        clock_reads: SM clocks read back with the power samples of a locked slice, MHz.
+        clock_reads: per GPU, the SM clocks read back with the power samples of a locked
+            slice, MHz (``caps.held_clock_mhz`` makes the slice's effective clock).
         next_sample_s: when the next power sample is due, s.
         done: finished slices.
     """
@@ -86,7 +87,7 @@ class _Probe:
     power_w: float = 0.0
     power_n: int = 0
     power_failed: bool = False
-    clock_reads: list[int] = dataclasses.field(default_factory=list)
+    clock_reads: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     done: list[_Slice] = dataclasses.field(default_factory=list)
 
     @property
@@ -110,7 +111,7 @@ class _Probe:
         self.power_w = 0.0
         self.power_n = 0
         self.power_failed = False
-        self.clock_reads = []
+        self.clock_reads = {}
         self.next_sample_s = t_s + 0.5 * self.slice_s / POWER_SAMPLES_PER_SLICE
 
 
@@ -123,11 +124,15 @@ class _Open:
     mark: energy.Mark
     started_s: float
     requested_mhz: int | None
-    applied: list[int]
+    applied: dict[str, list[int]]
+    """Per GPU, the SM clocks read back while it was busy, MHz (``caps.held_clock_mhz``)."""
     slowdown: bool
+    """A slowdown reason at a switch's read-back (the apply results of the phase and its slices)."""
     errors: list[str]
     progress: float = 0.0
     gpus: tuple[str, ...] = ()
+    slow_reads: dict[str, list[bool]] = dataclasses.field(default_factory=dict)
+    """Per GPU, whether each busy read-back showed a slowdown reason (``caps.held_flag``)."""
     devices: tuple[str, ...] = ()
     probe: _Probe | None = None
     progress_log: list[tuple[float, float]] = dataclasses.field(default_factory=list)

@@ -389,7 +389,12 @@ class StandinDriver:
                 g.power_at_lock_mw[j] = int(
                     self._power_w(g, sim, float(g.sm_clocks_mhz[j])) * 1000.0
                 )
-        g.idle = 1 if sim.kind == "idle" and not sim.frozen else 0
+        # The library reads these fields with no lock: write them in the order that never
+        # shows a torn state (a busy GPU at its idle clock would read as capped: a clock below
+        # the lock with SW_POWER_CAP). Going idle, the flag first; going busy, the clock first.
+        idle = 1 if sim.kind == "idle" and not sim.frozen else 0
+        if idle:
+            g.idle = 1
         if sim.frozen:
             g.util_gpu, g.util_mem = 100, 0
         elif sim.kind == "idle":
@@ -399,6 +404,7 @@ class StandinDriver:
             g.natural_clock_mhz = int(sim.sku.power_capped_clock_mhz(sim.kind))
             g.util_gpu = 95 if sim.kind == "training" else 40
             g.util_mem = 30 if sim.kind == "training" else 85
+        g.idle = idle
 
     def truth_j(self, uuid: str, label: str | None = None) -> float:
         """Truth: joules a GPU used since creation (or under one work label)."""
