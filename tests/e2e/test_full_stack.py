@@ -17,8 +17,8 @@ governor), every locked clock keeps its phase's threshold on the run's steps, ev
 and the job's whole-run true throughput ratio (trials included) keeps it within
 ``TRIAL_ALLOWANCE``, and the status's saving and throughput ratio are within
 ``SAVING_TOLERANCE_PP`` and ``RATIO_TOLERANCE`` of the true ones (trials included; judged
-after every other check, and a miss ends the test as an expected failure that names
-``KNOWN_TRUTH_BUG`` and the figures); totals
+after every other check; a miss fails the test, except on a phase whose trials fell back to
+whole steps on a loaded machine: an expected failure naming ``WHOLE_STEP_LIMITATION``); totals
 equal the sum of the node reports; every measured phase energy of every node and step is
 within 1 % of the simulator's truth (the windows that miss it are printed); after the policy is
 deleted the finalizer is lifted on the agents' reset acknowledgements (not the deadline) and
@@ -54,19 +54,16 @@ SAVING_TOLERANCE_PP = 1.0
 """Largest gap between the status's saving and the true saving, percentage points (issue 19)."""
 RATIO_TOLERANCE = 0.01
 """Largest gap between the status's throughput ratio and the true ratio (issue 19)."""
-KNOWN_TRUTH_BUG = (
-    "open bug (issue 21): in some runs one phase's status throughput ratio reads below the "
-    "truth (training 0.952 vs true 0.9712 in 1 of 6 runs on 2026-12-02; generation 0.9511 "
-    "and 0.9515 vs 0.9589 and 0.9591 in 2 more, inside the 0.01 tolerance); every probe block "
-    "within 0.009 of the truth and every lock meeting its threshold in truth in all 6. Fixed "
-    "before it: a first slice's idle clock read credited blocks far below their lock, a "
-    "rollout's last report counted in a slice's rate after a switch (generation locked below "
-    "its threshold in truth in 6 of 7 runs), and the harness started the ranks' work only "
-    "after signalling all three (status saving 1.4 points high)"
+WHOLE_STEP_LIMITATION = (
+    "open limitation (issue 19, item 6): the trainer's progress came too seldom for in-phase "
+    "slices of the compressed generation phase (a loaded machine: status probeEvidence "
+    "whole-phase), so its trials ran whole steps, whose default-governor time and energy come "
+    "from the token model (2-11 % per step on real traces); measured 2026-12-02 with progress "
+    "every 17-37 ms: generation saving 2.75 % vs 3.86 % true, ratio 0.979 vs 0.9935"
 )
-"""Why the truth checks of this e2e end the test as an expected failure instead of failing it:
-the bug is real and open, and the run is reported (``-ra``) with its figures rather than hidden.
-Every other check of the test still fails it. Remove this and assert again once fixed."""
+"""Why truth misses of phases whose trials ran whole steps end the test as an expected failure:
+a documented fallback with a known precision, reported (``-ra``) with its figures. A miss of a
+phase probed in-phase fails the test, as does every other check."""
 TRIAL_ALLOWANCE = 0.03
 """How far a phase's whole-run true ratio may fall below its threshold in these 40 steps: 4
 warm up and up to a quarter of max(steps, 40) trial (``eerl._trial_budget_left``), half of each
@@ -318,7 +315,10 @@ def test_full_stack_savings_run(
         blocks = _block_summary(job, records)
         print("probe blocks vs truth (phase, clock): (blocks, mean error, worst error):", blocks)
         print("windows over the work by 20 ms or more:", _long_windows(truths, records))
-        # Judged after every other check below (which must pass regardless): KNOWN_TRUTH_BUG.
+        # Judged after every other check below, which must pass regardless. Phases probed
+        # in-phase in fewer than two steps ran their trials on whole steps.
+        probed = {ph: sum(len(t.locks_seen[ph]) > 1 for t in truths) for ph in fullstack.PHASES}
+        whole_step = {ph for ph in fullstack.PHASES if probed[ph] < 2}
         truth_misses = (misses, locks, compared) if misses or locks else None
 
         # Measured phase energy per node and step vs the simulator's truth.
@@ -358,18 +358,17 @@ def test_full_stack_savings_run(
             assert phases[phase]["state"] in ("trial", "locked"), phases[phase]
         assert final["nodes"]["ready"] == 3 and final["nodes"]["total"] == 3
         # The agents ran in-phase probes: phases ran under several locks (trial slices).
-        probed = {ph: sum(len(t.locks_seen[ph]) > 1 for t in truths) for ph in fullstack.PHASES}
         gen = phases["generation"]
         max_mhz = stack.sku.max_sm_clock_mhz
-        if gen["probeEvidence"].startswith("in-phase"):
-            assert probed["generation"] >= 2, probed
+        assert "training" not in whole_step, probed  # 1.5 s phases: slices at any cadence
+        if "generation" not in whole_step:
             # EE-RL resolved generation's trials and locked a clock below max, through NVML.
             assert gen["state"] == "locked" and gen["clockMHz"] is not None, gen
         else:
             # A loaded machine: the trainer's progress came too seldom for in-phase slices of
-            # this compressed phase, and the status says so (``probeEvidence``, whole-phase:
-            # trials of whole steps, docs/agent.md); in 40 steps those may not all resolve.
-            print("generation probed on whole steps:", gen["probeEvidence"], gen["state"])
+            # this compressed phase (status probeEvidence whole-phase while it was so): trials
+            # of whole steps (docs/agent.md), which 40 steps may not all resolve.
+            print("generation probed on whole steps:", probed, gen["probeEvidence"], gen["state"])
             trials = {c for t in truths for c in t.locks_seen["generation"]} - {None}
             assert trials, [t.locks_seen["generation"] for t in truths]
         if gen["state"] == "locked":
@@ -414,4 +413,7 @@ def test_full_stack_savings_run(
         assert "Traceback (most recent call last)" not in stack.operator_log.read_text()
     print(f"full-stack e2e took {time.monotonic() - t0:.1f} s")
     if truth_misses is not None:
-        pytest.xfail(f"{KNOWN_TRUTH_BUG}: {truth_misses}")
+        missed = {m.split()[0] for m in misses} | set(locks)
+        if whole_step and missed <= whole_step | {"total"}:
+            pytest.xfail(f"{WHOLE_STEP_LIMITATION}: {truth_misses}")
+        pytest.fail(f"status or locks off the truth: {truth_misses}")
