@@ -103,7 +103,8 @@ class SliceReport(_Wire):
     )
     effective_clock_mhz: int | None = Field(
         None,
-        description="Lowest SM clock read back on the slice's GPUs during a locked slice, MHz "
+        description="Lowest SM clock a GPU of the slice held over two consecutive read-backs "
+        "during a locked slice, MHz "
         "(null: default governor or unread); a block is credited to it when a cap held the "
         "GPU below the lock.",
     )
@@ -138,7 +139,8 @@ class PhaseWindowReport(_Wire):
     )
     applied_clock_mhz: int | None = Field(
         None,
-        description="Lowest SM clock read back on the window's GPUs after the switch, MHz.",
+        description="Lowest SM clock a GPU of the window held over two consecutive read-backs "
+        "after the switch, MHz (one low read between reads at the lock is a transient).",
     )
     slowdown: bool = Field(
         False, description="A power/thermal clock-event reason held the clock down."
