@@ -84,7 +84,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/operator/test_jobloop_status.py",
         ],
     ),
-    "sim-scoring": (["rlenergy/sim/job.py"], ["tests/unit/sim/test_job.py"]),
+    "sim-scoring": (
+        ["rlenergy/sim/job.py"],
+        ["tests/unit/sim/test_job.py", "tests/unit/sim/test_job_scoring.py"],
+    ),
 }
 """Key -> (files to mutate, unit tests to run). Test paths that do not exist are skipped.
 
