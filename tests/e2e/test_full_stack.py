@@ -11,8 +11,9 @@ the agent as it goes. The agents write their ``RLEnergyNodeReport``s and follow
 ``status.plan``, EE-RL trials included (in-phase probe slices).
 
 We check: the policy's status gets per-phase savings and totals and ``kubectl get rlep`` shows
-the saving; the agents ran the trials' probe slices and generation locks a clock below max with
-a positive saving; against the simulator's truth (``_truth``: the same steps under the default
+the saving; the agents ran the trials' probe slices (or, on a loaded machine, whole-step
+trials) and generation ends at a clock below max with a positive saving (locked, or at its
+interim clock once the job's trial budget is spent); against the simulator's truth (``_truth``: the same steps under the default
 governor), every locked clock keeps its phase's threshold on the run's steps, every phase's
 and the job's whole-run true throughput ratio (trials included) keeps it within
 ``TRIAL_ALLOWANCE``, and the status's saving and throughput ratio are within
@@ -361,20 +362,23 @@ def test_full_stack_savings_run(
         gen = phases["generation"]
         max_mhz = stack.sku.max_sm_clock_mhz
         assert "training" not in whole_step, probed  # 1.5 s phases: slices at any cadence
-        if "generation" not in whole_step:
-            # EE-RL resolved generation's trials and locked a clock below max, through NVML.
-            assert gen["state"] == "locked" and gen["clockMHz"] is not None, gen
-        else:
+        if "generation" in whole_step:
             # A loaded machine: the trainer's progress came too seldom for in-phase slices of
             # this compressed phase (status probeEvidence whole-phase while it was so): trials
-            # of whole steps (docs/agent.md), which 40 steps may not all resolve.
-            print("generation probed on whole steps:", probed, gen["probeEvidence"], gen["state"])
+            # of whole steps (docs/agent.md).
+            print("generation probed on whole steps:", probed, gen["probeEvidence"])
             trials = {c for t in truths for c in t.locks_seen["generation"]} - {None}
             assert trials, [t.locks_seen["generation"] for t in truths]
+        # EE-RL ran generation below max at a saving, through NVML: locked, or (whole-step
+        # trials having spent the job's trial budget, eerl._trial_budget_left) at its interim
+        # clock until the budget frees.
+        final_mhz = truths[-1].clocks_mhz["generation"]
+        assert final_mhz is not None and final_mhz < max_mhz, truths[-1]
+        assert gen["saving"]["percent"] > 0, gen
         if gen["state"] == "locked":
-            assert gen["clockMHz"] is not None and gen["clockMHz"] < max_mhz, gen
-            assert truths[-1].clocks_mhz["generation"] == gen["clockMHz"], truths[-1]
-            assert gen["saving"]["percent"] > 0, gen
+            assert gen["clockMHz"] == final_mhz, (gen, truths[-1])
+        else:
+            print("generation not locked in", STEPS, "steps:", gen["state"], final_mhz, "MHz")
         clocks = {ph: [t.clocks_mhz[ph] for t in truths] for ph in fullstack.PHASES}
         print(clocks)
         print(probed)
