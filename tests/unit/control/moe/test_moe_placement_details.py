@@ -269,3 +269,23 @@ def test_lockstep_makespan_with_prompts():
         [0], [0.5], [0], 1, placement.FluidFinishModel(0.01, 1e-9, 1e12, 1000, 1024)
     )
     assert short == pytest.approx(0.01 + 500 * 1e-9)
+
+
+def test_forecast_a_one_token_response_runs_one_step():
+    lay = base.MoeLayout(1, 1, 0, 0, 10)
+    got = placement.forecast_occupied_gpu_s(
+        [0], [1.0], [0], [frozenset({0})], lay, RunningKv(), elastic=False
+    )
+    assert got == pytest.approx(1.0)
+
+
+def test_forecast_an_idle_worker_stays_when_the_busy_ones_lack_room_for_its_experts():
+    # 130 B per worker, 10 B dense, 10 B per expert: worker 0 (2 experts) has 100 B of KV
+    # budget, its response's peak 80 B leaves 20 B, short of worker 1's 3 experts (30 B).
+    lay = base.MoeLayout(5, 10, 10, 1, 130)
+    shards = [frozenset({0, 1}), frozenset({2, 3, 4})]
+    got = placement.forecast_occupied_gpu_s(
+        [0, 1], [80.0, 10.0], [0, 0], shards, lay, RunningKv(), elastic=True
+    )
+    # [0, 10): 2 running; [10, 80): both workers stay, 1 running with 10 B of context.
+    assert got == pytest.approx(10 * 2 * 2 + 70 * 2 * 1.1)
