@@ -289,3 +289,30 @@ def test_forecast_an_idle_worker_stays_when_the_busy_ones_lack_room_for_its_expe
     )
     # [0, 10): 2 running; [10, 80): both workers stay, 1 running with 10 B of context.
     assert got == pytest.approx(10 * 2 * 2 + 70 * 2 * 1.1)
+
+
+def test_forecast_thinning_keeps_the_last_order_statistic():
+    # 16 responses of 1 .. 16 steps and one of 20: the thinned cuts are 1 .. 8, 10 .. 16 and
+    # 20. Running: 17 .. 10 over [0, 8), 9 over [8, 10), 7 .. 2 over [10, 16), 1 over [16, 20).
+    lay = base.MoeLayout(1, 1, 0, 0, 10)
+    lengths = [float(t) for t in range(1, 17)] + [20.0]
+    got = placement.forecast_occupied_gpu_s(
+        [0] * 17, lengths, [0] * 17, [frozenset({0})], lay, RunningKv(), elastic=False
+    )
+    assert got == pytest.approx(108 + 2 * 9 + 27 + 4 * 1)
+
+
+def test_forecast_a_waved_worker_makes_room_as_its_responses_end():
+    # KV budget 200 B per worker (210 B, one 10 B expert each, 1 B per token). Worker 0: two
+    # responses of 300 and 100 tokens, 400 B: two waves, spans 600 and 200, one running at a
+    # time. Worker 1: one response of 50 steps.
+    lay = base.MoeLayout(2, 10, 0, 1, 210)
+    shards = [frozenset({0}), frozenset({1})]
+    got = placement.forecast_occupied_gpu_s(
+        [0, 0, 1], [300.0, 100.0, 50.0], [0, 0, 0], shards, lay, RunningKv(), elastic=True
+    )
+    # [0, 50): 1 + 1 running, no context. [50, 200): worker 0 runs 1 (context (25 + 25) / 2),
+    # its peak (300 + 100) / 2 fills its budget: worker 1 stays. [200, 600): the 300-token
+    # response alone (context 200 / 2 / 2 = 50 B), peak 150 B: 50 B free holds expert 1,
+    # worker 1 leaves.
+    assert got == pytest.approx(50 * 2 * 2 + 150 * 2 * 1.25 + 400 * 1 * 1.5)
