@@ -310,6 +310,10 @@ def test_async_oracle_uses_the_lowest_threshold_end_to_end(quiet: None) -> None:
     assert sim_job.oracle(job, {}).clocks_mhz == want  # no thresholds: 0.95
     cands = sim_job.oracle(job, {}, candidates_mhz={"generation": [800, 900]})
     assert cands.clocks_mhz == want  # 800 MHz: step ratio 0.914
+    # training at 950 MHz saves 168 J but idles locked: 60 W x 2 x 31.27 s = 3753 J against
+    # 50 W x 2 x 31.67 s = 3167 J unlocked
+    idle = sim_job.oracle(job, {}, candidates_mhz={"training": [950]})
+    assert idle.clocks_mhz == {"generation": 900, "training": None}
 
 
 # ----- run_job: what it measures and reports -----------------------------------------------------
@@ -448,6 +452,10 @@ def test_power_capped_phase_reports_slowdown_and_the_clock_it_ran(quiet: None) -
     # 160 W: generation settles at 856 MHz (read back as 800), training at 548 MHz (500)
     assert (gen.slowdown, gen.applied_clock_mhz) == (True, 800)
     assert (train.slowdown, train.applied_clock_mhz) == (True, 500)
+    # each phase runs at its own capped clock: 1000 sqrt(110/150) and 1000 sqrt(60/200) MHz
+    f_gen, f_train = 1000 * math.sqrt(110 / 150), 1000 * math.sqrt(60 / 200)
+    assert gen.duration_s == pytest.approx(10 * (500 / f_gen + 0.5))
+    assert train.duration_s == pytest.approx(20 * (750 / f_train + 0.25))
 
 
 def test_energy_unknown_while_the_counter_is_unsupported_and_back_after(quiet: None) -> None:
