@@ -45,6 +45,14 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["rlenergy/control/freq/predictor.py", "rlenergy/control/freq/candidates.py"],
         ["tests/unit/control/freq/test_predictor.py", "tests/unit/control/freq/test_candidates.py"],
     ),
+    "control-freq-probe": (
+        ["rlenergy/control/freq/probe.py"],
+        [
+            "tests/unit/control/freq/test_probe.py",
+            "tests/unit/control/freq/test_corrected_fit.py",
+            "tests/unit/control/freq/test_predictor.py",
+        ],
+    ),
     "control-moe": (["rlenergy/control/moe/*.py"], ["tests/unit/control/moe"]),
     "agent-energy": (
         ["agent/rlenergy_agent/energy.py", "rlenergy/gpu/energy.py"],
@@ -93,7 +101,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 
 ``control-freq-units`` mutates two of ``control-freq``'s files against their own function-level
 tests only (seconds per mutant instead of the whole simulated jobs of ``test_eerl.py``): its
-score is a lower bound of theirs under ``control-freq``, where more tests run."""
+score is a lower bound of theirs under ``control-freq``, where more tests run. Likewise
+``control-freq-probe`` for the probe blocks, the phase model and its correction."""
 
 COPIED = {
     "rlenergy": "rlenergy",

@@ -1,0 +1,235 @@
+"""``probe.CorrectedFit`` and ``probe.fit_corrected`` on small hand-made fits (issue #21).
+
+The model below has ``u = 0.5`` and the default governor at the max clock (2000 MHz), so its
+throughput ratio is ``r(c) = 1 / (0.5 (2000/c - 1) + 1)``: 0.75 at 1200 MHz, 0.8235294 at
+1400 MHz, 0.8888889 at 1600 MHz. Expected values are written out from the docstring's
+formulas (inverse-variance blend of the model and the residual-corrected model, residuals
+interpolated linearly in clock, the default clock an exact point with residual 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlenergy.control.freq import probe
+
+F_MAX = 2000.0
+
+
+def _r(c: float, u: float = 0.5, f_default: float = F_MAX) -> float:
+    return (u * (F_MAX / f_default - 1.0) + 1.0) / (u * (F_MAX / c - 1.0) + 1.0)
+
+
+def _model(u_se: float = 0.0, beta: float | None = None) -> probe.PhaseModelFit:
+    return probe.PhaseModelFit(0.5, u_se, beta, F_MAX, F_MAX, 6)
+
+
+M1200 = probe.MeasuredClock(1200, 3, 0.70, 0.01, 0.60)
+M1600 = probe.MeasuredClock(1600, 3, 0.90, 0.02, 0.80)
+UNKNOWN = probe.MeasuredClock(1000, 1, 0.50, math.inf, None)
+
+
+def _fit(
+    measured: tuple[probe.MeasuredClock, ...] = (M1200, M1600),
+    *,
+    u_se: float = 0.0,
+    beta: float | None = None,
+    tau2: float = 0.0004,
+    misfit: bool = True,
+) -> probe.CorrectedFit:
+    return probe.CorrectedFit(_model(u_se, beta), measured, tau2, misfit)
+
+
+def test_the_model_values_used_here() -> None:
+    assert _r(1200) == pytest.approx(0.75)
+    assert _r(1400) == pytest.approx(1 / 1.2142857142857142)
+    assert _r(1600) == pytest.approx(1 / 1.125)
+
+
+@pytest.mark.parametrize(
+    ("clock", "want"),
+    [
+        (1000.0, [(1.0, M1200)]),  # below the lowest probed clock: its residual holds
+        (1200.0, [(1.0, M1200)]),  # at a probed clock: that clock alone
+        (1300.0, [(0.75, M1200), (0.25, M1600)]),
+        (1600.0, [(1.0, M1600)]),
+        (1800.0, [(0.5, M1600), (0.5, None)]),  # toward the default clock's exact point
+    ],
+)
+def test_neighbours_interpolate_linearly_in_clock(clock: float, want: list) -> None:
+    got = _fit()._neighbours(clock)
+    assert [m for _, m in got] == [m for _, m in want]
+    assert [w for w, _ in got] == pytest.approx([w for w, _ in want])
+
+
+def test_a_clock_without_a_standard_error_is_not_a_neighbour() -> None:
+    fit = _fit((UNKNOWN, M1600))
+    assert fit._neighbours(900.0) == [(1.0, M1600)]
+    assert [m for _, m in fit._neighbours(1800.0)] == [M1600, None]
+    assert _fit((UNKNOWN,))._neighbours(1500.0) == []
+
+
+def test_blend_weights_by_inverse_variance() -> None:
+    assert probe.CorrectedFit._blend(1.0, 1.0, 3.0, 1.0) == pytest.approx((2.0, 0.5))
+    assert probe.CorrectedFit._blend(1.0, 3.0, 2.0, 1.0) == pytest.approx((1.75, 0.75))
+    assert probe.CorrectedFit._blend(1.0, 1.0, 2.0, 0.0) == (2.0, 0.0)  # exact b wins
+    assert probe.CorrectedFit._blend(1.0, 0.0, 2.0, 1.0) == (1.0, 0.0)  # exact a wins
+    assert probe.CorrectedFit._blend(1.0, 0.0, 2.0, 0.0) == (2.0, 0.0)  # both: b first
+
+
+def test_between_two_probed_clocks_the_residuals_correct_the_model() -> None:
+    fit = _fit()
+    r_m = _r(1400)
+    r_c = r_m + 0.5 * (0.70 - _r(1200)) + 0.5 * (0.90 - _r(1600))
+    v_m, v_c = 0.0004, (0.5 * 0.01) ** 2 + (0.5 * 0.02) ** 2
+    parts = fit._parts(1400.0)
+    assert parts[:4] == pytest.approx((r_m, v_m, r_c, v_c))
+    assert parts[4:] == (None, None)  # no power slope
+    want = (r_m / v_m + r_c / v_c) / (1 / v_m + 1 / v_c)
+    assert fit.throughput_ratio(1400.0) == pytest.approx(want)
+    assert fit.throughput_stderr(1400.0) == pytest.approx(math.sqrt(1 / (1 / v_m + 1 / v_c)))
+    k = probe.student_t_factor(6 - 1, 1.645)
+    assert fit.throughput_lower_bound(1400.0, 1.645) == pytest.approx(
+        want - k * math.sqrt(1 / (1 / v_m + 1 / v_c))
+    )
+
+
+def test_the_model_s_own_u_error_widens_the_corrected_variance() -> None:
+    """With ``u_stderr`` the interpolated difference carries the model's error at ``c`` less
+    the weighted errors at the neighbours (``u`` at its upper bound vs at its fit)."""
+    u_se = 0.1
+    fit = _fit(u_se=u_se)
+
+    def d(c: float) -> float:
+        return _r(c, 0.5 + u_se) - _r(c)
+
+    diff = d(1400) - 0.5 * d(1200) - 0.5 * d(1600)
+    v_c = (0.5 * 0.01) ** 2 + (0.5 * 0.02) ** 2 + diff**2
+    se_m = abs(_r(1400, 0.6) - _r(1400))
+    r_m, v_m, _, var_c, _, _ = fit._parts(1400.0)
+    assert (r_m, v_m, var_c) == pytest.approx((_r(1400), se_m**2 + 0.0004, v_c))
+    # u's upper bound is clamped at 1.
+    high = probe.CorrectedFit(
+        probe.PhaseModelFit(0.95, 0.2, None, F_MAX, F_MAX, 6), (M1200,), 0.0, True
+    )
+
+    def d1(c: float) -> float:
+        return _r(c, 1.0, F_MAX) - _r(c, 0.95, F_MAX)
+
+    assert high._parts(1000.0)[3] == pytest.approx((0.01**2) + (d1(1000) - d1(1200)) ** 2)
+
+
+def test_a_passed_u_moves_the_model_and_the_residuals_alike() -> None:
+    fit = _fit()
+    u = 0.6
+    r_m, _, r_c, _, _, _ = fit._parts(1400.0, u)
+    assert r_m == pytest.approx(_r(1400, u))
+    assert r_c == pytest.approx(
+        _r(1400, u) + 0.5 * (0.70 - _r(1200, u)) + 0.5 * (0.90 - _r(1600, u))
+    )
+
+
+def test_power_is_corrected_with_the_same_weights() -> None:
+    beta = 0.8
+    fit = _fit(beta=beta)
+
+    def p(c: float) -> float:
+        return 1.0 + beta * ((c / F_MAX) ** 2 - 1.0)
+
+    p_c = p(1400) + 0.5 * (0.60 - p(1200)) + 0.5 * (0.80 - p(1600))
+    *_, p_m, got_c = fit._parts(1400.0)
+    assert (p_m, got_c) == pytest.approx((p(1400), p_c))
+    v_m, v_c = 0.0004, (0.5 * 0.01) ** 2 + (0.5 * 0.02) ** 2
+    want_p = (p(1400) / v_m + p_c / v_c) / (1 / v_m + 1 / v_c)
+    assert fit.power_ratio(1400.0) == pytest.approx(want_p)
+    assert fit.energy_ratio(1400.0) == pytest.approx(want_p / fit.throughput_ratio(1400.0))
+    # A neighbour without a power mean adds no correction.
+    nopower = _fit((M1200, probe.MeasuredClock(1600, 3, 0.90, 0.02, None)), beta=beta)
+    assert nopower._parts(1400.0)[5] == pytest.approx(p(1400) + 0.5 * (0.60 - p(1200)))
+
+
+def test_at_a_probed_clock_its_mean_decides_with_its_own_error() -> None:
+    # Model variance 0 (u_stderr 0, tau2 0): the model counts as exact and wins the blend.
+    fit = _fit(tau2=0.0)
+    assert fit.throughput_ratio(1200.0) == pytest.approx(_r(1200))
+    fit = _fit(tau2=1.0)
+    v_c = 0.01**2
+    want = (_r(1200) / 1.0 + 0.70 / v_c) / (1 / 1.0 + 1 / v_c)
+    assert fit.throughput_ratio(1200.0) == pytest.approx(want)
+
+
+def test_without_a_misfit_or_at_the_default_the_model_alone_predicts() -> None:
+    fit = _fit(misfit=False, beta=0.8)
+    model = _model(beta=0.8)
+    for c in (1000.0, 1400.0, 1900.0):
+        assert fit.throughput_ratio(c) == model.throughput_ratio(c)
+        assert fit.throughput_stderr(c) == model.throughput_stderr(c)
+        assert fit.power_ratio(c) == model.power_ratio(c)
+        assert fit.throughput_lower_bound(c, 1.645) == model.throughput_lower_bound(c, 1.645)
+    misfit = _fit(beta=0.8)
+    r_m, v_m, r_c, v_c, p_m, p_c = misfit._parts(2000.0)
+    assert (r_m, r_c, v_c) == (1.0, 1.0, math.inf) and v_m == pytest.approx(0.0004)
+    assert p_m == p_c == pytest.approx(1.0)
+    assert misfit.throughput_ratio(2500.0) == 1.0  # above the default: the default's
+
+
+def test_a_noisy_block_above_one_never_makes_a_clock_faster_than_the_default() -> None:
+    fast = probe.MeasuredClock(1600, 3, 1.10, 0.001, None)
+    fit = _fit((fast,), tau2=1.0)
+    assert fit.throughput_ratio(1600.0) == 1.0
+
+
+def test_measured_at_finds_only_probed_clocks() -> None:
+    fit = _fit()
+    assert fit.measured_at(1200) is M1200 and fit.measured_at(1600) is M1600
+    assert fit.measured_at(1400) is None
+
+
+def test_fit_corrected_pools_the_spread_within_clocks_and_flags_a_misfit() -> None:
+    """Blocks on a curve with a knee: the model, fitted to all, misses 1200 MHz by far more than
+    its pooled standard error, so the fit is flagged and 1200 MHz's own mean decides near it."""
+    blocks = [
+        (1200, 0.70, 0.60),
+        (1200, 0.72, 0.62),
+        (1600, 0.90, 0.80),
+        (1600, 0.92, None),
+        (2000, 1.00, 1.00),  # at the default: no evidence below it
+    ]
+    fit = probe.fit_corrected(blocks, F_MAX, F_MAX)
+    assert fit is not None
+    pooled = math.sqrt((0.01**2 * 2 + 0.01**2 * 2) / 2)  # two clocks, one dof each
+    assert [m.clock_mhz for m in fit.measured] == [1200, 1600]
+    assert [m.n for m in fit.measured] == [2, 2]
+    assert [m.throughput_mean for m in fit.measured] == pytest.approx([0.71, 0.91])
+    assert [m.throughput_se for m in fit.measured] == pytest.approx([pooled / math.sqrt(2)] * 2)
+    assert [m.power_mean for m in fit.measured] == pytest.approx([0.61, 0.80])
+    model = probe.fit_phase_model(blocks, F_MAX, F_MAX)
+    assert model is not None and fit.model == model
+    excess = []
+    for m in fit.measured:
+        resid = m.throughput_mean - model.throughput_ratio(m.clock_mhz)
+        var = m.throughput_se**2 + model.throughput_stderr(m.clock_mhz) ** 2
+        excess.append(resid**2 - var)
+    assert fit.tau2 == pytest.approx(max(sum(excess) / 2, 0.0))
+    want_misfit = any(
+        abs(m.throughput_mean - model.throughput_ratio(m.clock_mhz))
+        > max(
+            probe.MISFIT_Z
+            * math.sqrt(m.throughput_se**2 + model.throughput_stderr(m.clock_mhz) ** 2),
+            probe.MISFIT_MIN,
+        )
+        for m in fit.measured
+    )
+    assert fit.misfit is want_misfit
+
+
+def test_fit_corrected_without_replicates_has_no_standard_errors() -> None:
+    """One block per clock: no within-clock spread (fewer than 2 dof), so no clock has a
+    standard error, nothing is a neighbour and nothing can be a misfit."""
+    fit = probe.fit_corrected([(1200, 0.70, None), (1600, 0.95, None)], F_MAX, F_MAX)
+    assert fit is not None
+    assert all(math.isinf(m.throughput_se) for m in fit.measured)
+    assert fit.misfit is False and fit.tau2 == 0.0
+    assert probe.fit_corrected([(1200, 0.70, None)], F_MAX, F_MAX) is None
