@@ -127,3 +127,27 @@ def test_a_shrink_in_full():
         needed=1,
         known=2,
     )
+
+
+def test_a_pod_is_released_only_if_every_gpu_is_parked_in_any_order():
+    gpus = [(f"ns/{pod('aaaaa')}", False), (f"ns/{pod('aaaaa')}", True)]
+    assert scale.group_pods(group(), gpus) == {pod("aaaaa"): False}
+
+
+def test_refusals_keep_the_pending_deletions():
+    pending = (pod("zzzzz"),)
+    for g, desired in (
+        (group(3, hosts_per_replica=2, workers_to_delete=pending), 2),
+        (group(3, max_replicas=3, workers_to_delete=pending), 4),
+    ):
+        out = scale.decide_group_scale(g, desired, 1, PARKED)
+        assert out.decision.action is REFUSED
+        assert (out.workers_to_delete, out.chosen) == (pending, ())
+
+
+def test_a_shrink_by_two_names_both_pods():
+    out = scale.decide_group_scale(group(4), 2, 2, PARKED)
+    assert out.chosen == (pod("aaaaa"), pod("bbbbb"))
+    assert out.decision.message == (
+        f"shrink from 4 to 2 workers (floor 2); deleting {pod('aaaaa')}, {pod('bbbbb')}"
+    )
