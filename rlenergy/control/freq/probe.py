@@ -509,19 +509,14 @@ class CorrectedFit:
         return self.throughput_ratio(clock_mhz) - k * self.throughput_stderr(clock_mhz)
 
     def power_ratio(self, clock_mhz: float) -> float | None:
-        """Predicted power ratio vs default at ``clock_mhz``."""
+        """Predicted power ratio vs default at ``clock_mhz``: the model's and the corrected
+        power blended with the throughput's weights (``_blend``)."""
         if not self.misfit:
             return self.model.power_ratio(clock_mhz)
-        r_m, v_m, r_c, v_c, p_m, p_c = self._parts(clock_mhz)
+        _, v_m, _, v_c, p_m, p_c = self._parts(clock_mhz)
         if p_m is None or p_c is None:
             return p_m
-        w_m = 0.0 if v_m <= 1e-18 else 1.0 / v_m
-        w_c = math.inf if v_c <= 1e-18 else (0.0 if math.isinf(v_c) else 1.0 / v_c)
-        if math.isinf(w_c):
-            return p_c
-        if w_m + w_c <= 0:
-            return p_m
-        return (p_m * w_m + p_c * w_c) / (w_m + w_c)
+        return self._blend(p_m, v_m, p_c, v_c)[0]
 
     def energy_ratio(self, clock_mhz: float) -> float | None:
         """Predicted energy per token vs default (power ratio / throughput ratio)."""

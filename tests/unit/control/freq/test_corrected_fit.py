@@ -233,3 +233,61 @@ def test_fit_corrected_without_replicates_has_no_standard_errors() -> None:
     assert all(math.isinf(m.throughput_se) for m in fit.measured)
     assert fit.misfit is False and fit.tau2 == 0.0
     assert probe.fit_corrected([(1200, 0.70, None)], F_MAX, F_MAX) is None
+
+
+def test_a_passed_u_reaches_the_prediction_in_either_mode() -> None:
+    u = 0.6
+    assert _fit(misfit=False).throughput_ratio(1400.0, u) == pytest.approx(_r(1400, u))
+    fit = _fit()
+    r_m, v_m, r_c, v_c, _, _ = fit._parts(1400.0, u)
+    want = (r_m / v_m + r_c / v_c) / (1 / v_m + 1 / v_c)
+    assert fit.throughput_ratio(1400.0, u) == pytest.approx(want)
+    assert fit.throughput_ratio(1400.0, u) != pytest.approx(fit.throughput_ratio(1400.0))
+
+
+def test_without_neighbours_the_model_s_variance_is_its_error_and_discrepancy() -> None:
+    fit = _fit((UNKNOWN,), u_se=0.1, tau2=0.0004)
+    se_m = abs(_r(1400, 0.6) - _r(1400))
+    r_m, v_m, r_c, v_c, _, _ = fit._parts(1400.0)
+    assert (r_m, r_c, v_c) == (pytest.approx(_r(1400)), pytest.approx(_r(1400)), math.inf)
+    assert v_m == pytest.approx(se_m**2 + 0.0004)
+
+
+def test_an_exact_side_wins_the_blend_outright() -> None:
+    assert probe.CorrectedFit._blend(1.0, 1.0, 2.0, 1e-18) == (2.0, 0.0)
+    assert probe.CorrectedFit._blend(1.0, 1e-18, 2.0, 1.0) == (1.0, 0.0)
+
+
+def test_power_takes_the_throughput_s_weights_an_exact_model_included() -> None:
+    """With the model exact (no u error, no discrepancy) throughput and power both take the
+    model's value; power once gave an exact model zero weight and took the corrected value."""
+    beta = 0.8
+    fit = _fit(tau2=0.0, beta=beta)
+    p_model = 1.0 + beta * ((1400.0 / F_MAX) ** 2 - 1.0)
+    assert fit.throughput_ratio(1400.0) == pytest.approx(_r(1400))
+    assert fit.power_ratio(1400.0) == pytest.approx(p_model)
+    assert fit._parts(1400.0)[5] != pytest.approx(p_model)  # the corrected value differs
+    # Without a neighbour the corrected side has no weight: the model's power.
+    assert _fit((UNKNOWN,), beta=beta).power_ratio(1400.0) == pytest.approx(p_model)
+    assert _fit(beta=None).power_ratio(1400.0) is None
+    assert _fit(beta=None).energy_ratio(1400.0) is None
+
+
+def test_fit_corrected_leaves_out_blocks_at_or_above_the_default_and_at_zero() -> None:
+    blocks = [(1200, 0.70, None), (1200, 0.72, None), (1200, 0.0, None), (1600, 0.90, None)]
+    blocks += [(1600, 0.92, None), (2000, 1.0, None)]
+    fit = probe.fit_corrected(blocks, F_MAX, F_MAX)
+    assert fit is not None
+    assert [(m.clock_mhz, m.n) for m in fit.measured] == [(1200, 2), (1600, 2)]
+
+
+def test_fit_corrected_flags_a_misfit_only_beyond_both_limits() -> None:
+    # The model fits these exactly (u = 0.5), with a small spread at each clock: no misfit.
+    exact = [(c, _r(c) + d, None) for c in (1200, 1600) for d in (-0.001, 0.001)]
+    fit = probe.fit_corrected(exact, F_MAX, F_MAX)
+    assert fit is not None and fit.misfit is False and fit.tau2 == 0.0
+    # A knee: 1200 MHz runs far slower than the one-parameter model fitted to both allows.
+    knee = [(1200, 0.60 + d, None) for d in (-0.001, 0.001)]
+    knee += [(1600, 0.95 + d, None) for d in (-0.001, 0.001)]
+    fit = probe.fit_corrected(knee, F_MAX, F_MAX)
+    assert fit is not None and fit.misfit is True and fit.tau2 > 0.0
