@@ -92,3 +92,45 @@ def _slices(clocks: list[int | None]) -> list[base.ProbeSlice]:
 )
 def test_a_block_is_eight_slices_in_thue_morse_order(clocks: list[int | None], want) -> None:
     assert probe._block_clock(_slices(clocks)) == want
+
+
+def test_the_phase_model_fit_is_least_squares_through_the_origin() -> None:
+    """Blocks against a power-capped default (2000 MHz max, 1800 MHz default): each block is
+    one equation ``b = u a`` with ``a = g1/r - x``, ``b = 1 - 1/r`` (``g1 = f_max/f_default
+    - 1``, ``x = f_max/c - 1``); power ``p - 1 = beta ((c/f_max)^2 - (f_default/f_max)^2)``."""
+    u_true, beta_true = 0.4, 0.8
+    noise = {1200: 0.004, 1400: -0.006, 1600: 0.003}
+    blocks = []
+    for c, e in noise.items():
+        p = 1.0 + beta_true * ((c / 2000.0) ** 2 - 0.81)
+        blocks.append((c, _r(c, u_true) + e, p))
+    blocks.append((1800, 1.0, 1.0))  # at the default: not an equation
+    fit = probe.fit_phase_model(blocks, 2000.0, 1800.0)
+    assert fit is not None
+    g1 = 2000.0 / 1800.0 - 1.0
+    a = [g1 / thr - (2000.0 / c - 1.0) for c, thr, _ in blocks[:3]]
+    b = [1.0 - 1.0 / thr for _, thr, _ in blocks[:3]]
+    saa = sum(x * x for x in a)
+    u = sum(x * y for x, y in zip(a, b, strict=True)) / saa
+    sd = math.sqrt(sum((y - u * x) ** 2 for x, y in zip(a, b, strict=True)) / 2)
+    assert (fit.u, fit.u_stderr, fit.blocks) == (
+        pytest.approx(u),
+        pytest.approx(sd / math.sqrt(saa)),
+        3,
+    )
+    assert fit.u == pytest.approx(u_true, abs=0.05)
+    assert fit.beta == pytest.approx(beta_true)  # power without noise: exact
+    assert (fit.f_max_mhz, fit.f_default_mhz) == (2000.0, 1800.0)
+
+
+def test_the_phase_model_share_is_clamped_to_the_unit_interval() -> None:
+    # Slower than clock scaling allows (u would be above 1): clamped at 1.
+    blocks = [(1000, 0.45, None), (1500, 0.70, None)]
+    fit = probe.fit_phase_model(blocks, 2000.0, 2000.0)
+    assert fit is not None and fit.u == 1.0 and fit.beta is None
+    # Faster at the lower clocks than at the default (u would be negative): clamped at 0.
+    fit = probe.fit_phase_model([(1000, 1.02, None), (1500, 1.01, None)], 2000.0, 2000.0)
+    assert fit is not None and fit.u == 0.0
+    # Fewer than two blocks below the default, or a zero ratio: no fit.
+    assert probe.fit_phase_model([(1000, 0.7, None), (2000, 1.0, None)], 2000.0, 2000.0) is None
+    assert probe.fit_phase_model([(1000, 0.7, None), (1500, 0.0, None)], 2000.0, 2000.0) is None
