@@ -92,8 +92,9 @@ def place_by_length(
         budget.
 
     Raises:
-        InvalidInputError: no worker, lengths of the inputs differ, a cap below 1, or a single
-            response needs more KV than any worker has.
+        InvalidInputError: no worker, lengths of the inputs differ, a cap below 1, a
+            ``balance`` other than ``"count"`` or ``"tokens"``, or a single response needs more
+            KV than any worker has.
     """
     n = len(predicted_tokens)
     workers = len(kv_budget_bytes)
@@ -104,6 +105,8 @@ def place_by_length(
     cap = math.ceil(n / workers) if max_responses_per_worker is None else max_responses_per_worker
     if cap < 1:
         raise errors.InvalidInputError("max_responses_per_worker", "must be >= 1")
+    if balance not in ("count", "tokens"):
+        raise errors.InvalidInputError("balance", f'must be "count" or "tokens", not {balance!r}')
     demand = [
         response_kv_bytes(prompt_tokens[i], predicted_tokens[i], kv_bytes_per_token)
         for i in range(n)

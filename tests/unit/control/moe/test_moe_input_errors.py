@@ -107,6 +107,11 @@ def test_placement_errors_name_the_field():
         "max_responses_per_worker",
         "must be >= 1",
     )
+    refused(
+        lambda: placement.place_by_length([1.0], [0], [10], 1, balance="token"),  # type: ignore[arg-type]
+        "balance",
+        "must be \"count\" or \"tokens\", not 'token'",
+    )
     # 2115 tokens x 1 MB = 2.115 GB against 1.215 GB: both quoted to 10 MB.
     refused(
         lambda: placement.place_by_length([2115.0], [0], [1_215_000_000], 10**6),
