@@ -13,17 +13,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from moe_support import MODEL
 
 from rlenergy import errors
 from rlenergy.control.moe import placement
-
-MODEL = placement.FluidFinishModel(
-    step_fixed_s=0.01,
-    kv_s_per_byte=1e-12,
-    kv_capacity_bytes=1e9,
-    kv_bytes_per_token=1000,
-    max_running=64,
-)
 
 
 def test_fluid_model_binding_terms():

@@ -13,19 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from moe_support import MODEL
 
 from rlenergy import errors
 from rlenergy.control.moe import base, placement, predictor, protocol, release, scale
 
 GB = 10**9
-
-MODEL = placement.FluidFinishModel(
-    step_fixed_s=0.01,
-    kv_s_per_byte=1e-12,
-    kv_capacity_bytes=1e9,
-    kv_bytes_per_token=1000,
-    max_running=64,
-)
 
 
 def refused(call: Callable[[], object], field: str, reason: str) -> None:
@@ -110,7 +103,7 @@ def test_placement_errors_name_the_field():
     refused(
         lambda: placement.place_by_length([1.0], [0], [10], 1, balance="token"),  # type: ignore[arg-type]
         "balance",
-        "must be \"count\" or \"tokens\", not 'token'",
+        'must be "count" or "tokens", not \'token\'',
     )
     # 2115 tokens x 1 MB = 2.115 GB against 1.215 GB: both quoted to 10 MB.
     refused(

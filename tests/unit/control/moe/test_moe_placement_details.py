@@ -20,16 +20,9 @@ import math
 from collections.abc import Sequence
 
 import pytest
+from moe_support import MODEL
 
 from rlenergy.control.moe import base, placement
-
-MODEL = placement.FluidFinishModel(
-    step_fixed_s=0.01,
-    kv_s_per_byte=1e-12,
-    kv_capacity_bytes=1e9,
-    kv_bytes_per_token=1000,
-    max_running=64,
-)
 
 
 def test_response_kv_is_prompt_plus_rounded_up_response_times_bytes_per_token():
