@@ -45,6 +45,28 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["rlenergy/control/freq/predictor.py", "rlenergy/control/freq/candidates.py"],
         ["tests/unit/control/freq/test_predictor.py", "tests/unit/control/freq/test_candidates.py"],
     ),
+    "control-freq-rest": (
+        [
+            "rlenergy/control/freq/aggregate.py",
+            "rlenergy/control/freq/base.py",
+            "rlenergy/control/freq/config.py",
+            "rlenergy/control/freq/candidates.py",
+            "rlenergy/control/freq/predictor.py",
+        ],
+        [
+            "tests/unit/control/freq/test_predictor.py",
+            "tests/unit/control/freq/test_candidates.py",
+            "tests/unit/control/freq/test_candidate_picks.py",
+            "tests/unit/control/freq/test_eerl_checks.py",
+            "tests/unit/operator/test_aggregate.py",
+            "tests/unit/control/freq/test_freq_base.py",
+            "tests/unit/control/freq/test_freq_config.py",
+            "tests/unit/operator/test_jobloop.py",
+            "tests/unit/operator/test_jobloop_accounting.py",
+            "tests/unit/operator/test_jobloop_status.py",
+            "tests/unit/operator/test_jobloop_totals.py",
+        ],
+    ),
     "control-freq-probe": (
         ["rlenergy/control/freq/probe.py"],
         [
@@ -103,7 +125,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 ``control-freq-units`` mutates two of ``control-freq``'s files against their own function-level
 tests only (seconds per mutant instead of the whole simulated jobs of ``test_eerl.py``): its
 score is a lower bound of theirs under ``control-freq``, where more tests run. Likewise
-``control-freq-probe`` for the probe blocks, the phase model and its correction."""
+``control-freq-probe`` for the probe blocks, the phase model and its correction, and
+``control-freq-rest`` for every control-freq file but those two and ``eerl.py``."""
 
 COPIED = {
     "rlenergy": "rlenergy",

@@ -53,7 +53,9 @@ def thin_candidates(
 def from_range(
     supported_mhz: Sequence[int], min_mhz: int, max_mhz: int, step_mhz: int | None = None
 ) -> tuple[int, ...]:
-    """Candidates inside ``[min_mhz, max_mhz]``, every ``step_mhz`` (or thinned), descending.
+    """Candidates inside ``[min_mhz, max_mhz]``, every ``step_mhz`` from the range's top clock,
+    or without a step thinned as ``thin_candidates`` from the max clock down to the range's
+    lowest clock; descending.
 
     Raises:
         InvalidInputError: an empty intersection with the supported clocks.
@@ -66,7 +68,11 @@ def from_range(
             f"{min(supported_mhz)}-{max(supported_mhz)} MHz",
         )
     if step_mhz is None:
-        return thin_candidates([max(supported_mhz), *inside], lowest_fraction=0.0)
+        # Spread from the max clock down to the range's lowest clock (a floor of 0 spread the
+        # targets down to 0 MHz, so those below the range all snapped to its lowest clock: a
+        # 1000-2000 MHz range on a 100 MHz grid got 4 candidates instead of 7).
+        top = max(supported_mhz)
+        return thin_candidates([top, *inside], lowest_fraction=inside[-1] / top)
     picked = [c for c in inside if (inside[0] - c) % step_mhz == 0]
     return tuple(picked)
 
