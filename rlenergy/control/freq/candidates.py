@@ -53,9 +53,10 @@ def thin_candidates(
 def from_range(
     supported_mhz: Sequence[int], min_mhz: int, max_mhz: int, step_mhz: int | None = None
 ) -> tuple[int, ...]:
-    """Candidates inside ``[min_mhz, max_mhz]``, every ``step_mhz`` from the range's top clock,
-    or without a step thinned as ``thin_candidates`` from the max clock down to the range's
-    lowest clock; descending.
+    """Candidates inside ``[min_mhz, max_mhz]``, descending.
+
+    Every ``step_mhz`` from the range's top clock, or without a step thinned as
+    ``thin_candidates`` from the max clock down to the range's lowest clock.
 
     Raises:
         InvalidInputError: an empty intersection with the supported clocks.

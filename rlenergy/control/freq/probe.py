@@ -509,8 +509,10 @@ class CorrectedFit:
         return self.throughput_ratio(clock_mhz) - k * self.throughput_stderr(clock_mhz)
 
     def power_ratio(self, clock_mhz: float) -> float | None:
-        """Predicted power ratio vs default at ``clock_mhz``: the model's and the corrected
-        power blended with the throughput's weights (``_blend``)."""
+        """Predicted power ratio vs default at ``clock_mhz``.
+
+        The model's and the corrected power, blended with the throughput's weights (``_blend``).
+        """
         if not self.misfit:
             return self.model.power_ratio(clock_mhz)
         _, v_m, _, v_c, p_m, p_c = self._parts(clock_mhz)
