@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from chaos_support import Restarts, stack
+from chaos_support import Restarts, stack, wait_until
 
 from rlenergy.devcluster import DevCluster
 
@@ -56,6 +56,13 @@ def test_operator_sigkill_second_replica_takes_over(
     with stack(chaos_cluster, namespace, tmp_path, standin_lib) as s:
         first = s.operator(priority=100)
         second = s.operator(priority=50)
+        # The pair settles first: a policy created while both replicas still act (their first
+        # second, before kopf's peering pauses the lower priority) was once never reconciled
+        # (CI, 2026-12-02: the higher replica ran no create handler, its loop waited for an
+        # observedGeneration that never came). This test is the takeover of a settled pair.
+        wait_until(
+            lambda: "Pausing operations" in second.output(), timeout=60, what="second replica paused"
+        )
         s.start(operator=False)
         s.run_steps(3)
         s.check_totals()
