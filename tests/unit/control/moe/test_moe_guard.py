@@ -20,25 +20,11 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from moe_support import LinearCost
 
 from rlenergy.control.moe import base, placement, predictor, release
 
 GB = 10**9
-
-
-class LinearCost:
-    """Step time = fixed + per_expert x experts of the busiest worker (a pure test model)."""
-
-    def __init__(self, fixed_s: float, per_expert_s: float, copy_s: float = 0.0) -> None:
-        self.fixed_s = fixed_s
-        self.per_expert_s = per_expert_s
-        self.copy_each_s = copy_s
-
-    def decode_step_s(self, workers: Sequence[base.WorkerState]) -> float:
-        return self.fixed_s + self.per_expert_s * max(len(w.experts) for w in workers)
-
-    def copy_s(self, moves: Sequence[base.ExpertMove]) -> float:
-        return self.copy_each_s * len(moves)
 
 
 def layout(experts: int = 8) -> base.MoeLayout:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from moe_support import LinearCost
 
 from rlenergy.control.moe import base, release
 
@@ -275,22 +276,12 @@ def test_a_release_that_does_not_lower_the_forecast_strictly_is_refused():
     assert (plan.predicted_keep_gpu_s, plan.predicted_gpu_s) == (20.0, 20.0)
 
 
-class Linear:
-    """Step time = 10 ms + 1 ms per expert on the busiest worker; copies free."""
-
-    def decode_step_s(self, workers: Sequence[base.WorkerState]) -> float:
-        return 1e-2 + 1e-3 * max(len(w.experts) for w in workers)
-
-    def copy_s(self, moves: Sequence[base.ExpertMove]) -> float:
-        return 0.0
-
-
 def test_a_granted_release_refuses_nobody_and_a_held_one_is_named_once():
     ws = [
         base.WorkerState(w, frozenset(SHARDS[w]), 5, 0, running=5, remaining_steps=100.0)
         for w in range(3)
     ] + [base.WorkerState(3, frozenset(SHARDS[3]), 0, 0)]
-    plan = release.FlexFloorPlanner(layout(), Linear()).plan(ws, 0)
+    plan = release.FlexFloorPlanner(layout(), LinearCost(1e-2, 1e-3)).plan(ws, 0)
     # Experts 6 and 7 go to the survivors with the most free memory (ties: lowest rank), one
     # each: 12 -> 13 ms per step on 3 workers for 100 steps, 3.9 < 4.8 GPU-s.
     assert plan.release == (3,) and plan.refused == ()
@@ -298,7 +289,7 @@ def test_a_granted_release_refuses_nobody_and_a_held_one_is_named_once():
     assert plan.predicted_keep_gpu_s == pytest.approx(4.8)
     assert plan.predicted_gpu_s == pytest.approx(3.9)
     # minActiveWorkers 4: the rule refuses worker 3 and the guard does not name it again.
-    held = release.FlexFloorPlanner(layout(min_active=4), Linear()).plan(ws, 0)
+    held = release.FlexFloorPlanner(layout(min_active=4), LinearCost(1e-2, 1e-3)).plan(ws, 0)
     assert held.release == ()
     assert [(r.worker, r.reason) for r in held.refused] == [
         (3, base.RefusalReason.BELOW_MIN_ACTIVE)
