@@ -105,7 +105,7 @@ build_etcd() {
     nice -n 10 go build -mod=mod -ldflags "-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
   ) || die "etcd $v build failed (see above). Try ETCD_VERSION=$ETCD_FALLBACK make bins."
   rm -rf "$w"
-  "$BIN/etcd" --version | head -1
+  "$BIN/etcd" --version | sed -n 1p
 }
 
 # ---------------------------------------------------------------- kube-apiserver/KCM/scheduler
@@ -155,7 +155,7 @@ fi
 cat >"$ROOT/versions.env" <<V
 K8S_VERSION=$K8S_VERSION
 KWOK_VERSION=$KWOK_VERSION
-ETCD=$("$BIN/etcd" --version | head -1)
+ETCD=$("$BIN/etcd" --version | sed -n 1p)
 HELM=$("$BIN/helm" version --short)
 V
 log "all binaries present in $BIN (total $((SECONDS - T0)) s this run):"

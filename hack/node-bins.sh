@@ -48,7 +48,7 @@ if ! runtime_ok; then
   log "runtime installed in $((SECONDS - t0)) s"
   echo "node-runtime-apt $((SECONDS - t0))" >>"$ROOT/build-times.txt"
 fi
-log "$(containerd --version); $(runc --version | head -1)"
+log "$(containerd --version); $(runc --version | sed -n 1p)"
 
 # ---------------------------------------------------------------- kubelet (Go module proxy)
 if [[ ! -x $BIN/kubelet ]]; then
@@ -77,7 +77,7 @@ fi
 cat >"$ROOT/node-versions.env" <<V
 KUBELET=$("$BIN/kubelet" --version)
 CONTAINERD=$(containerd --version)
-RUNC=$(runc --version | head -1)
+RUNC=$(runc --version | sed -n 1p)
 CNI_PLUGINS=$(dpkg-query -W -f '${Version}' containernetworking-plugins 2>/dev/null || echo unknown)
 V
 log "node binaries ready (this run $((SECONDS - T0)) s)"

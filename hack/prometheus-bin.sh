@@ -21,7 +21,7 @@ die() { printf '[bins] ERROR: %s\n' "$*" >&2; exit 1; }
 mkdir -p "$BIN"
 works() { [[ -x $BIN/$1 ]] && "$BIN/$1" --version >/dev/null 2>&1; }
 if works prometheus && works promtool; then
-  log "prometheus: cached ($("$BIN/prometheus" --version 2>&1 | head -1)), promtool too"
+  log "prometheus: cached ($("$BIN/prometheus" --version 2>&1 | sed -n 1p)), promtool too"
   exit 0
 fi
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
@@ -40,12 +40,12 @@ if ! download || ! compgen -G "$tmp/prometheus_*.deb" >/dev/null; then
     download || true
   fi
 fi
-deb=$(compgen -G "$tmp/prometheus_*.deb" | head -1) \
+deb=$(compgen -G "$tmp/prometheus_*.deb" | sed -n 1p) \
   || die "apt-get download $PACKAGE failed (no package lists? run 'apt-get update' as root, then rerun 'make bins')."
 dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" ./usr/bin/prometheus ./usr/bin/promtool \
   || die "usr/bin/prometheus or usr/bin/promtool not found in $deb"
 for tool in prometheus promtool; do
   install -m 0755 "$tmp/usr/bin/$tool" "$BIN/$tool.tmp.$$"
   mv "$BIN/$tool.tmp.$$" "$BIN/$tool"
-  log "$tool: $("$BIN/$tool" --version 2>&1 | head -1) from $(basename "$deb")"
+  log "$tool: $("$BIN/$tool" --version 2>&1 | sed -n 1p) from $(basename "$deb")"
 done

@@ -187,6 +187,23 @@ def policy_reconcile(
     **_: Any,
 ) -> None:
     """Validate, ensure the node agents, set observedGeneration, conditions, the first plan."""
+    _reconcile(spec, status, meta, patch, memo, body, logger)
+
+
+def _reconcile(
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    logger: kopf.Logger,
+) -> None:
+    """``policy_reconcile``'s work; also run by ``policy_loop`` when no change handler ran.
+
+    Raises:
+        kopf.TemporaryError: the node-agent DaemonSet could not be read or written.
+    """
     conds = _pass(meta, status)
     memo["loop"] = None  # rebuilt by the next loop pass (restart or new spec)
     try:
@@ -303,7 +320,7 @@ def policy_loop(
     if meta.get("deletionTimestamp"):
         return
     conds = _pass(meta, status)
-    if status.get("observedGeneration") != conds.generation:
+    if not _recorded(spec, status, meta, patch, memo, body, logger):
         return
     try:
         parsed = _parse(spec)
@@ -319,6 +336,44 @@ def policy_loop(
     if _write_status(patch, status, new):
         memo["echoes"].wrote(key, version)
     _after_pass(memo, key, loop, reports, folded, body, out, ro, logger)
+
+
+def _recorded(
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    logger: kopf.Logger,
+) -> bool:
+    """True when status records this generation; else reconcile once it lagged long enough.
+
+    A generation unrecorded for ``reconcile_catchup_s`` (monotonic) is reconciled here (the
+    pass then ends). The memo keeps ``lagging`` = (generation, first pass that saw it
+    unrecorded, s), per policy (kopf copies the memo); kopf runs timers beside change
+    handlers, so a shorter lag is a change handler at work.
+    """
+    generation = int(meta.get("generation") or 0)
+    if status.get("observedGeneration") == generation:
+        return True
+    now_s = time.monotonic()
+    lagging = memo.get("lagging")
+    if lagging is None or lagging[0] != generation:
+        memo["lagging"] = (generation, now_s)
+        return False
+    waited_s = now_s - lagging[1]
+    if waited_s < CFG.reconcile_catchup_s:
+        return False
+    logger.warning(
+        "generation %d not reconciled %.0f s after the loop first saw it (no change handler "
+        "ran in this replica): reconciling it from the job loop",
+        generation,
+        waited_s,
+    )
+    memo["lagging"] = (generation, now_s)
+    _reconcile(spec, status, meta, patch, memo, body, logger)
+    return False
 
 
 Finding = tuple[bool, str, str]

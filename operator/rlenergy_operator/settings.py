@@ -121,6 +121,13 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     reconcile_interval_s: float = pydantic.Field(2.0, gt=0)
     """Seconds between job-loop passes per policy (reads node reports, writes status).
     Default 2 s, so status lags the reports by at most about 2 s plus one API round trip."""
+    reconcile_catchup_s: float = pydantic.Field(10.0, gt=0)
+    """Seconds the job loop waits for ``policy_reconcile`` to record a policy's generation
+    before it reconciles the policy itself. A policy created while two replicas start
+    together (the chart's default) can reach the active replica with no change handler run
+    for it (seen in tests/chaos: the peer paused by peering, the active replica never ran
+    ``policy_reconcile``); without this it stayed unreconciled. Default 10 s (five loop
+    passes; a healthy change handler is done long before)."""
     reset_deadline_s: float = pydantic.Field(60.0, ge=0)
     """Seconds a deleted policy waits for every node report to acknowledge the GPU reset
     before the finalizer is lifted anyway (with a Degraded event). Default 60 s."""

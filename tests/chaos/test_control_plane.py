@@ -82,3 +82,29 @@ def test_operator_sigkill_second_replica_takes_over(
         print(
             f"second replica accounted the steps {took:.0f} s after the kill ({len(resumed)} resumes)"
         )
+
+
+@pytest.mark.timeout(300)
+def test_policy_created_while_two_replicas_start_is_reconciled(
+    chaos_cluster: DevCluster, namespace: str, tmp_path: Path, standin_lib: Path
+):
+    """The chart's two replicas and a policy applied in the same second (GitOps sync).
+
+    kopf's peering pauses one replica about a second after both started; a policy created in
+    that second once reached the active replica with no change handler run for it and was
+    never reconciled. Its job loop reconciles it after ``reconcile_catchup_s``.
+    """
+    with stack(chaos_cluster, namespace, tmp_path, standin_lib) as s:
+        t0 = time.monotonic()
+        s.operator(priority=100)
+        s.operator(priority=50)
+        s.start(operator=False)  # the policy at once; waits for its first plan (90 s bound)
+        took = time.monotonic() - t0
+        assert s.status()["observedGeneration"] == 1
+        s.run_steps(2)
+        st = s.check_totals()
+        assert st["totals"]["missedSteps"] == 0
+        s.delete_and_check_reset()
+        s.no_tracebacks()
+        caught = sum("reconciling it from the job loop" in op.output() for op in s.operators)
+        print(f"first plan {took:.1f} s after both replicas started ({caught} loop catch-ups)")
