@@ -59,6 +59,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/control/freq/test_candidate_picks.py",
             "tests/unit/control/freq/test_eerl_checks.py",
             "tests/unit/operator/test_aggregate.py",
+            "tests/unit/operator/test_aggregate_details.py",
             "tests/unit/control/freq/test_freq_base.py",
             "tests/unit/control/freq/test_freq_config.py",
             "tests/unit/operator/test_jobloop.py",
