@@ -77,6 +77,15 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/control/freq/test_predictor.py",
         ],
     ),
+    "control-freq-eerl": (
+        ["rlenergy/control/freq/eerl.py"],
+        [
+            "tests/unit/control/freq/test_eerl.py",
+            "tests/unit/control/freq/test_eerl_checks.py",
+            "tests/unit/control/freq/test_eerl_ledger.py",
+            "tests/unit/control/freq/test_eerl_search.py",
+        ],
+    ),
     "control-moe": (["rlenergy/control/moe/*.py"], ["tests/unit/control/moe"]),
     "agent-energy": (
         ["agent/rlenergy_agent/energy.py", "rlenergy/gpu/energy.py"],
@@ -127,7 +136,9 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 tests only (seconds per mutant instead of the whole simulated jobs of ``test_eerl.py``): its
 score is a lower bound of theirs under ``control-freq``, where more tests run. Likewise
 ``control-freq-probe`` for the probe blocks, the phase model and its correction, and
-``control-freq-rest`` for every control-freq file but those two and ``eerl.py``."""
+``control-freq-rest`` for every control-freq file but those two and ``eerl.py``, and
+``control-freq-eerl`` for the controller itself against its own tests (``test_eerl*.py``: small
+simulated jobs of seconds each)."""
 
 COPIED = {
     "rlenergy": "rlenergy",

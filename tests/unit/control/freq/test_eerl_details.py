@@ -1,0 +1,746 @@
+"""EE-RL's phase controller, piece by piece (rlenergy.control.freq.eerl).
+
+Written against the surviving mutants of ``make mutation`` (control-freq-eerl, docs/mutation.md):
+each helper of ``PhaseController`` and ``EERLController`` is driven to a value worked out by
+hand. The phase model here is exact (blocks drawn from ``u = 0.2``, ``beta = 0.6`` with no
+noise, so every confidence bound is the point estimate):
+
+    r(c) = 1 / (0.2 (1980 / c - 1) + 1),  p(c) = 1 + 0.6 ((c / 1980)^2 - 1)
+
+    clock MHz   1830    1680    1530    1380    1230    1080
+    r(c)        0.9839  0.9655  0.9444  0.9200  0.8913  0.8571
+    e = p / r   0.9275  0.8617  ...
+
+so at a 0.95 threshold (lock target 0.952) the most efficient clock that keeps it is 1680 MHz.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlenergy.api import workload as api_workload
+from rlenergy.control.freq import base, eerl, probe
+
+F_MAX = 1980
+SUPPORTED = (1980, 1830, 1680, 1530, 1380, 1230, 1080, 990)
+CANDIDATES = (1830, 1680, 1530, 1380, 1230, 1080)
+U, BETA = 0.2, 0.6
+WL = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)
+
+
+def _r(c: float) -> float:
+    return 1.0 / (U * (F_MAX / c - 1.0) + 1.0)
+
+
+def _p(c: float) -> float:
+    return 1.0 + BETA * ((c / F_MAX) ** 2 - 1.0)
+
+
+def _settings(name: str = "generation", ratio: float = 0.95) -> eerl.PhaseSettings:
+    return eerl.PhaseSettings(name, ratio, CANDIDATES, SUPPORTED, F_MAX)
+
+
+def _pc(ctl: eerl.ControllerSettings | None = None, **kw: object) -> eerl.PhaseController:
+    return eerl.PhaseController(_settings(**kw), ctl or eerl.ControllerSettings())  # type: ignore[arg-type]
+
+
+def _exact_blocks(*clocks: int, n: int = 3) -> list[tuple[int, float, float | None]]:
+    return [(c, _r(c), _p(c)) for c in clocks for _ in range(n)]
+
+
+def _fitted(ctl: eerl.ControllerSettings | None = None) -> eerl.PhaseController:
+    pc = _pc(ctl)
+    pc.state = base.PhaseState.TRIAL
+    pc.blocks = _exact_blocks(1080, 1380)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    assert pc.fit is not None and not pc.fit.misfit
+    return pc
+
+
+def _default_obs(duration_s: float = 1.2, energy_j: float = 360.0) -> base.PhaseObservation:
+    return base.PhaseObservation("generation", duration_s, energy_j, None, 1980)
+
+
+# ----- settings and features -------------------------------------------------------------------
+def test_allowed_clocks_default_to_the_supported_ones_down_to_the_lowest_candidate() -> None:
+    assert _settings().allowed_mhz == (1980, 1830, 1680, 1530, 1380, 1230, 1080)
+    explicit = eerl.PhaseSettings("g", 0.95, CANDIDATES, SUPPORTED, F_MAX, (1680, 1530))
+    assert explicit.allowed_mhz == (1680, 1530)
+    none = eerl.PhaseSettings("g", 0.95, (), SUPPORTED, F_MAX)
+    assert none.allowed_mhz == (1980,)
+
+
+def test_drift_features() -> None:
+    assert eerl._drift_feature("generation", WL) == 150.0  # mean context length
+    assert eerl._drift_feature("training", WL) == WL.phase_tokens("training") / 10
+    empty = api_workload.TokenWorkload(0, 0.0, 0.0, 0.0, 0.0)
+    assert eerl._drift_feature("training", empty) == 0.0  # no samples: no division by zero
+
+
+# ----- the run ledger and the lock target ------------------------------------------------------
+def test_repay_ratio_by_hand() -> None:
+    pc = _pc()
+    assert pc.repay_ratio == 0.0  # nothing booked
+    pc.ledger_default_s, pc.ledger_actual_s, pc.ledger_windows = 10.0, 11.0, 10
+    # H = max(10, 40 x 10 / 10) = 40 s; r = 40 / ((10 + 40) / 0.95 - 11)
+    assert pc.repay_ratio == pytest.approx(40 / (50 / 0.95 - 11))
+    assert pc.lock_target == pytest.approx(40 / (50 / 0.95 - 11) + eerl.LOCK_MARGIN)
+    pc.ledger_windows = 100  # many short windows: the horizon is the run so far
+    assert pc.repay_ratio == pytest.approx(10 / (20 / 0.95 - 11))
+    pc.ledger_actual_s = 100.0  # too far behind to repay in time: the default governor
+    assert pc.repay_ratio == 1.0
+    pc.ledger_actual_s = 0.0
+    assert pc.repay_ratio == 0.0
+    pc.ledger_actual_s, pc.ledger_default_s = 11.0, 0.0
+    assert pc.repay_ratio == 0.0
+
+
+def test_repay_ratio_is_capped_at_one_and_off_for_a_relaxed_pool() -> None:
+    pc = _pc()
+    pc.ledger_default_s, pc.ledger_actual_s, pc.ledger_windows = 10.0, 10.0, 400
+    # Ahead of the threshold: H = 10, r = 10 / (20 / 0.95 - 10) = 0.905 < threshold
+    assert pc.repay_ratio == pytest.approx(10 / (20 / 0.95 - 10))
+    assert pc.lock_target == pytest.approx(0.95 + eerl.LOCK_MARGIN)
+    pc.ledger_actual_s = 20.9  # room = 21.05 - 20.9 = 0.15: r = 10 / 0.15 capped at 1
+    assert pc.repay_ratio == 1.0
+    pc.threshold = 0.9  # async slack relaxed this pool: it repays nothing
+    assert pc.repay_ratio == 0.0
+    assert pc.lock_target == pytest.approx(0.9 + eerl.LOCK_MARGIN)
+
+
+def test_ledger_books_clean_windows_with_a_default_time_only() -> None:
+    pc = _pc()
+    pc._ledger_add(_default_obs())
+    assert pc.ledger_windows == 0  # no default-equivalent time known yet
+    pc._last_default_time_s = 1.0
+    pc._ledger_add(base.PhaseObservation("generation", 1.1, 300.0, 1680))
+    pc._ledger_add(base.PhaseObservation("generation", 0.0, 300.0, 1680))
+    pc._ledger_add(base.PhaseObservation("generation", 1.1, 300.0, 1680, error="x"))
+    assert (pc.ledger_default_s, pc.ledger_actual_s, pc.ledger_windows) == (1.0, 1.1, 1)
+
+
+def test_allowed_lies_strictly_between_floor_and_default_clock() -> None:
+    pc = _pc()
+    assert pc._allowed() == [1830, 1680, 1530, 1380, 1230, 1080]
+    pc.floor_mhz = 1380
+    pc.default_clock_mhz = 1830
+    assert pc._allowed() == [1680, 1530]
+    assert pc.f_default_mhz == 1830
+    pc.default_clock_mhz = None
+    assert pc.f_default_mhz == F_MAX
+
+
+# ----- phase length, slices, evidence ------------------------------------------------------------
+def test_slices_in_phase_by_length_and_progress_cadence() -> None:
+    pc = _pc()
+    pc._last_time_s = 1.25
+    assert pc._min_slice_s() == eerl.MIN_SLICE_S
+    assert pc._slices_in_phase() == 48  # 1.25 s / 25 ms = 50, at most slices_per_phase
+    pc._last_time_s = 0.5
+    assert pc._slices_in_phase() == 16  # 20, cut to whole blocks of 8
+    pc._last_time_s, pc.progress_gap_s = 1.2, 0.01
+    assert pc._min_slice_s() == pytest.approx(0.04)  # four report gaps
+    assert pc._slices_in_phase() == 24  # 30 -> 24
+    pc.progress_gap_s = math.inf
+    assert pc._slices_in_phase() == 0
+    pc.progress_gap_s = 0.0
+    pc._last_time_s = 0.19
+    assert pc._slices_in_phase() == 0  # 7 slices: not one block
+    pc._last_time_s = 0.2
+    assert pc._slices_in_phase() == 8
+    no_probes = _pc(eerl.ControllerSettings(in_phase_probes=False))
+    no_probes._last_time_s = 10.0
+    assert no_probes._slices_in_phase() == 0
+
+
+def test_evidence_scale_and_trial_step_limit() -> None:
+    pc = _pc()
+    pc._last_time_s = pc._last_default_time_s = 2.0
+    assert pc.evidence_scale == 1.0  # long phase: 1.2 s of slices fit
+    assert pc.trial_step_limit == 8.0
+    pc._last_time_s = pc._last_default_time_s = 0.6
+    assert pc.evidence_scale == pytest.approx(2.0)  # 1.2 s of evidence over 0.6 s phases
+    assert pc.trial_step_limit == pytest.approx(16.0)
+    pc._last_time_s = pc._last_default_time_s = 0.3
+    assert pc.evidence_scale == eerl.MAX_EVIDENCE_SCALE
+    pc._last_default_time_s = 0.0
+    assert pc.evidence_scale == 1.0
+    pc._last_time_s, pc._last_default_time_s = 0.1, 0.1  # too short to slice: whole steps
+    assert pc.evidence_scale == 1.0
+
+
+def test_probe_evidence_says_which_and_why() -> None:
+    pc = _pc()
+    pc._last_time_s = 1.25
+    assert pc.probe_evidence == "in-phase slices (progress exact)"
+    pc.progress_gap_s = 0.02
+    assert pc.probe_evidence == "in-phase slices (progress every 20 ms)"
+    pc._last_time_s = 0.5
+    pc.progress_gap_s = 0.2
+    assert pc.probe_evidence == (
+        "whole-phase: progress every 200 ms or more resolves fewer than 8 slices of a 0.500 s "
+        "phase"
+    )
+    pc.progress_gap_s = math.inf
+    assert pc.probe_evidence == (
+        "whole-phase: no in-phase progress reports in the newest window, so trials alternate "
+        "whole steps"
+    )
+    annotated = _pc(eerl.ControllerSettings(in_phase_probes=False))
+    assert annotated.probe_evidence == (
+        "whole-phase: phases arrive as pod annotations (phaseSource annotation), so trials "
+        "alternate whole steps"
+    )
+
+
+# ----- the choice ---------------------------------------------------------------------------
+def test_choose_the_most_efficient_clock_that_meets_the_target() -> None:
+    pc = _fitted()
+    assert _r(1680) > 0.952 > _r(1530)
+    assert pc._choose() == (1680, pytest.approx(0.0, abs=1e-12))
+    assert pc._choose(0.97)[0] == 1830
+    assert pc._choose(0.99)[0] is None
+    assert pc._choose(0.90)[0] == 1380  # e(1380) < e(1530) < e(1680)
+    pc.floor_mhz = 1680
+    assert pc._choose(0.90)[0] == 1830
+    assert _pc()._choose() == (None, math.inf)  # no fit
+
+
+def test_choose_without_power_prefers_the_lowest_clock_meeting_the_target() -> None:
+    pc = _fitted()
+    pc.blocks = [(c, thr, None) for c, thr, _ in pc.blocks]
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    assert pc.fit is not None and pc.fit.beta is None
+    assert pc._choose()[0] == 1680  # clock / f_max as the score
+    assert pc._choose(0.93)[0] == 1530
+
+
+def test_lock_records_the_selection() -> None:
+    pc = _fitted()
+    pc._monitor.add(0.9, 0.9)
+    pc._since_lock, pc._slowdowns = 5, 1
+    pc._lock(1680, 150.0, slowdown=True)
+    assert pc.state is base.PhaseState.LOCKED
+    assert (pc.locked_clock_mhz, pc._previous_lock_mhz, pc.selections) == (1680, 1680, 1)
+    assert pc._lock_feature == 150.0 and pc._lock_slowdown is True
+    assert pc._lock_threshold == 0.95 and pc._lock_target == pytest.approx(0.952)
+    assert pc._monitor.n == 0 and pc._since_lock == 0 and pc._slowdowns == 0
+
+
+def test_estimate_by_state_monitor_and_fit() -> None:
+    pc = _fitted()
+    assert pc.estimate() == (None, None)  # not locked
+    pc._lock(None, 150.0, slowdown=False)
+    assert pc.estimate() == (1.0, 1.0)  # the default governor
+    pc._lock(1680, 150.0, slowdown=False)
+    thr, energy = pc.estimate()
+    assert thr == pytest.approx(_r(1680)) and energy == pytest.approx(_p(1680) / _r(1680))
+    for _ in range(2):
+        pc._monitor.add(0.97, 0.8)
+    assert pc.estimate()[0] == pytest.approx(_r(1680))  # 2 monitor blocks: not yet
+    pc._monitor.add(0.97, 0.8)
+    assert pc.estimate() == (pytest.approx(0.97), pytest.approx(0.8 / 0.97))
+    pc.fit = None
+    pc._monitor = probe.RatioStats()
+    assert pc.estimate() == (None, None)
+
+
+# ----- decisions outside trials ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "state", [base.PhaseState.OBSERVE, base.PhaseState.WARMUP, base.PhaseState.FALLBACK]
+)
+def test_warmup_observe_and_fallback_run_the_default_governor(state: base.PhaseState) -> None:
+    pc = _fitted()
+    pc.state = state
+    assert pc.decide(True) == base.PhaseDecision(None, state, reason=state.value)
+
+
+def test_a_locked_phase_without_a_clock_says_why() -> None:
+    pc = _fitted()
+    pc._lock(None, 150.0, slowdown=False)
+    d = pc.decide(True)
+    assert d == base.PhaseDecision(None, base.PhaseState.LOCKED, reason="no clock met the threshold")
+    pc._lock(1680, 150.0, slowdown=False)
+    assert pc.decide(True).reason == "locked"
+
+
+def test_monitor_checks_come_every_interval_at_the_lock() -> None:
+    pc = _fitted(eerl.ControllerSettings(monitor_interval_steps=4))
+    pc._last_time_s = 1.25
+    pc._lock(1680, 150.0, slowdown=False)
+    assert not pc._uncertain()
+    seen = []
+    for since in range(0, 9):
+        pc._since_lock = since
+        d = pc.decide(True)
+        seen.append(bool(d.probe_clocks_mhz))
+        if d.probe_clocks_mhz:
+            assert d.clock_mhz == 1680 and d.reason == "monitor 1680 MHz"
+            assert d.probe_clocks_mhz == probe.block_schedule([1680]) + (1680,) * probe.BLOCK
+            assert d.probe_slice_s == pytest.approx(1.25 / 48)
+    assert seen == [False, False, False, False, True, False, False, False, True]
+    pc._since_lock = 4
+    assert not pc.decide(False).probe_clocks_mhz  # no trial budget: no check
+
+
+# ----- the job-level controller ------------------------------------------------------------------
+def test_trial_budget_is_a_fraction_of_at_least_forty_steps() -> None:
+    ctl = eerl.EERLController([_settings()])
+    ctl.trial_steps = 9
+    assert ctl._trial_budget_left(0)  # 10 <= 0.25 x 40
+    ctl.trial_steps = 10
+    assert not ctl._trial_budget_left(0)
+    assert not ctl._trial_budget_left(42)  # horizon 43: 10.75
+    assert ctl._trial_budget_left(43)  # horizon 44: 11
+
+
+def test_a_lost_phase_observation_and_an_agent_error_fall_back() -> None:
+    ctl = eerl.EERLController([_settings(), _settings("training", 0.97)])
+    for pc in ctl.phases.values():
+        pc.state = base.PhaseState.LOCKED
+    obs = base.StepObservation(0, WL, {"generation": _default_obs()})
+    ctl.observe(obs)
+    assert ctl.steps_seen == 1
+    assert ctl.phases["training"].state is base.PhaseState.FALLBACK
+    assert ctl.phases["training"].retrial_reasons == ["error: no measurement (lost signal)"]
+    assert ctl.phases["generation"].state is base.PhaseState.LOCKED
+    ctl.report_error("generation", "nvml: GPU lost")
+    assert ctl.phases["generation"].state is base.PhaseState.FALLBACK
+    assert ctl.phases["generation"].retrial_reasons[-1] == "error: nvml: GPU lost"
+    # Before any step: the error is booked against an empty workload.
+    fresh = eerl.EERLController([_settings()])
+    fresh.report_error("generation", "x")
+    assert fresh.phases["generation"].state is base.PhaseState.FALLBACK
+
+
+def test_observe_mode_keeps_observing_through_errors() -> None:
+    pc = _pc(eerl.ControllerSettings(enforce=False))
+    assert pc.state is base.PhaseState.OBSERVE
+    pc.observe(base.PhaseObservation("generation", 0.0, None, None, error="x"), WL)
+    assert pc.state is base.PhaseState.OBSERVE and pc.retrial_reasons == []
+
+
+def test_summary_per_phase() -> None:
+    ctl = eerl.EERLController([_settings()])
+    pc = ctl.phases["generation"]
+    pc.retrial_reasons.append("warm-up done")
+    s = ctl.summary()["generation"]
+    assert s == {
+        "state": "warmup",
+        "clock_mhz": None,
+        "threshold": 0.95,
+        "estimated_throughput_ratio": None,
+        "estimated_energy_ratio": None,
+        "selections": 0,
+        "retrials": ["warm-up done"],
+        "probe_evidence": pc.probe_evidence,
+    }
+    assert s["retrials"] is not pc.retrial_reasons  # a copy
+
+
+def test_expected_ratio_of_a_pool() -> None:
+    ctl = eerl.EERLController([_settings(), _settings("training", 0.97)])
+    pc = ctl.phases["generation"]
+    assert ctl._expected_ratio("generation") == 0.95  # not locked: its threshold
+    fitted = _fitted()
+    pc.fit, pc.blocks = fitted.fit, fitted.blocks
+    pc._lock(None, 150.0, slowdown=False)
+    assert ctl._expected_ratio("generation") == 1.0  # held at the default governor
+    pc._lock(1680, 150.0, slowdown=False)
+    assert ctl._expected_ratio("generation") == pytest.approx(_r(1680))
+    pc._lock(1530, 150.0, slowdown=False)
+    assert ctl._expected_ratio("generation") == 0.95  # never below the threshold
+    pc.fit = None
+    assert ctl._expected_ratio("generation") == 0.95
+
+
+def test_pool_times_keep_plain_steps_only() -> None:
+    ctl = eerl.EERLController(
+        [_settings(), _settings("training", 0.97)], eerl.ControllerSettings(async_mode=True)
+    )
+    fitted = _fitted()
+    ctl.phases["generation"].fit = fitted.fit
+    gen_locked = base.PhaseObservation("generation", 2.0, 300.0, 1680, 1680)
+    train = base.PhaseObservation("training", 1.5, 300.0, None, 1980)
+    ctl._record_pool_times(base.StepObservation(0, WL, {"generation": gen_locked, "training": train}))
+    assert ctl._pool_times == [
+        {"generation": pytest.approx(2.0 * _r(1680)), "training": 1.5}
+    ]
+    probe_step = base.PhaseObservation(
+        "generation", 2.0, 300.0, None, slices=(base.ProbeSlice(None, 0.1, 1.0, 1.0),)
+    )
+    for skipped in (
+        {"generation": probe_step, "training": train},
+        {"generation": gen_locked},
+        {"generation": gen_locked, "training": base.PhaseObservation("training", 1.5, None, None, error="x")},
+    ):
+        ctl._record_pool_times(base.StepObservation(1, WL, skipped))
+    assert len(ctl._pool_times) == 1
+    ctl.phases["generation"].fit = None  # a locked clock without a fit: no default time known
+    ctl._record_pool_times(base.StepObservation(2, WL, {"generation": gen_locked, "training": train}))
+    assert len(ctl._pool_times) == 1
+    ctl.phases["generation"].fit = fitted.fit
+    for s in range(70):
+        ctl._record_pool_times(base.StepObservation(s, WL, {"generation": train, "training": train}))
+    assert len(ctl._pool_times) == 64  # the newest 64
+
+
+# ----- direct evidence: verdicts, bracket, uncertainty -----------------------------------------
+def _model(u_stderr: float = 0.0, beta: float | None = BETA, blocks: int = 6) -> probe.PhaseModelFit:
+    return probe.PhaseModelFit(U, u_stderr, beta, F_MAX, F_MAX, blocks)
+
+
+def _with_measured(pc: eerl.PhaseController, *measured: probe.MeasuredClock) -> None:
+    pc.fit = probe.CorrectedFit(_model(), tuple(measured), 0.0, misfit=False)
+
+
+def test_verdict_of_a_clock_on_its_own_blocks() -> None:
+    pc = _pc()
+    assert pc._verdict(1680) is None  # no fit
+    t2 = probe.student_t_factor(2, 1.5)  # 3 blocks
+    cases = [
+        (probe.MeasuredClock(1680, 3, 0.96, 0.001, None), True),  # 0.96 - 0.0033 >= 0.952
+        (probe.MeasuredClock(1680, 3, 0.94, 0.001, None), False),  # 0.94 + 0.0033 < 0.952
+        (probe.MeasuredClock(1680, 3, 0.953, 0.001, None), True),  # straddles, k <= 0.004: mean
+        (probe.MeasuredClock(1680, 3, 0.951, 0.001, None), False),
+        (probe.MeasuredClock(1680, 3, 0.953, 0.002, None), None),  # k = 0.0066: not yet
+        (probe.MeasuredClock(1680, 2, 0.99, 0.0001, None), None),  # under min_blocks
+        (probe.MeasuredClock(1680, 3, 0.99, math.inf, None), None),
+        (probe.MeasuredClock(1680, 11, 0.953, 0.003, None), None),  # k = 0.0051, 11 blocks
+        (probe.MeasuredClock(1680, 12, 0.953, 0.003, None), True),  # 4 x min_blocks: by mean
+        (probe.MeasuredClock(1680, 12, 0.951, 0.003, None), False),
+    ]
+    assert t2 * 0.001 <= eerl.INDIFFERENCE < t2 * 0.002
+    for m, want in cases:
+        _with_measured(pc, m)
+        assert pc._verdict(1680) is want, m
+    assert pc._verdict(1530) is None  # not probed
+
+
+def test_verdict_edges_are_inclusive() -> None:
+    pc = _pc()
+    k = probe.student_t_factor(2, 1.5) * 0.001
+    target = 0.95 + eerl.LOCK_MARGIN
+    _with_measured(pc, probe.MeasuredClock(1680, 3, target + k + 1e-12, 0.001, None))
+    assert pc._verdict(1680) is True
+    _with_measured(pc, probe.MeasuredClock(1680, 3, target, 0.001, None))
+    assert pc._verdict(1680) is True  # straddling, k <= INDIFFERENCE: mean >= target
+
+
+def test_bracket_from_the_decided_clocks() -> None:
+    pc = _pc()
+    assert pc.bracket() == (0, F_MAX)
+    pc.floor_mhz = 1080
+    _with_measured(
+        pc,
+        probe.MeasuredClock(1230, 3, 0.90, 0.001, None),  # miss
+        probe.MeasuredClock(1380, 3, 0.93, 0.001, None),  # miss
+        probe.MeasuredClock(1530, 3, 0.953, 0.002, None),  # undecided
+        probe.MeasuredClock(1680, 3, 0.97, 0.001, None),  # meet
+        probe.MeasuredClock(1830, 3, 0.99, 0.001, None),  # meet
+    )
+    assert pc.bracket() == (1380, 1680)
+
+
+def test_uncertainty_cost_of_the_conservative_choice() -> None:
+    pc = _pc()
+    assert pc._uncertainty_cost() == 0.0  # no fit
+    pc.fit = probe.CorrectedFit(_model(u_stderr=0.02), (), 0.0, misfit=False)
+    pc.threshold = 0.96
+    # point estimate: 1680 (r 0.9655); lower bound at 1680 0.959 < 0.962: the choice is 1830
+    assert pc._choose()[0] == 1830
+    want = _p(1830) / _r(1830) - _p(1680) / _r(1680)
+    assert pc._uncertainty_cost() == pytest.approx(want)
+    pc.threshold = 0.98  # only 1830's point meets it, and its lower bound does not
+    assert pc._choose()[0] is None
+    assert pc._uncertainty_cost() == pytest.approx(1.0 - _p(1830) / _r(1830))
+    pc.threshold = 0.99  # no clock's point estimate meets it
+    assert pc._uncertainty_cost() == 0.0
+    pc.threshold = 0.96
+    pc.fit = probe.CorrectedFit(_model(u_stderr=0.02, beta=None), (), 0.0, misfit=False)
+    assert pc._uncertainty_cost() == 0.0  # no power measured
+
+
+def test_uncertain_while_the_point_estimate_allows_lower_clocks() -> None:
+    pc = _fitted()
+    pc.threshold = 0.90
+    pc.locked_clock_mhz = 1830
+    assert pc._uncertain()  # 1680, 1530, 1380 all >= 0.904
+    pc.locked_clock_mhz = 1530
+    assert pc._uncertain()  # 1380 only, and it saves 5 % more
+    pc.locked_clock_mhz = 1380
+    assert not pc._uncertain()  # 1230's 0.891 < 0.904
+    pc.locked_clock_mhz = None
+    assert not pc._uncertain()
+    pc.fit = probe.CorrectedFit(_model(beta=None), (), 0.0, misfit=False)
+    pc.locked_clock_mhz = 1830
+    assert pc._uncertain()  # three lower clocks, with or without power
+    pc.threshold = 0.93
+    assert not pc._uncertain()  # two lower clocks, and no energy ratio to weigh them
+    pc.fit = None
+    assert not pc._uncertain()
+
+
+def test_uncertain_weighs_the_energy_gain_of_one_or_two_lower_clocks() -> None:
+    pc = _fitted()
+    pc.threshold = 0.91
+    pc.locked_clock_mhz = 1680  # lower: 1530, 1380 (two)
+    assert _p(1680) / _r(1680) - _p(1380) / _r(1380) >= eerl.MONITOR_GAIN
+    assert pc._uncertain()
+    # A nearly flat energy curve: the gain is below MONITOR_GAIN.
+    pc.fit = probe.CorrectedFit(_model(beta=0.05), (), 0.0, misfit=False)
+    assert not pc._uncertain()
+
+
+# ----- the job-level plan ----------------------------------------------------------------------
+def test_controller_starts_empty() -> None:
+    ctl = eerl.EERLController([_settings()])
+    assert ctl.settings == eerl.ControllerSettings()
+    assert (ctl.trial_steps, ctl.steps_seen, ctl._pool_times) == (0, 0, [])
+    assert ctl._last_workload is None
+    ctl.observe(base.StepObservation(0, WL, {"generation": _default_obs()}))
+    assert ctl._last_workload is WL
+    assert ctl._pool_times == []  # sync mode keeps no pool times
+
+
+def test_a_probing_plan_spends_one_trial_step() -> None:
+    ctl = eerl.EERLController([_settings(), _settings("training", 0.97)])
+    gen = ctl.phases["generation"]
+    fitted = _fitted()
+    gen.state, gen.blocks, gen.fit = base.PhaseState.TRIAL, fitted.blocks, fitted.fit
+    gen._last_time_s = gen._last_default_time_s = 1.25
+    plan = ctl.decide(0)
+    assert plan.step == 0
+    assert plan.phases["generation"].probing and not plan.phases["training"].probing
+    assert plan.phases["training"].state is base.PhaseState.WARMUP
+    assert ctl.trial_steps == 1
+    ctl.trial_steps = 10  # the budget of the first 40 steps is spent
+    plan = ctl.decide(1)
+    assert not plan.phases["generation"].probing
+    assert plan.phases["generation"].reason == "trial budget spent: interim clock"
+    assert ctl.trial_steps == 10
+    gen.state = base.PhaseState.WARMUP
+    ctl.trial_steps = 0
+    ctl.decide(2)
+    assert ctl.trial_steps == 0  # nothing probed
+
+
+def test_async_thresholds_relax_the_faster_pool() -> None:
+    ctl = eerl.EERLController(
+        [_settings(), _settings("training", 0.95)], eerl.ControllerSettings(async_mode=True)
+    )
+    gen, train = ctl.phases["generation"], ctl.phases["training"]
+    gen.floor_mhz = 1530
+    ctl._pool_times = [{"generation": 1.0, "training": 2.0}] * 7
+    ctl._update_async_thresholds()
+    assert (gen.threshold, train.threshold) == (0.95, 0.95)  # 7 steps: too little history
+    ctl._pool_times.append({"generation": 1.0, "training": 2.0})
+    ctl.decide(8)  # async mode updates the thresholds before it plans
+    assert train.threshold == pytest.approx(0.95 + eerl.ASYNC_SLACK / 10)
+    # 8 x 2.0 / sum(max(1.0 / r, 2.0 / 0.955)) >= 0.95 + 0.002 from r = 0.48 on
+    assert gen.threshold == pytest.approx(0.48)
+    assert gen.floor_mhz == 0  # floors were measured against the stricter threshold
+
+
+def test_async_thresholds_of_balanced_pools_stay() -> None:
+    ctl = eerl.EERLController(
+        [_settings(), _settings("training", 0.95)], eerl.ControllerSettings(async_mode=True)
+    )
+    gen, train = ctl.phases["generation"], ctl.phases["training"]
+    train.floor_mhz = 1380
+    ctl._pool_times = [{"generation": 2.0, "training": 2.0}] * 8
+    ctl._update_async_thresholds()
+    assert gen.threshold == pytest.approx(0.955)  # the first of equal pools is the bottleneck
+    assert train.threshold == 0.95  # r = 0.96 is the first to pass: the threshold stays
+    assert train.floor_mhz == 1380
+
+
+# ----- trial decisions -------------------------------------------------------------------------
+def _trial(last_time_s: float = 1.25) -> eerl.PhaseController:
+    pc = _fitted()
+    pc._last_time_s = pc._last_default_time_s = last_time_s
+    return pc
+
+
+def test_a_trial_first_checks_the_guess_of_carried_blocks_then_the_lever() -> None:
+    pc = _trial()
+    d = pc.decide(True)
+    assert d == base.PhaseDecision(
+        None,
+        base.PhaseState.TRIAL,
+        probe_clocks_mhz=probe.block_schedule([1680]),
+        probe_slice_s=pytest.approx(1.25 / 48),
+        reason="trial 1680 MHz vs default",
+    )
+    pc._round_steps = 1.0
+    assert pc._lever_clock() == 1080  # r(1080) = 0.857 >= PROBE_MIN_RATIO
+    assert pc.decide(True).probe_clocks_mhz == probe.block_schedule([1080])
+    assert pc.decide(True).reason == "trial 1080 MHz vs default"
+
+
+def test_a_trial_without_budget_runs_the_interim_clock() -> None:
+    pc = _trial()
+    d = pc.decide(False)
+    assert d == base.PhaseDecision(1680, base.PhaseState.TRIAL, reason="trial budget spent: interim clock")
+    pc.fit = None
+    pc._previous_lock_mhz = 1530
+    assert pc.decide(False).clock_mhz == 1530  # no fit yet: the previous lock
+    pc.floor_mhz = 1980  # nothing left to probe: also the interim clock
+    pc.fit = _fitted().fit
+    assert pc.decide(True).reason == "trial budget spent: interim clock"
+
+
+def test_an_extended_trial_without_budget_locks_the_safest_choice() -> None:
+    pc = _trial()
+    pc._round_steps = pc.trial_step_limit
+    assert pc.decide(True, allow_extra=True).probe_clocks_mhz  # may extend: probes on
+    d = pc.decide(True, allow_extra=False)
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz == 1680
+    assert d.clock_mhz == 1680 and d.state is base.PhaseState.LOCKED and d.reason == "locked"
+    assert pc.selections == 1
+
+
+def test_a_phase_too_short_to_slice_trials_whole_steps() -> None:
+    pc = _trial(last_time_s=0.1)
+    assert pc._slices_in_phase() == 0
+    d = pc.decide(True)
+    schedule = probe.block_schedule([1680])
+    assert d == base.PhaseDecision(
+        schedule[0], base.PhaseState.TRIAL, reason="step trial 1680 MHz", step_probe=True
+    )
+    assert pc._step_probe == list(schedule) and pc._step_probe_clock == 1680
+    pc._step_probe.pop(0)
+    d = pc.decide(True)
+    assert d == base.PhaseDecision(
+        schedule[1], base.PhaseState.TRIAL, reason="step trial 1680 MHz", step_probe=True
+    )
+
+
+def test_a_monitor_check_while_unsure_probes_the_lever_twice() -> None:
+    pc = _trial()
+    pc.threshold = 0.90
+    pc._lock(1830, 150.0, slowdown=False)
+    assert pc._uncertain()
+    pc._since_lock = 5  # half of monitor_interval_steps while unsure
+    d = pc.decide(True)
+    lever = pc._lever_clock()
+    assert lever == 1080
+    assert d.probe_clocks_mhz == probe.block_schedule([1080, 1080, 1830]) + (1830,) * 8
+    assert d.clock_mhz == 1830 and d.reason == "monitor 1830 MHz"
+    pc._since_lock = 4
+    assert not pc.decide(True).probe_clocks_mhz
+    pc._last_time_s = 0.1  # no slices fit: no in-phase check
+    pc._since_lock = 5
+    assert not pc.decide(True).probe_clocks_mhz
+
+
+def test_lever_clock_is_the_lowest_candidate_the_fit_keeps_above_the_probe_minimum() -> None:
+    pc = _pc()
+    assert pc._lever_clock() == 1080  # no fit: the lowest allowed clock
+    pc.fit = probe.CorrectedFit(
+        probe.PhaseModelFit(0.5, 0.0, BETA, F_MAX, F_MAX, 6), (), 0.0, misfit=False
+    )
+    # u = 0.5: r(1530) = 1 / (0.5 x 0.294 + 1) = 0.872, r(1380) = 0.821
+    assert pc._lever_clock() == 1080  # never above the lowest allowed clock
+    pc.floor_mhz = 1680  # allowed: 1830 only
+    assert pc._lever_clock() == 1530  # below the floor: probing still sharpens the fit
+    pc.floor_mhz = 1830  # nothing allowed
+    assert pc._lever_clock() == 1530
+    pc.fit = probe.CorrectedFit(
+        probe.PhaseModelFit(1.0, 0.0, BETA, F_MAX, F_MAX, 6), (), 0.0, misfit=False
+    )
+    pc.floor_mhz = 0
+    pc.default_clock_mhz = 1680  # only candidates below the default clock count
+    assert pc._lever_clock() == 1080  # none reaches 0.85 (u = 1: r(1530) = 0.77)
+    pc.floor_mhz = 1530  # allowed: none between 1530 and 1680
+    assert pc._lever_clock() is None
+
+
+# ----- observations ----------------------------------------------------------------------------
+def test_warm_up_fits_the_default_model_and_reads_the_default_clock() -> None:
+    pc = _pc()
+    pc.observe(base.PhaseObservation("generation", 1.2, 360.0, None, 1755), WL)
+    assert pc.state is base.PhaseState.WARMUP and pc.default_clock_mhz == 1755
+    pc.observe(base.PhaseObservation("generation", 1.3, 380.0, None, 1740), WL)
+    assert pc.state is base.PhaseState.TRIAL
+    assert pc.retrial_reasons == ["warm-up done"]
+    assert pc.default_clock_mhz == 1755  # the highest read back
+    assert pc._last_time_s == 1.3 and pc._last_default_time_s == 1.3
+    assert pc._last_feature == 150.0
+
+
+def test_an_error_falls_back_and_clean_steps_recover() -> None:
+    pc = _trial()
+    pc.observe(base.PhaseObservation("generation", 1.0, None, 1680, error="nvml: timeout"), WL)
+    assert pc.state is base.PhaseState.FALLBACK
+    assert pc.retrial_reasons == ["error: nvml: timeout"]
+    assert pc._last_time_s == 1.25  # the window with the error is not used
+    pc.observe(_default_obs(), WL)
+    assert pc.state is base.PhaseState.FALLBACK  # one clean step of recovery_steps = 2
+    pc.observe(base.PhaseObservation("generation", 1.0, None, None, error="again"), WL)
+    pc.observe(_default_obs(), WL)
+    assert pc.state is base.PhaseState.FALLBACK  # the count restarted
+    pc.observe(_default_obs(), WL)
+    assert pc.state is base.PhaseState.TRIAL
+    assert pc.retrial_reasons[-1] == "recovered from error"
+    assert pc.floor_mhz == 0 and pc.blocks == []
+
+
+def test_default_windows_feed_the_default_model_only() -> None:
+    pc = _pc()
+    pc.observe(base.PhaseObservation("generation", 1.2, 360.0, 1680, 1680), WL)
+    assert pc.default_clock_mhz is None  # a locked window is no default-governor evidence
+    sliced = base.PhaseObservation(
+        "generation", 1.2, 360.0, None, 1980, slices=(base.ProbeSlice(None, 0.1, 1.0, 1.0),)
+    )
+    pc.observe(sliced, WL)
+    assert pc.default_clock_mhz is None
+    assert not pc.default_model.ready
+
+
+def test_locked_monitor_blocks_feed_the_monitor_at_the_lock_only() -> None:
+    pc = _trial()
+    pc._lock(1680, 150.0, slowdown=False)
+    n = len(pc.blocks)
+    slices = []
+    for clock in (1680, 1080):
+        for c in probe.block_schedule([clock]):
+            rate, power = (_r(clock), _p(clock)) if c is not None else (1.0, 1.0)
+            slices.append(base.ProbeSlice(c, 0.025, 2.5 * rate, 7.5 * power))
+    pc.observe(base.PhaseObservation("generation", 1.25, 300.0, 1680, slices=tuple(slices)), WL)
+    assert pc._since_lock == 1
+    assert len(pc.blocks) == n + 2
+    assert pc._monitor.n == 1 and pc._monitor.throughput_mean == pytest.approx(_r(1680))
+
+
+def test_slices_the_reports_cannot_resolve_give_no_blocks() -> None:
+    pc = _trial()
+    slices = tuple(
+        base.ProbeSlice(c, 0.025, 2.5, 7.5) for c in probe.block_schedule([1680])
+    )
+    ok = base.PhaseObservation("generation", 0.2, 60.0, None, slices=slices, progress_gap_s=0.006)
+    assert len(pc._blocks(ok, 100.0)) == 1  # 4 x 6 ms <= 25 ms
+    late = base.PhaseObservation("generation", 0.2, 60.0, None, slices=slices, progress_gap_s=0.007)
+    assert pc._blocks(late, 100.0) == []  # 4 x 7 ms > 25 ms
+
+
+def test_whole_step_probes_make_a_block_over_eight_steps() -> None:
+    pc = _pc()
+    pc.state = base.PhaseState.TRIAL
+    pc._last_time_s = pc._last_default_time_s = 0.1
+    assert pc.decide(True).reason == "step trial 1830 MHz"  # no fit: the highest candidate
+    schedule = list(pc._step_probe)
+    assert len(schedule) == probe.BLOCK
+    for i, clock in enumerate(schedule):
+        rate = _r(1830) if clock else 1.0
+        power = _p(1830) if clock else 1.0
+        obs = base.PhaseObservation("generation", 0.1 / rate, 30.0 * power / rate, clock)
+        pc.observe(obs, WL)
+        assert pc._round_steps == pytest.approx((i + 1) / probe.BLOCK)
+    assert pc._step_probe == [] and pc._pending == []
+    assert pc.stats[1830].n == 1
+    assert pc.stats[1830].throughput_mean == pytest.approx(_r(1830))
+    assert pc.blocks == [(1830, pytest.approx(_r(1830)), pytest.approx(_p(1830)))]
+    assert pc.state is base.PhaseState.TRIAL and pc.fit is None  # one block: no fit yet
