@@ -84,6 +84,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/control/freq/test_eerl_checks.py",
             "tests/unit/control/freq/test_eerl_ledger.py",
             "tests/unit/control/freq/test_eerl_search.py",
+            "tests/unit/control/freq/test_eerl_details.py",
         ],
     ),
     "control-moe": (["rlenergy/control/moe/*.py"], ["tests/unit/control/moe"]),

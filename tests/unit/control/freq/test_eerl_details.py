@@ -16,6 +16,7 @@ so at a 0.95 threshold (lock target 0.952) the most efficient clock that keeps i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -744,3 +745,451 @@ def test_whole_step_probes_make_a_block_over_eight_steps() -> None:
     assert pc.stats[1830].throughput_mean == pytest.approx(_r(1830))
     assert pc.blocks == [(1830, pytest.approx(_r(1830)), pytest.approx(_p(1830)))]
     assert pc.state is base.PhaseState.TRIAL and pc.fit is None  # one block: no fit yet
+
+
+# ----- the default governor's equivalent of a window --------------------------------------------
+def _block(clock: int, *, energy: bool = True) -> tuple[base.ProbeSlice, ...]:
+    """One exact Thue-Morse block at ``clock``: 25 ms slices, 100 tokens/s and 300 W at default."""
+    out = []
+    for c in probe.block_schedule([clock]):
+        rate, power = (_r(clock), _p(clock)) if c is not None else (1.0, 1.0)
+        out.append(base.ProbeSlice(c, 0.025, 2.5 * rate, 7.5 * power if energy else None))
+    return tuple(out)
+
+
+def test_default_equivalent_of_default_and_failed_windows() -> None:
+    pc = _fitted()
+    assert pc.default_equivalent(_default_obs(1.2, 360.0), WL) == (360.0, 1.2)
+    assert pc.default_equivalent(_default_obs(1.2, None), WL) == (None, 1.2)  # type: ignore[arg-type]
+    failed = base.PhaseObservation("generation", 1.2, 360.0, None, error="x")
+    assert pc.default_equivalent(failed, WL) == (None, None)
+    assert pc._default_time_s(_default_obs(1.2, 360.0), WL) == 1.2
+
+
+def test_default_equivalent_of_a_locked_window_from_the_fit_at_the_clock_it_ran() -> None:
+    pc = _fitted()
+    locked = base.PhaseObservation("generation", 2.0, 400.0, 1680, 1680)
+    e, t = pc.default_equivalent(locked, WL)
+    assert e == pytest.approx(400.0 * _r(1680) / _p(1680))
+    assert t == pytest.approx(2.0 * _r(1680))
+    assert pc._default_time_s(locked, WL) == pytest.approx(2.0 * _r(1680))
+    capped = base.PhaseObservation("generation", 2.0, 400.0, 1680, 1500)  # a cap held it
+    e, t = pc.default_equivalent(capped, WL)
+    assert t == pytest.approx(2.0 * _r(1500)) and e == pytest.approx(400.0 * _r(1500) / _p(1500))
+
+
+def test_default_equivalent_falls_back_to_the_token_model() -> None:
+    pc = _pc()
+    locked = base.PhaseObservation("generation", 2.0, 400.0, 1680, 1680)
+    assert pc.default_equivalent(locked, WL) == (None, None)  # nothing known yet
+    assert pc._default_time_s(locked, WL) == 2.0  # then the window's own time
+    pc.default_model.add(WL.phase_tokens("generation"), 1.5, 450.0)
+    assert pc.default_equivalent(locked, WL) == (pytest.approx(450.0), pytest.approx(1.5))
+    fitted = _fitted()
+    pc.fit = fitted.fit
+    no_energy = base.PhaseObservation("generation", 2.0, None, 1680, 1680)
+    assert pc.default_equivalent(no_energy, WL) == (pytest.approx(450.0), pytest.approx(1.5))
+    pc.fit = probe.CorrectedFit(_model(beta=None), (), 0.0, misfit=False)  # no power: no ratio
+    assert pc.default_equivalent(locked, WL) == (pytest.approx(450.0), pytest.approx(1.5))
+
+
+def test_default_equivalent_of_a_probe_window_from_its_paired_default_slices() -> None:
+    pc = _fitted()
+    obs = base.PhaseObservation("generation", 0.4, 120.0, None, slices=_block(1680))
+    e, t = pc.default_equivalent(obs, WL)
+    # default slices: 0.1 s for 10 tokens; candidate slices did 10 r tokens more
+    assert t == pytest.approx(0.4 * 0.1 * (1 + _r(1680)) / 0.2)
+    assert e == pytest.approx(120.0 * 30.0 * (1 + _r(1680)) / (30.0 * (1 + _p(1680))))
+    assert pc._default_time_s(obs, WL) == pytest.approx(t)
+
+
+def test_default_equivalent_of_a_probe_window_without_slice_energy_uses_the_fit() -> None:
+    pc = _fitted()
+    slices = list(_block(1680))
+    slices[0] = dataclasses.replace(slices[0], energy_j=None)
+    obs = base.PhaseObservation("generation", 0.4, 120.0, None, slices=tuple(slices))
+    e, t = pc.default_equivalent(obs, WL)
+    e_ratio = _p(1680) / _r(1680)
+    assert t == pytest.approx(0.1 * (1 + _r(1680)) * 0.4 / 0.2)
+    assert e == pytest.approx(120.0 / ((0.1 * e_ratio + 0.1) / 0.2))
+    # The same window credited at the clock a cap held the candidate slices to.
+    capped = [
+        dataclasses.replace(s, effective_clock_mhz=1500) if s.clock_mhz else s for s in slices
+    ]
+    obs = base.PhaseObservation("generation", 0.4, 120.0, None, slices=tuple(capped))
+    _, t = pc.default_equivalent(obs, WL)
+    assert t == pytest.approx(0.1 * (1 + _r(1500)) * 0.4 / 0.2)
+
+
+def test_default_equivalent_of_a_probe_window_without_energy_is_the_token_model() -> None:
+    pc = _fitted()
+    obs = base.PhaseObservation("generation", 0.4, None, None, slices=_block(1680))
+    assert pc.default_equivalent(obs, WL) == (None, None)  # no default model yet
+    pc.default_model.add(WL.phase_tokens("generation"), 0.3, 90.0)
+    assert pc.default_equivalent(obs, WL) == (pytest.approx(90.0), pytest.approx(0.3))
+
+
+# ----- model check and bracketing search -------------------------------------------------------
+def _misfit(pc: eerl.PhaseController, *measured: probe.MeasuredClock) -> None:
+    """A misfitted corrected fit whose corrected curve is exact (no model error, no spread):
+    the model plus the measured residuals, interpolated in clock (0 at the default clock)."""
+    pc.fit = probe.CorrectedFit(_model(), tuple(measured), 1.0, misfit=True)
+
+
+def test_search_probes_the_middle_of_the_bracket() -> None:
+    pc = _pc()
+    assert pc._search_clock() is None  # no fit
+    _with_measured(pc, probe.MeasuredClock(1230, 3, 0.80, 0.0, None))
+    assert pc._search_clock() is None  # the model fits: no search
+    _misfit(
+        pc,
+        probe.MeasuredClock(1230, 3, 0.80, 0.0, None),  # miss
+        probe.MeasuredClock(1830, 3, 0.99, 0.0, None),  # meet
+    )
+    assert pc.bracket() == (1230, 1830)
+    # corrected r(1680) = r(1680) + 0.25 (0.80 - r(1230)) + 0.75 (0.99 - r(1830)) = 0.947:
+    # no inside clock meets 0.952, so bisect: 1530
+    assert pc.fit.throughput_ratio(1680) == pytest.approx(0.9473, abs=1e-4)
+    assert pc._search_clock() == 1530
+
+
+def test_search_takes_the_predicted_clock_inside_the_middle_half() -> None:
+    pc = _pc()
+    _misfit(
+        pc,
+        probe.MeasuredClock(1230, 3, 0.80, 0.0, None),
+        probe.MeasuredClock(1830, 3, 1.00, 0.0, None),
+    )
+    # corrected r(1680) = 0.9548 >= 0.952, and 1680 = 1830 - (1830 - 1230) / 4: inside
+    assert pc.fit.throughput_ratio(1680) == pytest.approx(0.9548, abs=1e-4)
+    assert pc._search_clock() == 1680
+    pc.floor_mhz = 1380  # bracket (1380, 1830): the middle half is 1492..1717
+    assert pc._search_clock() == 1680
+    pc.floor_mhz = 1530  # bracket (1530, 1830): 1605..1755 -> still 1680
+    assert pc._search_clock() == 1680
+
+
+def test_search_keeps_probing_an_undecided_clock_and_stops_on_a_closed_bracket() -> None:
+    pc = _pc()
+    _misfit(
+        pc,
+        probe.MeasuredClock(1230, 3, 0.80, 0.0, None),
+        probe.MeasuredClock(1380, 4, 0.953, 0.003, None),  # undecided
+        probe.MeasuredClock(1530, 3, 0.953, 0.003, None),  # undecided, fewer blocks
+        probe.MeasuredClock(1830, 3, 0.99, 0.0, None),
+    )
+    assert pc._search_clock() == 1380
+    _misfit(
+        pc,
+        probe.MeasuredClock(1680, 3, 0.90, 0.0, None),
+        probe.MeasuredClock(1830, 3, 0.99, 0.0, None),
+    )
+    assert pc.bracket() == (1680, 1830)
+    assert pc._search_clock() is None  # no clock between the two
+    pc.floor_mhz = 1830
+    assert pc.bracket() == (1830, 1830)
+    assert pc._search_clock() is None
+
+
+def test_model_check_tests_the_curve_halfway_to_the_choice() -> None:
+    pc = _pc()
+    assert pc._model_check_clock() is None  # no fit
+    pc.blocks = _exact_blocks(1080)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    assert pc._choose()[0] == 1680
+    assert pc._model_check_clock() == 1380  # halfway between 1080 and 1680
+    pc.blocks = _exact_blocks(1080) + _exact_blocks(1230, n=2)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    assert pc._model_check_clock() == 1380  # 1230 has too few blocks to count
+    pc.blocks = _exact_blocks(1080, 1230)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    assert pc._model_check_clock() is None  # two clocks a quarter of the span apart: tested
+    pc.blocks = _exact_blocks(1080)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    pc.threshold = 0.99  # no choice: up to the default clock, 1530 halfway
+    assert pc._model_check_clock() == 1530
+    pc.fit = dataclasses.replace(pc.fit, misfit=True)
+    assert pc._model_check_clock() is None  # misfitted: the search's job
+
+
+def test_model_check_needs_a_clock_between() -> None:
+    pc = _pc()
+    pc.blocks = _exact_blocks(1080)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    pc.floor_mhz = 1530  # allowed: 1830, 1680; the choice 1680; nothing inside (1080, 1680)
+    assert [c for c in pc._allowed() if 1080 < c < 1680] == []
+    assert pc._model_check_clock() is None
+    pc.fit = probe.fit_corrected([(1080, _r(1080), _p(1080))] * 2, F_MAX, F_MAX)
+    pc.floor_mhz = 0
+    assert pc._model_check_clock() is None  # 2 blocks: no clock decided yet
+
+
+# ----- a locked phase's checks -----------------------------------------------------------------
+def _locked_at(clock: int | None) -> eerl.PhaseController:
+    pc = _trial()
+    pc._lock(clock, 150.0, slowdown=False)
+    return pc
+
+
+def _plain(clock: int | None = 1680, **kw: object) -> base.PhaseObservation:
+    return base.PhaseObservation("generation", 1.25, 300.0, clock, clock, **kw)  # type: ignore[arg-type]
+
+
+def test_a_phase_held_at_default_locks_once_a_clock_meets_the_target() -> None:
+    pc = _locked_at(None)
+    pc._check_locked(_plain(None), WL)
+    assert pc.locked_clock_mhz == 1680 and pc.selections == 2
+    assert pc.retrial_reasons[-1] == "target 0.952: default governor -> 1680 MHz"
+    assert pc._lock_target == pytest.approx(0.952)
+    held = _locked_at(None)
+    held.threshold = held._lock_threshold = 0.99  # no clock meets it: stays at default
+    held._check_locked(_plain(None), WL)
+    assert held.locked_clock_mhz is None and held.selections == 1
+
+
+def test_a_risen_threshold_steps_the_lock_up() -> None:
+    pc = _locked_at(1680)
+    pc.threshold = 0.97  # the async slack shrank
+    pc._check_locked(_plain(), WL)
+    assert pc.locked_clock_mhz == 1830 and pc.selections == 2
+    assert pc.retrial_reasons[-1] == "target 0.972 (threshold 0.970): 1680 -> 1830 MHz"
+    assert pc._lock_threshold == 0.97 and pc._lock_target == pytest.approx(0.972)
+
+
+def test_a_grown_deficit_steps_up_only_to_a_clock_that_repays_it() -> None:
+    pc = _locked_at(1680)
+    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
+    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97  # repay ratio 0.97
+    assert pc.lock_target == pytest.approx(0.972, abs=1e-4)
+    pc._check_locked(_plain(), WL)
+    assert pc.locked_clock_mhz == 1830
+    assert pc.retrial_reasons[-1].endswith("(threshold 0.950): 1680 -> 1830 MHz")
+    short = _locked_at(1680)
+    short.ledger_default_s, short.ledger_windows = 10.0, 400
+    short.ledger_actual_s = 21.0526 - 10.0 / 0.99  # 0.99: no clock repays it
+    target = short.lock_target
+    short._check_locked(_plain(), WL)
+    assert short.locked_clock_mhz == 1680 and short.selections == 1  # the lock stays
+    assert short._lock_target == pytest.approx(target)
+
+
+def test_a_lock_target_that_falls_is_remembered() -> None:
+    pc = _locked_at(1680)
+    pc._lock_target = 0.99
+    pc._check_locked(_plain(), WL)
+    assert pc._lock_target == pytest.approx(0.952)
+    assert pc.locked_clock_mhz == 1680
+
+
+def test_a_relaxed_pool_refines_its_lock_down() -> None:
+    pc = _locked_at(1680)
+    pc.threshold = 0.90
+    pc._check_locked(_plain(), WL)
+    assert pc.locked_clock_mhz == 1380  # r(1380) = 0.920 >= 0.902, r(1230) = 0.891 is not
+    assert pc.retrial_reasons[-1] == "refined 1680 -> 1380 MHz"
+
+
+def test_refine_starts_a_search_below_the_lock_when_the_model_misfits() -> None:
+    pc = _locked_at(1830)
+    # 1530 runs 2 % below the model the 1080 blocks fit: a knee; the search's next clock
+    # is 1680, below the lock
+    pc.blocks = [(1080, _r(1080), _p(1080))] * 20 + [(1530, 0.93, _p(1530))] * 3
+    pc.floor_mhz = 1080
+    pc._refine_locked()
+    assert pc.fit is not None and pc.fit.misfit
+    assert pc.state is base.PhaseState.TRIAL
+    assert pc.retrial_reasons[-1] == "model misfit: search below 1830 MHz"
+    assert pc.floor_mhz == 1080 and len(pc.blocks) == 23  # floor and every block kept
+    assert pc._search_clock() == 1680
+
+
+def test_a_workload_drift_retrials_with_the_newest_blocks() -> None:
+    pc = _locked_at(1680)
+    pc.blocks = _exact_blocks(1080, 1380, n=10)
+    drifted = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 200.0)
+    pc._check_locked(_plain(), drifted)
+    assert pc.state is base.PhaseState.TRIAL
+    assert pc.retrial_reasons[-1] == "workload drift +33%"
+    assert pc.blocks == _exact_blocks(1080, 1380, n=10)[-eerl.CARRY_BLOCKS :]
+    assert pc.fit is not None
+    within = _locked_at(1680)
+    within._check_locked(_plain(), api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 187.0))
+    assert within.state is base.PhaseState.LOCKED  # +24.7 %: under drift_threshold
+
+
+# ----- a trial round's end --------------------------------------------------------------------
+def _slices_obs(*clocks: int, ratio: dict[int, float] | None = None) -> base.PhaseObservation:
+    out: list[base.ProbeSlice] = []
+    for clock in clocks:
+        r = (ratio or {}).get(clock, _r(clock))
+        for c in probe.block_schedule([clock]):
+            rate, power = (r, _p(clock)) if c is not None else (1.0, 1.0)
+            out.append(base.ProbeSlice(c, 0.025, 2.5 * rate, 7.5 * power))
+    return base.PhaseObservation("generation", 1.25, 300.0, None, slices=tuple(out))
+
+
+def _warm() -> eerl.PhaseController:
+    pc = _pc()
+    for _ in range(2):
+        pc.observe(base.PhaseObservation("generation", 1.25, 375.0, None, 1980), WL)
+    assert pc.state is base.PhaseState.TRIAL
+    return pc
+
+
+def test_a_trial_locks_once_the_choice_is_precise_and_the_model_tested() -> None:
+    pc = _warm()
+    pc.observe(_slices_obs(1080, 1080, 1080), WL)
+    assert pc.round_steps == 1.0 and pc.state is base.PhaseState.TRIAL
+    assert pc._model_check_clock() == 1380  # exact, but the shape between is untested
+    pc.observe(_slices_obs(1380, 1380, 1380), WL)
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz == 1680
+    assert pc.round_steps == 2.0
+
+
+def test_clearly_missing_clocks_raise_the_floor() -> None:
+    pc = _warm()
+    pc.observe(_slices_obs(1080, 1080, 1080, ratio={1080: 0.80}), WL)
+    assert pc.floor_mhz == 1080
+    assert pc.stats[1080].n == 3
+
+
+def test_no_clock_left_locks_the_default_governor() -> None:
+    pc = _warm()
+    pc.floor_mhz = 1680
+    low = {c: 0.5 for c in (1830,)}
+    pc.observe(_slices_obs(1830, 1830, 1830, ratio=low), WL)
+    assert pc.floor_mhz == 1830
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz is None
+
+
+def test_a_round_without_a_fit_ends_at_the_default_governor_after_its_steps() -> None:
+    pc = _warm()
+    pc._round_steps = 3 * pc.trial_step_limit
+    one = _slices_obs(1080)
+    pc.observe(dataclasses.replace(one, slices=one.slices[:8]), WL)
+    assert pc.fit is None  # one block: no fit
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz is None
+
+
+# ----- written against the first control-freq-eerl survivors ----------------------------------
+def test_search_prefers_an_undecided_clock_inside_the_bracket_to_bisection() -> None:
+    pc = _pc()
+    _misfit(
+        pc,
+        probe.MeasuredClock(1080, 5, 0.953, 0.003, None),  # undecided, below the bracket
+        probe.MeasuredClock(1230, 3, 0.80, 0.0, None),
+        probe.MeasuredClock(1680, 3, 0.953, 0.003, None),  # undecided, inside
+        probe.MeasuredClock(1830, 3, 0.99, 0.0, None),
+    )
+    assert pc.bracket() == (1230, 1830)
+    assert pc._search_clock() == 1680  # not the bisection's 1530, nor 1080 outside
+
+
+def test_search_meets_the_lock_target_not_less() -> None:
+    pc = _pc()
+    _misfit(
+        pc,
+        probe.MeasuredClock(1230, 3, 0.80, 0.0, None),
+        probe.MeasuredClock(1830, 3, 0.9936, 0.0, None),
+    )
+    # corrected r(1680) = 0.950: above the threshold, below threshold + LOCK_MARGIN
+    assert 0.95 - eerl.LOCK_MARGIN < pc.fit.throughput_ratio(1680) < 0.95 + eerl.LOCK_MARGIN
+    assert pc._search_clock() == 1530
+
+
+def test_search_bisects_when_the_predicted_clock_lies_in_the_top_quarter() -> None:
+    pc = _pc()
+    _misfit(pc, probe.MeasuredClock(1230, 3, 0.80, 0.0, None))
+    # bracket (1230, 1980): r(1830) = 0.966 meets, r(1680) = 0.929 does not; 1830 lies above
+    # 1980 - 750 / 4: bisect at 1605 -> 1680 (the first of the two nearest)
+    assert pc.bracket() == (1230, F_MAX)
+    assert pc.fit.throughput_ratio(1830) >= 0.952 > pc.fit.throughput_ratio(1680)
+    assert pc._search_clock() == 1680
+
+
+def test_verdict_uses_the_degrees_of_freedom_of_its_blocks() -> None:
+    pc = _pc()
+    # 3 blocks: t(2) x 0.0015 = 0.0049 > INDIFFERENCE (undecided); t(3) would give 0.0037
+    _with_measured(pc, probe.MeasuredClock(1680, 3, 0.9555, 0.0015, None))
+    assert pc._verdict(1680) is None
+
+
+def test_uncertainty_cost_without_power_is_nothing_even_without_a_choice() -> None:
+    pc = _pc()
+    pc.fit = probe.CorrectedFit(_model(u_stderr=0.02, beta=None), (), 0.0, misfit=False)
+    pc.threshold = 0.98
+    assert pc._choose()[0] is None
+    assert pc._uncertainty_cost() == 0.0
+
+
+def test_lever_clock_skips_a_candidate_at_the_default_clock() -> None:
+    pc = _pc()
+    pc.fit = probe.CorrectedFit(
+        probe.PhaseModelFit(0.9, 0.0, BETA, F_MAX, F_MAX, 6), (), 0.0, misfit=False
+    )
+    pc.default_clock_mhz, pc.floor_mhz = 1680, 1530  # nothing allowed in between
+    assert pc.fit.throughput_ratio(1680) >= eerl.PROBE_MIN_RATIO > pc.fit.throughput_ratio(1530)
+    assert pc._lever_clock() is None
+
+
+def test_refine_uses_the_lock_target_with_the_deficit() -> None:
+    pc = _locked_at(1830)
+    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
+    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97  # lock target 0.972: 1830 still needed
+    pc._refine_locked()
+    assert pc.locked_clock_mhz == 1830 and pc.selections == 1
+    free = _locked_at(1830)
+    free._refine_locked()
+    assert free.locked_clock_mhz == 1680 and free.selections == 2
+    assert free.retrial_reasons[-1] == "refined 1830 -> 1680 MHz"
+
+
+def test_held_at_default_locks_at_the_target_with_the_deficit() -> None:
+    pc = _locked_at(None)
+    pc._monitor.add(0.9, 0.9)
+    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
+    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97
+    pc._check_locked(_plain(None), WL)
+    assert pc.locked_clock_mhz == 1830  # 1680 meets the threshold, not the repayment
+    assert pc._monitor.n == 0
+
+
+def test_a_threshold_no_clock_meets_returns_the_lock_to_the_default_governor() -> None:
+    pc = _locked_at(1680)
+    pc.threshold = 0.99
+    pc._check_locked(_plain(), WL)
+    assert pc.locked_clock_mhz is None
+    assert pc.retrial_reasons[-1] == "target 0.992 (threshold 0.990): 1680 -> None MHz"
+
+
+def test_a_sync_lock_is_refined_only_on_new_blocks() -> None:
+    pc = _locked_at(1830)  # above the choice (1680), threshold at the policy's
+    pc._check_locked(_plain(1830), WL)
+    assert pc.locked_clock_mhz == 1830
+
+
+def test_a_relaxed_pool_still_checks_for_drift_after_refining() -> None:
+    pc = _locked_at(1680)
+    pc.threshold = 0.90
+    drifted = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 200.0)
+    pc._check_locked(_plain(), drifted)
+    assert pc.retrial_reasons[-2:] == ["refined 1680 -> 1380 MHz", "workload drift +33%"]
+    assert pc.state is base.PhaseState.TRIAL
+
+
+def test_a_monitor_miss_says_what_it_saw() -> None:
+    pc = _locked_at(1680)
+    for thr in (0.90, 0.91, 0.92):
+        pc._monitor.add(thr, 0.8)
+    pc._check_locked(_plain(), WL)
+    assert pc.floor_mhz == 1680 and pc.locked_clock_mhz == 1830
+    assert pc.retrial_reasons[-1] == (
+        "throughput ratio 0.910 below 0.950 at 1680 MHz: stepped up to 1830 MHz"
+    )
+    assert pc.selections == 2 and pc._monitor.n == 0
+    top = _locked_at(1830)
+    for thr in (0.90, 0.91, 0.92):
+        top._monitor.add(thr, 0.8)
+    top._check_locked(_plain(1830), WL)  # no clock above 1830 left to step up to: re-trial
+    assert top.state is base.PhaseState.TRIAL and top.floor_mhz == 1830
+    assert top.retrial_reasons[-1] == "throughput ratio 0.910 below 0.950 at 1830 MHz"
