@@ -1193,3 +1193,131 @@ def test_a_monitor_miss_says_what_it_saw() -> None:
     top._check_locked(_plain(1830), WL)  # no clock above 1830 left to step up to: re-trial
     assert top.state is base.PhaseState.TRIAL and top.floor_mhz == 1830
     assert top.retrial_reasons[-1] == "throughput ratio 0.910 below 0.950 at 1830 MHz"
+
+
+def test_the_job_plan_lets_a_trial_extend_only_within_budget() -> None:
+    ctl = eerl.EERLController([_settings()])
+    pc = ctl.phases["generation"]
+    fitted = _trial()
+    pc.state, pc.blocks, pc.fit = base.PhaseState.TRIAL, fitted.blocks, fitted.fit
+    pc._last_time_s = pc._last_default_time_s = 1.25
+    pc._round_steps = pc.trial_step_limit
+    ctl.trial_steps = 5
+    plan = ctl.decide(0)  # budget left: the trial may extend
+    assert plan.phases["generation"].probing and pc.state is base.PhaseState.TRIAL
+    assert ctl.trial_steps == 6
+    ctl.trial_steps = 10
+    plan = ctl.decide(1)  # no budget: lock the safest choice
+    assert pc.state is base.PhaseState.LOCKED and plan.phases["generation"].clock_mhz == 1680
+    ctl.observe(base.StepObservation(1, WL, {"generation": _plain()}))
+    ctl.observe(base.StepObservation(2, WL, {"generation": _plain()}))
+    assert ctl.steps_seen == 2
+
+
+def test_pool_times_of_a_capped_lock_are_judged_at_the_clock_it_ran() -> None:
+    ctl = eerl.EERLController(
+        [_settings(), _settings("training", 0.97)], eerl.ControllerSettings(async_mode=True)
+    )
+    ctl.phases["generation"].fit = _fitted().fit
+    capped = base.PhaseObservation("generation", 2.0, 300.0, 1680, 1500)
+    train = base.PhaseObservation("training", 1.5, 300.0, None, 1980)
+    ctl.observe(base.StepObservation(0, WL, {"generation": capped, "training": train}))
+    assert ctl._pool_times == [{"generation": pytest.approx(2.0 * _r(1500)), "training": 1.5}]
+
+
+def test_async_bottleneck_threshold_is_at_most_one() -> None:
+    ctl = eerl.EERLController(
+        [_settings(), _settings("training", 0.999)], eerl.ControllerSettings(async_mode=True)
+    )
+    ctl._pool_times = [{"generation": 1.0, "training": 2.0}] * 8
+    ctl._update_async_thresholds()
+    assert ctl.phases["training"].threshold == 1.0
+
+
+def test_async_slack_down_to_the_lowest_ratio_searched() -> None:
+    ctl = eerl.EERLController(
+        [_settings(), _settings("training", 0.95)], eerl.ControllerSettings(async_mode=True)
+    )
+    ctl._pool_times = [{"generation": 0.1, "training": 2.0}] * 8
+    ctl._update_async_thresholds()
+    assert ctl.phases["generation"].threshold == pytest.approx(0.30)
+
+
+def test_async_slack_keeps_the_step_ratio_margin_exactly() -> None:
+    ctl = eerl.EERLController(
+        [_settings(), _settings("training", 0.95)], eerl.ControllerSettings(async_mode=True)
+    )
+    # generation 1.05046 s against training 2.0 s: r = 0.50 gives a job ratio of
+    # 2.0 / (1.05046 / 0.50) = 0.95197, just under 0.95 + ASYNC_SLACK / 25 = 0.952: 0.51 is first
+    ctl._pool_times = [{"generation": 1.05046, "training": 2.0}] * 8
+    ctl._update_async_thresholds()
+    assert 2.0 / (1.05046 / 0.50) < 0.95 + eerl.ASYNC_SLACK / 25 <= 2.0 / (1.05046 / 0.51)
+    assert ctl.phases["generation"].threshold == pytest.approx(0.51)
+
+
+def test_a_monitor_miss_steps_up_to_what_also_repays_the_deficit() -> None:
+    pc = _locked_at(1530)
+    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
+    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97  # lock target 0.972
+    pc._lock_target = pc.lock_target
+    for thr in (0.90, 0.91, 0.92):
+        pc._monitor.add(thr, 0.8)
+    pc._check_locked(_plain(1530), WL)
+    assert pc.floor_mhz == 1530 and pc.locked_clock_mhz == 1830  # 1680 misses 0.972
+
+
+def test_drift_of_a_small_feature_is_drift() -> None:
+    pc = _trial()
+    pc._lock(1680, 0.5, slowdown=False)  # e.g. tokens per sample of a tiny phase
+    tiny = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 1.0)
+    pc._check_locked(_plain(), tiny)
+    assert pc.retrial_reasons[-1] == "workload drift +100%"
+
+
+def test_default_equivalent_counts_a_zero_energy_slice_as_zero() -> None:
+    pc = _fitted()
+    slices = list(_block(1680))
+    first_default = next(i for i, s in enumerate(slices) if s.clock_mhz is None)
+    slices[first_default] = dataclasses.replace(slices[first_default], energy_j=0.0)
+    obs = base.PhaseObservation("generation", 0.2, 100.0, None, slices=tuple(slices))
+    slice_j = sum(s.energy_j or 0.0 for s in slices)
+    paired = probe.paired_default(slices, pc.fit)
+    assert paired is not None
+    e, _ = pc.default_equivalent(obs, WL)
+    assert e == pytest.approx(100.0 * paired[1] / slice_j)
+
+
+def test_default_equivalent_of_slices_without_any_energy_uses_the_fit() -> None:
+    pc = _fitted()
+    slices = tuple(dataclasses.replace(s, energy_j=0.0) for s in _block(1680))
+    obs = base.PhaseObservation("generation", 0.2, 100.0, None, slices=slices)
+    e, t = pc.default_equivalent(obs, WL)
+    assert t == pytest.approx(0.1 * (1 + _r(1680)))
+    assert e == pytest.approx(100.0 / ((1 + _p(1680) / _r(1680)) / 2))
+
+
+def test_default_equivalent_of_small_energies_is_still_the_paired_one() -> None:
+    pc = _fitted()
+    # millijoule slices, the candidate's power 10 % off the model: the paired default slices
+    # decide, not the model
+    slices = tuple(
+        dataclasses.replace(s, energy_j=(s.energy_j or 0.0) * 1e-3 * (1.1 if s.clock_mhz else 1.0))
+        for s in _block(1680)
+    )
+    slice_j = sum(s.energy_j or 0.0 for s in slices)
+    assert slice_j < 1.0
+    obs = base.PhaseObservation("generation", 0.2, slice_j, None, slices=slices)
+    e, _ = pc.default_equivalent(obs, WL)
+    assert e == pytest.approx(0.030 * (1 + _r(1680)))  # the default slices' 300 W x 0.1 (1 + r)
+
+
+def test_paired_default_slices_outside_blocks_use_the_fit() -> None:
+    pc = _fitted()
+    extra = base.ProbeSlice(1380, 0.025, 2.5 * _r(1380), 7.5 * _p(1380) * 1.1)
+    slices = (*_block(1680), extra)
+    slice_j = sum(s.energy_j or 0.0 for s in slices)
+    obs = base.PhaseObservation("generation", 0.225, slice_j, None, slices=slices)
+    paired = probe.paired_default(slices, pc.fit)
+    assert paired is not None
+    e, t = pc.default_equivalent(obs, WL)
+    assert (e, t) == (pytest.approx(paired[1]), pytest.approx(paired[0]))
