@@ -1321,3 +1321,290 @@ def test_paired_default_slices_outside_blocks_use_the_fit() -> None:
     assert paired is not None
     e, t = pc.default_equivalent(obs, WL)
     assert (e, t) == (pytest.approx(paired[1]), pytest.approx(paired[0]))
+
+
+# ----- written against the second control-freq-eerl survivors ---------------------------------
+def test_a_retrial_forgets_the_floor_unless_told_to_keep_it() -> None:
+    pc = _trial()
+    pc.floor_mhz = 1380
+    pc._retrial("recovered from error")
+    assert pc.floor_mhz == 0
+    pc.floor_mhz = 1380
+    pc._retrial("monitor miss", keep_floor=True)
+    assert pc.floor_mhz == 1380
+
+
+def test_decide_extends_a_trial_by_default() -> None:
+    pc = _trial()
+    pc._round_steps = pc.trial_step_limit
+    assert pc.decide(True).probing  # allow_extra defaults to True
+    assert pc.state is base.PhaseState.TRIAL
+
+
+def test_the_step_probe_in_progress_comes_first() -> None:
+    pc = _trial(last_time_s=0.1)
+    pc.decide(True)
+    del pc._step_probe[:3]  # three steps of the block done: the fourth is the candidate's
+    assert pc.decide(True).clock_mhz == 1680
+
+
+def test_choose_needs_an_energy_saving() -> None:
+    pc = _fitted()
+    pc.fit = probe.CorrectedFit(_model(beta=0.0), (), 0.0, misfit=False)  # flat power
+    assert pc._choose(0.90) == (None, pytest.approx(0.0))  # every clock costs energy
+
+
+def test_choose_takes_the_interior_energy_minimum() -> None:
+    pc = _fitted()
+    pc.fit = probe.CorrectedFit(_model(beta=0.2), (), 0.0, misfit=False)
+    e = {c: pc.fit.energy_ratio(c) for c in (1680, 1530, 1380)}
+    assert e[1530] < e[1380] < e[1680]  # a shallow power slope: the minimum is inside
+    assert pc._choose(0.90)[0] == 1530
+
+
+def test_choose_without_a_clock_reports_the_stderr_at_the_highest_allowed() -> None:
+    pc = _pc()
+    pc.fit = probe.CorrectedFit(_model(u_stderr=0.02), (), 0.0, misfit=False)
+    clock, stderr = pc._choose(0.99)
+    assert clock is None
+    assert stderr == pytest.approx(pc.fit.throughput_stderr(1830)) and stderr > 0
+    pc.floor_mhz = 1980
+    assert pc._choose(0.99) == (None, math.inf)
+
+
+def test_upper_bound_of_a_clock_s_blocks() -> None:
+    pc = _pc()
+    stats = probe.RatioStats()
+    for thr in (0.90, 0.92, 0.94):
+        stats.add(thr, None)
+    assert pc._upper(stats) == pytest.approx(0.92 + probe.student_t_factor(2, 1.5) * stats.stderr)
+
+
+def test_selections_and_ledger_windows_count_up() -> None:
+    pc = _fitted()
+    pc._lock(1680, 150.0, slowdown=False)
+    pc._lock(1830, 150.0, slowdown=False)
+    assert pc.selections == 2
+    pc._last_default_time_s = 1.0
+    pc._ledger_add(_plain())
+    pc._ledger_add(_plain())
+    assert pc.ledger_windows == 2
+
+
+def test_drift_feature_of_a_one_sample_step() -> None:
+    one = api_workload.TokenWorkload(1, 100.0, 20.0, 100.0, 70.0)
+    assert eerl._drift_feature("training", one) == one.phase_tokens("training")
+
+
+def test_an_extension_lock_carries_the_feature_and_the_deficit() -> None:
+    pc = _trial()
+    pc._round_steps = pc.trial_step_limit
+    pc._last_feature = 150.0
+    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
+    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97
+    pc.decide(True, allow_extra=False)
+    assert pc.locked_clock_mhz == 1830  # the lock target repays the deficit
+    assert pc._lock_feature == 150.0
+    pc._check_locked(_plain(1830), api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 200.0))
+    assert pc.retrial_reasons[-1] == "workload drift +33%"
+
+
+def test_a_search_probes_its_clock_in_up_to_four_blocks() -> None:
+    pc = _trial()
+    _misfit(
+        pc,
+        probe.MeasuredClock(1230, 3, 0.80, 0.0, None),
+        probe.MeasuredClock(1830, 3, 0.99, 0.0, None),
+    )
+    d = pc.decide(True)  # 48 slices: 6 blocks asked, at most 4 at the searched clock
+    assert d.probe_clocks_mhz == probe.block_schedule([1530] * 4)
+    assert d.reason == "trial 1530, 1530, 1530, 1530 MHz vs default"
+    pc._last_time_s = 0.3  # 12 slices: one block
+    assert pc.decide(True).probe_clocks_mhz == probe.block_schedule([1530])
+
+
+def test_a_one_block_phase_probes_the_lever_not_the_guess() -> None:
+    pc = _trial(last_time_s=0.3)
+    pc._round_steps = 1.0
+    assert pc._slices_in_phase() == 8
+    assert pc.decide(True).probe_clocks_mhz == probe.block_schedule([1080])
+
+
+def test_the_model_check_is_probed_before_the_lever() -> None:
+    pc = _trial()
+    pc.blocks = _exact_blocks(1080)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    pc._round_steps = 1.0
+    assert pc.decide(True).probe_clocks_mhz == probe.block_schedule([1380])
+
+
+def test_odd_and_short_monitor_intervals() -> None:
+    for interval, due in ((5, 2), (2, 1)):  # while unsure: every max(interval // 2, 1) steps
+        pc = _trial()
+        pc.ctl = eerl.ControllerSettings(monitor_interval_steps=interval)
+        pc.threshold = 0.90
+        pc._lock(1830, 150.0, slowdown=False)
+        assert pc._uncertain()
+        pc._since_lock = due
+        assert pc.decide(True).probe_clocks_mhz, interval
+
+
+def _with_grid(
+    supported: tuple[int, ...], candidates: tuple[int, ...], allowed: tuple[int, ...] = ()
+) -> eerl.PhaseController:
+    settings = eerl.PhaseSettings("generation", 0.95, candidates, supported, F_MAX, allowed)
+    pc = eerl.PhaseController(settings, eerl.ControllerSettings())
+    pc.state = base.PhaseState.TRIAL
+    return pc
+
+
+def test_probes_start_from_the_candidates_not_every_allowed_clock() -> None:
+    pc = _with_grid((1980, 1905, 1830, 1680, 1530, 1380, 1230, 1080), CANDIDATES)
+    assert pc._allowed()[0] == 1905
+    pc._last_time_s = pc._last_default_time_s = 0.1
+    assert pc.decide(True).reason == "step trial 1830 MHz"  # the highest candidate
+
+
+def test_the_lever_may_lie_below_the_lowest_candidate() -> None:
+    pc = _with_grid(SUPPORTED, (1830, 1680, 1530, 1380), (1830, 1680, 1530, 1380, 1230, 1080))
+    pc.blocks = _exact_blocks(1080, 1380)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    pc._round_steps = 1.0
+    assert pc._probe_clocks(6) == [1080]
+
+
+def test_model_check_span_on_a_fine_grid() -> None:
+    grid = (1980, 1830, 1680, 1530, 1380, 1230, 1200, 1080)
+    pc = _with_grid(grid, (1830, 1680, 1530, 1380, 1230, 1080))
+    pc.blocks = _exact_blocks(1080, 1200)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    assert pc._choose()[0] == 1680
+    assert pc._model_check_clock() == 1380  # 120 MHz apart: under a quarter of 600
+
+
+def test_model_check_never_probes_its_own_low_end() -> None:
+    pc = _with_grid(SUPPORTED, (1830, 1680, 1080), (1830, 1680, 1080))
+    pc.blocks = _exact_blocks(1080)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    assert pc._choose()[0] == 1680
+    assert pc._model_check_clock() is None  # nothing strictly between 1080 and 1680
+
+
+def test_the_default_model_is_fitted_on_the_phase_s_own_tokens() -> None:
+    pc = _pc()
+    for _ in range(2):
+        pc.observe(base.PhaseObservation("generation", 1.2, 360.0, None, 1980), WL)
+    locked = base.PhaseObservation("generation", 2.0, 400.0, 1680, 1680)
+    pc.fit = None
+    assert pc.default_equivalent(locked, WL) == (pytest.approx(360.0), pytest.approx(1.2))
+
+
+def test_monitor_blocks_keep_their_power() -> None:
+    pc = _trial()
+    pc._lock(1680, 150.0, slowdown=False)
+    pc.observe(base.PhaseObservation("generation", 1.25, 300.0, 1680, slices=_block(1680)), WL)
+    assert pc._monitor.power_ratio == pytest.approx(_p(1680))
+
+
+def test_slices_at_exactly_four_report_gaps_are_resolved() -> None:
+    pc = _trial()
+    obs = base.PhaseObservation(
+        "generation", 0.2, 60.0, None, slices=_block(1680), progress_gap_s=0.00625
+    )
+    assert eerl.SLICE_PER_PROGRESS_GAP * 0.00625 == 0.025
+    assert len(pc._blocks(obs, 100.0)) == 1
+
+
+def test_a_whole_step_probe_without_energy_still_counts_its_rate() -> None:
+    pc = _pc()
+    pc.state = base.PhaseState.TRIAL
+    pc._last_time_s = pc._last_default_time_s = 0.1
+    pc.decide(True)
+    for clock in list(pc._step_probe):
+        rate = _r(1830) if clock else 1.0
+        pc.observe(base.PhaseObservation("generation", 0.1 / rate, None, clock), WL)
+    assert pc.stats[1830].n == 1 and pc.stats[1830].power_ratio is None
+
+
+# ----- how a trial round ends (``_observe_trial``) --------------------------------------------
+def _noisy(threshold: float, noise: float = 0.02) -> eerl.PhaseController:
+    """A trial whose fit is not precise (3 blocks at 1080 and 1530, +-noise): z x stderr 0.0048."""
+    pc = _trial()
+    pc.threshold = threshold
+    pc.blocks = [(c, _r(c) + d, _p(c)) for c in (1080, 1530) for d in (-noise, 0.0, noise)]
+    return pc
+
+
+def _round_end(pc: eerl.PhaseController, round_steps_before: float) -> None:
+    pc._round_steps = round_steps_before
+    obs = base.PhaseObservation("generation", 1.25, 300.0, None, slices=_block(1680))
+    pc._observe_trial(obs, WL, [])  # one more probed step, no new block
+
+
+def test_an_imprecise_round_locks_at_its_step_limit_when_the_margin_is_cheap() -> None:
+    pc = _noisy(0.95)
+    limit = pc.trial_step_limit
+    _round_end(pc, limit - 2)
+    assert pc.state is base.PhaseState.TRIAL  # imprecise and not at the limit
+    assert pc._uncertainty_cost() < eerl.INFO_GAIN
+    _round_end(pc, limit - 1)
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz == 1680
+
+
+def test_an_imprecise_round_whose_margin_costs_goes_on_to_three_limits() -> None:
+    pc = _noisy(0.94)
+    limit = pc.trial_step_limit
+    _round_end(pc, limit - 1)
+    assert pc._uncertainty_cost() >= eerl.INFO_GAIN  # 1680 held, 1530 predicted fine
+    assert pc.state is base.PhaseState.TRIAL
+    _round_end(pc, 3 * limit - 2)
+    assert pc.state is base.PhaseState.TRIAL
+    _round_end(pc, 3 * limit - 1)
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz == 1680
+
+
+def test_three_exact_blocks_are_precise_enough() -> None:
+    pc = _trial()
+    pc.blocks = _exact_blocks(1080, n=2) + _exact_blocks(1530, n=1)
+    _round_end(pc, 0.0)
+    assert pc.fit is not None and pc.fit.blocks == 3
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz == 1680
+
+
+def test_a_precise_round_locks_at_the_target_with_the_deficit() -> None:
+    pc = _trial()
+    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
+    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97
+    _round_end(pc, 0.0)
+    assert pc.locked_clock_mhz == 1830
+
+
+def test_a_misfitted_round_locks_only_once_the_bracket_closes() -> None:
+    pc = _trial()
+    pc.floor_mhz = 1080
+    knee = [(1080, _r(1080), _p(1080))] * 20 + [(1530, 0.93, _p(1530))] * 3
+    pc.blocks = list(knee)
+    _round_end(pc, 0.0)
+    assert pc.fit is not None and pc.fit.misfit and pc._search_clock() == 1680
+    assert pc.state is base.PhaseState.TRIAL  # 1680 not decided yet
+    pc = _trial()
+    pc.floor_mhz = 1080
+    pc.blocks = knee + _exact_blocks(1680)
+    _round_end(pc, 0.0)
+    assert pc.fit is not None and pc.fit.misfit and pc.bracket() == (1530, 1680)
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz == 1680
+
+
+def test_a_round_that_runs_out_of_clocks_or_fit_keeps_its_feature() -> None:
+    pc = _warm()
+    pc.floor_mhz = 1680
+    pc.observe(_slices_obs(1830, 1830, 1830, ratio={1830: 0.5}), WL)
+    assert pc.locked_clock_mhz is None and pc._lock_feature == 150.0
+    pc = _warm()
+    pc._round_steps = pc.trial_step_limit - 1
+    pc._last_default_time_s = 2.0  # long phase: the limit stays at trial_steps
+    one = _slices_obs(1080)
+    pc._observe_trial(one, WL, [])
+    assert pc.fit is None
+    assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz is None
+    assert pc._lock_feature == 150.0
