@@ -1608,3 +1608,40 @@ def test_a_round_that_runs_out_of_clocks_or_fit_keeps_its_feature() -> None:
     assert pc.fit is None
     assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz is None
     assert pc._lock_feature == 150.0
+
+
+# ----- written against the third control-freq-eerl survivors ----------------------------------
+def test_search_keeps_probing_an_undecided_clock_below_the_target() -> None:
+    pc = _pc()
+    _misfit(
+        pc,
+        probe.MeasuredClock(1230, 3, 0.80, 0.0, None),
+        probe.MeasuredClock(1380, 3, 0.950, 0.003, None),  # undecided: 0.950 +- 0.0099
+        probe.MeasuredClock(1830, 3, 0.99, 0.0, None),
+    )
+    assert pc._verdict(1380) is None and pc.bracket() == (1230, 1830)
+    assert pc._search_clock() == 1380  # not the bisection's 1530
+
+
+@pytest.mark.parametrize(("noise", "precise"), [(0.0165, True), (0.0175, False)])
+def test_precision_is_judged_with_the_fit_s_degrees_of_freedom(noise: float, precise: bool) -> None:
+    pc = _noisy(0.95, noise)
+    pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
+    choice, stderr = pc._choose()
+    z_eff = probe.student_t_factor(pc.fit.blocks - 1, 1.5)  # 6 blocks: 5 degrees of freedom
+    assert (z_eff * stderr <= eerl.INDIFFERENCE) is precise
+    _round_end(pc, 0.0)
+    assert (pc.state is base.PhaseState.LOCKED) is precise
+
+
+def test_a_fresh_phase_says_it_has_no_phase_length_yet() -> None:
+    pc = _pc()
+    assert pc.probe_evidence == (
+        "whole-phase: progress every 0 ms or more resolves fewer than 8 slices of a 0.000 s phase"
+    )
+
+
+def test_a_trial_without_budget_or_fit_before_any_lock_runs_the_default_governor() -> None:
+    pc = _warm()
+    assert pc.fit is None
+    assert pc.decide(False).clock_mhz is None
