@@ -62,6 +62,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/operator/test_aggregate_details.py",
             "tests/unit/control/freq/test_freq_base.py",
             "tests/unit/control/freq/test_freq_config.py",
+            "tests/unit/control/freq/test_freq_rest_details.py",
             "tests/unit/operator/test_jobloop.py",
             "tests/unit/operator/test_jobloop_accounting.py",
             "tests/unit/operator/test_jobloop_status.py",
