@@ -1645,3 +1645,22 @@ def test_a_trial_without_budget_or_fit_before_any_lock_runs_the_default_governor
     pc = _warm()
     assert pc.fit is None
     assert pc.decide(False).clock_mhz is None
+
+
+def test_a_lock_made_under_a_slowdown_does_not_retrial_on_it() -> None:
+    pc = _warm()
+    pc.observe(_slices_obs(1080, 1080, 1080), WL)
+    slowed = dataclasses.replace(_slices_obs(1380, 1380, 1380), slowdown=True)
+    pc.observe(slowed, WL)  # the round locks in this window, under a power cap
+    assert pc.state is base.PhaseState.LOCKED and pc._lock_slowdown is True
+    for _ in range(3):
+        pc._check_locked(_plain(slowdown=True), WL)
+    assert pc.state is base.PhaseState.LOCKED  # the cap was there when it locked
+
+
+def test_an_extension_lock_remembers_the_slowdown_it_saw() -> None:
+    pc = _trial()
+    pc._round_steps = 3 * pc.trial_step_limit
+    pc._last_slowdown = True  # the newest window ran under a power or thermal cap
+    pc.decide(True, allow_extra=False)
+    assert pc.state is base.PhaseState.LOCKED and pc._lock_slowdown is True
