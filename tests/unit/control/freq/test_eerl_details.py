@@ -1664,3 +1664,26 @@ def test_an_extension_lock_remembers_the_slowdown_it_saw() -> None:
     pc._last_slowdown = True  # the newest window ran under a power or thermal cap
     pc.decide(True, allow_extra=False)
     assert pc.state is base.PhaseState.LOCKED and pc._lock_slowdown is True
+
+
+def test_the_newest_window_s_slowdown_goes_into_an_extension_lock() -> None:
+    pc = _noisy(0.94)  # imprecise, and the margin costs: the round goes on past its limit
+    pc._round_steps = pc.trial_step_limit
+    slowed = dataclasses.replace(_slices_obs(1680), slowdown=True)
+    pc.observe(slowed, WL)
+    assert pc.state is base.PhaseState.TRIAL and pc._last_slowdown is True
+    pc.decide(True, allow_extra=False)
+    assert pc.state is base.PhaseState.LOCKED and pc._lock_slowdown is True
+
+
+def test_a_default_governor_lock_keeps_the_slowdown_of_its_window() -> None:
+    pc = _warm()
+    pc.floor_mhz = 1680
+    slowed = dataclasses.replace(_slices_obs(1830, 1830, 1830, ratio={1830: 0.5}), slowdown=True)
+    pc.observe(slowed, WL)
+    assert pc.locked_clock_mhz is None and pc._lock_slowdown is True
+    pc = _warm()
+    pc._round_steps = pc.trial_step_limit - 1
+    pc._last_default_time_s = 2.0
+    pc._observe_trial(dataclasses.replace(_slices_obs(1080), slowdown=True), WL, [])
+    assert pc.fit is None and pc.locked_clock_mhz is None and pc._lock_slowdown is True
