@@ -202,8 +202,9 @@ CASES: dict[str, tuple[tuple[float, ...], bool, float, tuple[float, float]]] = {
 """(trainer ticks to draw from, s; real-time switching; the switch's length, s; the lags of
 the work's start and of the end signal, s) per case."""
 WORK_STARTS_LATE_BUG = (
-    "open limitation (issue 21): when the GPUs' work starts after the phase signal (here 12 ms "
-    "of 0.55-1.5 s phases), the status's generation saving reads high: 17.10 % vs 15.53 % "
+    "open limitation (issue 19, item 6: reported savings that match the truth): when the "
+    "GPUs' work starts after the phase signal (here 12 ms of 0.55-1.5 s phases), the status's "
+    "generation saving reads high: 17.10 % vs 15.53 % "
     "true, its predicted default-governor energy 76,017 J vs 74,604 J (measured energy exact, "
     "every probe block within 0.006 of the truth): a probed window's first slice is credited "
     "its rate times its whole length, idle start included, in the paired default "
