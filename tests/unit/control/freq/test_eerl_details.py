@@ -60,6 +60,32 @@ def _fitted(ctl: eerl.ControllerSettings | None = None) -> eerl.PhaseController:
     return pc
 
 
+def _block(clock: int, *, rate: float | None = None) -> tuple[base.ProbeSlice, ...]:
+    """One Thue-Morse block at ``clock``: 25 ms slices, 100 tokens/s and 300 W at default, the
+    candidate at ``rate`` (default: the exact model's ``r(clock)``) and ``p(clock)`` of that."""
+    r = _r(clock) if rate is None else rate
+    out = []
+    for c in probe.block_schedule([clock]):
+        thr, power = (r, _p(clock)) if c is not None else (1.0, 1.0)
+        out.append(base.ProbeSlice(c, 0.025, 2.5 * thr, 7.5 * power))
+    return tuple(out)
+
+
+def _owe(pc: eerl.PhaseController, *, repay: float) -> None:
+    """Book a run ledger whose deficit the lock must repay at a throughput ratio of ``repay``
+    (10 s of default-governor time over 400 windows: the horizon is the run so far)."""
+    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
+    pc.ledger_actual_s = 21.0526 - 10.0 / repay
+
+
+def _async(training_ratio: float) -> eerl.EERLController:
+    """An async job: generation at 0.95, training at ``training_ratio``."""
+    return eerl.EERLController(
+        [_settings(), _settings("training", training_ratio)],
+        eerl.ControllerSettings(async_mode=True),
+    )
+
+
 def _default_obs(duration_s: float = 1.2, energy_j: float = 360.0) -> base.PhaseObservation:
     return base.PhaseObservation("generation", duration_s, energy_j, None, 1980)
 
@@ -358,9 +384,7 @@ def test_expected_ratio_of_a_pool() -> None:
 
 
 def test_pool_times_keep_plain_steps_only() -> None:
-    ctl = eerl.EERLController(
-        [_settings(), _settings("training", 0.97)], eerl.ControllerSettings(async_mode=True)
-    )
+    ctl = _async(0.97)
     fitted = _fitted()
     ctl.phases["generation"].fit = fitted.fit
     gen_locked = base.PhaseObservation("generation", 2.0, 300.0, 1680, 1680)
@@ -529,9 +553,7 @@ def test_a_probing_plan_spends_one_trial_step() -> None:
 
 
 def test_async_thresholds_relax_the_faster_pool() -> None:
-    ctl = eerl.EERLController(
-        [_settings(), _settings("training", 0.95)], eerl.ControllerSettings(async_mode=True)
-    )
+    ctl = _async(0.95)
     gen, train = ctl.phases["generation"], ctl.phases["training"]
     gen.floor_mhz = 1530
     ctl._pool_times = [{"generation": 1.0, "training": 2.0}] * 7
@@ -546,9 +568,7 @@ def test_async_thresholds_relax_the_faster_pool() -> None:
 
 
 def test_async_thresholds_of_balanced_pools_stay() -> None:
-    ctl = eerl.EERLController(
-        [_settings(), _settings("training", 0.95)], eerl.ControllerSettings(async_mode=True)
-    )
+    ctl = _async(0.95)
     gen, train = ctl.phases["generation"], ctl.phases["training"]
     train.floor_mhz = 1380
     ctl._pool_times = [{"generation": 2.0, "training": 2.0}] * 8
@@ -705,12 +725,8 @@ def test_locked_monitor_blocks_feed_the_monitor_at_the_lock_only() -> None:
     pc = _trial()
     pc._lock(1680, 150.0, slowdown=False)
     n = len(pc.blocks)
-    slices = []
-    for clock in (1680, 1080):
-        for c in probe.block_schedule([clock]):
-            rate, power = (_r(clock), _p(clock)) if c is not None else (1.0, 1.0)
-            slices.append(base.ProbeSlice(c, 0.025, 2.5 * rate, 7.5 * power))
-    pc.observe(base.PhaseObservation("generation", 1.25, 300.0, 1680, slices=tuple(slices)), WL)
+    slices = (*_block(1680), *_block(1080))
+    pc.observe(base.PhaseObservation("generation", 1.25, 300.0, 1680, slices=slices), WL)
     assert pc._since_lock == 1
     assert len(pc.blocks) == n + 2
     assert pc._monitor.n == 1 and pc._monitor.throughput_mean == pytest.approx(_r(1680))
@@ -748,15 +764,6 @@ def test_whole_step_probes_make_a_block_over_eight_steps() -> None:
 
 
 # ----- the default governor's equivalent of a window --------------------------------------------
-def _block(clock: int, *, energy: bool = True) -> tuple[base.ProbeSlice, ...]:
-    """One exact Thue-Morse block at ``clock``: 25 ms slices, 100 tokens/s and 300 W at default."""
-    out = []
-    for c in probe.block_schedule([clock]):
-        rate, power = (_r(clock), _p(clock)) if c is not None else (1.0, 1.0)
-        out.append(base.ProbeSlice(c, 0.025, 2.5 * rate, 7.5 * power if energy else None))
-    return tuple(out)
-
-
 def test_default_equivalent_of_default_and_failed_windows() -> None:
     pc = _fitted()
     assert pc.default_equivalent(_default_obs(1.2, 360.0), WL) == (360.0, 1.2)
@@ -958,15 +965,13 @@ def test_a_risen_threshold_steps_the_lock_up() -> None:
 
 def test_a_grown_deficit_steps_up_only_to_a_clock_that_repays_it() -> None:
     pc = _locked_at(1680)
-    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
-    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97  # repay ratio 0.97
+    _owe(pc, repay=0.97)  # repay ratio 0.97
     assert pc.lock_target == pytest.approx(0.972, abs=1e-4)
     pc._check_locked(_plain(), WL)
     assert pc.locked_clock_mhz == 1830
     assert pc.retrial_reasons[-1].endswith("(threshold 0.950): 1680 -> 1830 MHz")
     short = _locked_at(1680)
-    short.ledger_default_s, short.ledger_windows = 10.0, 400
-    short.ledger_actual_s = 21.0526 - 10.0 / 0.99  # 0.99: no clock repays it
+    _owe(short, repay=0.99)  # 0.99: no clock repays it
     target = short.lock_target
     short._check_locked(_plain(), WL)
     assert short.locked_clock_mhz == 1680 and short.selections == 1  # the lock stays
@@ -1019,12 +1024,7 @@ def test_a_workload_drift_retrials_with_the_newest_blocks() -> None:
 
 # ----- a trial round's end --------------------------------------------------------------------
 def _slices_obs(*clocks: int, ratio: dict[int, float] | None = None) -> base.PhaseObservation:
-    out: list[base.ProbeSlice] = []
-    for clock in clocks:
-        r = (ratio or {}).get(clock, _r(clock))
-        for c in probe.block_schedule([clock]):
-            rate, power = (r, _p(clock)) if c is not None else (1.0, 1.0)
-            out.append(base.ProbeSlice(c, 0.025, 2.5 * rate, 7.5 * power))
+    out = [s for clock in clocks for s in _block(clock, rate=(ratio or {}).get(clock))]
     return base.PhaseObservation("generation", 1.25, 300.0, None, slices=tuple(out))
 
 
@@ -1134,8 +1134,7 @@ def test_lever_clock_skips_a_candidate_at_the_default_clock() -> None:
 
 def test_refine_uses_the_lock_target_with_the_deficit() -> None:
     pc = _locked_at(1830)
-    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
-    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97  # lock target 0.972: 1830 still needed
+    _owe(pc, repay=0.97)  # lock target 0.972: 1830 still needed
     pc._refine_locked()
     assert pc.locked_clock_mhz == 1830 and pc.selections == 1
     free = _locked_at(1830)
@@ -1147,8 +1146,7 @@ def test_refine_uses_the_lock_target_with_the_deficit() -> None:
 def test_held_at_default_locks_at_the_target_with_the_deficit() -> None:
     pc = _locked_at(None)
     pc._monitor.add(0.9, 0.9)
-    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
-    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97
+    _owe(pc, repay=0.97)
     pc._check_locked(_plain(None), WL)
     assert pc.locked_clock_mhz == 1830  # 1680 meets the threshold, not the repayment
     assert pc._monitor.n == 0
@@ -1215,9 +1213,7 @@ def test_the_job_plan_lets_a_trial_extend_only_within_budget() -> None:
 
 
 def test_pool_times_of_a_capped_lock_are_judged_at_the_clock_it_ran() -> None:
-    ctl = eerl.EERLController(
-        [_settings(), _settings("training", 0.97)], eerl.ControllerSettings(async_mode=True)
-    )
+    ctl = _async(0.97)
     ctl.phases["generation"].fit = _fitted().fit
     capped = base.PhaseObservation("generation", 2.0, 300.0, 1680, 1500)
     train = base.PhaseObservation("training", 1.5, 300.0, None, 1980)
@@ -1226,27 +1222,21 @@ def test_pool_times_of_a_capped_lock_are_judged_at_the_clock_it_ran() -> None:
 
 
 def test_async_bottleneck_threshold_is_at_most_one() -> None:
-    ctl = eerl.EERLController(
-        [_settings(), _settings("training", 0.999)], eerl.ControllerSettings(async_mode=True)
-    )
+    ctl = _async(0.999)
     ctl._pool_times = [{"generation": 1.0, "training": 2.0}] * 8
     ctl._update_async_thresholds()
     assert ctl.phases["training"].threshold == 1.0
 
 
 def test_async_slack_down_to_the_lowest_ratio_searched() -> None:
-    ctl = eerl.EERLController(
-        [_settings(), _settings("training", 0.95)], eerl.ControllerSettings(async_mode=True)
-    )
+    ctl = _async(0.95)
     ctl._pool_times = [{"generation": 0.1, "training": 2.0}] * 8
     ctl._update_async_thresholds()
     assert ctl.phases["generation"].threshold == pytest.approx(0.30)
 
 
 def test_async_slack_keeps_the_step_ratio_margin_exactly() -> None:
-    ctl = eerl.EERLController(
-        [_settings(), _settings("training", 0.95)], eerl.ControllerSettings(async_mode=True)
-    )
+    ctl = _async(0.95)
     # generation 1.05046 s against training 2.0 s: r = 0.50 gives a job ratio of
     # 2.0 / (1.05046 / 0.50) = 0.95197, just under 0.95 + ASYNC_SLACK / 25 = 0.952: 0.51 is first
     ctl._pool_times = [{"generation": 1.05046, "training": 2.0}] * 8
@@ -1257,8 +1247,7 @@ def test_async_slack_keeps_the_step_ratio_margin_exactly() -> None:
 
 def test_a_monitor_miss_steps_up_to_what_also_repays_the_deficit() -> None:
     pc = _locked_at(1530)
-    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
-    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97  # lock target 0.972
+    _owe(pc, repay=0.97)  # lock target 0.972
     pc._lock_target = pc.lock_target
     for thr in (0.90, 0.91, 0.92):
         pc._monitor.add(thr, 0.8)
@@ -1400,8 +1389,7 @@ def test_an_extension_lock_carries_the_feature_and_the_deficit() -> None:
     pc = _trial()
     pc._round_steps = pc.trial_step_limit
     pc._last_feature = 150.0
-    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
-    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97
+    _owe(pc, repay=0.97)
     pc.decide(True, allow_extra=False)
     assert pc.locked_clock_mhz == 1830  # the lock target repays the deficit
     assert pc._lock_feature == 150.0
@@ -1573,8 +1561,7 @@ def test_three_exact_blocks_are_precise_enough() -> None:
 
 def test_a_precise_round_locks_at_the_target_with_the_deficit() -> None:
     pc = _trial()
-    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
-    pc.ledger_actual_s = 21.0526 - 10.0 / 0.97
+    _owe(pc, repay=0.97)
     _round_end(pc, 0.0)
     assert pc.locked_clock_mhz == 1830
 
