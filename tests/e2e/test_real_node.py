@@ -51,6 +51,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"
 SAMPLE = ROOT / "crds" / "samples" / "sync-job.yaml"
 IMAGES = Path(os.environ.get("RLENERGY_IMAGES_DIR", ROOT / "build" / "images"))
+VERL_SITE = ROOT / ".venv-verl" / "lib" / "python3.11" / "site-packages"
+"""The pinned verl and torch (``make venv-verl``) the trainer pod runs (cp311, as the image's
+Debian python3)."""
 IMAGE_REPO = "ghcr.io/rl-energy"
 TAG = "0.1.0"
 RELEASE = "rl"
@@ -182,8 +185,29 @@ def _trainer_pod(
     work: Path,
     command: list[str],
     gpus: int,
+    *,
+    verl: bool = False,
 ) -> dict[str, Any]:
+    """A pod of the agent image; with ``verl``, the pinned verl and torch (``VERL_SITE``,
+    read-only) on its ``PYTHONPATH`` and a pod-wide folder for its rollout servers."""
     resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
+    mounts, volumes, env = [], [], []
+    if verl:
+        if not VERL_SITE.is_dir():
+            pytest.fail(f"{VERL_SITE} missing: build it with `make venv-verl`", pytrace=False)
+        mounts = [
+            {"name": "verl-site", "mountPath": "/opt/verl/site-packages", "readOnly": True},
+            {"name": "engines", "mountPath": "/var/run/rlenergy-engines"},
+        ]
+        volumes = [
+            {"name": "verl-site", "hostPath": {"path": str(VERL_SITE), "type": "Directory"}},
+            {"name": "engines", "emptyDir": {}},
+        ]
+        env = [
+            {"name": "PYTHONPATH", "value": "/opt/verl/site-packages"},
+            {"name": "RLENERGY_ENGINE_DIR", "value": "/var/run/rlenergy-engines"},
+            {"name": "HOME", "value": "/var/run/rlenergy-engines"},
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -201,6 +225,7 @@ def _trainer_pod(
                     "image": f"{IMAGE_REPO}/rl-energy-agent:{TAG}",
                     "imagePullPolicy": "Never",
                     "command": command,
+                    "env": env,
                     "resources": resources,
                     "volumeMounts": [
                         {"name": "agent-socket", "mountPath": "/var/run/rlenergy"},
@@ -211,6 +236,7 @@ def _trainer_pod(
                             "mountPath": "/var/run/secrets/rlenergy",
                             "readOnly": True,
                         },
+                        *mounts,
                     ],
                 }
             ],
@@ -235,6 +261,7 @@ def _trainer_pod(
                         ]
                     },
                 },
+                *volumes,
             ],
         },
     }
@@ -385,6 +412,7 @@ def _user_day(
             "--loop",
         ],
         gpus=2,
+        verl=True,
     )
     c.kubectl("apply", "-f", "-", input=json.dumps(pod))
     wait_until(lambda: plugin.allocations, timeout=60, what="the kubelet's Allocate call")
@@ -421,7 +449,7 @@ def _user_day(
         def all_steps() -> dict[str, Any] | None:
             not_failed()
             s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
-            return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS - 1 else None
+            return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS else None
 
         t0 = time.monotonic()
         status = wait_until(
@@ -444,6 +472,7 @@ def _user_day(
         assert status["totals"]["savedJoules"] > 0, status["totals"]
         _check_planned_locks(c, ns, pname, node.name, samples_by_kind, figures)
         _check_locked_throughput(status, replay, figures)
+        _check_verl_metrics(c.kubectl("logs", "-n", ns, "trainer").stdout, replay, figures)
 
         # A second pod signals for the first pod's GPUs: refused (403), the clocks are not its own.
         intruder = _trainer_pod(
@@ -607,6 +636,44 @@ def _check_locked_throughput(
     for name, v in out.items():
         if "true_at_lock" in v:
             assert v["true_at_lock"] >= v["threshold"] - INDIFFERENCE, (name, v)
+
+
+def _check_verl_metrics(log: str, replay: dict[str, Any], figures: dict[str, Any]) -> None:
+    """Each of the first ``STEPS`` steps returned its ``rlenergy/*`` keys in verl's metrics.
+
+    The pod prints, per step, the metrics dict ``RayPPOTrainer._update_actor`` returned
+    (``podtrainer.STEP_LINE``). Valid tokens and trained samples are the replay batch's own
+    count (``podtrainer.step_batch``: the DAPO-dropped group and the aborted sample out);
+    the generated tokens are what the hook read from the rollout server's ``/metrics``, the
+    phase's decoded tokens; the energy per phase is the agent's answer to the step's end.
+    """
+    records = {
+        r["step"]: r
+        for r in (
+            json.loads(line.removeprefix(podtrainer.STEP_LINE))
+            for line in log.splitlines()
+            if line.startswith(podtrainer.STEP_LINE)
+        )
+    }
+    assert all(s in records for s in range(1, STEPS + 1)), (sorted(records), log[-3000:])
+    for s in range(1, STEPS + 1):
+        r, spec = records[s], replay["steps"][s - 1]
+        m = r["metrics"]
+        assert spec["batch"]["dropped_uid"] not in r["kept_uids"], r
+        assert m["rlenergy/valid_tokens"] == spec["batch"]["valid_tokens"], (s, m)
+        assert m["rlenergy/trained_samples"] == spec["batch"]["trained_samples"], (s, m)
+        assert m["rlenergy/aborted_samples"] == 1, (s, m)
+        assert "actor/pg_loss" in m, (s, sorted(m))  # verl's own keys beside ours
+        tokens = spec["phases"]["generation"]["tokens"]
+        assert m["rlenergy/generated_tokens"] == pytest.approx(tokens, rel=1e-6), (s, m)
+        joules = [m[f"rlenergy/energy/{ph}_j"] for ph in ("generation", "training")]
+        assert all(j > 0 for j in joules), (s, m)
+        assert m["rlenergy/energy_per_valid_token_j"] == pytest.approx(
+            sum(joules) / m["rlenergy/valid_tokens"]
+        ), (s, m)
+    figures["verl_metrics_step_1"] = {
+        k: v for k, v in records[1]["metrics"].items() if k.startswith("rlenergy/")
+    }
 
 
 INTRUDER = """

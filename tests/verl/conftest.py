@@ -71,27 +71,15 @@ def hooked(monkeypatch: pytest.MonkeyPatch) -> None:
     verl_hook.install()
 
 
-class CpuDevice:
-    """``get_torch_device()`` without a GPU: the CUDA calls of the weight sync are no-ops."""
-
-    @staticmethod
-    def empty_cache() -> None:
-        return None
-
-    @staticmethod
-    def synchronize() -> None:
-        return None
-
-
 @pytest.fixture
 def cpu_weight_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The GPU-only calls of the colocated weight sync made CPU no-ops; a 1-process gloo group
     for its real ``torch.distributed.barrier``."""
+    from rlenergy_agent.testing import verlrank
     from verl.workers import engine_workers
 
-    monkeypatch.setattr(engine_workers, "get_torch_device", lambda: CpuDevice)
-    monkeypatch.setattr(engine_workers, "set_expandable_segments", lambda enable: None)
-    monkeypatch.setattr(engine_workers, "log_gpu_memory_usage", lambda *a, **k: None)
+    for name, value in verlrank.CPU_DEVICE.items():
+        monkeypatch.setattr(engine_workers, name, value)
     torch.distributed.init_process_group(
         "gloo", store=torch.distributed.HashStore(), rank=0, world_size=1
     )

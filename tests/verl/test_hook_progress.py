@@ -17,27 +17,18 @@ import ast
 import asyncio
 import importlib
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import prometheus_client
 import pytest
 import torch
 import verl
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server
-from test_verl_hook import (
-    PLAN,
-    POD,
-    CpuEngine,
-    _batch,
-    _dapo_keep,
-    _trainer,
-    _weights_done,
-    _worker,
-)
+from rlenergy_agent.testing import verlrank
+from rlenergy_agent.testing.verlrank import VllmServer
+from test_verl_hook import PLAN, POD, _batch
 from verl.checkpoint_engine.base import CheckpointEngineWorker
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import left_right_2_no_padding
@@ -47,65 +38,7 @@ from rlenergy.control.freq import aggregate, base, eerl
 from rlenergy.sdk import pod_engines, verl_hook
 
 VERL = Path(verl.__file__).parent
-TOKENS_PER_S = 20_000.0
 GEN_S = 1.2  # s: 8 probe slices of 4 report gaps (20-30 ms) fit (eerl.SLICE_PER_PROGRESS_GAP)
-
-
-class VllmServer:
-    """Stands in for verl's ``vLLMHttpServer`` actor: ``launch_server`` starts an HTTP server
-    with vLLM's real metric names on ``/metrics`` and leaves ``_server_address`` /
-    ``_server_port`` as verl's does; the engine decodes while it holds requests."""
-
-    def __init__(self) -> None:
-        self._server_address = "127.0.0.1"
-        self._server_port: int | None = None
-        reg = prometheus_client.CollectorRegistry()
-        labels = ["model_name", "engine"]
-        self.tokens = prometheus_client.Counter(
-            "vllm:generation_tokens", "Generated.", labels, registry=reg
-        ).labels("m", "0")
-        self.running = prometheus_client.Gauge(
-            "vllm:num_requests_running", "Running.", labels, registry=reg
-        ).labels("m", "0")
-        self.waiting = prometheus_client.Gauge(
-            "vllm:num_requests_waiting", "Waiting.", labels, registry=reg
-        ).labels("m", "0")
-        self.registry = reg
-        self.decoded = 0.0
-        self.busy = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._decode, daemon=True)
-        self.http: Any = None
-
-    async def launch_server(self) -> None:
-        self.http, _ = prometheus_client.start_http_server(
-            0, addr="127.0.0.1", registry=self.registry
-        )
-        self._server_port = self.http.server_port
-        self._thread.start()
-
-    def _decode(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(0.002):
-            now = time.monotonic()
-            if self.busy.is_set():
-                n = TOKENS_PER_S * (now - last)
-                self.tokens.inc(n)
-                self.decoded += n
-            last = now
-
-    def serve(self, requests: int) -> None:
-        self.running.set(requests)
-        self.waiting.set(0)
-        (self.busy.set if requests else self.busy.clear)()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
 
 
 @pytest.fixture
@@ -169,19 +102,6 @@ def _controller(phase: str) -> eerl.EERLController:
     return ctl
 
 
-class CountingEngine(CpuEngine):
-    """``CpuEngine`` with its torch module where verl's FSDP engine holds it
-    (``worker.actor.engine.module``) and a count of the tokens its forward passes took."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.module = self.model
-        self.forwarded = 0
-        self.model.register_forward_hook(
-            lambda m, args, out: setattr(self, "forwarded", self.forwarded + args[0].numel())
-        )
-
-
 def test_install_alone_gives_verl_in_phase_progress_and_whole_phase_without_an_engine(
     hooked: None,
     cpu_weight_sync: None,
@@ -206,16 +126,16 @@ def test_install_alone_gives_verl_in_phase_progress_and_whole_phase_without_an_e
         h = verl_hook.VerlHook(reviews.client(sock, POD, short_tmp, strict=True))
         h.add_default_sources()  # what hook() does in a worker after install()
         verl_hook._HOOK = h
-        engine = CountingEngine()
-        worker = _worker(engine)
-        trainer = _trainer(worker)
+        engine = verlrank.CpuEngine()
+        worker = verlrank.make_worker(engine)
+        trainer = verlrank.make_trainer(worker)
         metrics: dict[int, dict[str, float]] = {}
         for step in (1, 2):
             if step == 2:  # the engine went away: no source for generation
                 vllm.close()
                 for f in engine_dir.glob("*.json"):
                     f.unlink()
-            asyncio.run(_weights_done(worker, step - 1))
+            asyncio.run(verlrank.weights_done(worker, step - 1))
             assert h.phase == "generation" and h.step == step
             drv.set_work(gpus, "generation", f"gen-{step}")
             decoded0 = vllm.decoded
@@ -225,7 +145,7 @@ def test_install_alone_gives_verl_in_phase_progress_and_whole_phase_without_an_e
             time.sleep(0.05)  # the reporter's next read sees the last token
             decoded = vllm.decoded - decoded0
             batch, _, _ = _batch(step)
-            batch = batch[_dapo_keep(batch)]
+            batch = batch[verlrank.dapo_keep(batch)]
             forwarded0 = engine.forwarded
             ActorRolloutRefWorker.compute_log_prob(
                 worker, left_right_2_no_padding(batch.to_tensordict())

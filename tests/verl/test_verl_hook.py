@@ -13,19 +13,14 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-import torch
 from agent_support import DriverFactory, FakeReviews, standin_agent
-from omegaconf import OmegaConf
 from rlenergy_agent import server, service
+from rlenergy_agent.testing import verlrank
 from verl import DataProto
 from verl.single_controller.base import decorator
 from verl.trainer.ppo import metric_utils
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import left_right_2_no_padding
 
@@ -40,7 +35,7 @@ PLAN = api_node.ClockPlan(
         api_node.PhasePlan(phase="training", clockMHz=None, state="locked"),
     ],
 )
-N = 4  # rollout.n: samples per prompt group
+N = verlrank.GROUP  # rollout.n: samples per prompt group
 P, R = 6, 8  # prompt and response widths
 
 
@@ -62,143 +57,7 @@ def _batch(seed: int) -> tuple[DataProto, list[int], list[int]]:
             uids.append(f"uid-{g}")
     for aborted in (2, 13):  # in kept groups 0 and 3: zero-length, aborted samples
         lengths[aborted] = 0
-    bs = len(lengths)
-    prompt_ids = torch.zeros(bs, P, dtype=torch.long)
-    response_ids = torch.zeros(bs, R, dtype=torch.long)
-    attention = torch.zeros(bs, P + R, dtype=torch.long)
-    for i, (n_p, n_r) in enumerate(zip(prompts, lengths, strict=True)):
-        prompt_ids[i, P - n_p :] = torch.randint(1, 50, (n_p,))
-        response_ids[i, :n_r] = torch.randint(1, 50, (n_r,))
-        attention[i, P - n_p : P] = 1
-        attention[i, P : P + n_r] = 1
-    position = torch.clamp(torch.cumsum(attention, dim=-1) - 1, min=0)
-    token_scores = torch.zeros(bs, R)
-    for i, n_r in enumerate(lengths):
-        token_scores[i, max(n_r - 1, 0)] = scores[i]
-    batch = DataProto.from_dict(
-        tensors={
-            "prompts": prompt_ids,
-            "responses": response_ids,
-            "input_ids": torch.cat([prompt_ids, response_ids], dim=-1),
-            "attention_mask": attention,
-            "position_ids": position,
-            "response_mask": attention[:, P:].clone(),
-            "token_level_scores": token_scores,
-            "token_level_rewards": token_scores.clone(),
-            "advantages": torch.zeros(bs, R),
-            "returns": torch.zeros(bs, R),
-            "old_log_probs": torch.zeros(bs, R),
-        },
-        non_tensors={"uid": np.array(uids, dtype=object)},
-    )
-    return batch, lengths, prompts
-
-
-def _dapo_keep(batch: DataProto) -> list[int]:
-    """DAPO dynamic sampling: keep the groups whose sequence scores differ (verl's DAPO recipe
-    keeps a uid when the std of its samples' ``token_level_scores.sum(-1)`` is > 0)."""
-    seq = batch.batch["token_level_scores"].sum(-1).tolist()
-    by_uid: dict[str, list[float]] = {}
-    for uid, s in zip(batch.non_tensor_batch["uid"], seq, strict=True):
-        by_uid.setdefault(uid, []).append(s)
-    kept = {u for u, v in by_uid.items() if np.std(v) > 0 or len(v) == 1}
-    return [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in kept]
-
-
-class CpuEngine:
-    """Stands in for the GPU engine behind ``ActorRolloutRefWorker.actor``: a small CPU torch
-    model trained on the no-padding batch verl hands over (``loss_mask`` = response mask)."""
-
-    def __init__(self) -> None:
-        torch.manual_seed(0)
-        self.model = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64))
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
-        self.trained_tokens = 0
-        self.calls: list[str] = []
-
-    def _tokens(self, data: Any) -> torch.Tensor:
-        ids = data["input_ids"]
-        return ids.values() if ids.is_nested else ids.flatten()
-
-    def infer_batch(self, data: Any) -> Any:
-        self.calls.append("infer")
-        with torch.no_grad():
-            self.model(self._tokens(data))
-        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": {"mfu": 0.0}})
-
-    @property
-    def engine(self) -> CpuEngine:
-        return self
-
-    is_param_offload_enabled = False
-
-    def get_per_tensor_param(self, **kw: Any) -> tuple[Any, None]:
-        return ((n, p.detach()) for n, p in self.model.named_parameters()), None
-
-    def train_mini_batch(self, data: Any) -> Any:
-        self.calls.append("train")
-        tokens = self._tokens(data)
-        logits = self.model(tokens[:-1])
-        loss = torch.nn.functional.cross_entropy(logits, tokens[1:])
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        self.trained_tokens += int(data["loss_mask"].sum().item())
-        metrics = {"mfu": 0.0, "pg_loss": float(loss.item())}
-        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
-
-
-class LocalGroup:
-    """The driver's ``actor_rollout_wg``, in process: each call goes to the worker's real
-    (registered, re-wrapped) method with the TensorDict the driver built."""
-
-    def __init__(self, worker: ActorRolloutRefWorker) -> None:
-        self.worker = worker
-
-    def update_actor(self, data: Any) -> Any:
-        return ActorRolloutRefWorker.update_actor(self.worker, data)
-
-
-def _trainer(worker: ActorRolloutRefWorker) -> RayPPOTrainer:
-    trainer = object.__new__(RayPPOTrainer)  # no Ray cluster: the driver's state only
-    trainer.config = OmegaConf.create(
-        {
-            "actor_rollout_ref": {
-                "rollout": {"multi_turn": {"enable": False}, "temperature": 1.0, "n": N},
-                "actor": {
-                    "calculate_entropy": False,
-                    "entropy_coeff": 0.0,
-                    "ppo_mini_batch_size": 2,
-                    "ppo_epochs": 1,
-                    "data_loader_seed": 0,
-                    "shuffle": False,
-                },
-            }
-        }
-    )
-    trainer.actor_rollout_wg = LocalGroup(worker)
-    return trainer
-
-
-def _worker(engine: CpuEngine) -> ActorRolloutRefWorker:
-    worker = object.__new__(ActorRolloutRefWorker)  # no process group, no GPU
-    worker.actor = engine
-    worker.ref = engine
-    worker.enable_routing_replay = False
-    worker.rollout = KeepRollout()
-    worker.config = OmegaConf.create(
-        {
-            "rollout": {
-                "name": "vllm",
-                "free_cache_engine": True,
-                "checkpoint_engine": {"backend": "naive"},
-            }
-        }
-    )
-    worker.peft_merge = False
-    worker.layered_summon = False
-    worker.base_sync_done = False
-    return worker
+    return verlrank.batch_of(lengths, prompts, scores, uids), lengths, prompts
 
 
 def test_install_keeps_verls_dispatch_and_is_idempotent(hooked: None) -> None:
@@ -216,7 +75,7 @@ def test_install_keeps_verls_dispatch_and_is_idempotent(hooked: None) -> None:
 
 def test_trained_batch_counts_the_masked_response_tokens_of_kept_non_aborted_samples() -> None:
     batch, lengths, prompts = _batch(1)
-    kept = _dapo_keep(batch)
+    kept = verlrank.dapo_keep(batch)
     assert len(kept) == 4 * N  # groups 1 and 4 dropped
     trained = batch[kept]
     got = verl_hook.trained_batch(trained)
@@ -243,11 +102,11 @@ def test_steps_through_verls_update_path_signal_phases_and_return_energy_metrics
     srv.start()
     try:
         verl_hook._HOOK = verl_hook.VerlHook(reviews.client(sock, POD, short_tmp, strict=True))
-        engine = CpuEngine()
-        worker = _worker(engine)
-        trainer = _trainer(worker)
+        engine = verlrank.CpuEngine()
+        worker = verlrank.make_worker(engine)
+        trainer = verlrank.make_trainer(worker)
         # verl's startup: update_weights(global_steps=0) wakes the rollout -> step 1 generates
-        asyncio.run(_weights_done(worker, 0))
+        asyncio.run(verlrank.weights_done(worker, 0))
         assert worker.rollout.sent == [0]
         for step in (1, 2):
             assert verl_hook.hook().phase == "generation" and verl_hook.hook().step == step
@@ -257,7 +116,7 @@ def test_steps_through_verls_update_path_signal_phases_and_return_energy_metrics
                 drv.advance(0.1)
                 agent.meter.sample()
             batch, lengths, _ = _batch(step)
-            kept = _dapo_keep(batch)
+            kept = verlrank.dapo_keep(batch)
             batch = batch[kept]
             td = left_right_2_no_padding(batch.to_tensordict())
             ActorRolloutRefWorker.compute_log_prob(worker, td)  # training starts here
@@ -286,35 +145,14 @@ def test_steps_through_verls_update_path_signal_phases_and_return_energy_metrics
                 (metrics["rlenergy/energy/generation_j"] + metrics["rlenergy/energy/training_j"])
                 / valid
             )
-            asyncio.run(_weights_done(worker, step))
+            asyncio.run(verlrank.weights_done(worker, step))
             assert worker.rollout.sent[-1] == step
         report = agent.report()
         by_step = {r.step: r for r in report.steps}
         assert (
             by_step[1].workload.valid_tokens
-            == verl_hook.trained_batch(_batch(1)[0][_dapo_keep(_batch(1)[0])]).valid_tokens
+            == verl_hook.trained_batch(_batch(1)[0][verlrank.dapo_keep(_batch(1)[0])]).valid_tokens
         )
         assert {p.phase for p in by_step[2].phases} == {"generation", "training"}
     finally:
         srv.stop()
-
-
-async def _weights_done(worker: ActorRolloutRefWorker, global_steps: int) -> None:
-    """verl's real ``update_weights`` (re-registered by the hook) on its colocated ("naive")
-    path: the engine's parameters go to the rollout adapter, which keeps them."""
-    await ActorRolloutRefWorker.update_weights(worker, global_steps=global_steps, mode="naive")
-
-
-class KeepRollout:
-    """The worker's rollout adapter (``ServerAdapter``): wake-ups and weights, kept."""
-
-    def __init__(self) -> None:
-        self.sent: list[int] = []
-        self.resumed: list[str] = []
-
-    async def resume(self, tags: list[str]) -> None:
-        self.resumed += tags
-
-    async def update_weights(self, params: Any, **kw: Any) -> None:
-        assert sum(1 for _ in params) > 0
-        self.sent.append(int(kw.get("global_steps") or 0))

@@ -1,36 +1,99 @@
-"""A trainer that runs in a pod on the dev cluster's real node and replays a verl trace.
+"""A verl rank in a pod on the dev cluster's real node, replaying a verl trace's physics.
 
 The real-node end-to-end test (tests/e2e/test_real_node.py) runs this module in the project's
 agent image (``python3 -m rlenergy_agent.testing.podtrainer``) in a pod that requests
-``nvidia.com/gpu``. It drives the trainer SDK exactly as a verl job would
-(``rlenergy.sdk.verl.RLEnergyVerlCallback`` over the agent's Unix socket), step by step, and
-closes the loop on the clock its GPUs really run, as ``rlenergy_agent.testing.fullstack`` does:
-a phase's work advances, tick by tick, at ``dt / T(f)``, with ``f`` the lowest SM clock of the
-pod's GPUs read through the real pynvml (``rlenergy_agent.nvml.lib``; the stand-in library
-the device plugin mounted, like the NVIDIA container toolkit mounts the driver's) and ``T(f)``
-the phase's time at that clock.
+``nvidia.com/gpu``, with the pinned verl and torch of ``.venv-verl`` on ``PYTHONPATH`` (a
+read-only hostPath: a verl image in miniature). The trainer is verl's own code, hooked the way a
+verl job is hooked: :func:`run` calls ``rlenergy.sdk.verl_hook.install`` (what Ray's
+``worker_process_setup_hook`` runs in each worker process) and then, per step, verl's real
+methods on a CPU rank (``rlenergy_agent.testing.verlrank``): ``ActorRolloutRefWorker.
+update_weights`` (the hook enters generation), the rollout server's token counter decoding
+(vLLM's metric names, read by the hook over HTTP), ``compute_log_prob`` (the hook enters
+training; its forward hook on the actor module counts the tokens), ``RayPPOTrainer.
+_update_actor`` on a batch with a DAPO-dropped group and an aborted sample (the hook counts the
+valid tokens, ends the step and returns its ``rlenergy/*`` metrics in verl's metrics dict). Each
+step's metrics are printed as one JSON line (``STEP {...}``) for the test.
+
+The work is closed-loop on the clock the pod's GPUs really run, as
+``rlenergy_agent.testing.fullstack`` does: a phase's work advances, tick by tick, at
+``dt / T(f)``, with ``f`` the lowest SM clock of the pod's GPUs read through the real pynvml
+(``rlenergy_agent.nvml.lib``; the stand-in library the device plugin mounted, like the NVIDIA
+container toolkit mounts the driver's) and ``T(f)`` the phase's time at that clock. Decoding
+reports its tokens as that work advances; the training engine's forward chunks wait for it.
 
 The replay comes precomputed from the host (``replay_file``, made by :func:`replay_document`
-with the simulator: the pod image carries no numpy): per step and phase the time at each
-effective clock, the tokens and the progress shape. The simulated GPUs' physics run on the
-host (``StandinDriver``), which needs to know what the GPUs execute: the trainer writes the
-running phase's kind to ``work_file`` (a hostPath), the simulated hardware's input, read by the
-host's physics loop (:class:`WorkFeed`). No signal, plan or attribution goes that way.
+with the simulator): per step and phase the time at each effective clock, the tokens, the
+progress shape and the batch. The simulated GPUs' physics run on the host (``StandinDriver``),
+which needs to know what the GPUs execute: the trainer writes the running phase's kind to
+``work_file`` (a hostPath), the simulated hardware's input, read by the host's physics loop
+(:class:`WorkFeed`). No signal, plan or attribution goes that way.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 PHASES = ("generation", "training")
 TICK_S = 0.005
+GROUP = 4
+"""Samples per prompt group (verl's ``rollout.n``) of the pod's batches."""
+GROUPS = 9
+"""Prompt groups per batch: one is dropped by DAPO's dynamic sampling, eight reach the update."""
+LENGTH_SCALE = 16
+"""[MODEL] The pod's batch has the trace's mean response and prompt lengths over this (a CPU
+model trains on it in the phase's time); valid tokens keep the trace's step-to-step shape."""
+STEP_LINE = "STEP "
+"""Prefix of the pod's per-step JSON line (the test parses the pod's log)."""
+
+
+def step_batch(workload: Any, index: int) -> dict[str, Any]:
+    """The batch of replay step ``index`` that reaches ``update_actor``, and what it must count.
+
+    :data:`GROUPS` groups of :data:`GROUP` samples at the trace's mean lengths over
+    :data:`LENGTH_SCALE`, spread 0.5x-1.5x; group ``index % GROUPS`` scores alike (DAPO drops
+    it) and one sample of the next group is aborted (no response token).
+
+    Args:
+        workload: the step's ``rlenergy.sim.workload.TokenWorkload``.
+        index: the step's index in the replay.
+
+    Returns:
+        ``{"lengths", "prompts", "scores", "uids", "dropped_uid", "valid_tokens",
+        "trained_samples"}``: per sample response and prompt tokens, sequence score and
+        group; the dropped group; the response tokens of the kept samples and how many of them
+        have a response.
+    """
+    n = GROUPS * GROUP
+    per = max(workload.samples, 1)
+    mean_len = max(4, round(workload.response_tokens / per / LENGTH_SCALE))
+    mean_prompt = max(2, round(workload.prompt_tokens / per / LENGTH_SCALE))
+    dropped, aborted = index % GROUPS, ((index + 1) % GROUPS) * GROUP
+    lengths, prompts, scores, uids = [], [], [], []
+    for i in range(n):
+        spread = 0.5 + ((i * 7 + index) % n) / (n - 1)
+        g = i // GROUP
+        lengths.append(0 if i == aborted else max(1, round(mean_len * spread)))
+        prompts.append(max(1, round(mean_prompt * spread)))
+        scores.append(1.0 if g == dropped else float((i + g) % 2))
+        uids.append(f"step{index}-g{g}")
+    kept = [i for i in range(n) if i // GROUP != dropped]
+    return {
+        "lengths": lengths,
+        "prompts": prompts,
+        "scores": scores,
+        "uids": uids,
+        "dropped_uid": f"step{index}-g{dropped}",
+        "valid_tokens": sum(lengths[i] for i in kept),
+        "trained_samples": sum(1 for i in kept if lengths[i] > 0),
+    }
 
 
 def replay_document(job: Any, sku: Any) -> dict[str, Any]:
@@ -41,9 +104,8 @@ def replay_document(job: Any, sku: Any) -> dict[str, Any]:
         sku: its ``rlenergy.gpu.models.GpuSku``.
 
     Returns:
-        ``{"steps": [{"index", "other_time_s", "valid_tokens", "workload" (the fields of
-        ``rlenergy.sdk.verl_hook.TrainedBatch``), "phases": {phase:
-        {"kind", "tokens", "progress_shape", "times_s": {effective MHz: s}}}}]}``.
+        ``{"steps": [{"index", "other_time_s", "batch" (:func:`step_batch`), "phases":
+        {phase: {"kind", "tokens", "progress_shape", "times_s": {effective MHz: s}}}}]}``.
     """
     steps = []
     for step in job.replay.steps:
@@ -65,14 +127,7 @@ def replay_document(job: Any, sku: Any) -> dict[str, Any]:
             {
                 "index": step.index,
                 "other_time_s": step.other_time_s,
-                "valid_tokens": w.valid_tokens,
-                "workload": {
-                    "samples": w.samples,
-                    "aborted_samples": 0,
-                    "valid_tokens": w.valid_tokens,
-                    "response_tokens": w.response_tokens,
-                    "prompt_tokens": w.prompt_tokens,
-                },
+                "batch": step_batch(w, step.index),
                 "phases": phases,
             }
         )
@@ -143,6 +198,45 @@ def _time_at(times: Mapping[str, float], clock_mhz: float) -> float:
     return times[best]
 
 
+class PhaseWork:
+    """One phase's work, closed-loop on the GPUs' clock: ``done += dt / T(f)`` per tick.
+
+    Args:
+        times_s: the phase's time at each effective clock (``replay_document``).
+        clock: the GPUs' SM clock now, MHz.
+    """
+
+    def __init__(self, times_s: Mapping[str, float], clock: Callable[[], float]) -> None:
+        self.times_s = times_s
+        self.clock = clock
+        self.done = 0.0
+        self.clocks: set[int] = set()
+        self.start = self.last = time.monotonic()
+
+    def until(self, fraction: float, each: Callable[[float], None] | None = None) -> None:
+        """Tick until ``fraction`` of the work is done, calling ``each(done)`` every tick."""
+        while self.done < fraction:
+            time.sleep(TICK_S)
+            now = time.monotonic()
+            f = self.clock()
+            self.clocks.add(int(f))
+            self.done = min(self.done + (now - self.last) / _time_at(self.times_s, f), 1.0)
+            self.last = now
+            if each is not None:
+                each(self.done)
+
+
+def _work_for(progress: float, shape: float) -> float:
+    """The work fraction at which ``reported_progress`` reaches ``progress`` (bisection)."""
+    from rlenergy.sim.workload import reported_progress  # noqa: PLC0415 - the simulator's
+
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if reported_progress(mid, shape) < progress else (lo, mid)
+    return hi
+
+
 def run(
     replay: Mapping[str, Any],
     work_file: Path,
@@ -151,16 +245,20 @@ def run(
     max_steps: int = 0,
     loop: bool = False,
 ) -> list[dict[str, Any]]:
-    """Replay every step through the SDK; returns per step and phase the time and clocks seen.
+    """Run every replay step through verl's hooked methods; returns each step's record.
 
-    With ``loop`` the replay starts over (step numbers go on) until the process is stopped.
+    Steps are numbered from 1, as verl's ``global_steps``. With ``loop`` the replay starts
+    over (step numbers go on) until the process is stopped.
     """
-    from rlenergy.sdk import verl as sdk_verl  # noqa: PLC0415
+    from rlenergy.sdk import verl_hook  # noqa: PLC0415
     from rlenergy_agent.nvml import lib  # noqa: PLC0415 - pynvml, only in the pod
 
+    verl_hook.install()  # what Ray's worker_process_setup_hook runs, before verl is used
+    from rlenergy_agent.testing import verlrank  # noqa: PLC0415 - torch and verl, in the pod
+
+    verlrank.use_cpu()
     lib.init()
     handles = [lib.handle_by_uuid(u) for u in uuids]
-    callback = sdk_verl.RLEnergyVerlCallback()
 
     def clock() -> float:
         return float(min(lib.clock_mhz(h, lib.CLOCK_SM) for h in handles))
@@ -170,61 +268,91 @@ def run(
         tmp.write_text(json.dumps({"kind": kind, "label": label}))
         os.replace(tmp, work_file)
 
+    engine = verlrank.CpuEngine(chunk_tokens=32)
+    rank = _Rank(verlrank, engine, clock, work)
+    verl_hook.patch_engine_server(verlrank.VllmServer, "vllm")  # as install does on its import
+    asyncio.run(rank.vllm.launch_server())  # publishes its /metrics for the pod's hook
     out = []
     steps = replay["steps"][: max_steps or None]
     rounds = 0
-    while True:
-        out += _replay_round(steps, rounds * len(steps), callback, clock, work)
-        rounds += 1
-        if not loop:
-            break
-    lib.shutdown()
+    try:
+        while True:
+            for step in steps:
+                out.append(rank.step(rounds * len(steps) + int(step["index"]) + 1, step))
+                print(STEP_LINE + json.dumps(out[-1]), flush=True)
+            rounds += 1
+            if not loop:
+                break
+    finally:
+        rank.vllm.close()
+        lib.shutdown()
     return out
 
 
-def _replay_round(
-    steps: Sequence[Mapping[str, Any]], first: int, callback: Any, clock: Any, work: Any
-) -> list[dict[str, Any]]:
-    from rlenergy.sim.workload import reported_progress  # noqa: PLC0415 - the simulator's
+class _Rank:
+    """The pod's verl rank: a worker, the driver's update path and a vLLM server."""
 
-    out = []
-    for step in steps:
-        s = first + int(step["index"])
-        for phase in PHASES:
-            ph = step["phases"][phase]
-            if phase == "generation":
-                callback.on_generation_start(s)
-            else:
-                callback.on_training_start(s)
-            work(ph["kind"], f"{phase}-{s}")
-            done, clocks = 0.0, set()
-            start = last = time.monotonic()
-            while done < 1.0:
-                time.sleep(TICK_S)
-                now = time.monotonic()
-                f = clock()
-                clocks.add(int(f))
-                done += (now - last) / _time_at(ph["times_s"], f)
-                last = now
-                frac = min(done, 1.0)
-                callback.on_phase_progress(
-                    ph["tokens"] * reported_progress(frac, ph["progress_shape"]),
-                    measured_at_s=now,  # counted at the tick's end, before the clock read
-                )
-            if phase == "generation":
-                callback.on_generation_end(s)
-            else:
-                from rlenergy.sdk import verl_hook  # noqa: PLC0415
+    def __init__(self, verlrank: Any, engine: Any, clock: Any, work: Any) -> None:
+        self.verlrank = verlrank
+        self.engine = engine
+        self.worker = verlrank.make_worker(engine)
+        self.trainer = verlrank.make_trainer(self.worker)
+        self.vllm = verlrank.VllmServer()
+        self.clock = clock
+        self.work = work
 
-                callback.on_step_end(s, verl_hook.TrainedBatch(**step["workload"]))
-            work("idle", f"idle-{s}")
-            out.append(
-                {"step": s, "phase": phase, "seconds": last - start, "clocks": sorted(clocks)}
-            )
-            if phase == "generation":
-                time.sleep(step["other_time_s"])
-        print(json.dumps(out[-2:]), flush=True)
-    return out
+    def step(self, s: int, step: Mapping[str, Any]) -> dict[str, Any]:
+        """Step ``s``: generation (weights in, decode), the reward gap, training."""
+        from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: PLC0415
+        from verl.workers.utils.padding import left_right_2_no_padding  # noqa: PLC0415
+
+        from rlenergy.sim.workload import reported_progress  # noqa: PLC0415 - the simulator's
+
+        record: dict[str, Any] = {"step": s, "seconds": {}, "clocks": {}}
+        gen = step["phases"]["generation"]
+        asyncio.run(self.verlrank.weights_done(self.worker, s - 1))  # generation of step s
+        self.work(gen["kind"], f"generation-{s}")
+        phase = PhaseWork(gen["times_s"], self.clock)
+        spec = step["batch"]
+        self.vllm.hold(len(spec["lengths"]))
+        decoded = [0.0]
+
+        def decode(done: float) -> None:
+            total = gen["tokens"] * reported_progress(done, gen["progress_shape"])
+            self.vllm.decode(total - decoded[0])
+            decoded[0] = total
+
+        phase.until(1.0, decode)
+        self.vllm.hold(0)
+        self.work("idle", f"idle-{s}")
+        record["seconds"]["generation"] = phase.last - phase.start
+        record["clocks"]["generation"] = sorted(phase.clocks)
+        time.sleep(step["other_time_s"])  # reward: still generation to the hook, as in verl
+
+        train = step["phases"]["training"]
+        batch = self.verlrank.batch_of(
+            spec["lengths"], spec["prompts"], spec["scores"], spec["uids"]
+        )
+        batch = batch[self.verlrank.dapo_keep(batch)]
+        tokens = 2 * int(batch.batch["attention_mask"].sum())  # log-prob pass + update pass
+        base = self.engine.forwarded
+        self.work(train["kind"], f"training-{s}")
+        phase = PhaseWork(train["times_s"], self.clock)
+        self.engine.pace = lambda call, n: phase.until(
+            _work_for((n - base) / tokens, train["progress_shape"])
+        )
+        td = left_right_2_no_padding(batch.to_tensordict())
+        ActorRolloutRefWorker.compute_log_prob(self.worker, td)  # the hook enters training
+        metrics = self.trainer._update_actor(batch).meta_info["metrics"]  # ends the step
+        self.engine.pace = None
+        self.work("idle", f"idle-{s}")
+        record["seconds"]["training"] = phase.last - phase.start
+        record["clocks"]["training"] = sorted(phase.clocks)
+        record["expected_valid_tokens"] = spec["valid_tokens"]
+        record["expected_trained_samples"] = spec["trained_samples"]
+        record["kept_uids"] = sorted(set(batch.non_tensor_batch["uid"]))
+        record["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        return record
 
 
 def main(argv: Sequence[str] | None = None) -> int:
