@@ -44,7 +44,7 @@ test-verl: $(VERL_STAMP)
 ifeq ($(SIM_ONLY),1)
 demo: demo-sim
 else
-demo: $(STAMP)
+demo: $(STAMP) $(VERL_STAMP)
 	@mkdir -p out
 	$(PY) -m rlenergy_agent.testing.demo --trace $(TRACE) --plot out/demo.png
 endif
@@ -133,7 +133,7 @@ mutation: $(STAMP)
 
 ## The real-node e2e test alone (tests/e2e/test_real_node.py): the chart with the real images on a
 ## real kubelet + containerd node, fake GPUs from the device plugin (docs/dev-cluster.md). Root.
-test-realnode: $(STAMP) bins images
+test-realnode: $(STAMP) $(VERL_STAMP) bins images
 	$(PY) -m pytest -q -m realnode tests/e2e/test_real_node.py
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.

@@ -293,7 +293,7 @@ def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
     plugin = deviceplugin.StandinDevicePlugin(uuids, lib_dir=lib_dir, state_file=state).start()
     trainer_gpus: list[tuple[str, ...]] = []
     feed = podtrainer.WorkFeed(
-        driver, work / "trainer-work" / "work.json", lambda: trainer_gpus[0] if trainer_gpus else ()
+        driver, work / "trainer-work" / "work.jsonl", lambda: trainer_gpus[0] if trainer_gpus else ()
     ).start()
     try:
         wait_until(
@@ -408,7 +408,7 @@ def _user_day(
             "--replay",
             "/etc/rlenergy-replay/replay.json",
             "--work-file",
-            "/var/run/rlenergy-work/work.json",
+            "/var/run/rlenergy-work/work.jsonl",
             "--loop",
         ],
         gpus=2,

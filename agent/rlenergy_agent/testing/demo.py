@@ -3,9 +3,17 @@
 Builds or reuses the control-plane binaries (``make bins``), starts the dev cluster with 3 fake
 GPU nodes (8 H100 each), ``helm install``s the chart with the in-cluster operator scaled to 0,
 runs the operator and one node agent per node as local processes (agents on the stand-in NVML
-backed by the simulator), applies the sample policy, replays a real verl trace through the SDK
-while printing ``kubectl get rlep`` live, then prints a summary table, writes a plot and tears
-everything down.
+backed by the simulator), applies the sample policy, and runs a verl job of 3 ranks, one per
+node, while printing ``kubectl get rlep`` live; then prints a summary table, writes a plot and
+tears everything down.
+
+Each rank is a process of the pinned verl (``.venv-verl``, ``make venv-verl``) running
+``rlenergy_agent.testing.podtrainer``, the trainer of the real-node e2e's pod: verl 0.9.1's real
+worker and driver methods on a CPU torch model, hooked by ``rlenergy.sdk.verl_hook.install``
+(the one setting docs/verl.md gives a verl job), replaying a real verl trace's phase times
+(time-compressed) closed-loop on the clock its GPUs run. Its signals reach its node's agent
+with a token the API server bound to its trainer pod object; the GPUs' physics follow what it
+runs (``podtrainer.WorkFeed``), and the measured energy is compared with the simulator's truth.
 
     python -m rlenergy_agent.testing.demo [--steps 40] [--plot out/demo.png]
 """
@@ -14,20 +22,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from rlenergy.api import signals
 from rlenergy.devcluster import DevCluster, MissingBinaryError
 from rlenergy.devcluster.binaries import resolve_binaries
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy.sdk import pod_engines
+from rlenergy.sdk import trainer as sdk_trainer
+from rlenergy_agent.testing import fullstack, podtrainer, standin
 
 ROOT = Path(__file__).resolve().parents[3]
 NAMESPACE = "rl-energy-system"
+VERL_PYTHON = ROOT / ".venv-verl" / "bin" / "python"
+LIVE_EVERY_S = 10.0
+"""How often ``kubectl get rlep`` is printed while the job runs, s."""
 
 
 def _say(msg: str) -> None:
@@ -81,29 +98,26 @@ def main(argv: list[str] | None = None) -> int:
                 num_gpus=24,
                 longest_phase_s=fullstack.LONGEST_PHASE_S,
             )
+            stack.apply_power_spread(job)
+            replay = work / "replay.json"
+            replay.write_text(json.dumps(podtrainer.replay_document(job, stack.sku)))
             _say(
-                f"replaying {args.trace} ({args.steps} steps, time x1/{factor:.0f}) through "
-                "the trainer SDK"
+                f"3 verl ranks (verl 0.9.1 on a CPU model, the hook installed) replay "
+                f"{args.trace} ({args.steps} steps, time x1/{factor:.0f})"
             )
-
-            def live(truth: fullstack.StepTruth) -> None:
-                if truth.step % 5 == 4:
-                    out = cluster.kubectl("get", "rlep", "-n", NAMESPACE).stdout.splitlines()
-                    print(f"  step {truth.step + 1:3d}  {out[-1]}", flush=True)
-
             print("  " + cluster.kubectl("get", "rlep", "-n", NAMESPACE).stdout.splitlines()[0])
-            truths = stack.run_trainer(job, on_step=live)
+            records = _run_ranks(stack, replay, args.steps, work, cluster)
             deadline = time.monotonic() + 60
             status = stack.policy_status()
-            while status.get("totals", {}).get("throughStep") != args.steps - 1:
+            while (status.get("totals", {}).get("throughStep") or 0) < args.steps:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the operator did not account every step")
                 time.sleep(0.3)
                 status = stack.policy_status()
             table = cluster.kubectl("get", "rlep", "-n", NAMESPACE).stdout
-            errors = _energy_errors(stack, truths)
-            _summary(status, table, errors)
-            _plot(truths, status, args.plot)
+            errors = _energy_errors(stack)
+            _summary(status, table, errors, records)
+            _plot(stack, status, args.plot)
             cluster.kubectl("delete", "rlep", name, "-n", NAMESPACE, "--timeout=60s")
             locked = [u for a in stack.agents for u in a.uuids if a.driver.gpu(u).locked]
             _say(f"policy deleted; GPUs still locked: {len(locked)}")
@@ -112,26 +126,96 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _energy_errors(stack: fullstack.FullStack, truths: list[fullstack.StepTruth]) -> list[float]:
-    recs = {
-        (r["spec"]["nodeName"], s["step"]): s
-        for r in stack.node_reports()
-        for s in r["spec"].get("steps", [])
-    }
-    out = []
-    for t in truths:
+def _run_ranks(
+    stack: fullstack.FullStack, replay: Path, steps: int, work: Path, cluster: DevCluster
+) -> list[dict[str, Any]]:
+    """Run one verl rank per node to the end of the replay; returns every rank's step records.
+
+    Each rank is ``podtrainer`` in ``.venv-verl`` with its node's GPUs
+    (``NVIDIA_VISIBLE_DEVICES``, the stand-in library and state file as pynvml's), its trainer
+    pod's token and its node agent's socket; a ``WorkFeed`` per node runs the GPUs' physics.
+
+    Raises:
+        RuntimeError: ``.venv-verl`` is missing, or a rank failed (with its log's tail).
+    """
+    if not VERL_PYTHON.is_file():
+        raise RuntimeError(f"{VERL_PYTHON} missing: build the pinned verl with `make venv-verl`")
+    feeds, ranks = [], []
+    try:
         for a in stack.agents:
-            rec = recs.get((a.node, t.step))
-            if rec is None:
-                continue
-            for p in rec["phases"]:
-                want = t.joules.get((a.node, p["phase"]))
+            assert a.pod is not None
+            work_file = work / f"work-{a.node}.jsonl"
+            feeds.append(podtrainer.WorkFeed(a.driver, work_file, lambda a=a: a.uuids).start())
+            env = {
+                **os.environ,
+                **a.driver.env(stack.lib_dir),
+                "NVIDIA_VISIBLE_DEVICES": ",".join(a.uuids),
+                sdk_trainer.SOCKET_ENV: str(a.socket),
+                signals.TOKEN_FILE_ENV: str(a.pod.token_file),
+                pod_engines.ENGINE_DIR_ENV: str(work / f"engines-{a.node}"),
+            }
+            log = (work / f"rank-{a.node}.log").open("w")
+            cmd = [
+                str(VERL_PYTHON), "-W", "ignore", "-m", "rlenergy_agent.testing.podtrainer",
+                "--replay", str(replay), "--work-file", str(work_file), "--steps", str(steps),
+            ]  # fmt: skip
+            ranks.append((a, subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
+        last = time.monotonic()
+        while any(proc.poll() is None for _, proc, _ in ranks):
+            time.sleep(0.5)
+            for a, proc, log in ranks:
+                if proc.poll() not in (None, 0):
+                    tail = Path(log.name).read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"the rank on {a.node} failed:\n{tail}")
+            if time.monotonic() - last >= LIVE_EVERY_S:
+                last = time.monotonic()
+                out = cluster.kubectl("get", "rlep", "-n", NAMESPACE).stdout.splitlines()
+                print(f"  {out[-1]}", flush=True)
+    finally:
+        for _, proc, log in ranks:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=10)
+            log.close()
+        for feed in feeds:
+            feed.stop()
+    return [
+        json.loads(line.removeprefix(podtrainer.STEP_LINE))
+        for _, _, log in ranks
+        for line in Path(log.name).read_text(errors="replace").splitlines()
+        if line.startswith(podtrainer.STEP_LINE)
+    ]
+
+
+def _truth_j(a: fullstack.NodeAgent, step: int, phase: str) -> float:
+    """The simulator's energy of a node's phase window: its label's and its tail's."""
+    labels = (f"{phase}-{step}", podtrainer.tail_label(f"{phase}-{step}"))
+    return sum(a.driver.truth_j(u, label) for u in a.uuids for label in labels)
+
+
+def _energy_errors(stack: fullstack.FullStack) -> list[tuple[float, str]]:
+    """|measured - true| / true of every phase window the nodes reported, and the window."""
+    agents = {a.node: a for a in stack.agents}
+    out = []
+    for r in stack.node_reports():
+        a = agents.get(r["spec"]["nodeName"])
+        if a is None:
+            continue
+        for s in r["spec"].get("steps", []):
+            for p in s["phases"]:
+                want = _truth_j(a, s["step"], p["phase"])
                 if want:
-                    out.append(abs(p["energyJoules"] - want) / want)
+                    err = abs(p["energyJoules"] - want) / want
+                    out.append((err, f"{a.node} step {s['step']} {p['phase']}"))
     return out
 
 
-def _summary(status: dict[str, object], table: str, errors: list[float]) -> None:
+def _summary(
+    status: dict[str, object],
+    table: str,
+    errors: list[tuple[float, str]],
+    records: Sequence[dict[str, Any]],
+) -> None:
     print("\nkubectl get rlep:\n" + table)
     phases = status.get("phases") or []
     totals = status.get("totals") or {}
@@ -149,26 +233,45 @@ def _summary(status: dict[str, object], table: str, errors: list[float]) -> None
         f"{totals.get('savingPercent', 0):>10.2f}"
     )
     if errors:
+        worst, where = max(errors)
         print(
             f"measured vs simulator truth, {len(errors)} phase windows: max |error| "
-            f"{max(errors) * 100:.4f} %"
+            f"{worst * 100:.4f} % ({where})"
         )
+    if records:
+        last = max(records, key=lambda r: r["step"])["metrics"]
+        keys = sorted(k for k in last if k.startswith("rlenergy/"))
+        print("verl's metrics dict, last step of a rank: " + ", ".join(
+            f"{k}={last[k]:.4g}" for k in keys
+        ))  # fmt: skip
 
 
-def _plot(truths: list[fullstack.StepTruth], status: dict[str, object], path: Path) -> None:
+def _plot(stack: fullstack.FullStack, status: dict[str, object], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    reports = stack.node_reports()
+    first = next(r for r in reports if r["spec"]["nodeName"] == stack.agents[0].node)
+    steps = sorted(s["step"] for s in first["spec"].get("steps", []))
+    asked = {
+        (s["step"], p["phase"]): p.get("requestedClockMHz") or 1980
+        for s in first["spec"].get("steps", [])
+        for p in s["phases"]
+    }
+    joules: dict[tuple[int, str], float] = {}
+    for r in reports:
+        for s in r["spec"].get("steps", []):
+            for p in s["phases"]:
+                key = (s["step"], p["phase"])
+                joules[key] = joules.get(key, 0.0) + p["energyJoules"]
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    steps = [t.step for t in truths]
     for ph in fullstack.PHASES:
-        ax1.step(steps, [t.clocks_mhz[ph] or 1980 for t in truths], where="post", label=ph)
-        ax2.plot(steps, [sum(j for (_, p), j in t.joules.items() if p == ph) for t in truths],
-                 label=ph)  # fmt: skip
-    ax1.set_ylabel("locked SM clock, MHz\n(1980 = default governor)")
+        ax1.step(steps, [asked.get((s, ph), 1980) for s in steps], where="post", label=ph)
+        ax2.plot(steps, [joules.get((s, ph), 0.0) for s in steps], label=ph)
+    ax1.set_ylabel("requested SM clock, MHz\n(1980 = default governor)")
     ax2.set_ylabel("measured energy per step, J")
     ax2.set_xlabel("RL step")
     ax1.legend()

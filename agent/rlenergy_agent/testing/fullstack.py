@@ -58,6 +58,7 @@ from rlenergy.sim import job as sim_job
 from rlenergy.sim import traces, workload
 from rlenergy_agent import kube
 from rlenergy_agent.testing import standin
+from rlenergy_agent.testing.podtrainer import tail_label
 
 DEFAULT_TRACE = "verl-gpg-qwen2-7b-fsdp-8gpu"
 PHASES = ("generation", "training")
@@ -411,6 +412,15 @@ class FullStack:
                 return
             time.sleep(min(TICK_S, left))
 
+    def apply_power_spread(self, job: sim_job.Job) -> dict[str, float]:
+        """Give the nodes' GPUs, in order, the job's per-GPU power spread; returns it by UUID."""
+        every = [u for a in self.agents for u in a.uuids]
+        spread = dict(zip(every, job.power_spread, strict=False))
+        for a in self.agents:
+            for u in a.uuids:
+                a.driver.set_power_spread(u, spread.get(u, 1.0))
+        return spread
+
     def run_trainer(
         self,
         job: sim_job.Job,
@@ -428,11 +438,7 @@ class FullStack:
         Returns:
             The simulator's truth per step.
         """
-        every = [u for a in self.agents for u in a.uuids]
-        spread = dict(zip(every, job.power_spread, strict=False))
-        for a in self.agents:
-            for u in a.uuids:
-                a.driver.set_power_spread(u, spread.get(u, 1.0))
+        spread = self.apply_power_spread(job)
         out: list[StepTruth] = []
         for step in job.replay.steps:
             s = step.index
@@ -572,16 +578,6 @@ class FullStack:
                 a.driver.set_work(a.uuids, "idle", f"idle-{step.index}")
                 running.remove(a)
         return last - start, seen, max(done_at.values(), default=last - start)
-
-
-def tail_label(label: str) -> str:
-    """Truth label of a phase's tail: the rest of the trainer's tick after a rank's work ended.
-
-    The GPUs idle then, inside the agent's phase window (the phase ends at the next signal);
-    under the default governor the same step would idle as long, so the tail's energy counts
-    on both sides of the true saving (``StepTruth.joules`` and ``default_joules``).
-    """
-    return f"{label}/tail"
 
 
 def _lock_of(a: NodeAgent) -> int | None:

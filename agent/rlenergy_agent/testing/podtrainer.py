@@ -134,16 +134,34 @@ def replay_document(job: Any, sku: Any) -> dict[str, Any]:
     return {"steps": steps}
 
 
-class WorkFeed:
-    """Host side: the simulated GPUs run what the pod's trainer says it runs.
+def tail_label(label: str) -> str:
+    """Truth label of a phase's tail: its work is done, the GPUs idle until the next signal.
 
-    Applies the kind the trainer writes to ``work_file`` to the pod's GPUs and advances every
-    GPU's counters in real time, so the pod's phases drive the physics.
+    Generation's tail is the reward gap (the hook still counts it as generation: the training
+    signal ends it); training's is the rest of its last tick. A phase window's truth is its
+    label's energy plus its tail's.
+    """
+    return f"{label}/tail"
+
+
+def work_record(kind: str, label: str) -> bytes:
+    """One line of the work log: the GPUs run ``kind`` from now on, booked to ``label``."""
+    return (json.dumps({"kind": kind, "label": label, "at": time.monotonic()}) + "\n").encode()
+
+
+class WorkFeed:
+    """Host side: the simulated GPUs run what the trainer's work log says, when it says.
+
+    The trainer appends :func:`work_record` lines to ``work_file`` (a hostPath for a pod);
+    each tick the feed reads the new lines and, for each in order, advances the GPUs' counters
+    to the record's time (``at``, CLOCK_MONOTONIC: the node's, shared with its pods) under the
+    previous work, then switches the pod's GPUs to the record's kind and label, so every
+    switch is booked when the trainer made it, not up to a tick later.
 
     Args:
         driver: the ``StandinDriver`` of the node.
-        work_file: the file the pod writes (through a hostPath).
-        uuids: returns the pod's GPU UUIDs (known once the device plugin allocated them).
+        work_file: the trainer's work log.
+        uuids: returns the trainer's GPU UUIDs (known once the device plugin allocated them).
         tick_s: counter update period, s.
     """
 
@@ -154,7 +172,8 @@ class WorkFeed:
         self.tick_s = tick_s
         self.kinds_seen: list[str] = []
         self.kind = "idle"
-        """What the pod's GPUs run now (the trainer's last word)."""
+        """What the trainer's GPUs run now (its last record)."""
+        self._offset = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="work-feed", daemon=True)
 
@@ -163,26 +182,34 @@ class WorkFeed:
         self._thread.start()
         return self
 
+    def _records(self) -> list[dict[str, Any]]:
+        """The complete lines appended since the last read."""
+        try:
+            with self.work_file.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return []
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written: read it next tick
+        self._offset += len(whole)
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
     def _run(self) -> None:
         last = time.monotonic()
-        seen = ""
+        pending: list[dict[str, Any]] = []
         while not self._stop.wait(self.tick_s):
-            try:
-                raw = self.work_file.read_text()
-            except OSError:
-                raw = ""
-            uuids = tuple(self.uuids())
-            if raw and raw != seen and uuids:
-                try:
-                    work = json.loads(raw)
-                except ValueError:
-                    work = None  # a write in progress: read again next tick
-                if work is not None:
-                    seen = raw
-                    self.driver.set_work(uuids, work["kind"], work["label"])
-                    self.kind = str(work["kind"])
-                    self.kinds_seen.append(work["label"])
+            pending += self._records()
             now = time.monotonic()
+            uuids = tuple(self.uuids())
+            for work in pending if uuids else ():
+                at = min(max(float(work["at"]), last), now)
+                self.driver.advance(at - last)
+                last = at
+                self.driver.set_work(uuids, work["kind"], work["label"])
+                self.kind = str(work["kind"])
+                self.kinds_seen.append(work["label"])
+            if uuids:
+                pending = []
             self.driver.advance(now - last)
             last = now
 
@@ -263,11 +290,12 @@ def run(
     def clock() -> float:
         return float(min(lib.clock_mhz(h, lib.CLOCK_SM) for h in handles))
 
-    def work(kind: str, label: str) -> None:
-        tmp = work_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"kind": kind, "label": label}))
-        os.replace(tmp, work_file)
+    log_fd = os.open(work_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
+    def work(kind: str, label: str) -> None:
+        os.write(log_fd, work_record(kind, label))  # one write of one line: atomic on append
+
+    _label_at_signals(verl_hook.hook(), work)
     engine = verlrank.CpuEngine(chunk_tokens=32)
     rank = _Rank(verlrank, engine, clock, work)
     verl_hook.patch_engine_server(verlrank.VllmServer, "vllm")  # as install does on its import
@@ -286,7 +314,26 @@ def run(
     finally:
         rank.vllm.close()
         lib.shutdown()
+        os.close(log_fd)
     return out
+
+
+def _label_at_signals(hook: Any, work: Callable[[str, str], None]) -> None:
+    """Book the GPUs' energy to the phase the agent was told, from the moment it was told.
+
+    Wraps the hook's ``client.phase`` so that once the agent acknowledged a phase signal the
+    truth label switches with it (the agent's window boundary), the GPUs idle until the
+    phase's work starts (decoding once the weights are in, the engine's first forward chunk).
+    Each window's truth is then its label's energy plus its tail's (:func:`tail_label`).
+    """
+    signal = hook.client.phase
+
+    def phase(name: str, *, step: int) -> Any:
+        out = signal(name, step=step)
+        work("idle", f"{name}-{step}")  # the phase's own work switches the kind
+        return out
+
+    hook.client.phase = phase
 
 
 class _Rank:
@@ -311,7 +358,7 @@ class _Rank:
         record: dict[str, Any] = {"step": s, "seconds": {}, "clocks": {}}
         gen = step["phases"]["generation"]
         asyncio.run(self.verlrank.weights_done(self.worker, s - 1))  # generation of step s
-        self.work(gen["kind"], f"generation-{s}")
+        self.work(gen["kind"], f"generation-{s}")  # the rollout decodes once weights are in
         phase = PhaseWork(gen["times_s"], self.clock)
         spec = step["batch"]
         self.vllm.hold(len(spec["lengths"]))
@@ -324,7 +371,7 @@ class _Rank:
 
         phase.until(1.0, decode)
         self.vllm.hold(0)
-        self.work("idle", f"idle-{s}")
+        self.work("idle", tail_label(f"generation-{s}"))
         record["seconds"]["generation"] = phase.last - phase.start
         record["clocks"]["generation"] = sorted(phase.clocks)
         time.sleep(step["other_time_s"])  # reward: still generation to the hook, as in verl
@@ -336,18 +383,24 @@ class _Rank:
         batch = batch[self.verlrank.dapo_keep(batch)]
         tokens = 2 * int(batch.batch["attention_mask"].sum())  # log-prob pass + update pass
         base = self.engine.forwarded
-        self.work(train["kind"], f"training-{s}")
-        phase = PhaseWork(train["times_s"], self.clock)
-        self.engine.pace = lambda call, n: phase.until(
-            _work_for((n - base) / tokens, train["progress_shape"])
-        )
+        training: list[PhaseWork] = []
+
+        def pace(call: str, n: int) -> None:
+            if not training:  # the engine's first forward chunk: the GPUs start training
+                self.work(train["kind"], f"training-{s}")
+                training.append(PhaseWork(train["times_s"], self.clock))
+            fraction = _work_for((n - base) / tokens, train["progress_shape"])
+            training[0].until(fraction)
+            if fraction >= 1.0:  # done: the GPUs idle until the step's end signal
+                self.work("idle", tail_label(f"training-{s}"))
+
+        self.engine.pace = pace
         td = left_right_2_no_padding(batch.to_tensordict())
         ActorRolloutRefWorker.compute_log_prob(self.worker, td)  # the hook enters training
         metrics = self.trainer._update_actor(batch).meta_info["metrics"]  # ends the step
         self.engine.pace = None
-        self.work("idle", f"idle-{s}")
-        record["seconds"]["training"] = phase.last - phase.start
-        record["clocks"]["training"] = sorted(phase.clocks)
+        record["seconds"]["training"] = training[0].last - training[0].start
+        record["clocks"]["training"] = sorted(training[0].clocks)
         record["expected_valid_tokens"] = spec["valid_tokens"]
         record["expected_trained_samples"] = spec["trained_samples"]
         record["kept_uids"] = sorted(set(batch.non_tensor_batch["uid"]))
