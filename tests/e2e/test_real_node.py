@@ -11,8 +11,11 @@ The user's steps, in order: ``helm install`` the chart (hostNetwork, the API ser
 127.0.0.1, the stand-in library mounted into the agent as the NVIDIA toolkit would mount the
 driver's) -> operator pod Ready -> apply a policy -> the operator's agent DaemonSet runs its pod
 on the real node -> a trainer pod (``nvidia.com/gpu: 2``, the agent image running
-``rlenergy_agent.testing.podtrainer``: the SDK replaying a verl trace, time-compressed, with the
-projected service-account token for the agent) -> its GPUs' clocks change per phase (read from
+``rlenergy_agent.testing.podtrainer`` with the pinned verl and torch mounted from
+``.venv-verl``: verl 0.9.1's real worker and driver methods under ``verl_hook.install``,
+replaying a verl trace time-compressed, with the projected service-account token for the
+agent) -> each step's ``rlenergy/*`` keys in verl's metrics dict (``_check_verl_metrics``) ->
+its GPUs' clocks change per phase (read from
 the stand-in's state) at the clocks the plans named for each phase (``_check_planned_locks``)
 and the policy status shows a saving; a phase the controller locked keeps its
 minThroughputRatio at that clock in the replay's truth (``_check_locked_throughput``, which says
