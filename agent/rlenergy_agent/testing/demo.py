@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             table = cluster.kubectl("get", "rlep", "-n", NAMESPACE).stdout
             errors = _energy_errors(stack)
             _summary(status, table, errors, records)
-            _plot(stack, status, args.plot)
+            _plot(records, status, args.plot)
             cluster.kubectl("delete", "rlep", name, "-n", NAMESPACE, "--timeout=60s")
             locked = [u for a in stack.agents for u in a.uuids if a.driver.gpu(u).locked]
             _say(f"policy deleted; GPUs still locked: {len(locked)}")
@@ -246,33 +246,30 @@ def _summary(
         ))  # fmt: skip
 
 
-def _plot(stack: fullstack.FullStack, status: dict[str, object], path: Path) -> None:
+def _plot(records: Sequence[dict[str, Any]], status: dict[str, object], path: Path) -> None:
+    """Per step: the SM clock the ranks' GPUs ran longest per phase, the energy verl was told."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reports = stack.node_reports()
-    first = next(r for r in reports if r["spec"]["nodeName"] == stack.agents[0].node)
-    steps = sorted(s["step"] for s in first["spec"].get("steps", []))
-    asked = {
-        (s["step"], p["phase"]): p.get("requestedClockMHz") or 1980
-        for s in first["spec"].get("steps", [])
-        for p in s["phases"]
-    }
-    joules: dict[tuple[int, str], float] = {}
-    for r in reports:
-        for s in r["spec"].get("steps", []):
-            for p in s["phases"]:
-                key = (s["step"], p["phase"])
-                joules[key] = joules.get(key, 0.0) + p["energyJoules"]
+    steps = sorted({r["step"] for r in records})
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for ph in fullstack.PHASES:
-        ax1.step(steps, [asked.get((s, ph), 1980) for s in steps], where="post", label=ph)
-        ax2.plot(steps, [joules.get((s, ph), 0.0) for s in steps], label=ph)
-    ax1.set_ylabel("requested SM clock, MHz\n(1980 = default governor)")
-    ax2.set_ylabel("measured energy per step, J")
+        held: dict[int, dict[str, float]] = {s: {} for s in steps}  # step -> MHz -> s
+        for r in records:
+            for mhz, sec in r["clocks"][ph].items():
+                held[r["step"]][mhz] = held[r["step"]].get(mhz, 0.0) + sec
+        longest = [int(max(held[s].items(), key=lambda kv: kv[1])[0]) for s in steps]
+        ax1.step(steps, longest, where="post", label=ph)
+        joules = [
+            sum(r["metrics"].get(f"rlenergy/energy/{ph}_j", 0.0) for r in records if r["step"] == s)
+            for s in steps
+        ]
+        ax2.plot(steps, joules, label=ph)
+    ax1.set_ylabel("SM clock the GPUs ran\nlongest in the phase, MHz")
+    ax2.set_ylabel("rlenergy/energy/<phase>_j\nin verl's metrics, 3 ranks, J")
     ax2.set_xlabel("RL step")
     ax1.legend()
     totals = status.get("totals") or {}

@@ -237,7 +237,8 @@ class PhaseWork:
         self.times_s = times_s
         self.clock = clock
         self.done = 0.0
-        self.clocks: set[int] = set()
+        self.clocks: dict[int, float] = {}
+        """Seconds of the phase at each SM clock read, MHz."""
         self.start = self.last = time.monotonic()
 
     def until(self, fraction: float, each: Callable[[float], None] | None = None) -> None:
@@ -246,7 +247,7 @@ class PhaseWork:
             time.sleep(TICK_S)
             now = time.monotonic()
             f = self.clock()
-            self.clocks.add(int(f))
+            self.clocks[int(f)] = self.clocks.get(int(f), 0.0) + now - self.last
             self.done = min(self.done + (now - self.last) / _time_at(self.times_s, f), 1.0)
             self.last = now
             if each is not None:
@@ -373,7 +374,7 @@ class _Rank:
         self.vllm.hold(0)
         self.work("idle", tail_label(f"generation-{s}"))
         record["seconds"]["generation"] = phase.last - phase.start
-        record["clocks"]["generation"] = sorted(phase.clocks)
+        record["clocks"]["generation"] = phase.clocks
         time.sleep(step["other_time_s"])  # reward: still generation to the hook, as in verl
 
         train = step["phases"]["training"]
@@ -400,7 +401,7 @@ class _Rank:
         metrics = self.trainer._update_actor(batch).meta_info["metrics"]  # ends the step
         self.engine.pace = None
         record["seconds"]["training"] = training[0].last - training[0].start
-        record["clocks"]["training"] = sorted(training[0].clocks)
+        record["clocks"]["training"] = training[0].clocks
         record["expected_valid_tokens"] = spec["valid_tokens"]
         record["expected_trained_samples"] = spec["trained_samples"]
         record["kept_uids"] = sorted(set(batch.non_tensor_batch["uid"]))
