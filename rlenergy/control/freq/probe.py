@@ -44,6 +44,7 @@ class RatioStats:
     throughput_m2: float = 0.0
     power_sum: float = 0.0
     power_n: int = 0
+    power_m2: float = 0.0
 
     def add(self, throughput_ratio: float, power_ratio: float | None) -> None:
         """Add one block's throughput ratio (candidate / default) and power ratio."""
@@ -52,8 +53,10 @@ class RatioStats:
         self.throughput_mean += delta / self.n
         self.throughput_m2 += delta * (throughput_ratio - self.throughput_mean)
         if power_ratio is not None:
+            before = self.power_sum / self.power_n if self.power_n else 0.0
             self.power_sum += power_ratio
             self.power_n += 1
+            self.power_m2 += (power_ratio - before) * (power_ratio - self.power_sum / self.power_n)
 
     @property
     def stderr(self) -> float:
@@ -61,6 +64,13 @@ class RatioStats:
         if self.n < 2:
             return math.inf
         return math.sqrt(self.throughput_m2 / (self.n - 1) / self.n)
+
+    @property
+    def power_stderr(self) -> float:
+        """Standard error of the mean power ratio (inf below 2 blocks with power)."""
+        if self.power_n < 2:
+            return math.inf
+        return math.sqrt(self.power_m2 / (self.power_n - 1) / self.power_n)
 
     @property
     def power_ratio(self) -> float | None:

@@ -169,6 +169,47 @@ def test_default_equivalent_uses_the_paired_probe_fit() -> None:
     assert pc.default_equivalent(failed, wl) == (None, None)
 
 
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_locked_windows_trust_the_blocks_at_their_clock_over_a_fit_they_contradict(
+    async_mode: bool,
+) -> None:
+    """Issue 19 item 6: a locked window's counterfactual is the paired blocks measured at its
+    clock once they sit more than ``MEASURED_Z`` standard errors off the fit (sync mode);
+    blocks that agree with the fit within their noise leave the fit's (more precise) ratio."""
+    from rlenergy.api import workload as api_workload
+    from rlenergy.control.freq import probe
+
+    settings = config.phase_settings(
+        api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
+    )[0]
+    pc = eerl.PhaseController(settings, eerl.ControllerSettings(async_mode=async_mode))
+    pc.fit = probe.PhaseModelFit(
+        u=0.1, u_stderr=0.001, beta=0.5, f_max_mhz=1980, f_default_mhz=1980, blocks=10
+    )
+    fit_thr, fit_e = pc.fit.throughput_ratio(1410), pc.fit.energy_ratio(1410)
+    assert fit_e is not None
+    wl = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)
+    locked = base.PhaseObservation("generation", 10.0, 3000.0, 1410)
+    off = probe.RatioStats()
+    for d in (-0.002, 0.0, 0.002, 0.001):  # blocks 0.05 faster, 0.03 lower power than the fit
+        off.add(fit_thr + 0.05 + d, fit_thr * fit_e - 0.03 + d)
+    pc.stats[1410] = off
+    energy, time_s = pc.default_equivalent(locked, wl)
+    if async_mode:  # async keeps the fit (the blocks moved async rows off the truth)
+        assert time_s == pytest.approx(10.0 * fit_thr)
+        assert energy == pytest.approx(3000.0 / fit_e)
+    else:
+        assert time_s == pytest.approx(10.0 * off.throughput_mean)
+        assert energy == pytest.approx(3000.0 / off.energy_per_token_ratio)
+    near = probe.RatioStats()
+    for d in (-0.02, 0.0, 0.02, 0.01):  # the fit's ratio within the blocks' noise
+        near.add(fit_thr + d, fit_thr * fit_e + d)
+    pc.stats[1410] = near
+    energy, time_s = pc.default_equivalent(locked, wl)
+    assert time_s == pytest.approx(10.0 * fit_thr)
+    assert energy == pytest.approx(3000.0 / fit_e)
+
+
 def _phase_controller() -> eerl.PhaseController:
     settings = config.phase_settings(
         api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
