@@ -9,8 +9,8 @@ and ``verl.trainer.ppo.ray_trainer.RayPPOTrainer`` built without Ray or a proces
 install`` wrapped. The only fakes are the GPU parts: the FSDP engine (:class:`CpuEngine`, a
 two-layer CPU torch model trained on the no-padding batch verl hands over), the rollout's
 server adapter (:class:`KeepRollout`), the CUDA device calls of the weight sync
-(:data:`CPU_DEVICE`) and vLLM itself (:class:`VllmServer`: vLLM 0.33.0's metric names in a
-prometheus-client registry on 127.0.0.1, as verl's ``vLLMHttpServer`` serves them).
+(:data:`CPU_DEVICE`) and vLLM itself (``rlenergy_agent.testing.vllmserver.VllmServer``,
+re-exported here).
 
 Imports torch and verl at module import: only processes that have them (``.venv-verl``, the
 trainer pod with that venv mounted) import this module. Callers: ``podtrainer``, tests/verl.
@@ -18,13 +18,10 @@ trainer pod with that venv mounted) import this module. Callers: ``podtrainer``,
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import prometheus_client
 import torch
 from omegaconf import OmegaConf
 from verl import DataProto
@@ -34,6 +31,7 @@ from verl.workers import engine_workers
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rlenergy_agent.testing import podtrainer
+from rlenergy_agent.testing.vllmserver import VllmServer
 
 GROUP = podtrainer.GROUP
 """rollout.n of the rank's batches: samples per prompt group."""
@@ -317,82 +315,19 @@ def dapo_keep(batch: DataProto) -> list[int]:
     return [i for i, u in enumerate(batch.non_tensor_batch["uid"]) if u in kept]
 
 
-class VllmServer:
-    """The ``vLLMHttpServer`` actor of verl, played: vLLM's real metric names, no model.
-
-    ``launch_server`` starts an HTTP server on 127.0.0.1 with vLLM 0.33.0's metric names on
-    ``/metrics`` (``vllm:generation_tokens``, ``vllm:num_requests_running`` / ``_waiting``, labels
-    ``model_name``, ``engine``) and leaves ``_server_address`` / ``_server_port`` as verl's does.
-
-    Decoding is either free-running (:meth:`serve`: ``tokens_per_s`` while it holds requests,
-    on its own thread) or driven (:meth:`decode`: the caller adds the tokens its simulated work
-    produced).
-
-    Args:
-        tokens_per_s: free-running decode rate.
-    """
-
-    def __init__(self, tokens_per_s: float = 20_000.0) -> None:
-        self._server_address = "127.0.0.1"
-        self._server_port: int | None = None
-        self.tokens_per_s = tokens_per_s
-        reg = prometheus_client.CollectorRegistry()
-        labels = ["model_name", "engine"]
-        self.tokens = prometheus_client.Counter(
-            "vllm:generation_tokens", "Generated.", labels, registry=reg
-        ).labels("m", "0")
-        self.running = prometheus_client.Gauge(
-            "vllm:num_requests_running", "Running.", labels, registry=reg
-        ).labels("m", "0")
-        self.waiting = prometheus_client.Gauge(
-            "vllm:num_requests_waiting", "Waiting.", labels, registry=reg
-        ).labels("m", "0")
-        self.registry = reg
-        self.decoded = 0.0
-        self.busy = threading.Event()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._free_run, daemon=True)
-        self.http: Any = None
-
-    async def launch_server(self) -> None:
-        """Serve ``/metrics`` on 127.0.0.1 (an ephemeral port, ``_server_port``)."""
-        self.http, _ = prometheus_client.start_http_server(
-            0, addr="127.0.0.1", registry=self.registry
-        )
-        self._server_port = self.http.server_port
-
-    def decode(self, tokens: float) -> None:
-        """Count ``tokens`` decoded now."""
-        with self._lock:
-            self.tokens.inc(tokens)
-            self.decoded += tokens
-
-    def _free_run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(0.002):
-            now = time.monotonic()
-            if self.busy.is_set():
-                self.decode(self.tokens_per_s * (now - last))
-            last = now
-
-    def hold(self, requests: int) -> None:
-        """The engine holds ``requests`` running requests (0: none)."""
-        self.running.set(requests)
-        self.waiting.set(0)
-
-    def serve(self, requests: int) -> None:
-        """Hold ``requests`` and decode free-running at ``tokens_per_s`` while > 0."""
-        if self._thread.ident is None and not self._stop.is_set():
-            self._thread.start()
-        self.hold(requests)
-        (self.busy.set if requests else self.busy.clear)()
-
-    def close(self) -> None:
-        """Stop decoding and serving."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
+__all__ = [
+    "CPU_DEVICE",
+    "GROUP",
+    "CpuDevice",
+    "CpuEngine",
+    "KeepRollout",
+    "LocalGroup",
+    "Pace",
+    "VllmServer",
+    "batch_of",
+    "dapo_keep",
+    "make_trainer",
+    "make_worker",
+    "use_cpu",
+    "weights_done",
+]

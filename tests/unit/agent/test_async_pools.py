@@ -4,7 +4,8 @@ In verl's one-step-off and fully-async recipes the rollout replicas serve reques
 GPU pool while the trainer pool trains. Here the rollout pool's worker runs
 ``rlenergy.sdk.progress.RolloutPoolPhases`` over its engine's exposition (vLLM 0.33.0's
 ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` gauges and
-``vllm:generation_tokens`` counter, served on 127.0.0.1) and signals the node agent of its own
+``vllm:generation_tokens`` counter, served on 127.0.0.1 by
+``rlenergy_agent.testing.vllmserver.VllmServer``) and signals the node agent of its own
 node; the trainer pool's worker signals training and closes each step on the other node's
 agent. The operator's async fold takes each phase from its own pool's node, and the async
 policy's job loop accounts both pools' steps.
@@ -12,14 +13,14 @@ policy's job loop accounts both pools' steps.
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from pathlib import Path
 
-import prometheus_client
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server, service
+from rlenergy_agent.testing.vllmserver import VllmServer
 from rlenergy_operator import jobloop
 
 from rlenergy.api import node as api_node
@@ -40,55 +41,6 @@ PLAN = api_node.ClockPlan(
 )
 
 
-class Engine:
-    """vLLM's request gauges and token counter, served on 127.0.0.1; decodes while it holds
-    requests."""
-
-    def __init__(self) -> None:
-        reg = prometheus_client.CollectorRegistry()
-        labels = ["model_name", "engine"]
-        self.running = prometheus_client.Gauge(
-            "vllm:num_requests_running", "Running.", labels, registry=reg
-        ).labels("m", "0")
-        self.waiting = prometheus_client.Gauge(
-            "vllm:num_requests_waiting", "Waiting.", labels, registry=reg
-        ).labels("m", "0")
-        self.tokens = prometheus_client.Counter(
-            "vllm:generation_tokens", "Generated.", labels, registry=reg
-        ).labels("m", "0")
-        self.server, _ = prometheus_client.start_http_server(0, addr="127.0.0.1", registry=reg)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/metrics"
-        self.decoded = 0.0
-        self._busy = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._decode, daemon=True)
-        self._thread.start()
-
-    def _decode(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(0.002):
-            now = time.monotonic()
-            if self._busy.is_set():
-                n = TOKENS_PER_S * (now - last)
-                self.tokens.inc(n)
-                self.decoded += n
-            last = now
-
-    def serve(self, requests: int) -> None:
-        self.running.set(min(requests, 4))
-        self.waiting.set(max(requests - 4, 0))
-        if requests:
-            self._busy.set()
-        else:
-            self._busy.clear()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_each_pool_signals_its_own_phases_and_the_async_fold_uses_them(
     make_driver: DriverFactory, short_tmp: Path
 ) -> None:
@@ -107,7 +59,8 @@ def test_each_pool_signals_its_own_phases_and_the_async_fold_uses_them(
         servers[-1].start()
         pod = ROLLOUT if name == "node-a" else ACTOR
         clients[name] = reviews.client(sock, pod, short_tmp, strict=True)
-    engine = Engine()
+    engine = VllmServer(TOKENS_PER_S, max_running=4)  # vLLM's names, decoding while it holds
+    asyncio.run(engine.launch_server())
     pool = progress.RolloutPoolPhases(
         progress.HttpExposition(engine.url, "vllm"), clients["node-a"], idle_after_s=0.1
     )
