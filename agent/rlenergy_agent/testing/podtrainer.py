@@ -413,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python3 -m rlenergy_agent.testing.podtrainer --replay FILE --work-file FILE``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--replay", type=Path, required=True, help="replay JSON (from the host)")
-    parser.add_argument("--work-file", type=Path, required=True, help="work log for the host (JSON lines)")
+    parser.add_argument("--work-file", type=Path, required=True, help="work log, for the host")
     parser.add_argument("--steps", type=int, default=0, help="replay only the first N steps")
     parser.add_argument("--loop", action="store_true", help="start over until stopped")
     args = parser.parse_args(argv)
