@@ -650,14 +650,7 @@ def _check_verl_metrics(log: str, replay: dict[str, Any], figures: dict[str, Any
     the generated tokens are what the hook read from the rollout server's ``/metrics``, the
     phase's decoded tokens; the energy per phase is the agent's answer to the step's end.
     """
-    records = {
-        r["step"]: r
-        for r in (
-            json.loads(line.removeprefix(podtrainer.STEP_LINE))
-            for line in log.splitlines()
-            if line.startswith(podtrainer.STEP_LINE)
-        )
-    }
+    records = {r["step"]: r for r in podtrainer.step_records(log)}
     assert all(s in records for s in range(1, STEPS + 1)), (sorted(records), log[-3000:])
     for s in range(1, STEPS + 1):
         r, spec = records[s], replay["steps"][s - 1]

@@ -180,10 +180,9 @@ def _run_ranks(
         for feed in feeds:
             feed.stop()
     return [
-        json.loads(line.removeprefix(podtrainer.STEP_LINE))
+        r
         for _, _, log in ranks
-        for line in Path(log.name).read_text(errors="replace").splitlines()
-        if line.startswith(podtrainer.STEP_LINE)
+        for r in podtrainer.step_records(Path(log.name).read_text(errors="replace"))
     ]
 
 

@@ -24,9 +24,9 @@ reports its tokens as that work advances; the training engine's forward chunks w
 The replay comes precomputed from the host (``replay_file``, made by :func:`replay_document`
 with the simulator): per step and phase the time at each effective clock, the tokens, the
 progress shape and the batch. The simulated GPUs' physics run on the host (``StandinDriver``),
-which needs to know what the GPUs execute: the trainer writes the running phase's kind to
-``work_file`` (a hostPath), the simulated hardware's input, read by the host's physics loop
-(:class:`WorkFeed`). No signal, plan or attribution goes that way.
+which needs to know what the GPUs execute: the trainer appends each switch of the work its
+GPUs run to ``work_file`` (a hostPath), the simulated hardware's input, read by the host's
+physics loop (:class:`WorkFeed`). No signal, plan or attribution goes that way.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from rlenergy.sim.workload import reported_progress
 
 PHASES = ("generation", "training")
 TICK_S = 0.005
@@ -173,7 +175,7 @@ class WorkFeed:
         self.kinds_seen: list[str] = []
         self.kind = "idle"
         """What the trainer's GPUs run now (its last record)."""
-        self._offset = 0
+        self._log: IO[bytes] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="work-feed", daemon=True)
 
@@ -183,15 +185,15 @@ class WorkFeed:
         return self
 
     def _records(self) -> list[dict[str, Any]]:
-        """The complete lines appended since the last read."""
-        try:
-            with self.work_file.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except OSError:
-            return []
+        """The complete lines appended since the last read (the log opened once it exists)."""
+        if self._log is None:
+            try:
+                self._log = self.work_file.open("rb")
+            except OSError:
+                return []
+        data = self._log.read()
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written: read it next tick
-        self._offset += len(whole)
+        self._log.seek(len(whole) - len(data), os.SEEK_CUR)
         return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def _run(self) -> None:
@@ -217,6 +219,17 @@ class WorkFeed:
         """Stop the loop."""
         self._stop.set()
         self._thread.join(timeout=5)
+        if self._log is not None:
+            self._log.close()
+
+
+def step_records(log: str) -> list[dict[str, Any]]:
+    """The per-step records a trainer printed (its :data:`STEP_LINE` lines), in order."""
+    return [
+        json.loads(line.removeprefix(STEP_LINE))
+        for line in log.splitlines()
+        if line.startswith(STEP_LINE)
+    ]
 
 
 def _time_at(times: Mapping[str, float], clock_mhz: float) -> float:
@@ -256,8 +269,6 @@ class PhaseWork:
 
 def _work_for(progress: float, shape: float) -> float:
     """The work fraction at which ``reported_progress`` reaches ``progress`` (bisection)."""
-    from rlenergy.sim.workload import reported_progress  # noqa: PLC0415 - the simulator's
-
     lo, hi = 0.0, 1.0
     for _ in range(40):
         mid = (lo + hi) / 2
@@ -354,8 +365,6 @@ class _Rank:
         from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: PLC0415
         from verl.workers.utils.padding import left_right_2_no_padding  # noqa: PLC0415
 
-        from rlenergy.sim.workload import reported_progress  # noqa: PLC0415 - the simulator's
-
         record: dict[str, Any] = {"step": s, "seconds": {}, "clocks": {}}
         gen = step["phases"]["generation"]
         asyncio.run(self.verlrank.weights_done(self.worker, s - 1))  # generation of step s
@@ -402,8 +411,6 @@ class _Rank:
         self.engine.pace = None
         record["seconds"]["training"] = training[0].last - training[0].start
         record["clocks"]["training"] = training[0].clocks
-        record["expected_valid_tokens"] = spec["valid_tokens"]
-        record["expected_trained_samples"] = spec["trained_samples"]
         record["kept_uids"] = sorted(set(batch.non_tensor_batch["uid"]))
         record["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         return record

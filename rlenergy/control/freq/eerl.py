@@ -949,27 +949,28 @@ class PhaseController:
         bench-energy``, seed 0: first family async worst saving error 1.06 -> 1.77 pp,
         TinyZero on h100-sxm), a cause not found yet, so async keeps the fit.
         """
-        thr_m, e_m = fit.throughput_ratio(clock_mhz), fit.energy_ratio(clock_mhz)
+        thr_fit, e_fit = fit.throughput_ratio(clock_mhz), fit.energy_ratio(clock_mhz)
         if self.ctl.async_mode:
-            return thr_m, e_m  # measured: the blocks' own ratio made async rows worse
+            return thr_fit, e_fit  # measured: the blocks' own ratio made async rows worse
         pools = [self.stats.get(clock_mhz)]
         if clock_mhz == self.locked_clock_mhz:
             pools.append(self._monitor)
         used = [st for st in pools if st is not None and st.n >= 2 and st.power_n >= 2]
         n = sum(st.n for st in used)
-        if n < self.ctl.min_blocks or e_m is None:
-            return thr_m, e_m
+        if n < self.ctl.min_blocks or e_fit is None:
+            return thr_fit, e_fit
         thr = sum(st.n * st.throughput_mean for st in used) / n
         power = sum(st.n * (st.power_ratio or 0.0) for st in used) / n
+        if thr <= 0:
+            return thr_fit, e_fit
         thr_se = math.sqrt(sum((st.n * st.stderr) ** 2 for st in used)) / n
         power_se = math.sqrt(sum((st.n * st.power_stderr) ** 2 for st in used)) / n
-        if thr <= 0:
-            return thr_m, e_m
-        if abs(thr - thr_m) > MEASURED_Z * thr_se:
-            thr_m = thr
         e = power / thr
         e_se = e * math.hypot(power_se / power, thr_se / thr)
-        return thr_m, (e if abs(e - e_m) > MEASURED_Z * e_se else e_m)
+        return (
+            thr if abs(thr - thr_fit) > MEASURED_Z * thr_se else thr_fit,
+            e if abs(e - e_fit) > MEASURED_Z * e_se else e_fit,
+        )
 
     def estimate(self) -> tuple[float | None, float | None]:
         """(throughput ratio, energy-per-token ratio) of the locked clock vs default, if known."""
