@@ -164,7 +164,7 @@ class ProbeSlices(AgentState):
                 elif now >= p.boundary_s:
                     self._next_slice(w, p)
                 elif now >= p.next_sample_s:
-                    self._sample_power(w, p)
+                    self._sample_power(w, p, now)
                     p.next_sample_s += p.slice_s / POWER_SAMPLES_PER_SLICE
                     if p.power_n >= POWER_SAMPLES_PER_SLICE:
                         p.next_sample_s = math.inf
@@ -172,7 +172,7 @@ class ProbeSlices(AgentState):
                 due = nxt if due is None else min(due, nxt)
             return due
 
-    def _sample_power(self, w: _Open, p: _Probe) -> None:
+    def _sample_power(self, w: _Open, p: _Probe, now: float) -> None:
         total = 0.0
         for u in w.gpus:
             gpu = self.actuator.gpus[u]
@@ -195,6 +195,7 @@ class ProbeSlices(AgentState):
                 return
         p.power_w += total
         p.power_n += 1
+        p.samples.append((now, total))
 
     def _finish_slice(
         self,
@@ -224,6 +225,7 @@ class ProbeSlices(AgentState):
                 energy_j,
                 effective_mhz=ran,
                 energy_source=source,
+                samples=tuple(p.samples) if source == "instant_power" else (),
                 switch_s=switch_s,
             )
         )
@@ -276,24 +278,31 @@ class ProbeSlices(AgentState):
         last = _before(log_t, _before(log_t, log_t[-1])) if log_t else -math.inf
         spans = [(sl.start_s, sl.end_s) for sl in p.done]
         rate_ends = [min(sl.end_s if sl.switch_s is None else sl.switch_s, last) for sl in p.done]
-        progress = slice_progress(log_t, log_p, spans, rate_ends)
+        began = work_start(log_t, log_p)
+        progress = slice_progress(log_t, log_p, spans, rate_ends, began)
         counts = [
             _rate_reports(log_t, span, end) for span, end in zip(spans, rate_ends, strict=True)
         ]
-        return [
-            api_node.SliceReport(
-                clock_mhz=sl.clock_mhz,
-                duration_seconds=sl.end_s - sl.start_s,
-                progress=amount,
-                energy_joules=None if sl.energy_j is None else max(sl.energy_j, 0.0),
-                stalled=sl.stalled
-                or (w.stall is not None and w.stall.overlaps(sl.start_s, sl.end_s)),
-                effective_clock_mhz=sl.effective_mhz,
-                energy_source=sl.energy_source,
-                rate_reports=n,
+        reports = []
+        for sl, amount, n in zip(p.done, progress, counts, strict=True):
+            lead_s = min(max(began - sl.start_s, 0.0), sl.end_s - sl.start_s)
+            energy_j, lead_j = _lead_split(sl, began, lead_s)
+            reports.append(
+                api_node.SliceReport(
+                    clock_mhz=sl.clock_mhz,
+                    duration_seconds=sl.end_s - sl.start_s,
+                    progress=amount,
+                    energy_joules=energy_j,
+                    stalled=sl.stalled
+                    or (w.stall is not None and w.stall.overlaps(sl.start_s, sl.end_s)),
+                    effective_clock_mhz=sl.effective_mhz,
+                    energy_source=sl.energy_source,
+                    rate_reports=n,
+                    lead_seconds=lead_s,
+                    lead_energy_joules=lead_j,
+                )
             )
-            for sl, amount, n in zip(p.done, progress, counts, strict=True)
-        ]
+        return reports
 
     def start_prober(self) -> None:
         """Run ``probe_tick`` on a thread, waking at each due boundary or sample."""
@@ -338,11 +347,69 @@ def _idle(reasons: frozenset[gpu_base.ClockEventReason]) -> bool:
     )
 
 
+def work_start(ts: Sequence[float], values: Sequence[float]) -> float:
+    """When the phase's work began, from the window's cumulative progress log, s.
+
+    A trainer signals a phase before its first kernels (the full-stack harness signals three
+    ranks one after the other; a verl worker a few ms ahead), so the window's first slice can
+    open on idle GPUs. The work began inside the interval before the first report that
+    advanced the total; it is placed by running the next advancing report interval's rate
+    back from that report (clamped to the interval). Prefill or a first micro-batch that no
+    report resolves is placed the same way, at the rate that follows it.
+
+    Args:
+        ts: report times, ascending, the window's opening first (value 0), s.
+        values: cumulative progress at each.
+
+    Returns:
+        The start, s (``ts[0]`` when the first report's interval holds no measurable lead;
+        ``-inf`` for an empty log or a window whose progress never advanced).
+    """
+    if not ts:
+        return -math.inf
+    first = next((k for k, v in enumerate(values) if v > values[0]), None)
+    if first is None:
+        return -math.inf
+    if first == 0:
+        return ts[0]
+    prev = ts[first - 1]
+    nxt = next((j for j in range(first + 1, len(ts)) if values[j] > values[first]), None)
+    if nxt is None or ts[nxt] <= ts[first]:
+        return prev
+    rate = (values[nxt] - values[first]) / (ts[nxt] - ts[first])
+    return min(max(ts[first] - (values[first] - values[first - 1]) / rate, prev), ts[first])
+
+
+def _lead_split(sl: _Slice, began: float, lead_s: float) -> tuple[float | None, float | None]:
+    """A slice's (energy J, its lead's energy J) (``None``: unknown / no lead).
+
+    With power samples, the lead's power is the mean of those taken before the work began and
+    the work's the mean of the rest, each over its own time (a sample in a 12 ms lead of a
+    40 ms slice is idle power, not a quarter of the work's); a lead no sample fell in is
+    charged the work's power (what the slice's mean charged it before leads were split). A
+    counter-metered slice splits by time.
+    """
+    if sl.energy_j is None:
+        return None, None
+    energy_j = max(sl.energy_j, 0.0)
+    if lead_s <= 0:
+        return energy_j, None
+    duration = sl.end_s - sl.start_s
+    if not sl.samples or duration <= 0:
+        return energy_j, energy_j * lead_s / duration if duration > 0 else None
+    lead = [w for t, w in sl.samples if t < began]
+    work = [w for t, w in sl.samples if t >= began] or lead
+    work_w = sum(work) / len(work)
+    lead_w = sum(lead) / len(lead) if lead else work_w
+    return lead_w * lead_s + work_w * (duration - lead_s), lead_w * lead_s
+
+
 def slice_progress(
     ts: Sequence[float],
     values: Sequence[float],
     spans: Sequence[tuple[float, float]],
     rate_ends: Sequence[float] | None = None,
+    began: float = -math.inf,
 ) -> list[float]:
     """Each slice's progress from the trainer's cumulative progress log.
 
@@ -372,6 +439,8 @@ def slice_progress(
         rate_ends: per slice, the last time a report counts in its rate (when the switch
             away from its clock began; ``None``: each slice's end, a report at the end
             included), s.
+        began: when the phase's work began (``work_start``), s: a slice's rate runs from
+            then on, not over a lead before it.
 
     Returns:
         Progress per slice (>= 0), in the order of ``spans``.
@@ -388,7 +457,7 @@ def slice_progress(
         lo, hi = _rate_span(ts, (start, end), rate_end)
         if hi > lo and ts[hi] > ts[lo]:
             rate = (values[hi] - values[lo]) / (ts[hi] - ts[lo])
-            raw.append(max(rate, 0.0) * (end - start))
+            raw.append(max(rate, 0.0) * max(end - max(start, began), 0.0))
         else:
             raw.append(max(at(end) - at(start), 0.0))
     whole = max(at(spans[-1][1]) - at(spans[0][0]), 0.0)

@@ -52,6 +52,8 @@ class _Slice:
     """Lowest SM clock read with the slice's power samples (locked slices), MHz."""
     energy_source: str | None = None
     """``instant_power`` (mean of the samples) or the meter's source of the counter fallback."""
+    samples: tuple[tuple[float, float], ...] = ()
+    """The slice's instant-power samples: (time s, power summed over the window's GPUs W)."""
     switch_s: float | None = None
     """When the switch to the next slice's clock began (``end_s``: when it had reached every
     GPU), s; ``None``: the slice ended without a switch. Between the two the GPUs run mixed
@@ -70,6 +72,7 @@ class _Probe:
         start_mark: counter totals at the current slice's start (fallback energy).
         power_w: sum over samples of the instant power summed over the window's GPUs, W.
         power_n: samples in ``power_w``.
+        samples: (time s, W) of each sample in ``power_w``.
         power_failed: an instant-power read failed in this slice (use counter deltas).
         clock_reads: per GPU, the SM clocks read back with the power samples of a locked
             slice, MHz (``caps.held_clock_mhz`` makes the slice's effective clock).
@@ -86,6 +89,7 @@ class _Probe:
     index: int = 0
     power_w: float = 0.0
     power_n: int = 0
+    samples: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     power_failed: bool = False
     clock_reads: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     done: list[_Slice] = dataclasses.field(default_factory=list)
@@ -110,6 +114,7 @@ class _Probe:
         self.start_mark = mark
         self.power_w = 0.0
         self.power_n = 0
+        self.samples = []
         self.power_failed = False
         self.clock_reads = {}
         self.next_sample_s = t_s + 0.5 * self.slice_s / POWER_SAMPLES_PER_SLICE

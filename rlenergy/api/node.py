@@ -121,6 +121,18 @@ class SliceReport(_Wire):
         "(a report gap longer than the slice mixes clocks) and its probe block is not "
         "evidence; null: not counted.",
     )
+    lead_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Time from the slice's start until the phase's work began (the trainer "
+        "signalled before its first kernels; from the progress log), s: no part of the "
+        "slice's rate or power, and the default governor would wait as long.",
+    )
+    lead_energy_joules: float | None = Field(
+        None,
+        ge=0,
+        description="Energy of that lead, J (included in energyJoules); null: no lead or unknown.",
+    )
 
 
 class PhaseWindowReport(_Wire):

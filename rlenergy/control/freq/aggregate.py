@@ -152,6 +152,8 @@ def probe_slice(p: api_node.SliceReport) -> base.ProbeSlice:
         effective_clock_mhz=p.effective_clock_mhz,
         energy_source=p.energy_source,
         rate_reports=p.rate_reports,
+        lead_s=p.lead_seconds,
+        lead_energy_j=p.lead_energy_joules,
     )
 
 
@@ -189,9 +191,7 @@ def _phase(
     )
 
 
-def job_step(
-    step: int, reports: Sequence[api_node.NodeReport], *, pools: bool = False
-) -> JobStep:
+def job_step(step: int, reports: Sequence[api_node.NodeReport], *, pools: bool = False) -> JobStep:
     """Fold the ready nodes' records of ``step`` into one job-level step.
 
     Args:

@@ -52,6 +52,12 @@ class ProbeSlice:
             counted, e.g. the simulator's exact slices); fewer than 2 (``unresolved``): its
             progress was interpolated across a report gap that mixes clocks, and its block
             is no evidence (``probe.blocks_from_slices`` drops it).
+        lead_s: time from the slice's start until the phase's work began, s (a window's
+            first slice when the trainer signals before its kernels start; 0 otherwise). The
+            default governor would wait as long, so the lead is no part of the slice's rate or
+            power (``work_s``) and counts as its own answer in a paired default.
+        lead_energy_j: energy of the lead over the phase's GPUs, J (part of ``energy_j``;
+            ``None``: no lead or the energy is unknown).
     """
 
     clock_mhz: int | None
@@ -62,6 +68,20 @@ class ProbeSlice:
     effective_clock_mhz: int | None = None
     energy_source: str | None = None
     rate_reports: int | None = None
+    lead_s: float = 0.0
+    lead_energy_j: float | None = None
+
+    @property
+    def work_s(self) -> float:
+        """Time the slice ran the phase's work, s (``duration_s`` less the lead)."""
+        return max(self.duration_s - self.lead_s, 0.0)
+
+    @property
+    def work_energy_j(self) -> float | None:
+        """Energy of the slice's work, J (``energy_j`` less the lead's; ``None``: unknown)."""
+        if self.energy_j is None:
+            return None
+        return max(self.energy_j - (self.lead_energy_j or 0.0), 0.0)
 
     @property
     def unresolved(self) -> bool:

@@ -838,8 +838,7 @@ class PhaseController:
                 # The threshold rose (async slack shrank) or the run's deficit grew (monitor
                 # slices): step up to what the model supports.
                 self.retrial_reasons.append(
-                    f"target {target:.3f} (threshold {self.threshold:.3f}): "
-                    f"{clock} -> {choice} MHz"
+                    f"target {target:.3f} (threshold {self.threshold:.3f}): {clock} -> {choice} MHz"
                 )
                 self.locked_clock_mhz = choice
                 self._lock_threshold = self.threshold
@@ -914,7 +913,7 @@ class PhaseController:
             if obs.slices:
                 ran = [base.ran_slice_clock_mhz(s) for s in obs.slices]  # caps credited
                 time_s = sum(
-                    s.duration_s * (fit.throughput_ratio(c) if c else 1.0)
+                    s.work_s * (fit.throughput_ratio(c) if c else 1.0) + s.lead_s
                     for s, c in zip(obs.slices, ran, strict=True)
                 )
                 total_slice_s = sum(s.duration_s for s in obs.slices)

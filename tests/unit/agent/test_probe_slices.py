@@ -330,3 +330,59 @@ def test_the_last_report_is_no_slice_rate_after_a_switch(make_driver: DriverFact
         first.progress / first.duration_seconds, rel=1e-9
     )
     assert second.rate_reports == 8  # 0.11-0.19 s: the last report (0.2 s) left out
+
+
+def test_work_start_is_placed_before_the_first_report_at_the_following_rate() -> None:
+    """The GPUs' work began 12 ms after the window opened: the lead is no slice's rate."""
+    lead_s, rate = 0.012, 100.0
+    ts = [0.0, *(lead_s + 0.003 + 0.008 * k for k in range(12))]  # opened at 0, then ticks
+    values = [0.0, *(rate * (t - lead_s) for t in ts[1:])]
+    assert probes.work_start(ts, values) == pytest.approx(lead_s, abs=1e-12)
+    # A report before any progress bounds the start from below.
+    assert probes.work_start([0.0, 0.02, 0.03, 0.04], [0.0, 0.0, 1.0, 2.0]) == 0.02
+    # Work from the opening on: no lead; nothing advanced or nothing logged: none known.
+    assert probes.work_start([0.0, 0.004, 0.008], [0.0, 0.4, 0.8]) == pytest.approx(0.0)
+    assert probes.work_start([0.0, 0.004], [0.0, 0.0]) == -float("inf")
+    assert probes.work_start([], []) == -float("inf")
+    # The first slice's progress is its rate over its work, not over the lead before it.
+    spans = [(0.0, 0.05), (0.05, 0.1)]
+    got = probes.slice_progress(ts, values, spans, began=lead_s)
+    assert got[0] / got[1] == pytest.approx((0.05 - lead_s) / 0.05, rel=1e-9)
+    assert probes.slice_progress(ts, values, spans)[0] > got[0]  # the lead counted as work
+
+
+def test_a_lead_is_its_own_answer_in_the_paired_default() -> None:
+    """A candidate slice whose first 12 ms idled: the default waits as long, at the lead's power.
+
+    Through the node report's fields (``leadSeconds``, ``leadEnergyJoules``) and the operator's
+    conversion (``aggregate.probe_slice``).
+    """
+    d, lead_s, idle_w, work_w, rate = 0.04, 0.012, 640.0, 4000.0, 100.0  # candidate: x0.9, x0.8
+    reports = []
+    for c in probe.block_schedule([1410]):
+        if c is None:
+            reports.append(
+                api_node.SliceReport(
+                    duration_seconds=d, progress=rate * d, energy_joules=work_w * d
+                )
+            )
+            continue
+        lead = lead_s if not reports else 0.0
+        work_j = 0.8 * work_w * (d - lead)
+        reports.append(
+            api_node.SliceReport(
+                clock_mhz=c,
+                duration_seconds=d,
+                progress=0.9 * rate * (d - lead),
+                energy_joules=work_j + idle_w * lead,
+                lead_seconds=lead,
+                lead_energy_joules=idle_w * lead if lead else None,
+            )
+        )
+    slices = [aggregate.probe_slice(r) for r in reports]
+    [(clock, thr, power)] = probe.blocks_from_slices(slices)[0]
+    assert (clock, thr, power) == (1410, pytest.approx(0.9), pytest.approx(0.8))
+    t, e = probe.paired_default(slices, None) or (0.0, 0.0)
+    work_a = 4 * d - lead_s  # the candidates' work at 0.9 of the default's rate
+    assert t == pytest.approx(4 * d + 0.9 * work_a + lead_s)
+    assert e == pytest.approx(work_w * (4 * d + 0.9 * work_a) + idle_w * lead_s)

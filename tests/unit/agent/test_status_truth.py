@@ -15,7 +15,7 @@ governor for the same steps, so we test:
 * each locked clock keeps its threshold on the run's steps in truth, and the whole run, trials
   included, within ``TRIAL_ALLOWANCE`` of it.
 
-Three cases: ``exact`` switches slices at the trainer's tick boundaries; ``real-time`` lets the
+Four cases: ``exact`` switches slices at the trainer's tick boundaries; ``real-time`` lets the
 agent switch inside a tick and books the tick at the clock read at its end, as the e2e's
 harness does in real time (report intervals then straddle switches; measured before the
 agent's slices took their rates from the reports inside them: a generation lock at 1380 MHz,
@@ -26,7 +26,8 @@ agent left the reports made during a switch out of the slices' rates (issue 21):
 blocks at 1200 MHz read 0.68-0.70 against a true 0.644, at 1560 MHz 0.83-0.84 against 0.814
 (in a run with 5 ms switches and the earlier progress shape, training locked 1890 MHz, true
 ratio 0.961 against 0.97); after: every block within 0.01, status saving 15.95 % vs 15.62 %
-true (generation) and 2.32 % vs 2.26 % (training).
+true (generation) and 2.32 % vs 2.26 % (training). ``work-starts-late`` adds a 12 ms lag
+between the phase signal and the GPUs' first work (``CASES``).
 
 Virtual time makes the run reproducible and independent of machine load; the e2e runs the same
 comparison in real time across processes (tests/e2e/test_full_stack.py).
@@ -181,6 +182,16 @@ def _block_errors(
     return fullstack.probe_block_errors(job, step, rec.phases)
 
 
+def _leads(
+    step: workload.StepWork, report: api_node.NodeReport
+) -> list[tuple[float, float | None]]:
+    """(lead s, lead energy J) of the first slice of each probed window of ``step``."""
+    rec = next(r for r in report.steps if r.step == step.index)
+    return [
+        (w.slices[0].lead_seconds, w.slices[0].lead_energy_joules) for w in rec.phases if w.slices
+    ]
+
+
 def _slow_switch(agent: service.Agent, drv: standin.StandinDriver, switch_s: float) -> None:
     """Each clock write takes ``switch_s / 8`` of virtual time, so a switch over the 8 GPUs
     takes ``switch_s`` and the trainer's tick can end while it runs."""
@@ -200,33 +211,15 @@ CASES: dict[str, tuple[tuple[float, ...], bool, float, tuple[float, float]]] = {
     "work-starts-late": (E2E_TICKS_S, True, E2E_SWITCH_S, (E2E_SIGNAL_LAG_S, E2E_SIGNAL_LAG_S)),
 }
 """(trainer ticks to draw from, s; real-time switching; the switch's length, s; the lags of
-the work's start and of the end signal, s) per case."""
-WORK_STARTS_LATE_BUG = (
-    "open limitation (issue 19, item 6: reported savings that match the truth): when the "
-    "GPUs' work starts after the phase signal (here 12 ms of 0.55-1.5 s phases), the status's "
-    "generation saving reads high: 17.10 % vs 15.53 % "
-    "true, its predicted default-governor energy 76,017 J vs 74,604 J (measured energy exact, "
-    "every probe block within 0.006 of the truth): a probed window's first slice is credited "
-    "its rate times its whole length, idle start included, in the paired default "
-    "(probe.paired_default); an exact first-slice amount instead read its blocks 0.03 low "
-    "(2026-12-02). The full-stack harness showed it (18.23 % vs 16.80 %) while it signalled "
-    "all three ranks before any worked; a verl worker signals right before its own work, ms "
-    "against phases of seconds to minutes"
-)
+the work's start and of the end signal, s) per case. ``work-starts-late``: the GPUs' work
+starts 12 ms after the phase signal. Before the agent split that lead off the first slice
+(``probes.work_start``, ``SliceReport.lead_seconds``) the status's generation saving read
+17.10 % against a true 15.53 % (predicted default-governor energy 76,017 J vs 74,604 J): the
+paired default credited the idle lead at the work's rate and power; after: 16.08 % vs
+16.13 % (2026-12-04)."""
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            c,
-            marks=[pytest.mark.xfail(strict=True, reason=WORK_STARTS_LATE_BUG)]
-            if c == "work-starts-late"
-            else [],
-        )
-        for c in CASES
-    ],
-)
+@pytest.mark.parametrize("case", list(CASES))
 def test_status_matches_the_truth_on_the_agent_path(make_driver: DriverFactory, case: str) -> None:
     tick_choices, real_time, switch_s, lags_s = CASES[case]
     rng = random.Random(0)
@@ -245,6 +238,7 @@ def test_status_matches_the_truth_on_the_agent_path(make_driver: DriverFactory, 
     loop.advance([agent.report()])
     run_s = {p: 0.0 for p in fullstack.PHASES}
     block_errors: list[tuple[str, int, int, float, float]] = []
+    leads: list[tuple[float, float | None]] = []
     run_j, def_s, def_j = dict(run_s), dict(run_s), dict(run_s)
     for step in job.replay.steps:
         agent.set_plan(loop.plan("t"))
@@ -276,6 +270,7 @@ def test_status_matches_the_truth_on_the_agent_path(make_driver: DriverFactory, 
         agent.end_step(POD, step.index, workload)
         node_report = agent.report()
         block_errors.extend(_block_errors(job, step, node_report))
+        leads.extend(_leads(step, node_report))
         loop.advance([node_report])
     totals = loop.totals()
     assert totals.steps == STEPS and totals.compared_steps == STEPS
@@ -284,6 +279,17 @@ def test_status_matches_the_truth_on_the_agent_path(make_driver: DriverFactory, 
     assert block_errors
     off = [b for b in block_errors if abs(b[3] - b[4]) > BLOCK_TOLERANCE]
     assert not off, (len(block_errors), off)
+    # The probed windows' first slices: the lead the agent placed before the work began.
+    # It is the lag before the GPUs' first work (12 ms late, else none), within 1 ms, and the
+    # GPUs idled through it (the first slice's power sample 5 ms in read idle power).
+    assert leads
+    lead_lag_s = lags_s[0]
+    assert all(lead_lag_s - 1e-6 <= s <= lead_lag_s + 1e-3 for s, _ in leads), leads
+    if lead_lag_s:
+        idle_w = [j / s for s, j in leads if j is not None]
+        assert len(idle_w) == len(leads)
+        want_w = SKU.idle_power_for(None) * sum(spread.values())
+        assert all(w == pytest.approx(want_w, rel=0.05) for w in idle_w), (want_w, idle_w)
 
     thresholds = {p.name: p.min_throughput_ratio for p in spec.phases}
     default = sim_job.default_run(job)
