@@ -38,7 +38,8 @@ default governor on error; trials measure inside a phase, because measurements a
    (mean context length for generation, tokens per sample for training) or new clock-event
    reasons (power, thermal) start a new trial. While the point estimate allows a clock that
    saves ``MONITOR_GAIN`` more than the lock, checks come twice as often and are mostly
-   lever-arm blocks, so the lock keeps stepping down as the evidence accumulates.
+   lever-arm blocks, so the lock keeps stepping down as the evidence accumulates; not while
+   the run owes its threshold throughput (``repay_ratio``): lever-arm slices cost it.
 6. Safety: an error in a phase's observation returns it to the default governor (FALLBACK);
    after ``recovery_steps`` clean steps it trials again.
 
@@ -416,7 +417,10 @@ class PhaseController:
                 reason=f"trial {', '.join(map(str, active))} MHz vs default",
             )
         clock = self.locked_clock_mhz
-        unsure = self._uncertain()
+        # Lever-arm checks cost throughput (a quarter of their slices run the lever-arm clock,
+        # and they come twice as often): not while the run owes its threshold some
+        # (``repay_ratio``).
+        unsure = self._uncertain() and self.repay_ratio <= self.threshold
         interval = (
             max(self.ctl.monitor_interval_steps // 2, 1)
             if unsure

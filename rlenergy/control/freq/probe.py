@@ -364,6 +364,8 @@ class MeasuredClock:
         throughput_mean: mean throughput ratio vs default.
         throughput_se: standard error of that mean (pooled within-clock spread; inf when unknown).
         power_mean: mean power ratio (None: no power measured).
+        power_se: standard error of ``power_mean`` (pooled within-clock spread; inf when
+            unknown).
     """
 
     clock_mhz: int
@@ -371,6 +373,7 @@ class MeasuredClock:
     throughput_mean: float
     throughput_se: float
     power_mean: float | None
+    power_se: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,12 +406,21 @@ class CorrectedFit:
         tau2: discrepancy variance of the model (throughput-ratio units squared).
         misfit: a measured clock lies more than ``MISFIT_Z`` standard errors (and ``MISFIT_MIN``)
             from the model.
+        power_misfit: a measured clock's mean power ratio lies more than ``MISFIT_Z`` standard
+            errors (and ``MISFIT_MIN``) from the model's quadratic power: power floors and
+            knees (``rlenergy.gpu.published``) bend it, so ``power_ratio`` corrects the model
+            by the measured clocks' power residuals on its own (``_power_parts``), whether or
+            not the throughput fits.
+        power_tau2: discrepancy variance of the power model (power-ratio units squared; the
+            method of moments, as ``tau2``).
     """
 
     model: PhaseModelFit
     measured: tuple[MeasuredClock, ...]
     tau2: float
     misfit: bool
+    power_misfit: bool = False
+    power_tau2: float = 0.0
 
     # Attributes of the model, so callers read either fit alike.
     @property
@@ -526,11 +538,53 @@ class CorrectedFit:
         k = student_t_factor(self.blocks - 1, z)
         return self.throughput_ratio(clock_mhz) - k * self.throughput_stderr(clock_mhz)
 
+    def _power_parts(self, clock_mhz: float) -> tuple[float, float, float, float] | None:
+        """(model p, its variance, corrected p, its variance) at a clock (None: no power model).
+
+        The corrected power is the model's plus the power residuals (measured mean - model) of
+        the probed clocks with power on either side, linearly interpolated in clock (the
+        default clock an exact point with residual 0; below the lowest, its residual holds).
+        """
+        c = min(clock_mhz, self.f_default_mhz)
+        p_m = self.model.power_ratio(c)
+        if p_m is None:
+            return None
+        usable = [
+            m for m in self.measured if m.power_mean is not None and math.isfinite(m.power_se)
+        ]
+        below = [m for m in usable if m.clock_mhz <= c]
+        above = [m for m in usable if m.clock_mhz > c]
+        if c >= self.f_default_mhz or not usable:
+            return p_m, self.power_tau2, p_m, math.inf
+        if not below:
+            nb: list[tuple[float, MeasuredClock | None]] = [(1.0, above[0])]
+        elif below[-1].clock_mhz == c:
+            nb = [(1.0, below[-1])]
+        else:
+            lo = below[-1]
+            hi_c = above[0].clock_mhz if above else self.f_default_mhz
+            w_hi = (c - lo.clock_mhz) / max(hi_c - lo.clock_mhz, 1e-9)
+            nb = [(1.0 - w_hi, lo), (w_hi, above[0] if above else None)]
+        p_c, var_c = p_m, 0.0
+        for w, m in nb:
+            if m is None or m.power_mean is None:
+                continue
+            p_c += w * (m.power_mean - (self.model.power_ratio(m.clock_mhz) or 0.0))
+            var_c += (w * m.power_se) ** 2
+        return p_m, self.power_tau2, p_c, var_c
+
     def power_ratio(self, clock_mhz: float) -> float | None:
         """Predicted power ratio vs default at ``clock_mhz``.
 
-        The model's and the corrected power, blended with the throughput's weights (``_blend``).
+        With a power misfit, the model's and the power-corrected power blended by their own
+        variances (``_power_parts``). Else, with a throughput misfit, the model's and the
+        corrected power blended with the throughput's weights (``_blend``); else the model's.
         """
+        if self.power_misfit:
+            parts = self._power_parts(clock_mhz)
+            if parts is None:
+                return None
+            return self._blend(*parts)[0]
         if not self.misfit:
             return self.model.power_ratio(clock_mhz)
         _, v_m, _, v_c, p_m, p_c = self._parts(clock_mhz)
@@ -559,13 +613,19 @@ def fit_corrected(
     for clock, thr, power in blocks:
         if clock < f_default_mhz and thr > 0:
             by_clock.setdefault(clock, []).append((thr, power))
-    ss = 0.0
-    dof = 0
+    ss = ss_p = 0.0
+    dof = dof_p = 0
     for values in by_clock.values():
         mean = sum(v[0] for v in values) / len(values)
         ss += sum((v[0] - mean) ** 2 for v in values)
         dof += len(values) - 1
+        ps = [v[1] for v in values if v[1] is not None]
+        if ps:
+            p_mean = sum(ps) / len(ps)
+            ss_p += sum((p - p_mean) ** 2 for p in ps)
+            dof_p += len(ps) - 1
     pooled = math.sqrt(ss / dof) if dof >= 2 else math.inf
+    pooled_p = math.sqrt(ss_p / dof_p) if dof_p >= 2 else math.inf
     measured: list[MeasuredClock] = []
     for clock in sorted(by_clock):
         values = by_clock[clock]
@@ -576,7 +636,8 @@ def fit_corrected(
                 len(values),
                 sum(v[0] for v in values) / len(values),
                 pooled / math.sqrt(len(values)),
-                sum(p for p in powers if p is not None) / len(powers) if powers else None,
+                sum(powers) / len(powers) if powers else None,
+                pooled_p / math.sqrt(len(powers)) if powers else math.inf,
             )
         )
     excess: list[float] = []
@@ -590,4 +651,15 @@ def fit_corrected(
         if abs(resid) > max(MISFIT_Z * math.sqrt(var), MISFIT_MIN):
             misfit = True
     tau2 = max(sum(excess) / len(excess), 0.0) if excess else 0.0
-    return CorrectedFit(model, tuple(measured), tau2, misfit)
+    p_excess: list[float] = []
+    power_misfit = False
+    for m in measured:
+        modelled = model.power_ratio(m.clock_mhz)
+        if m.power_mean is None or modelled is None or not math.isfinite(m.power_se):
+            continue
+        resid = m.power_mean - modelled
+        p_excess.append(resid * resid - m.power_se**2)
+        if abs(resid) > max(MISFIT_Z * m.power_se, MISFIT_MIN):
+            power_misfit = True
+    power_tau2 = max(sum(p_excess) / len(p_excess), 0.0) if p_excess else 0.0
+    return CorrectedFit(model, tuple(measured), tau2, misfit, power_misfit, power_tau2)

@@ -291,3 +291,65 @@ def test_fit_corrected_flags_a_misfit_only_beyond_both_limits() -> None:
     knee += [(1600, 0.95 + d, None) for d in (-0.001, 0.001)]
     fit = probe.fit_corrected(knee, F_MAX, F_MAX)
     assert fit is not None and fit.misfit is True and fit.tau2 > 0.0
+
+
+def _floor_blocks(noise: float = 0.005) -> list[tuple[int, float, float | None]]:
+    """Throughput exactly on the model (u = 0.5); power the quadratic
+    ``1 + 0.6 ((c/f_max)**2 - 1)`` (0.55 at 1000 MHz, 0.616 at 1200) held up by a floor of 0.65
+    below 1400 MHz, two blocks per clock +-noise."""
+    out: list[tuple[int, float, float | None]] = []
+    for c in (1000, 1200, 1400, 1600, 1800):
+        p = max(1.0 + 0.6 * ((c / F_MAX) ** 2 - 1.0), 0.65 if c < 1400 else 0.0)
+        out += [(c, _r(c), p - noise), (c, _r(c), p + noise)]
+    return out
+
+
+def test_a_power_floor_is_a_power_misfit_and_the_measured_power_decides() -> None:
+    """Throughput fits, power does not: a floor the quadratic cannot bend to (the published
+    family's power floors, ``rlenergy.gpu.published``). The power is corrected on its own."""
+    fit = probe.fit_corrected(_floor_blocks(), F_MAX, F_MAX)
+    assert fit is not None and fit.misfit is False and fit.power_misfit is True
+    assert [m.power_se for m in fit.measured] == pytest.approx([0.005] * 5)
+    model = fit.model
+    resid = {
+        m.clock_mhz: (m.power_mean or 0.0) - (model.power_ratio(m.clock_mhz) or 0.0)
+        for m in fit.measured
+    }
+    assert fit.power_tau2 == pytest.approx(
+        max(sum(r * r - 0.005**2 for r in resid.values()) / 5, 0.0)
+    )
+    assert fit.power_tau2 > 20 * 0.005**2  # the model's discrepancy dwarfs the noise
+
+    def blend(p_model: float, p_corrected: float, var_corrected: float) -> float:
+        w_m, w_c = 1.0 / fit.power_tau2, 1.0 / var_corrected
+        return (p_model * w_m + p_corrected * w_c) / (w_m + w_c)
+
+    for c in (1000, 1200, 1800):
+        m = fit.measured_at(c)
+        assert m is not None and m.power_mean is not None
+        p_m = model.power_ratio(c) or 0.0
+        assert fit.power_ratio(c) == pytest.approx(blend(p_m, m.power_mean, 0.005**2))
+        assert fit.power_ratio(c) == pytest.approx(m.power_mean, abs=3e-3)
+    assert abs((fit.power_ratio(1000) or 0.0) - (model.power_ratio(1000) or 0.0)) > 0.04
+    # Between probed clocks the residuals interpolate linearly; the throughput is the model's.
+    p_m = model.power_ratio(1300) or 0.0
+    mid = p_m + 0.5 * (resid[1200] + resid[1400])
+    assert fit.power_ratio(1300) == pytest.approx(blend(p_m, mid, 2 * (0.5 * 0.005) ** 2))
+    assert fit.throughput_ratio(1300) == pytest.approx(_r(1300))
+    assert fit.energy_ratio(1000) == pytest.approx(0.65 / _r(1000), abs=3e-3)
+    assert fit.power_ratio(F_MAX) == pytest.approx(1.0)
+
+
+def test_a_quadratic_power_is_no_power_misfit() -> None:
+    blocks = [
+        (c, _r(c), 1.0 + 0.6 * ((c / F_MAX) ** 2 - 1.0) + d)
+        for c in (1000, 1400, 1800)
+        for d in (-0.005, 0.005)
+    ]
+    fit = probe.fit_corrected(blocks, F_MAX, F_MAX)
+    assert fit is not None and fit.power_misfit is False
+    assert fit.power_ratio(1200) == fit.model.power_ratio(1200)
+    # One block per clock: no power standard error, so no power misfit either.
+    single = probe.fit_corrected(_floor_blocks()[::2], F_MAX, F_MAX)
+    assert single is not None and single.power_misfit is False
+    assert all(math.isinf(m.power_se) for m in single.measured)

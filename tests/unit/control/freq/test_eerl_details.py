@@ -207,8 +207,7 @@ def test_probe_evidence_says_which_and_why() -> None:
     pc._last_time_s = 0.5
     pc.progress_gap_s = 0.2
     assert pc.probe_evidence == (
-        "whole-phase: progress every 200 ms or more resolves fewer than 8 slices of a 0.500 s "
-        "phase"
+        "whole-phase: progress every 200 ms or more resolves fewer than 8 slices of a 0.500 s phase"
     )
     pc.progress_gap_s = math.inf
     assert pc.probe_evidence == (
@@ -288,7 +287,9 @@ def test_a_locked_phase_without_a_clock_says_why() -> None:
     pc = _fitted()
     pc._lock(None, 150.0, slowdown=False)
     d = pc.decide(True)
-    assert d == base.PhaseDecision(None, base.PhaseState.LOCKED, reason="no clock met the threshold")
+    assert d == base.PhaseDecision(
+        None, base.PhaseState.LOCKED, reason="no clock met the threshold"
+    )
     pc._lock(1680, 150.0, slowdown=False)
     assert pc.decide(True).reason == "locked"
 
@@ -310,6 +311,36 @@ def test_monitor_checks_come_every_interval_at_the_lock() -> None:
     assert seen == [False, False, False, False, True, False, False, False, True]
     pc._since_lock = 4
     assert not pc.decide(False).probe_clocks_mhz  # no trial budget: no check
+
+
+def test_lever_arm_checks_wait_while_the_run_owes_throughput() -> None:
+    """An unsure lock checks twice as often, half of it at the lever-arm clock; a run that owes
+    its threshold throughput (``repay_ratio`` above it) gets the plain check at the interval:
+    on TinyZero / b200:batched-decode those checks (probed windows 22 % slower) left
+    generation's whole run at 0.942 against 0.95 (``make bench-energy``, 2026-12-04)."""
+    pc = _fitted(eerl.ControllerSettings(monitor_interval_steps=4))
+    pc._last_time_s = 1.25
+    pc.settings = _settings(ratio=0.90)
+    pc.threshold = 0.90
+    pc._lock(1830, 150.0, slowdown=False)
+    assert pc._uncertain()
+    pc._since_lock = 2
+    unsure = pc.decide(True)
+    lever = pc._lever_clock()
+    assert lever is not None and lever < 1830
+    assert (
+        unsure.probe_clocks_mhz
+        == probe.block_schedule([lever, lever, 1830]) + (1830,) * probe.BLOCK
+    )
+    # A run 10 s of default time behind at 0.90 repays at 0.93 over the next 10 s.
+    pc.ledger_default_s, pc.ledger_windows = 10.0, 400
+    pc.ledger_actual_s = 20.0 / 0.90 - 10.0 / 0.93
+    assert pc.repay_ratio == pytest.approx(0.93) and pc.repay_ratio > pc.threshold
+    assert pc._uncertain()  # still unsure, but the run cannot pay for lever-arm slices
+    assert not pc.decide(True).probe_clocks_mhz  # not due at 2 of 4
+    pc._since_lock = 4
+    owed = pc.decide(True)
+    assert owed.probe_clocks_mhz == probe.block_schedule([1830]) + (1830,) * probe.BLOCK
 
 
 # ----- the job-level controller ------------------------------------------------------------------
@@ -389,31 +420,40 @@ def test_pool_times_keep_plain_steps_only() -> None:
     ctl.phases["generation"].fit = fitted.fit
     gen_locked = base.PhaseObservation("generation", 2.0, 300.0, 1680, 1680)
     train = base.PhaseObservation("training", 1.5, 300.0, None, 1980)
-    ctl._record_pool_times(base.StepObservation(0, WL, {"generation": gen_locked, "training": train}))
-    assert ctl._pool_times == [
-        {"generation": pytest.approx(2.0 * _r(1680)), "training": 1.5}
-    ]
+    ctl._record_pool_times(
+        base.StepObservation(0, WL, {"generation": gen_locked, "training": train})
+    )
+    assert ctl._pool_times == [{"generation": pytest.approx(2.0 * _r(1680)), "training": 1.5}]
     probe_step = base.PhaseObservation(
         "generation", 2.0, 300.0, None, slices=(base.ProbeSlice(None, 0.1, 1.0, 1.0),)
     )
     for skipped in (
         {"generation": probe_step, "training": train},
         {"generation": gen_locked},
-        {"generation": gen_locked, "training": base.PhaseObservation("training", 1.5, None, None, error="x")},
+        {
+            "generation": gen_locked,
+            "training": base.PhaseObservation("training", 1.5, None, None, error="x"),
+        },
     ):
         ctl._record_pool_times(base.StepObservation(1, WL, skipped))
     assert len(ctl._pool_times) == 1
     ctl.phases["generation"].fit = None  # a locked clock without a fit: no default time known
-    ctl._record_pool_times(base.StepObservation(2, WL, {"generation": gen_locked, "training": train}))
+    ctl._record_pool_times(
+        base.StepObservation(2, WL, {"generation": gen_locked, "training": train})
+    )
     assert len(ctl._pool_times) == 1
     ctl.phases["generation"].fit = fitted.fit
     for s in range(70):
-        ctl._record_pool_times(base.StepObservation(s, WL, {"generation": train, "training": train}))
+        ctl._record_pool_times(
+            base.StepObservation(s, WL, {"generation": train, "training": train})
+        )
     assert len(ctl._pool_times) == 64  # the newest 64
 
 
 # ----- direct evidence: verdicts, bracket, uncertainty -----------------------------------------
-def _model(u_stderr: float = 0.0, beta: float | None = BETA, blocks: int = 6) -> probe.PhaseModelFit:
+def _model(
+    u_stderr: float = 0.0, beta: float | None = BETA, blocks: int = 6
+) -> probe.PhaseModelFit:
     return probe.PhaseModelFit(U, u_stderr, beta, F_MAX, F_MAX, blocks)
 
 
@@ -604,7 +644,9 @@ def test_a_trial_first_checks_the_guess_of_carried_blocks_then_the_lever() -> No
 def test_a_trial_without_budget_runs_the_interim_clock() -> None:
     pc = _trial()
     d = pc.decide(False)
-    assert d == base.PhaseDecision(1680, base.PhaseState.TRIAL, reason="trial budget spent: interim clock")
+    assert d == base.PhaseDecision(
+        1680, base.PhaseState.TRIAL, reason="trial budget spent: interim clock"
+    )
     pc.fit = None
     pc._previous_lock_mhz = 1530
     assert pc.decide(False).clock_mhz == 1530  # no fit yet: the previous lock
@@ -734,9 +776,7 @@ def test_locked_monitor_blocks_feed_the_monitor_at_the_lock_only() -> None:
 
 def test_slices_the_reports_cannot_resolve_give_no_blocks() -> None:
     pc = _trial()
-    slices = tuple(
-        base.ProbeSlice(c, 0.025, 2.5, 7.5) for c in probe.block_schedule([1680])
-    )
+    slices = tuple(base.ProbeSlice(c, 0.025, 2.5, 7.5) for c in probe.block_schedule([1680]))
     ok = base.PhaseObservation("generation", 0.2, 60.0, None, slices=slices, progress_gap_s=0.006)
     assert len(pc._blocks(ok, 100.0)) == 1  # 4 x 6 ms <= 25 ms
     late = base.PhaseObservation("generation", 0.2, 60.0, None, slices=slices, progress_gap_s=0.007)
