@@ -34,6 +34,7 @@ class StepRecords(AgentState):
             self.workloads.pop(oldest, None)
             self.step_released_gpu_s.pop(oldest, None)
             self.idle_j.pop(oldest, None)
+            self.idle_gpu_s.pop(oldest, None)
 
     def _finished(self, steps: Iterable[int]) -> set[int]:
         newest = max(self.steps, default=-1)
@@ -54,9 +55,9 @@ class StepRecords(AgentState):
 
         Built again only when what it is built from changed: a step's window lists only grow
         (closed windows are frozen and appended), so their lengths and last windows, the
-        step's workload, idle energy and released GPU time say whether the record built before
-        still holds. A finished step is built once instead of at every report (32 steps kept;
-        the report is built under the agent's lock, which phase signals wait for).
+        step's workload, idle energy and time and released GPU time say whether the record
+        built before still holds. A finished step is built once instead of at every report (32
+        steps kept; the report is built under the agent's lock, which phase signals wait for).
         """
         with self._lock:
             by_phase = self.steps.get(step, {})
@@ -64,6 +65,7 @@ class StepRecords(AgentState):
                 tuple((ph, len(ws), ws[-1] if ws else None) for ph, ws in sorted(by_phase.items())),
                 self.workloads.get(step),
                 self.idle_j.get(step, 0.0),
+                self.idle_gpu_s.get(step, 0.0),
                 self.step_released_gpu_s.get(step, 0.0),
             )
             hit = self.record_cache.get(step)
@@ -118,6 +120,7 @@ class StepRecords(AgentState):
                 workload=workload,
                 phases=phases,
                 idle_energy_joules=self.idle_j.get(step, 0.0),
+                idle_gpu_seconds=self.idle_gpu_s.get(step, 0.0),
                 released_gpu_seconds=self.step_released_gpu_s.get(step, 0.0),
             )
 

@@ -137,6 +137,8 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
         self.record_cache: dict[int, tuple[tuple[object, ...], api_node.StepRecord]] = {}
         """Built step records by step, with what they were built from (``records``)."""
         self.idle_j: dict[int, float | None] = {}
+        self.idle_gpu_s: dict[int, float] = {}
+        """Per step, the idle windows' time summed over their GPUs, GPU-s."""
         self.refused = 0
         self.probe_switches = 0
         self.parked: dict[str, _Park] = {}
@@ -189,6 +191,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             self.record_cache.clear()
             self.workloads.clear()
             self.idle_j.clear()
+            self.idle_gpu_s.clear()
             self.dirty_steps.clear()
             self.step_released_gpu_s.clear()
             self.dispatch = None
@@ -430,6 +433,9 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             prev = self.idle_j.get(w.step, 0.0)
             self.idle_j[w.step] = (
                 None if prev is None or win.energy_j is None else prev + win.energy_j
+            )
+            self.idle_gpu_s[w.step] = self.idle_gpu_s.get(w.step, 0.0) + win.duration_s * len(
+                w.gpus
             )
             self._count(win)
             self.dirty_steps.add(w.step)

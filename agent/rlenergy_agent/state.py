@@ -215,6 +215,7 @@ class AgentState:
     dirty_steps: set[int]
     record_cache: dict[int, tuple[tuple[object, ...], api_node.StepRecord]]
     idle_j: dict[int, float | None]
+    idle_gpu_s: dict[int, float]
     refused: int
     probe_switches: int
     parked: dict[str, _Park]

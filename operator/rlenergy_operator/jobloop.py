@@ -239,6 +239,7 @@ class JobLoop:
         pred_energy: float | None = job.idle_energy_j
         pred_times: list[float] = []
         meas_times: list[float] = []
+        times: dict[str, tuple[float, float]] = {}
         other_source = False
         for name, ph in obs.phases.items():
             pa = acc.phases.setdefault(name, PhaseAccount())
@@ -266,6 +267,12 @@ class JobLoop:
             if p_t is not None:
                 pred_times.append(p_t)
                 meas_times.append(ph.duration_s)
+                times[name] = (ph.duration_s, p_t)
+        if self.spec.mode == "async" and pred_energy is not None and job.idle_energy_j is not None:
+            # The pools' waits are no constant: under the default governor each waits as long
+            # as the slower pool's default time leaves it (base.async_default_idle_j).
+            idle_j = job.idle_energy_j
+            pred_energy += base.async_default_idle_j(idle_j, obs.pool_idle, times) - idle_j
         acc.steps += 1
         acc.through_step = obs.step
         acc.valid_tokens += valid

@@ -228,6 +228,12 @@ class StepRecord(_Wire):
         ge=0,
         description="Energy outside phase windows during the step.",
     )
+    idle_gpu_seconds: float | None = Field(
+        None,
+        ge=0,
+        description="Time outside phase windows during the step, summed over the GPUs, GPU-s "
+        "(async mode: a pool's wait for the slower one; null: not reported).",
+    )
     released_gpu_seconds: float = Field(
         0.0,
         ge=0,

@@ -350,7 +350,19 @@ def run_job(
         idle_measured = _window(idle_start, idle_end, max(idle_t, default=0.0))
         measured.append(idle_measured)
         step_time, energy, _, _ = job._combine(step, times, energies, held)
-        policy.observe(base.StepObservation(step.index, step.workload, phase_obs))
+        pool_idle: dict[str, base.PoolIdle] = {}
+        if job.mode == "async":  # each pool's wait, metered like the agents' idle windows
+            for phase, members in pools.items():
+                pool_idle[phase] = base.PoolIdle(
+                    _window(
+                        [idle_start[i] for i in members],
+                        [idle_end[i] for i in members],
+                        max((idle_t[i] for i in members), default=0.0),
+                    ),
+                    sum(idle_t[i] for i in members),
+                    len(members),
+                )
+        policy.observe(base.StepObservation(step.index, step.workload, phase_obs, pool_idle))
         known = [m for m in measured if m is not None]
         result = StepResult(
             index=step.index,

@@ -5,7 +5,8 @@ phase the measured window energy and time beside the default governor's counterf
 same window, which comes from the controller (``eerl.PhaseController.default_equivalent``:
 the window itself under the default governor, the paired default slices of a probed window,
 the paired-probe fit for a locked one), computed before the controller sees the step. The
-job's figures add the idle windows (measured, the same under either) to both energies; its time
+job's figures add the idle windows (measured) to both energies, in async mode with each pool's
+longer or shorter wait under the default governor (``base.async_default_idle_j``); its time
 is the sum of the phase times (the slower pool's in async mode). ``StatusAccount`` does the
 same fold beside ``sim.job.run_job`` (it wraps the controller as the policy), so the bench can
 print the status's saving and throughput ratio next to the simulator's truth.
@@ -54,6 +55,9 @@ class StatusAccount:
         self.phase_measured_j = 0.0
         """Measured energy of every phase window with known energy, J (the idle windows are
         the step energy less this)."""
+        self.idle_extra_j = 0.0
+        """Async mode: the default governor's idle energy less the measured, over the compared
+        steps, J (``base.async_default_idle_j``)."""
 
     def decide(self, step: int) -> base.Plan:
         """The controller's plan."""
@@ -88,9 +92,20 @@ class StatusAccount:
             self.total.predicted_s += pick(p for _, p in times)
             self.total.measured_j += sum(e for e, _ in energy)
             self.total.predicted_j += sum(p for _, p in energy)
+            idle = [p.energy_j for p in observation.pool_idle.values()]
+            if self.async_mode and idle and all(j is not None for j in idle):
+                idle_j = sum(j or 0.0 for j in idle)
+                by_phase = dict(zip(observation.phases, times, strict=True))
+                self.idle_extra_j += (
+                    base.async_default_idle_j(idle_j, observation.pool_idle, by_phase) - idle_j
+                )
         self.controller.observe(observation)
 
     def add_idle(self, idle_j: float) -> None:
-        """Add the run's idle energy to both sides of the job total (the same under either)."""
+        """Add the run's idle energy to both sides of the job total.
+
+        The same under either, but for the async pools' longer or shorter waits
+        (``idle_extra_j``).
+        """
         self.total.measured_j += idle_j
-        self.total.predicted_j += idle_j
+        self.total.predicted_j += idle_j + self.idle_extra_j

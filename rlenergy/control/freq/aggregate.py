@@ -236,10 +236,32 @@ def job_step(step: int, reports: Sequence[api_node.NodeReport], *, pools: bool =
         mean_context_tokens=w.mean_context_tokens,
     )
     return JobStep(
-        observation=base.StepObservation(step, workload, phases),
+        observation=base.StepObservation(step, workload, phases, _pool_idle(recs) if pools else {}),
         idle_energy_j=_sum([r.idle_energy_joules for _, r in recs]),
         nodes=len(recs),
     )
+
+
+def _pool_idle(recs: Sequence[tuple[str, api_node.StepRecord]]) -> dict[str, base.PoolIdle]:
+    """Per phase, its pool's idle time and energy (async mode; ``base.PoolIdle``).
+
+    A node is in the pool of the one phase it has windows of, its GPUs those the windows
+    metered; a node with windows of two phases (or none) puts pools out of reach: ``{}``.
+    """
+    out: dict[str, base.PoolIdle] = {}
+    for _, rec in recs:
+        names = {p.phase for p in rec.phases}
+        if len(names) != 1:
+            return {}
+        name = names.pop()
+        gpus = len({u for p in rec.phases for u in p.gpu_energy_joules})
+        prev = out.get(name, base.PoolIdle(0.0, 0.0, 0))
+        out[name] = base.PoolIdle(
+            _sum([prev.energy_j, rec.idle_energy_joules]),
+            _sum([prev.gpu_seconds, rec.idle_gpu_seconds]),
+            prev.gpus + gpus,
+        )
+    return out
 
 
 def supported_clocks(reports: Sequence[api_node.NodeReport]) -> tuple[int, ...]:

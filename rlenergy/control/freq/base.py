@@ -158,12 +158,76 @@ def ran_slice_clock_mhz(s: ProbeSlice) -> int | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class PoolIdle:
+    """One pool's GPUs outside phase windows in one step.
+
+    In async mode: waiting for the slower pool, plus the step's gaps.
+
+    Attributes:
+        energy_j: their energy, J (``None``: unknown).
+        gpu_seconds: their idle time summed over GPUs, GPU-s (``None``: not reported).
+        gpus: GPUs in the pool.
+    """
+
+    energy_j: float | None
+    gpu_seconds: float | None
+    gpus: int
+
+
+@dataclasses.dataclass(frozen=True)
 class StepObservation:
-    """One RL step: its token workload and one observation per phase."""
+    """One RL step: its token workload, one observation per phase, each pool's idle.
+
+    ``pool_idle``: in async mode, each pool's idle time by the phase it runs (empty in sync
+    mode or when unknown).
+    """
 
     step: int
     workload: api_workload.TokenWorkload
     phases: Mapping[str, PhaseObservation]
+    pool_idle: Mapping[str, PoolIdle] = dataclasses.field(default_factory=dict)
+
+
+def async_default_idle_j(
+    idle_j: float,
+    pool_idle: Mapping[str, PoolIdle],
+    times_s: Mapping[str, tuple[float, float]],
+) -> float:
+    """The idle energy of an async step under the default governor, J.
+
+    The pools run at once and each waits for the slower (``StepObservation.pool_idle``): a
+    pool's idle time is the step's busy time, its slowest pool's phase, less its own phase.
+    Under the default governor both phases run faster by their own ratios, so a pool waits
+    ``(T_d - t_d) - (T - t)`` longer (``T``, ``T_d``: the slowest phase measured and under the
+    default; ``t``, ``t_d``: the pool's), at the idle power per GPU its GPUs measured (else
+    that of every pool that idled). The step's gaps outside both cancel. Counting the idle
+    the same under either read the job's saving 2.2 pp high in async where a slowed pool
+    idled less (``make bench-energy``, 2026-12-04, docs/simulator.md).
+
+    Args:
+        idle_j: the step's measured idle energy, J.
+        pool_idle: per phase, its pool's idle time and energy.
+        times_s: per phase, (measured time s, default-governor time s).
+
+    Returns:
+        ``idle_j`` plus each pool's extra idle energy (at least 0); ``idle_j`` when a pool's
+        idle or times are unknown (the idle counted the same under either).
+    """
+    if not pool_idle or set(pool_idle) != set(times_s):
+        return idle_j
+    known = [p for p in pool_idle.values() if p.energy_j is not None and p.gpu_seconds]
+    if not known:
+        return idle_j
+    pooled_w = sum(p.energy_j or 0.0 for p in known) / sum(p.gpu_seconds or 0.0 for p in known)
+    busy = max(t for t, _ in times_s.values())
+    busy_default = max(t for _, t in times_s.values())
+    extra_j = 0.0
+    for name, pool in pool_idle.items():
+        t, t_d = times_s[name]
+        own = pool.energy_j is not None and pool.gpu_seconds
+        per_gpu_w = (pool.energy_j or 0.0) / (pool.gpu_seconds or 1.0) if own else pooled_w
+        extra_j += per_gpu_w * pool.gpus * ((busy_default - t_d) - (busy - t))
+    return max(idle_j + extra_j, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -330,7 +330,8 @@ def test_a_step_record_is_built_again_only_when_its_inputs_change(
     make_driver: DriverFactory,
 ) -> None:
     """``report()`` reuses a finished step's record until a window, its workload, its idle
-    energy or a park's released time of that step changes; a policy switch drops them all."""
+    energy and time or a park's released time of that step changes; a policy switch drops them
+    all."""
     drv = make_driver(2)
     agent = _agent(drv, {POD_A: list(drv.uuids)})
     work = api_node.TokenWorkloadReport(
@@ -358,6 +359,10 @@ def test_a_step_record_is_built_again_only_when_its_inputs_change(
         2 * {p.phase: p for p in first[1].phases}["training"].gpu_seconds
     )
     assert now[1].idle_energy_joules > first[1].idle_energy_joules
+    # Idle time over the GPUs: each idle window 0.5 s on 2 GPUs; step 1 has two after the
+    # late window.
+    assert first[0].idle_gpu_seconds == first[1].idle_gpu_seconds == pytest.approx(2 * 0.5)
+    assert now[1].idle_gpu_seconds == pytest.approx(2 * 2 * 0.5)
     assert now == {r.step: r for r in agent.report().steps}
     agent.switch_policy("other")
     assert agent.record_cache == {} and agent.report().steps == []

@@ -50,7 +50,9 @@ def rec(
     return api_node.StepRecord(step=step, workload=workload, phases=phases, idleEnergyJoules=idle)
 
 
-def report(node: str, steps: list[api_node.StepRecord], condition: str = "ok") -> api_node.NodeReport:
+def report(
+    node: str, steps: list[api_node.StepRecord], condition: str = "ok"
+) -> api_node.NodeReport:
     return api_node.NodeReport(
         policyName="p",
         nodeName=node,
@@ -70,6 +72,8 @@ def test_probe_slice_carries_every_field() -> None:
         effectiveClockMHz=1380,
         energySource="instant_power",
         rateReports=4,
+        leadSeconds=0.012,
+        leadEnergyJoules=1.5,
     )
     assert aggregate.probe_slice(p) == base.ProbeSlice(
         clock_mhz=1395,
@@ -80,6 +84,8 @@ def test_probe_slice_carries_every_field() -> None:
         effective_clock_mhz=1380,
         energy_source="instant_power",
         rate_reports=4,
+        lead_s=0.012,
+        lead_energy_j=1.5,
     )
 
 
@@ -146,7 +152,10 @@ def test_phase_edges() -> None:
     ws = [("a", win("training", progressMeanGapSeconds=0.02)), ("b", win("training"))]
     assert aggregate._phase("training", ws).progress_gap_s == math.inf
     # Mixed sources say so; none reported: None.
-    ws = [("a", win("training", energySource="counter")), ("b", win("training", energySource="power"))]
+    ws = [
+        ("a", win("training", energySource="counter")),
+        ("b", win("training", energySource="power")),
+    ]
     assert aggregate._phase("training", ws).energy_source == "mixed"
     assert aggregate._phase("training", [("a", win("training"))]).energy_source is None
     # No applied clock read anywhere: None, and no slowdown.
@@ -233,6 +242,34 @@ def test_async_pools_count_a_node_only_in_its_phases() -> None:
     assert both.observation.phases["generation"].error == "no generation window from c"
     assert both.observation.phases["training"].error == "no training window from c"
     assert both.nodes == 3
+
+
+def test_async_pools_carry_each_pool_s_idle_time_energy_and_gpus() -> None:
+    """``StepObservation.pool_idle``: per phase, the idle of the nodes that ran only it."""
+
+    def node(name: str, phase: str, gpus: int, idle_j: float | None, idle_gpu_s: float | None):
+        window = win(phase, gpuEnergyJoules={f"GPU-{name}-{i}": 50.0 for i in range(gpus)})
+        record = api_node.StepRecord(
+            step=0, workload=W, phases=[window], idleEnergyJoules=idle_j, idleGpuSeconds=idle_gpu_s
+        )
+        return report(name, [record])
+
+    gen = [node("a", "generation", 2, 300.0, 3.0), node("b", "generation", 2, 100.0, 1.0)]
+    train = node("c", "training", 4, 40.0, 0.4)
+    pooled = aggregate.job_step(0, [*gen, train], pools=True).observation.pool_idle
+    assert pooled == {
+        "generation": base.PoolIdle(energy_j=400.0, gpu_seconds=4.0, gpus=4),
+        "training": base.PoolIdle(energy_j=40.0, gpu_seconds=0.4, gpus=4),
+    }
+    # Sync mode has no pools; an older agent's record (no idle time) leaves it unknown.
+    assert aggregate.job_step(0, [*gen, train]).observation.pool_idle == {}
+    old = node("d", "training", 4, 40.0, None)
+    assert aggregate.job_step(0, [*gen, old], pools=True).observation.pool_idle[
+        "training"
+    ] == base.PoolIdle(40.0, None, 4)
+    # A node with windows of both phases belongs to no one pool: no pools at all.
+    both = report("e", [rec(0, [win("generation"), win("training")])])
+    assert aggregate.job_step(0, [*gen, both], pools=True).observation.pool_idle == {}
 
 
 def test_slices_from_every_node_and_none_on_error_free_missing() -> None:
