@@ -82,7 +82,7 @@ def run_row(trace: str, gpu: str, mode: sim_job.Mode, steps: int, seed: int) -> 
         .settings.candidates_mhz
     )
     user = peers.StaticSweepUser(workload.PHASES, cands, threshold, async_mode=mode == "async")
-    results, _ = sim_job.run_job(job, user)
+    results, _ = sim_job.run_job(job, user, idle_unlocked=False)  # nvidia-smi -lgc holds
     tot = sim_job.totals(job, results)
     out["static-sweep"] = (peers.saving(tot, default), peers.throughput(tot, default))
     detail["static-sweep"] = user.locked
@@ -148,9 +148,7 @@ def main() -> int:
                     "ee_to_online": _ratio(ee, max(ok_online, default=0.0)),
                     "ee_to_static_clock": _ratio(ee, methods["static-clock"][0]),
                     "ee_to_oracle": _ratio(ee, methods["oracle"][0]),
-                    "oracle_to_online": _ratio(
-                        methods["oracle"][0], max(ok_online, default=0.0)
-                    ),
+                    "oracle_to_online": _ratio(methods["oracle"][0], max(ok_online, default=0.0)),
                     "oracle_to_static_clock": _ratio(
                         methods["oracle"][0], methods["static-clock"][0]
                     ),

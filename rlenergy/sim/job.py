@@ -174,15 +174,22 @@ class Job:
         step: workload.StepWork,
         clocks_mhz: Mapping[str, float | None],
         power_limit_w: float | None = None,
+        *,
+        idle_locked: bool = True,
     ) -> tuple[float, float, dict[str, float], dict[str, float]]:
-        """(time s, energy J, phase times, phase energies) of a step at fixed clocks."""
+        """(time s, energy J, phase times, phase energies) of a step at fixed clocks.
+
+        ``idle_locked``: the pools idle holding their phase's lock (a static lock such as
+        ``nvidia-smi -lgc``); False: unlocked (the node agent resets at the trainer's idle
+        signal, ``run_job``'s ``idle_unlocked``).
+        """
         times: dict[str, float] = {}
         energies: dict[str, float] = {}
         for phase in workload.PHASES:
             times[phase], energies[phase] = self.phase_truth(
                 step, phase, clocks_mhz.get(phase), power_limit_w
             )
-        return self._combine(step, times, energies, clocks_mhz)
+        return self._combine(step, times, energies, clocks_mhz if idle_locked else {})
 
     def _combine(
         self,
@@ -284,6 +291,7 @@ def run_job(
     on_step: object = None,
     faults: Mapping[int, Sequence[sim_gpu.Fault]] | None = None,
     on_start: Callable[[Sequence[sim_gpu.SimulatedGpu]], None] | None = None,
+    idle_unlocked: bool = True,
 ) -> tuple[list[StepResult], list[sim_gpu.SimulatedGpu]]:
     """Play every step of ``job`` under ``policy``.
 
@@ -294,6 +302,10 @@ def run_job(
         faults: optional faults to inject into every GPU at a step index (an empty list clears).
         on_start: optional callable given the simulated GPUs before the first step (peers
             that drive the GPUs themselves, e.g. a power-limit optimizer, bind to them here).
+        idle_unlocked: each pool's GPUs return to the default governor when its work of the
+            step ends, as the node agent does at the trainer's idle signal
+            (``rlenergy_agent.service.Agent.phase``: an idle phase has no plan entry); False:
+            they idle holding the lock (a static lock, ``nvidia-smi -lgc``).
 
     Returns:
         Per-step results and the simulated GPUs (their clocks are reset at the end).
@@ -341,6 +353,13 @@ def run_job(
             times[phase], energies[phase] = t, e
             measured.append(obs.energy_j)
         # The rest of the step: GPUs idle (both pools wait for the slower one in async mode).
+        if idle_unlocked:  # the trainer's idle signal: the agent resets each pool's clocks
+            for g in gpus:
+                try:
+                    agent.apply(g, None)
+                except gpu_errors.GpuError:
+                    agent.applied[g.uuid] = None
+            held = dict.fromkeys(held)
         end = max(g.now_s for g in gpus) + step.other_time_s
         idle_start = [_Agent.read(g) for g in gpus]
         idle_t = [end - g.now_s for g in gpus]
@@ -465,17 +484,25 @@ def totals(job: Job, results: Sequence[StepResult]) -> Totals:
 
 
 def fixed_run(
-    job: Job, clocks_mhz: Mapping[str, float | None], power_limit_w: float | None = None
+    job: Job,
+    clocks_mhz: Mapping[str, float | None],
+    power_limit_w: float | None = None,
+    *,
+    idle_locked: bool = True,
 ) -> Totals:
     """Totals of the whole job at fixed clocks per phase (None: default governor), analytically.
 
     ``power_limit_w``: a power limit held over the whole run (None: the SKU's default limit).
+    ``idle_locked``: the locks are held while the GPUs idle (a static lock); False: the agent's
+    per-phase locks, released at the trainer's idle signal (``Job.step_truth``).
     """
     t_sum = e_sum = 0.0
     pt = {p: 0.0 for p in workload.PHASES}
     pe = {p: 0.0 for p in workload.PHASES}
     for step in job.replay.steps:
-        t, e, times, energies = job.step_truth(step, clocks_mhz, power_limit_w)
+        t, e, times, energies = job.step_truth(
+            step, clocks_mhz, power_limit_w, idle_locked=idle_locked
+        )
         t_sum += t
         e_sum += e
         for p in workload.PHASES:
@@ -502,6 +529,8 @@ def oracle(
     job: Job,
     thresholds: Mapping[str, float],
     candidates_mhz: Mapping[str, Sequence[int]] | None = None,
+    *,
+    idle_locked: bool = False,
 ) -> Oracle:
     """Search fixed clocks per phase on the truth of this job.
 
@@ -509,6 +538,8 @@ def oracle(
     ratio vs default is >= its threshold. Async: every pair of clocks, the lowest-energy pair
     whose end-to-end throughput ratio is >= the lowest threshold. Clocks: every supported clock
     from max down to half of max (or ``candidates_mhz``), plus the default governor.
+    ``idle_locked``: the clocks are held while the GPUs idle (static locks); default: released
+    at the trainer's idle signal, as the node agent applies per-phase clocks (``run_job``).
     """
     steps = job.replay.steps
     sku = job.sku
@@ -536,7 +567,7 @@ def oracle(
             t, e = tables[p]
             ratio = t[0].sum() / t.sum(axis=1)
             energy = e.sum(axis=1)
-            if p == workload.PHASES[-1]:
+            if p == workload.PHASES[-1] and idle_locked:
                 # The last phase's lock is held while the GPUs idle (idle_power_for).
                 idle = np.array([sku.idle_power_for(c) for c in grid[p]])
                 energy = energy + idle * sum(job.power_spread) * other.sum()
@@ -550,8 +581,9 @@ def oracle(
         st = sum(job.power_spread[g] for g in pools["training"])
         busy = np.maximum(tg[:, None, :], tt[None, :, :])
         step_t = busy + other
-        iw_g = np.array([sku.idle_power_for(c) for c in grid["generation"]])[:, None, None]
-        iw_t = np.array([sku.idle_power_for(c) for c in grid["training"]])[None, :, None]
+        held = {p: grid[p] if idle_locked else [None] * len(grid[p]) for p in workload.PHASES}
+        iw_g = np.array([sku.idle_power_for(c) for c in held["generation"]])[:, None, None]
+        iw_t = np.array([sku.idle_power_for(c) for c in held["training"]])[None, :, None]
         idle = iw_g * sg * (step_t - tg[:, None, :]) + iw_t * st * (step_t - tt[None, :, :])
         energy = (eg[:, None, :] + et[None, :, :] + idle).sum(axis=2)
         total_t = step_t.sum(axis=2)
@@ -560,4 +592,4 @@ def oracle(
         flat = int(np.argmin(np.where(ok, energy, np.inf)))
         i, j = divmod(flat, energy.shape[1])
         chosen = {"generation": grid["generation"][i], "training": grid["training"][j]}
-    return Oracle(chosen, fixed_run(job, chosen))
+    return Oracle(chosen, fixed_run(job, chosen, idle_locked=idle_locked))

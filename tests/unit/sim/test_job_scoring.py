@@ -257,25 +257,37 @@ def _sync_long_idle() -> sim_job.Job:
 
 
 def test_sync_oracle_takes_the_lowest_energy_clock_down_to_half_of_max(quiet: None) -> None:
-    orc = sim_job.oracle(_sync_long_idle(), {"generation": 0.5, "training": 0.5})
+    thresholds = {"generation": 0.5, "training": 0.5}
+    orc = sim_job.oracle(_sync_long_idle(), thresholds, idle_locked=True)
     # generation energy falls to 400 MHz (2590 J) but the grid stops at 500 MHz (2625 J);
     # training: 600 MHz (10320 J + 6000 J idle locked) beats 500 MHz (10500 J) and the default
     # (12000 J + 5000 J).
     assert orc.clocks_mhz == {"generation": 500, "training": 600}
     assert orc.totals.energy_j == pytest.approx(2625.0 + 10320.0 + 6000.0)
     assert orc.totals.time_s == pytest.approx(15.0 + 30.0 + 50.0)
+    # The agent's per-phase clocks (the default): released at the idle signal, 50 W idle.
+    agent = sim_job.oracle(_sync_long_idle(), thresholds)
+    assert agent.clocks_mhz == {"generation": 500, "training": 600}
+    assert agent.totals.energy_j == pytest.approx(2625.0 + 10320.0 + 5000.0)
 
 
 def test_sync_oracle_threshold_is_inclusive_and_counts_the_locked_idle(quiet: None) -> None:
     exactly_800 = 10.0 / 11.25  # generation's throughput ratio at 800 MHz
-    orc = sim_job.oracle(_sync_long_idle(), {"generation": exactly_800, "training": 0.92})
+    thresholds = {"generation": exactly_800, "training": 0.92}
+    orc = sim_job.oracle(_sync_long_idle(), thresholds, idle_locked=True)
     # training at 900 MHz (ratio 0.923) saves 646.7 J but its lock costs 1000 J of idle
     assert orc.clocks_mhz == {"generation": 800, "training": None}
+    # released at the idle signal, the lock costs no idle: 900 MHz saves its 646.7 J
+    agent = sim_job.oracle(_sync_long_idle(), thresholds)
+    assert agent.clocks_mhz == {"generation": 800, "training": 900}
 
 
 def test_sync_oracle_candidates_and_default_threshold(quiet: None) -> None:
     orc = sim_job.oracle(
-        _sync_long_idle(), {"training": 0.92}, candidates_mhz={"generation": [950, 900]}
+        _sync_long_idle(),
+        {"training": 0.92},
+        candidates_mhz={"generation": [950, 900]},
+        idle_locked=True,
     )
     # generation's threshold defaults to 0.95: 950 MHz (ratio 0.974) qualifies, 900 (0.947) not
     assert orc.clocks_mhz == {"generation": 950, "training": None}
@@ -288,14 +300,21 @@ def _async(gen_s: float, train_s: float) -> sim_job.Job:
 
 def test_async_oracle_slows_the_faster_pool_for_free(quiet: None) -> None:
     job = _async(10, 20)
-    orc = sim_job.oracle(job, {"generation": 1.0, "training": 1.0})
+    orc = sim_job.oracle(job, {"generation": 1.0, "training": 1.0}, idle_locked=True)
     # generation at 500 MHz takes 15 s < training's 20 s: step time unchanged, ratio exactly 1
     assert orc.clocks_mhz == {"generation": 500, "training": None}
     assert orc.totals.time_s == pytest.approx(30.0)
     assert orc.totals.energy_j == pytest.approx(2625.0 + 12000.0 + 1800.0 + 1000.0)
+    agent = sim_job.oracle(job, {"generation": 1.0, "training": 1.0})  # 15 s idle at 50 W
+    assert agent.totals.energy_j == pytest.approx(2625.0 + 12000.0 + 1500.0 + 1000.0)
     # 950 MHz saves 195 J of generation energy but idles locked: 6173 J vs 6000 J unlocked
-    near = sim_job.oracle(job, {"generation": 1.0}, candidates_mhz={"generation": [950]})
+    near = sim_job.oracle(
+        job, {"generation": 1.0}, candidates_mhz={"generation": [950]}, idle_locked=True
+    )
     assert near.clocks_mhz == {"generation": None, "training": None}
+    assert sim_job.oracle(
+        job, {"generation": 1.0}, candidates_mhz={"generation": [950]}
+    ).clocks_mhz == {"generation": 950, "training": None}
     # training at 800/900 MHz would slow the step below 0.95 of the default's throughput
     slow = sim_job.oracle(job, {"generation": 0.95}, candidates_mhz={"training": [800, 900]})
     assert slow.clocks_mhz == {"generation": 500, "training": None}
@@ -312,7 +331,7 @@ def test_async_oracle_uses_the_lowest_threshold_end_to_end(quiet: None) -> None:
     assert cands.clocks_mhz == want  # 800 MHz: step ratio 0.914
     # training at 950 MHz saves 168 J but idles locked: 60 W x 2 x 31.27 s = 3753 J against
     # 50 W x 2 x 31.67 s = 3167 J unlocked
-    idle = sim_job.oracle(job, {}, candidates_mhz={"training": [950]})
+    idle = sim_job.oracle(job, {}, candidates_mhz={"training": [950]}, idle_locked=True)
     assert idle.clocks_mhz == {"generation": 900, "training": None}
 
 
@@ -326,7 +345,9 @@ def test_run_reports_truth_measurement_and_the_plan_per_step(quiet: None) -> Non
     policy = _Scripted(plan)
     started: list[Sequence[sim_gpu.SimulatedGpu]] = []
     seen: list[sim_job.StepResult] = []
-    results, gpus = sim_job.run_job(job, policy, on_start=started.append, on_step=seen.append)
+    results, gpus = sim_job.run_job(
+        job, policy, on_start=started.append, on_step=seen.append, idle_unlocked=False
+    )
     assert started == [gpus] and len(gpus) == 2
     assert seen == results
     assert policy.decided == [0, 1]
@@ -368,7 +389,7 @@ def test_run_reports_truth_measurement_and_the_plan_per_step(quiet: None) -> Non
 def test_async_run_measures_each_pool_and_its_idle(quiet: None) -> None:
     job = sim_job.Job(_replay((10, 20, 10), num_gpus=1), SKU, "async")
     # Training is not in the plan: it runs at the default governor.
-    results, _ = sim_job.run_job(job, base.FixedClocks({"generation": 500}))
+    results, _ = sim_job.run_job(job, base.FixedClocks({"generation": 500}), idle_unlocked=False)
     r = results[0]
     # generation GPU: 15 s x 87.5 W, then 15 s idle locked at 60 W; training GPU: 20 s x 300 W,
     # then 10 s at 50 W. The pools start together.
@@ -377,6 +398,16 @@ def test_async_run_measures_each_pool_and_its_idle(quiet: None) -> None:
     assert r.energy_j == pytest.approx(want)
     assert r.measured_energy_j == pytest.approx(want, abs=1e-6)
     assert r.clocks_mhz == {"generation": 500}
+    # The agent (the default) resets the generation GPU at its idle signal: 15 s at 50 W. The
+    # policy is told each pool's idle: its energy, GPU-seconds and GPUs.
+    policy = _Scripted({"generation": base.PhaseDecision(500, base.PhaseState.LOCKED)})
+    agent_run, _ = sim_job.run_job(job, policy)
+    unlocked = 1312.5 + 750.0 + 6000.0 + 500.0
+    assert agent_run[0].energy_j == pytest.approx(unlocked)
+    assert agent_run[0].measured_energy_j == pytest.approx(unlocked, abs=1e-6)
+    idle = policy.observed[0].pool_idle
+    assert idle["generation"] == base.PoolIdle(pytest.approx(750.0, abs=1e-6), 15.0, 1)
+    assert idle["training"] == base.PoolIdle(pytest.approx(500.0, abs=1e-6), 10.0, 1)
 
 
 def test_probe_slices_cycle_the_clocks_and_carry_progress_and_energy(

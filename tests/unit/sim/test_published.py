@@ -105,9 +105,14 @@ def test_locking_raises_idle_power_in_the_run_and_in_the_truth() -> None:
         seed=2,
     )
     clocks = {"generation": 1200, "training": 1200}
-    results, _ = sim_job.run_job(job, sim_job.base.FixedClocks(clocks))
+    results, _ = sim_job.run_job(job, sim_job.base.FixedClocks(clocks), idle_unlocked=False)
     truth = sim_job.fixed_run(job, clocks)
     assert sim_job.totals(job, results).energy_j == pytest.approx(truth.energy_j, rel=1e-9)
+    # The node agent releases the lock at the trainer's idle signal: idle at the unlocked power.
+    released, _ = sim_job.run_job(job, sim_job.base.FixedClocks(clocks))
+    unlocked = sim_job.fixed_run(job, clocks, idle_locked=False)
+    assert sim_job.totals(job, released).energy_j == pytest.approx(unlocked.energy_j, rel=1e-9)
+    assert unlocked.energy_j < truth.energy_j
 
 
 THRESHOLD_TRACES = {
