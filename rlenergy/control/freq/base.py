@@ -201,8 +201,9 @@ def async_default_idle_j(
     ``(T_d - t_d) - (T - t)`` longer (``T``, ``T_d``: the slowest phase measured and under the
     default; ``t``, ``t_d``: the pool's), at the idle power per GPU its GPUs measured (else
     that of every pool that idled). The step's gaps outside both cancel. Counting the idle
-    the same under either read the job's saving 2.2 pp high in async where a slowed pool
-    idled less (``make bench-energy``, 2026-12-04, docs/simulator.md).
+    the same under either read the job's saving 11.90 % against a true 12.96 % on
+    verl-grpo-deepseek7b / b200 async (``make bench-energy``, 2026-12-04; after: 13.03 %,
+    docs/simulator.md).
 
     Args:
         idle_j: the step's measured idle energy, J.

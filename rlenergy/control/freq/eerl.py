@@ -47,7 +47,9 @@ Trial cost counts in every reported figure: probe slices run at the candidate cl
 
 Async mode (pools run at once; a step takes as long as the slower pool): the bottleneck pool
 keeps its threshold plus a margin, and the other pools relax to the slack the joint history of
-pool times shows (``EERLController._update_async_thresholds``).
+pool times shows (``EERLController._update_async_thresholds``). A relaxed pool's slowdown fills
+time it would idle, so its clocks are scored with that idle's energy taken off
+(``PhaseController.idle_credit``, from the pools' measured idle, ``StepObservation.pool_idle``).
 """
 
 from __future__ import annotations
@@ -222,6 +224,14 @@ class PhaseController:
         self._since_lock = 0
         self._clean = 0
         self.progress_gap_s = 0.0
+        self.idle_credit = 0.0
+        """Async mode, a pool that does not set the step time: its idle power over its phase's
+        default-governor power (``EERLController._update_async_thresholds``). Its slowdown
+        fills time it would otherwise idle, so a clock is scored by ``e(c) - k / r(c)``
+        (``_choose``); 0: no credit (sync mode, the bottleneck pool)."""
+        self.default_j = 0.0
+        self.default_s = 0.0
+        """Energy (J) and time (s) of the phase's default-governor windows (their power)."""
         self._new_round()
 
     # ----- state helpers ---------------------------------------------------------------------
@@ -626,6 +636,9 @@ class PhaseController:
         tokens = workload.phase_tokens(self.settings.name)
         if obs.requested_clock_mhz is None and not obs.slices:
             self.default_model.add(tokens, obs.duration_s, obs.energy_j)
+            if obs.energy_j is not None and obs.duration_s > 0:
+                self.default_j += obs.energy_j
+                self.default_s += obs.duration_s
             if obs.applied_clock_mhz is not None:
                 self.default_clock_mhz = max(self.default_clock_mhz or 0, obs.applied_clock_mhz)
         if self.state is base.PhaseState.FALLBACK:
@@ -761,14 +774,18 @@ class PhaseController:
         if fit is None:
             return None, math.inf
         best: int | None = None
-        best_e = 1.0
+        k = self.idle_credit
+        best_e = 1.0 - k
         z = self.ctl.confidence_z
         target = self.threshold + LOCK_MARGIN if target is None else target
         for clock in self._allowed():
             if fit.throughput_lower_bound(clock, z) < target:
                 continue
             e = fit.energy_ratio(clock)
-            score = e if e is not None else clock / self.settings.max_clock_mhz
+            if e is None:
+                score = clock / self.settings.max_clock_mhz - k
+            else:
+                score = e - k / max(fit.throughput_ratio(clock), 1e-9)
             if score < best_e:
                 best, best_e = clock, score
         if best is None:
@@ -1003,6 +1020,8 @@ class EERLController:
         self.steps_seen = 0
         self._last_workload: api_workload.TokenWorkload | None = None
         self._pool_times: list[dict[str, float]] = []
+        self._pool_idle: dict[str, tuple[float, float, int]] = {}
+        """Async mode, per phase: its pool's idle energy J, idle GPU-s and GPUs, summed."""
 
     def _trial_budget_left(self, step: int) -> bool:
         horizon = max(step + 1, TRIAL_BUDGET_MIN_STEPS)
@@ -1036,6 +1055,10 @@ class EERLController:
         self._last_workload = observation.workload
         if self.settings.async_mode:
             self._record_pool_times(observation)
+            for name, pool in observation.pool_idle.items():
+                if pool.energy_j is not None and pool.gpu_seconds and name in self.phases:
+                    j, s, _ = self._pool_idle.get(name, (0.0, 0.0, 0))
+                    self._pool_idle[name] = (j + pool.energy_j, s + pool.gpu_seconds, pool.gpus)
 
     def report_error(self, phase: str, message: str) -> None:
         """An agent-side error outside a step's observation: that phase falls back to default."""
@@ -1086,7 +1109,9 @@ class EERLController:
             if name == bottleneck:
                 # The slower pool sets the step time; keep a margin for the step-to-step max().
                 pc.threshold = min(1.0, pc.settings.min_throughput_ratio + ASYNC_SLACK / 10)
+                pc.idle_credit = 0.0
                 continue
+            pc.idle_credit = self._idle_credit(name)
             need = pc.settings.min_throughput_ratio
             others = {o: self._expected_ratio(o) for o in self.phases if o != name}
             for step in range(30, 101):
@@ -1102,6 +1127,14 @@ class EERLController:
             if need < pc.threshold - 1e-9:
                 pc.floor_mhz = 0  # floors were measured against the stricter threshold
             pc.threshold = need
+
+    def _idle_credit(self, name: str) -> float:
+        """A pool's idle power over its phase's default-governor power (0: unknown)."""
+        pc = self.phases[name]
+        j, gpu_s, gpus = self._pool_idle.get(name, (0.0, 0.0, 0))
+        if gpu_s <= 0 or pc.default_s <= 0 or pc.default_j <= 0:
+            return 0.0
+        return min((j / gpu_s) * gpus / (pc.default_j / pc.default_s), 1.0)
 
     def _expected_ratio(self, name: str) -> float:
         """Throughput ratio a pool is expected to run at: its threshold, or its lock's if higher.

@@ -343,6 +343,56 @@ def test_lever_arm_checks_wait_while_the_run_owes_throughput() -> None:
     assert owed.probe_clocks_mhz == probe.block_schedule([1830]) + (1830,) * probe.BLOCK
 
 
+def test_an_idle_credit_moves_a_waiting_pool_to_the_clock_that_fills_its_wait() -> None:
+    """A pool that does not set the async step time idles until the other ends: a lower clock
+    fills that wait. With power ratio ``1 - 0.2 (1 - (c/f)**2)`` its own energy per token is
+    lowest at 1530 MHz; an idle power of 0.3 of its default power moves the choice down to
+    1230 MHz, whose ``e(c) - 0.3 / r(c)`` is the lowest of the clocks allowed."""
+    pc = _fitted()
+    pc.threshold = 0.80
+    pc.fit = probe.CorrectedFit(_model(beta=0.2), (), 0.0, misfit=False)
+    fit = pc.fit
+    assert pc._choose()[0] == 1530
+    assert min(CANDIDATES, key=lambda c: fit.energy_ratio(c) or 0.0) == 1530
+    pc.idle_credit = 0.3
+    assert pc._choose()[0] == 1230
+    scores = {c: (fit.energy_ratio(c) or 0.0) - 0.3 / fit.throughput_ratio(c) for c in CANDIDATES}
+    assert min(scores, key=lambda c: scores[c]) == 1230
+    # A flat power saves nothing at any clock, but a wait to fill makes 1680 MHz worth it.
+    pc.fit = probe.CorrectedFit(_model(beta=0.1), (), 0.0, misfit=False)
+    pc.idle_credit = 0.0
+    assert pc._choose()[0] is None
+    pc.idle_credit = 0.3
+    assert pc._choose()[0] == 1680
+
+
+def test_the_async_controller_credits_only_the_pool_that_waits() -> None:
+    """Idle power from the pools' idle (``StepObservation.pool_idle``) over the phase's default
+    power: generation (1 s, 1000 J on 4 GPUs) waits 1 s a step for training (2 s) at 50 W a
+    GPU, so its credit is 200 W / 1000 W; training sets the step time and gets none."""
+    ctl = _async(0.95)
+    for step in range(eerl.ASYNC_MIN_HISTORY):
+        ctl.observe(
+            base.StepObservation(
+                step,
+                WL,
+                {
+                    "generation": base.PhaseObservation("generation", 1.0, 1000.0, None, 1980),
+                    "training": base.PhaseObservation("training", 2.0, 3000.0, None, 1980),
+                },
+                {
+                    "generation": base.PoolIdle(200.0, 4.0, 4),
+                    "training": base.PoolIdle(0.0, 0.0, 4),
+                },
+            )
+        )
+    ctl.decide(eerl.ASYNC_MIN_HISTORY)
+    gen, train = ctl.phases["generation"], ctl.phases["training"]
+    assert gen.idle_credit == pytest.approx(0.2)
+    assert train.idle_credit == 0.0
+    assert gen.threshold < 0.95  # the relaxed pool
+
+
 # ----- the job-level controller ------------------------------------------------------------------
 def test_trial_budget_is_a_fraction_of_at_least_forty_steps() -> None:
     ctl = eerl.EERLController([_settings()])
