@@ -23,6 +23,7 @@ allow/deny below is the API server's answer, through one of three real paths:
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -541,11 +542,36 @@ def _operator(
 
 def _forbidden(stack: fullstack.FullStack, ns: str) -> list[str]:
     """The operator's log lines that report a refused request about namespace ``ns``."""
-    return [
-        line
-        for line in stack.operator_log.read_text().splitlines()
-        if ns in line and ("403" in line or "Forbidden" in line or "forbidden" in line)
-    ]
+    return _refusals(stack.operator_log.read_text(), ns)
+
+
+LOG_STAMP = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]")
+"""kopf's log line stamp, ``[2026-12-04 04:54:34,403]``: its milliseconds can read 403."""
+
+
+def _refusals(log: str, ns: str) -> list[str]:
+    """Lines of ``log`` about ``ns`` that report a 403 / Forbidden, their time stamps left out
+    (a line stamped ``...,403]`` failed this test once, 2026-12-04)."""
+    out = []
+    for line in log.splitlines():
+        body = LOG_STAMP.sub("", line)
+        if ns in body and ("403" in body or "forbidden" in body.lower()):
+            out.append(line)
+    return out
+
+
+def test_refusals_are_read_from_the_message_not_the_time_stamp() -> None:
+    stamped = (
+        "[2026-12-04 04:54:34,403] kopf.objects [INFO] [team-b/ns-policy] Timer 'policy_loop' "
+        "succeeded."
+    )
+    refused = (
+        "[2026-12-04 04:54:35,100] kopf.objects [ERROR] [team-b/ns-policy] (403) Reason: Forbidden"
+    )
+    assert _refusals(stamped, "team-b") == []
+    assert _refusals(f"{stamped}\n{refused}", "team-b") == [refused]
+    assert _refusals(refused.replace("(403) Reason: Forbidden", "is forbidden"), "team-b")
+    assert _refusals(refused, "team-c") == []
 
 
 @pytest.mark.timeout(240)
