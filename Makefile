@@ -83,6 +83,7 @@ test: $(STAMP) $(VERL_STAMP) bins images engine-wheels lint
 unit: $(STAMP) engine-wheels
 	$(PY) -m pytest -q -m 'not e2e'
 
+## EE-RL vs the default governor and the oracle, both physics families, seeds 0-2 (bench/energy.py).
 bench-energy: $(STAMP)
 	$(PY) bench/energy.py
 

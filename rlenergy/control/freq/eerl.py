@@ -86,15 +86,6 @@ that would save at least this share of energy per token more than the lock [heur
 ASYNC_MIN_HISTORY = 8
 """Plain steps of pool-time history before a pool's threshold is relaxed: the max of two
 pools depends on their joint spread, which two warm-up steps cannot show [heuristic]."""
-SLICE_FILL = 0.92
-"""Share of the phase's expected time its probe slices fill; the rest runs on into the
-schedule's next slice [heuristic]. A block whose last slice the phase's end cuts short is
-dropped (``probe.blocks_from_slices``). Sized to the newest window's time / slices, a
-single-block window lost its block whenever it ran a little shorter than the window before,
-and always when the window before was slower: a monitor check of a lock below the default's
-throughput (its default slices run faster) never kept a block, so a wrong lock in a short
-phase went unchecked (TinyZero, ``b200:saturating-decode``, sync, seed 1: generation held
-1125 MHz at a true 0.922 against 0.95 for 144 steps with no monitor block)."""
 SLICE_PER_PROGRESS_GAP = 4.0
 """Shortest probe slice in gaps between the trainer's progress reports: a slice's rate comes
 from the reports inside it (``rlenergy_agent.probes.slice_progress``; a report interval that
@@ -394,6 +385,7 @@ class PhaseController:
         if state in (base.PhaseState.OBSERVE, base.PhaseState.WARMUP, base.PhaseState.FALLBACK):
             return base.PhaseDecision(None, state, reason=state.value)
         n_slices = self._slices_in_phase()
+        slice_s = self._last_time_s / n_slices if n_slices else 0.0
         if state is base.PhaseState.TRIAL:
             if self._step_probe:
                 # Whole-step slices: finish the current block before anything else.
@@ -431,7 +423,7 @@ class PhaseController:
                 None,
                 state,
                 probe_clocks_mhz=schedule,
-                probe_slice_s=self._slice_s(schedule, n_slices),
+                probe_slice_s=slice_s,
                 reason=f"trial {', '.join(map(str, active))} MHz vs default",
             )
         clock = self.locked_clock_mhz
@@ -457,31 +449,12 @@ class PhaseController:
                 clock,
                 state,
                 probe_clocks_mhz=schedule,
-                probe_slice_s=self._slice_s(schedule, n_slices),
+                probe_slice_s=slice_s,
                 reason=f"monitor {clock} MHz",
             )
         return base.PhaseDecision(
             clock, state, reason="locked" if clock else "no clock met the threshold"
         )
-
-    def _slice_s(self, schedule: Sequence[int | None], n_slices: int) -> float:
-        """Slice length, s: the first ``n_slices`` of ``schedule`` (cycled) do ``SLICE_FILL``.
-
-        The work takes ``T`` under the default governor (the newest window's,
-        ``_last_default_time_s``); a slice at clock ``c`` does ``r(c)`` of a default slice's
-        work (the fit's throughput ratio; 1 without a fit), so slices of
-        ``SLICE_FILL T / sum r`` do ``SLICE_FILL`` of it, whatever clock the newest window ran.
-        Never below the shortest slice the progress reports resolve (``_min_slice_s``).
-        """
-        if n_slices <= 0 or not schedule:
-            return 0.0
-        default_s = self._last_default_time_s or self._last_time_s
-        fit = self.fit
-        work = 0.0
-        for i in range(n_slices):
-            clock = schedule[i % len(schedule)]
-            work += 1.0 if clock is None or fit is None else max(fit.throughput_ratio(clock), 0.1)
-        return max(SLICE_FILL * default_s / work, self._min_slice_s())
 
     def _lever_clock(self) -> int | None:
         """Clock for the fit's lever arm (the lowest candidate at ``PROBE_MIN_RATIO`` or above).

@@ -12,8 +12,6 @@ should trip the check, and a control run that must not:
 
 from __future__ import annotations
 
-import pytest
-
 from rlenergy.api import workload as api_workload
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.control.freq import base, config, eerl, probe
@@ -59,7 +57,9 @@ def _locked() -> eerl.PhaseController:
 
 def _locked_step(pc: eerl.PhaseController, *, slowdown: bool = False) -> None:
     clock = pc.locked_clock_mhz
-    pc.observe(base.PhaseObservation("generation", 1.25, 300.0, clock, 1400, slowdown=slowdown), WL)
+    pc.observe(
+        base.PhaseObservation("generation", 1.25, 300.0, clock, 1400, slowdown=slowdown), WL
+    )
 
 
 def _monitor_step(pc: eerl.PhaseController, clock: int, ratio: float) -> None:
@@ -107,29 +107,3 @@ def test_monitor_blocks_that_meet_the_threshold_keep_the_lock() -> None:
         _monitor_step(pc, lock, _ratio(lock))
     assert pc.floor_mhz == 0
     assert pc.locked_clock_mhz == lock and pc.state is base.PhaseState.LOCKED
-
-
-def test_a_single_block_check_of_a_slow_lock_ends_before_the_phase_does() -> None:
-    # A phase of one block (8 slices): the check's default slices run faster than the lock, so
-    # slices cut to the newest (locked, slower) window / 8 ended after the phase's work and the
-    # phase's end cut the last slice short, which drops the block. The slices are sized to the
-    # work instead: 8 of them do SLICE_FILL of it.
-    pc = _locked()
-    lock = pc.locked_clock_mhz
-    assert lock is not None and pc.fit is not None
-    r = pc.fit.throughput_ratio(lock)
-    assert r < 0.99
-    default_s = 8 * 0.03
-    locked_s = default_s / r
-    decision = None
-    for _ in range(pc.ctl.monitor_interval_steps + 1):
-        decision = pc.decide(allow_probe=True)
-        if decision.probe_clocks_mhz:
-            break
-        pc.observe(base.PhaseObservation("generation", locked_s, 300.0 * locked_s, lock, lock), WL)
-    assert decision is not None and decision.probe_clocks_mhz, "no check planned"
-    first = decision.probe_clocks_mhz[: probe.BLOCK]
-    work_s = decision.probe_slice_s * sum(1.0 if c is None else r for c in first)
-    assert work_s == pytest.approx(eerl.SLICE_FILL * default_s, rel=0.01)
-    assert work_s < default_s
-    assert locked_s / probe.BLOCK * sum(1.0 if c is None else r for c in first) > default_s

@@ -307,9 +307,7 @@ def test_monitor_checks_come_every_interval_at_the_lock() -> None:
         if d.probe_clocks_mhz:
             assert d.clock_mhz == 1680 and d.reason == "monitor 1680 MHz"
             assert d.probe_clocks_mhz == probe.block_schedule([1680]) + (1680,) * probe.BLOCK
-            # SLICE_FILL of the 1.25 s phase over 48 slices is below the shortest slice
-            assert eerl.SLICE_FILL * 1.25 / 48 < eerl.MIN_SLICE_S
-            assert d.probe_slice_s == pytest.approx(eerl.MIN_SLICE_S)
+            assert d.probe_slice_s == pytest.approx(1.25 / 48)
     assert seen == [False, False, False, False, True, False, False, False, True]
     pc._since_lock = 4
     assert not pc.decide(False).probe_clocks_mhz  # no trial budget: no check
@@ -684,7 +682,7 @@ def test_a_trial_first_checks_the_guess_of_carried_blocks_then_the_lever() -> No
         None,
         base.PhaseState.TRIAL,
         probe_clocks_mhz=probe.block_schedule([1680]),
-        probe_slice_s=pytest.approx(eerl.MIN_SLICE_S),  # SLICE_FILL * 1.25 / 48 is below it
+        probe_slice_s=pytest.approx(1.25 / 48),
         reason="trial 1680 MHz vs default",
     )
     pc._round_steps = 1.0
