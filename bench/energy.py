@@ -120,6 +120,7 @@ def main() -> int:
             )
         Console(width=200).print(table)
         print(f"{len(rows)} runs in {elapsed:.1f} s")
+    summary = sys.stderr if args.json else sys.stdout  # --json: stdout is the JSON alone
     for family in ("first", "published"):
         fam = [r for r in rows if r["family"] == family]
         if not fam:
@@ -141,7 +142,8 @@ def main() -> int:
                 f"{over_sav} of {len(known)} rows over 1 pp; worst throughput ratio error "
                 f"{worst_thr['status_ratio_error']:.4f} {_where(worst_thr)}, {over_thr} rows "
                 f"over 0.01; targets 1 pp and 0.01"
-                + (f"; {unknown} rows without a status figure" if unknown else "")
+                + (f"; {unknown} rows without a status figure" if unknown else ""),
+                file=summary,
             )
         below = sum(r["threshold_margin"] < 0 for r in fam)
         print(
@@ -154,7 +156,8 @@ def main() -> int:
             f"worst phase margin: {worst_phase['phase_throughput_margin']:+.4f} "
             f"{_where(worst_phase)}; threshold kept (sync: every phase, async: the job) on "
             f"{len(fam) - below} of {len(fam)} rows, worst {worst_kept['threshold_margin']:+.4f} "
-            f"{_where(worst_kept)}"
+            f"{_where(worst_kept)}",
+            file=summary,
         )
     return 0
 
