@@ -1,0 +1,90 @@
+"""Phase names of an RL step, and verl's training sub-phases a policy may name on their own.
+
+The default policy has two phases, ``generation`` and ``training``. verl times the training
+side of a step in parts (``timing_s/old_log_prob``, ``timing_s/ref``, ``timing_s/values``,
+``timing_s/update_critic``, ``timing_s/update_actor``; ``verl/trainer/ppo/ray_trainer.py``
+``RayPPOTrainer.fit``) and runs each as its own worker call. Forward-only passes
+(log-probabilities, values) and the update (forward, backward, optimizer) load the GPU
+differently, so a policy may list any of them in ``spec.phases`` to get a clock of its own.
+A sub-phase the policy does not name stays part of ``training``: the trainer signals the name
+:func:`signal_name` gives.
+
+Callers: ``rlenergy.sdk.verl_hook`` (which name to signal), ``rlenergy.sim.traces`` /
+``rlenergy.sim.workload`` (sub-phase times of a trace), the operator's observe-mode prior.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from typing import Literal
+
+GENERATION = "generation"
+TRAINING = "training"
+IDLE = "idle"
+
+SubPhaseKind = Literal["forward", "training"]
+"""``forward``: forward passes only (log-probabilities, values); ``training``: the update."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SubPhase:
+    """One training sub-phase of a verl step.
+
+    Attributes:
+        name: the phase name a policy lists (a DNS label).
+        timing_key: verl's ``timing_s/<key>`` (``timing/<key>`` in old logs).
+        method: the worker method verl 0.9.1 calls for it
+            (``verl.workers.engine_workers.ActorRolloutRefWorker`` or the critic worker).
+        kind: how it loads the GPU (``SubPhaseKind``).
+    """
+
+    name: str
+    timing_key: str
+    method: str
+    kind: SubPhaseKind
+
+
+TRAINING_SUBPHASES: tuple[SubPhase, ...] = (
+    SubPhase("old-log-prob", "old_log_prob", "compute_log_prob", "forward"),
+    SubPhase("ref", "ref", "compute_ref_log_prob", "forward"),
+    SubPhase("values", "values", "compute_values", "forward"),
+    SubPhase("update-critic", "update_critic", "update_critic", "training"),
+    SubPhase("update-actor", "update_actor", "update_actor", "training"),
+)
+"""verl's training sub-phases in the order a step runs them (``RayPPOTrainer.fit``)."""
+
+SUBPHASE_BY_NAME: Mapping[str, SubPhase] = {s.name: s for s in TRAINING_SUBPHASES}
+SUBPHASE_BY_METHOD: Mapping[str, SubPhase] = {s.method: s for s in TRAINING_SUBPHASES}
+
+
+def signal_name(subphase: str, policy_phases: Collection[str]) -> str:
+    """The phase a trainer signals for training sub-phase ``subphase``.
+
+    Args:
+        subphase: a ``TRAINING_SUBPHASES`` name.
+        policy_phases: the phase names of the policy's plan (empty: unknown yet).
+
+    Returns:
+        ``subphase`` where the policy names it, else ``training``.
+
+    Raises:
+        ValueError: ``subphase`` is not a training sub-phase.
+    """
+    if subphase not in SUBPHASE_BY_NAME:
+        known = ", ".join(SUBPHASE_BY_NAME)
+        raise ValueError(f"{subphase!r} is not a training sub-phase; known: {known}")
+    return subphase if subphase in policy_phases else TRAINING
+
+
+def phase_kind(name: str) -> Literal["generation", "forward", "training"] | None:
+    """How a named phase loads the GPU: ``generation``, ``training``, a sub-phase's kind.
+
+    Returns None for a custom phase name (no GPU model for it).
+    """
+    if name == GENERATION:
+        return "generation"
+    if name == TRAINING:
+        return "training"
+    sub = SUBPHASE_BY_NAME.get(name)
+    return sub.kind if sub is not None else None
