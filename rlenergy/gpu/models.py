@@ -22,8 +22,10 @@ from typing import Literal
 import pydantic
 import yaml
 
-PhaseKind = Literal["generation", "training", "idle"]
-"""What a phase does to the GPU: decode (memory bound), train (compute bound) or nothing."""
+PhaseKind = Literal["generation", "forward", "training", "idle"]
+"""What a phase does to the GPU: decode (memory bound), forward passes only (verl's
+log-probability and value passes, ``rlenergy.api.phases``), train (forward, backward and
+optimizer; compute bound) or nothing."""
 
 
 class _Frozen(pydantic.BaseModel):
@@ -75,6 +77,14 @@ class GpuSku(_Frozen):
     dense_bf16_tflops: float = pydantic.Field(gt=0)
     generation: GenerationModel
     training: TrainingModel
+    forward: TrainingModel | None = None
+    """Forward-only passes (``PhaseKind`` ``forward``); None: as ``training``."""
+
+    def _compute(self, kind: PhaseKind) -> TrainingModel:
+        """The compute-bound model of ``kind`` (``forward`` or ``training``)."""
+        if kind == "forward" and self.forward is not None:
+            return self.forward
+        return self.training
 
     def supported_sm_clocks_mhz(self) -> tuple[int, ...]:
         """Supported SM clocks, descending, as NVML lists them at the top memory clock."""
@@ -84,8 +94,8 @@ class GpuSku(_Frozen):
         """Share of phase time that does not scale with the SM clock (idle: 1)."""
         if kind == "generation":
             return self.generation.memory_share(mean_context_tokens)
-        if kind == "training":
-            return self.training.m
+        if kind in ("training", "forward"):
+            return self._compute(kind).m
         return 1.0
 
     def time_factor(self, kind: PhaseKind, clock_mhz: float, mean_context_tokens: float) -> float:
@@ -97,7 +107,7 @@ class GpuSku(_Frozen):
         """Mean board power of a phase at ``clock_mhz``, W (before the power limit)."""
         if kind == "idle":
             return self.idle_power_w
-        p = self.generation if kind == "generation" else self.training
+        p = self.generation if kind == "generation" else self._compute(kind)
         return float(p.pc_w + p.pd_w * (clock_mhz / self.max_sm_clock_mhz) ** p.a)
 
     def idle_power_for(self, locked_mhz: float | None) -> float:
@@ -116,7 +126,7 @@ class GpuSku(_Frozen):
         limit = self.power_limit_w if power_limit_w is None else power_limit_w
         if kind == "idle" or self.power_w(kind, self.max_sm_clock_mhz) <= limit:
             return float(self.max_sm_clock_mhz)
-        p = self.generation if kind == "generation" else self.training
+        p = self.generation if kind == "generation" else self._compute(kind)
         ratio = max(limit - p.pc_w, 0.0) / p.pd_w
         return float(max(self.max_sm_clock_mhz * ratio ** (1.0 / p.a), self.min_sm_clock_mhz))
 
@@ -157,7 +167,7 @@ def estimate_best_clock(
 
     Args:
         sku: the GPU model.
-        kind: ``generation`` or ``training`` (``idle`` has no clock effect: None).
+        kind: ``generation``, ``forward`` or ``training`` (``idle`` has no clock effect: None).
         min_throughput_ratio: least throughput vs the default governor, in (0, 1].
         mean_context_tokens: mean context length of the phase (generation's memory share).
         clocks_mhz: candidate SM clocks, MHz.

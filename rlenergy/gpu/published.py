@@ -98,9 +98,15 @@ class PublishedSku(models.GpuSku):
     locked_idle_power_w: float = pydantic.Field(gt=0)
     gen_curve: PhaseCurve
     train_curve: PhaseCurve
+    fwd_curve: PhaseCurve | None = None
+    """Forward-only passes (``PhaseKind`` ``forward``); None: as ``train_curve``."""
 
     def _phase(self, kind: models.PhaseKind) -> PhaseCurve:
-        return self.gen_curve if kind == "generation" else self.train_curve
+        if kind == "generation":
+            return self.gen_curve
+        if kind == "forward" and self.fwd_curve is not None:
+            return self.fwd_curve
+        return self.train_curve
 
     def memory_share(self, kind: models.PhaseKind, mean_context_tokens: float) -> float:
         """Local clock-insensitive share at the default clock: ``1 - d ln t / d ln f``."""
@@ -183,12 +189,15 @@ def curves() -> dict[str, PublishedSku]:
                     "curve": name,
                     "gen_curve": _merge(spec["generation"], over.get("generation", {})),
                     "train_curve": _merge(spec["training"], over.get("training", {})),
+                    "fwd_curve": _merge(spec["forward"], over.get("forward", {}))
+                    if "forward" in spec
+                    else None,
                 }
             )
     return out
 
 
-CURVE_KEYS = ("generation", "training", "curves")
+CURVE_KEYS = ("generation", "training", "forward", "curves")
 """Keys of a SKU entry in gpus-published.yaml that are curves, not SKU fields."""
 
 

@@ -11,13 +11,19 @@ Modes: ``sync`` (phases alternate on all GPUs, then the step's other work with G
 ``async`` (a generation pool and a training pool of half the GPUs each run at once; the step
 takes as long as the slower pool, the faster one idles) [MODEL: pool time scales inversely with
 pool size].
+
+Phases: the policy's (``Job.phases``). A replay split by training sub-phase
+(``workload.from_trace(split=True)``) runs each sub-phase with its own physics; a policy phase
+covers the replay phases ``workload.phase_groups`` gives it (``training`` covers the sub-phases
+the policy does not name), gets one decision and reports one observation, as the node agent
+sees one window per signalled phase.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -97,6 +103,12 @@ class Job:
         mode: ``sync`` or ``async``.
         seed: seed for all noise; the same seed gives the same run.
         num_gpus: GPUs of the job (default: the trace's; async uses at least 2).
+        phases: the policy's phase names (default: ``workload.PHASES``); see the module
+            docstring.
+
+    Raises:
+        ValueError: async mode with more than two phases (finer phases are simulated in sync
+            mode only).
     """
 
     def __init__(
@@ -107,7 +119,18 @@ class Job:
         *,
         seed: int = 0,
         num_gpus: int | None = None,
+        phases: Collection[str] | None = None,
     ) -> None:
+        self.groups = workload.phase_groups(
+            replay.phase_names, workload.PHASES if phases is None else phases
+        )
+        self.phases: tuple[str, ...] = tuple(self.groups)
+        """The phases the policy sees, in step order (keys of ``groups``)."""
+        if mode == "async" and len(self.phases) > 2:
+            raise ValueError(
+                f"async mode runs generation and training pools; phases {list(self.phases)} "
+                "(finer phases) are simulated in sync mode only"
+            )
         self.replay = replay
         self.sku = sku
         self.mode = mode
@@ -127,9 +150,9 @@ class Job:
         """GPU indices per phase."""
         every = list(range(self.num_gpus))
         if self.mode == "sync":
-            return {p: every for p in workload.PHASES}
+            return {p: every for p in self.phases}
         half = self.num_gpus // 2
-        return {"generation": every[:half], "training": every[half:]}
+        return {p: every[:half] if p == "generation" else every[half:] for p in self.phases}
 
     def pool_time_scale(self, phase: str) -> float:
         """Phase time multiplier for the pool's size relative to the trace's GPU count [MODEL]."""
@@ -138,11 +161,12 @@ class Job:
     def _draw(self, index: int) -> Noise:
         noise = models.catalog().noise
         rng = np.random.default_rng([self.seed, index, 1])
-        t = rng.lognormal(0.0, noise.phase_time_sigma_frac, len(workload.PHASES))
-        p = rng.lognormal(0.0, noise.phase_power_sigma_frac, len(workload.PHASES))
+        names = self.replay.phase_names
+        t = rng.lognormal(0.0, noise.phase_time_sigma_frac, len(names))
+        p = rng.lognormal(0.0, noise.phase_power_sigma_frac, len(names))
         return Noise(
-            {ph: float(x) for ph, x in zip(workload.PHASES, t, strict=True)},
-            {ph: float(x) for ph, x in zip(workload.PHASES, p, strict=True)},
+            {ph: float(x) for ph, x in zip(names, t, strict=True)},
+            {ph: float(x) for ph, x in zip(names, p, strict=True)},
         )
 
     # ----- analytic truth ------------------------------------------------------------------
@@ -156,18 +180,23 @@ class Job:
         """(time s, energy J over the pool) of ``phase`` at a fixed lock (None: default).
 
         ``power_limit_w`` caps the clock as a set power limit does (None: the SKU's default).
+        A phase that covers several replay phases (``groups``) sums them.
         """
-        pw = step.phase(phase)
         noise = self._noise[step.index]
-        f = self.sku.effective_clock_mhz(pw.kind, clock_mhz, power_limit_w)
-        t = (
-            pw.boost_time_s
-            * self.pool_time_scale(phase)
-            * self.sku.time_factor(pw.kind, f, step.workload.mean_context_tokens)
-            * noise.time[phase]
-        )
         spread = sum(self.power_spread[g] for g in self.pools()[phase])
-        return t, self.sku.power_w(pw.kind, f) * spread * noise.power[phase] * t
+        time_s = energy_j = 0.0
+        for name in self.groups[phase]:
+            pw = step.phase(name)
+            f = self.sku.effective_clock_mhz(pw.kind, clock_mhz, power_limit_w)
+            t = (
+                pw.boost_time_s
+                * self.pool_time_scale(phase)
+                * self.sku.time_factor(pw.kind, f, step.workload.mean_context_tokens)
+                * noise.time[name]
+            )
+            time_s += t
+            energy_j += self.sku.power_w(pw.kind, f) * spread * noise.power[name] * t
+        return time_s, energy_j
 
     def step_truth(
         self,
@@ -185,7 +214,7 @@ class Job:
         """
         times: dict[str, float] = {}
         energies: dict[str, float] = {}
-        for phase in workload.PHASES:
+        for phase in self.phases:
             times[phase], energies[phase] = self.phase_truth(
                 step, phase, clocks_mhz.get(phase), power_limit_w
             )
@@ -208,7 +237,7 @@ class Job:
         if self.mode == "sync":
             busy = sum(times.values())
             step_time = busy + step.other_time_s
-            idle_w = self.sku.idle_power_for(locks.get(workload.PHASES[-1]))
+            idle_w = self.sku.idle_power_for(locks.get(self.phases[-1]))
             idle_j = idle_w * sum(self.power_spread) * step.other_time_s
         else:
             busy = max(times.values())
@@ -217,7 +246,7 @@ class Job:
                 self.sku.idle_power_for(locks.get(p))
                 * sum(self.power_spread[g] for g in pools[p])
                 * (step_time - times[p])
-                for p in workload.PHASES
+                for p in self.phases
             )
         return step_time, sum(energies.values()) + idle_j, times, energies
 
@@ -340,7 +369,7 @@ def run_job(
         energies: dict[str, float] = {}
         measured: list[float | None] = []
         held: dict[str, float | None] = {}
-        for phase in workload.PHASES:
+        for phase in job.phases:
             pool = [gpus[i] for i in pools[phase]]
             if job.mode == "sync":
                 start = max(g.now_s for g in gpus)
@@ -410,51 +439,82 @@ def _run_phase(
     decision: base.PhaseDecision,
     noise: Noise,
 ) -> tuple[base.PhaseObservation, float, float]:
-    pw = step.phase(phase)
+    """Run one policy phase (its replay phases in order) as the agent runs its window.
+
+    Probe slices are time slices of the window: a slice that a replay phase ends in goes on
+    into the next one. The phase's tokens are shared equally among its replay phases (each is
+    a pass over the step's tokens, as a forward-token counter reports them).
+    """
     sku = job.sku
     error: str | None = None
     schedule: tuple[int | None, ...] = decision.probe_clocks_mhz or (decision.clock_mhz,)
-    slice_s = decision.probe_slice_s if decision.probe_clocks_mhz else math.inf
-    boost = pw.boost_time_s * job.pool_time_scale(phase) * noise.time[phase]
-    tokens_total = step.workload.phase_tokens(phase)
-    rng = np.random.default_rng([job.seed, step.index, 2, workload.PHASES.index(phase)])
+    probing = bool(decision.probe_clocks_mhz)
+    slice_s = decision.probe_slice_s if probing else math.inf
+    fine = job.groups[phase]
+    tokens_share = step.workload.phase_tokens(phase) / len(fine)
+    rng = np.random.default_rng([job.seed, step.index, 2, job.phases.index(phase)])
     start_counters = [_Agent.read(g) for g in pool]
     t_start = pool[0].now_s
-    x = 0.0
     k = 0
     true_j = 0.0
     slices: list[base.ProbeSlice] = []
     applied: list[int] = []
     slowdown = False
-    while x < 1.0 - 1e-12:
-        clock = schedule[k % len(schedule)]
-        for g in pool:
+    left = slice_s
+    acc_dt = acc_tok = 0.0
+    acc_j: float | None = 0.0
+
+    def emit(clock: int | None) -> None:
+        nonlocal acc_dt, acc_tok, acc_j
+        sigma = min(TOKEN_RATE_SIGMA_1S / math.sqrt(max(acc_dt, 1e-3)), 0.2)
+        tok = acc_tok * float(rng.lognormal(0.0, sigma))
+        slices.append(base.ProbeSlice(clock, acc_dt, tok, acc_j))
+        acc_dt = acc_tok = 0.0
+        acc_j = 0.0
+
+    clock = schedule[0]
+    for name in fine:
+        pw = step.phase(name)
+        boost = pw.boost_time_s * job.pool_time_scale(phase) * noise.time[name]
+        x = 0.0
+        while boost > 0 and x < 1.0 - 1e-12:
+            clock = schedule[k % len(schedule)]
+            for g in pool:
+                try:
+                    agent.apply(g, clock)
+                except gpu_errors.GpuError as exc:
+                    error = error or f"{type(exc).__name__}: {exc}"
+            f_eff = pool[0].effective_clock_mhz(pw.kind)
+            duration_full = boost * sku.time_factor(
+                pw.kind, f_eff, step.workload.mean_context_tokens
+            )
+            dt = min(left, (1.0 - x) * duration_full)
+            dx = dt / duration_full
+            for g in pool:
+                true_j += g.execute(pw.kind, dt, noise.power[name])
+            if probing:
+                acc_tok += tokens_share * (
+                    _progress(x + dx, pw.progress_shape) - _progress(x, pw.progress_shape)
+                )
+                part_j = _slice_energy(pool, dt)
+                acc_j = None if part_j is None or acc_j is None else acc_j + part_j
+                acc_dt += dt
             try:
-                agent.apply(g, clock)
+                applied.append(min(g.sm_clock_mhz() for g in pool))
+                slowdown = slowdown or any(
+                    g.clock_event_reasons() & gpu_base.SLOWDOWN_REASONS for g in pool
+                )
             except gpu_errors.GpuError as exc:
                 error = error or f"{type(exc).__name__}: {exc}"
-        f_eff = pool[0].effective_clock_mhz(pw.kind)
-        duration_full = boost * sku.time_factor(pw.kind, f_eff, step.workload.mean_context_tokens)
-        dt = min(slice_s, (1.0 - x) * duration_full)
-        dx = dt / duration_full
-        for g in pool:
-            true_j += g.execute(pw.kind, dt, noise.power[phase])
-        if decision.probe_clocks_mhz:
-            tok = tokens_total * (
-                _progress(x + dx, pw.progress_shape) - _progress(x, pw.progress_shape)
-            )
-            sigma = min(TOKEN_RATE_SIGMA_1S / math.sqrt(max(dt, 1e-3)), 0.2)
-            tok *= float(rng.lognormal(0.0, sigma))
-            slices.append(base.ProbeSlice(clock, dt, tok, _slice_energy(pool, dt)))
-        try:
-            applied.append(min(g.sm_clock_mhz() for g in pool))
-            slowdown = slowdown or any(
-                g.clock_event_reasons() & gpu_base.SLOWDOWN_REASONS for g in pool
-            )
-        except gpu_errors.GpuError as exc:
-            error = error or f"{type(exc).__name__}: {exc}"
-        x += dx
-        k += 1
+            x += dx
+            left -= dt
+            if left <= 0.0:
+                if probing:
+                    emit(clock)
+                k += 1
+                left = slice_s
+    if probing and acc_dt > 0.0:
+        emit(clock)
     duration = pool[0].now_s - t_start
     end_counters = [_Agent.read(g) for g in pool]
     energy = _window(start_counters, end_counters, duration)
@@ -478,8 +538,8 @@ def totals(job: Job, results: Sequence[StepResult]) -> Totals:
         time_s=sum(r.time_s for r in results),
         energy_j=sum(r.energy_j for r in results),
         valid_tokens=valid,
-        phase_time_s={p: sum(r.phase_time_s[p] for r in results) for p in workload.PHASES},
-        phase_energy_j={p: sum(r.phase_energy_j[p] for r in results) for p in workload.PHASES},
+        phase_time_s={p: sum(r.phase_time_s[p] for r in results) for p in job.phases},
+        phase_energy_j={p: sum(r.phase_energy_j[p] for r in results) for p in job.phases},
     )
 
 
@@ -497,15 +557,15 @@ def fixed_run(
     per-phase locks, released at the trainer's idle signal (``Job.step_truth``).
     """
     t_sum = e_sum = 0.0
-    pt = {p: 0.0 for p in workload.PHASES}
-    pe = {p: 0.0 for p in workload.PHASES}
+    pt = {p: 0.0 for p in job.phases}
+    pe = {p: 0.0 for p in job.phases}
     for step in job.replay.steps:
         t, e, times, energies = job.step_truth(
             step, clocks_mhz, power_limit_w, idle_locked=idle_locked
         )
         t_sum += t
         e_sum += e
-        for p in workload.PHASES:
+        for p in job.phases:
             pt[p] += times[p]
             pe[p] += energies[p]
     valid = sum(s.workload.valid_tokens for s in job.replay.steps)
@@ -546,14 +606,14 @@ def oracle(
     top = sku.max_sm_clock_mhz
     grid = {
         p: [None, *[c for c in sku.supported_sm_clocks_mhz() if c >= top / 2]]
-        for p in workload.PHASES
+        for p in job.phases
     }
     if candidates_mhz:
         for p, cands in candidates_mhz.items():
             grid[p] = [None, *cands]
     # per phase: matrix [clock, step] of time and energy
     tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for p in workload.PHASES:
+    for p in job.phases:
         t = np.empty((len(grid[p]), len(steps)))
         e = np.empty_like(t)
         for i, c in enumerate(grid[p]):
@@ -563,11 +623,11 @@ def oracle(
     other = np.array([s.other_time_s for s in steps])
     chosen: dict[str, int | None] = {}
     if job.mode == "sync":
-        for p in workload.PHASES:
+        for p in job.phases:
             t, e = tables[p]
             ratio = t[0].sum() / t.sum(axis=1)
             energy = e.sum(axis=1)
-            if p == workload.PHASES[-1] and idle_locked:
+            if p == job.phases[-1] and idle_locked:
                 # The last phase's lock is held while the GPUs idle (idle_power_for).
                 idle = np.array([sku.idle_power_for(c) for c in grid[p]])
                 energy = energy + idle * sum(job.power_spread) * other.sum()
@@ -581,7 +641,7 @@ def oracle(
         st = sum(job.power_spread[g] for g in pools["training"])
         busy = np.maximum(tg[:, None, :], tt[None, :, :])
         step_t = busy + other
-        held = {p: grid[p] if idle_locked else [None] * len(grid[p]) for p in workload.PHASES}
+        held = {p: grid[p] if idle_locked else [None] * len(grid[p]) for p in job.phases}
         iw_g = np.array([sku.idle_power_for(c) for c in held["generation"]])[:, None, None]
         iw_t = np.array([sku.idle_power_for(c) for c in held["training"]])[None, :, None]
         idle = iw_g * sg * (step_t - tg[:, None, :]) + iw_t * st * (step_t - tt[None, :, :])

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlenergy import errors
+from rlenergy.api import phases as api_phases
 
 GEN_TIME_KEYS = (
     "timing_s/gen",
@@ -33,9 +34,11 @@ GEN_TIME_KEYS = (
 )
 """Generation (rollout) phase time, s, in order of preference."""
 
-TRAIN_TIME_PARTS = ("old_log_prob", "ref", "values", "update_actor", "update_critic")
-"""GPU phases of the training side of a step (verl ``timing_s/<part>`` or ``timing/<part>``)."""
+TRAIN_TIME_PARTS = tuple(s.timing_key for s in api_phases.TRAINING_SUBPHASES)
+"""GPU phases of the training side of a step (verl ``timing_s/<part>`` or ``timing/<part>``),
+in the order a step runs them (``rlenergy.api.phases.TRAINING_SUBPHASES``)."""
 
+_SUM_ORDER = ("old_log_prob", "ref", "values", "update_actor", "update_critic")
 STEP_TIME_KEYS = ("timing_s/step", "timing/step")
 EXCLUDED_TIME_PARTS = ("testing", "save_checkpoint")
 """Validation and checkpointing are not part of an RL step's work; removed from step time."""
@@ -68,6 +71,8 @@ class StepRecord:
         prompt_length_mean: mean prompt tokens per sample.
         response_length_mean: mean response tokens per sample.
         response_length_max: longest response, tokens.
+        train_parts_s: the training-side GPU phases as logged, ``(timing key, s)`` in step
+            order (keys of ``TRAIN_TIME_PARTS``); they sum to ``train_time_s``.
     """
 
     step: int
@@ -79,6 +84,7 @@ class StepRecord:
     prompt_length_mean: float
     response_length_mean: float
     response_length_max: float
+    train_parts_s: tuple[tuple[str, float], ...] = ()
 
     @property
     def valid_tokens(self) -> float:
@@ -278,12 +284,16 @@ def build_trace(name: str, rows: list[dict[str, float]], meta: Mapping[str, Any]
             skipped["no generation time"] = skipped.get("no generation time", 0) + 1
             continue
         used_keys.setdefault("generation time", set()).add(gen[0])
-        train_time = 0.0
+        parts: list[tuple[str, float]] = []
         for part in TRAIN_TIME_PARTS:
             found = _first(row, (f"timing_s/{part}", f"timing/{part}"))
             if found is not None:
-                train_time += found[1]
+                parts.append((part, found[1]))
                 used_keys.setdefault("training time", set()).add(found[0])
+        logged = dict(parts)
+        train_time = 0.0
+        for part in _SUM_ORDER:  # the order the sum always had: identical replays
+            train_time += logged.get(part, 0.0)
         resp_mean = _metric(row, "response_length_mean")
         if resp_mean is None or train_time <= 0:
             reason = "no response_length/mean" if resp_mean is None else "no training timings"
@@ -335,6 +345,7 @@ def build_trace(name: str, rows: list[dict[str, float]], meta: Mapping[str, Any]
                 prompt_length_mean=prompt_mean,
                 response_length_mean=resp_mean,
                 response_length_max=resp_max,
+                train_parts_s=tuple(parts),
             )
         )
     if not steps:

@@ -12,18 +12,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Collection, Mapping
 
+from rlenergy.api import phases as api_phases
 from rlenergy.api import workload as api_workload
 from rlenergy.gpu import models
 from rlenergy.sim import traces
 
 PHASES: tuple[str, ...] = ("generation", "training")
+"""Phase names of an RL step, in order (sync mode), as the default policy names them."""
 
 DECODE_ITERATION_SHAPE = 0.15
 """How much decode iterations speed up as the batch drains, relative to token throughput
 (which falls with the number of active sequences) [MODEL]."""
-
-"""Phase names of an RL step, in order (sync mode)."""
 
 
 def reported_progress(x: float, k: float) -> float:
@@ -55,7 +56,8 @@ class PhaseWork:
     """One phase of one step on the simulated SKU.
 
     Attributes:
-        name: phase name (``generation`` or ``training``).
+        name: phase name (``generation``, ``training``, or a training sub-phase of
+            ``rlenergy.api.phases.TRAINING_SUBPHASES`` in a replay split by sub-phase).
         kind: phase kind for the GPU model.
         boost_time_s: time at max boost clock with all the job's GPUs, s.
         progress_shape: shape ``k`` of the progress the SDK reports over the phase's work
@@ -80,7 +82,7 @@ class StepWork:
         index: position in the replay, 0-based.
         source_step: the step number in the trace (or the synthetic step).
         cycle: how many times the trace has wrapped before this step.
-        phases: generation then training.
+        phases: generation then training (or training's sub-phases, in step order).
         other_time_s: rest of the step with GPUs near idle, s.
         workload: the token workload the SDK reports.
     """
@@ -109,6 +111,46 @@ class Replay:
     num_gpus: int
     notes: tuple[str, ...]
 
+    @property
+    def phase_names(self) -> tuple[str, ...]:
+        """The phases every step runs, in order."""
+        return tuple(p.name for p in self.steps[0].phases)
+
+
+def phase_groups(
+    replay_phases: tuple[str, ...], policy_phases: Collection[str]
+) -> dict[str, tuple[str, ...]]:
+    """The phases a policy sees, in step order, and the replay's phases each one covers.
+
+    A replay phase the policy names is its own phase; a training sub-phase it does not name
+    is part of ``training``, as the trainer signals it (``rlenergy.api.phases.signal_name``).
+    ``training`` takes its place at its first sub-phase: a sub-phase named between two unnamed
+    ones runs after them [MODEL: same time and energy in sync mode].
+
+    Args:
+        replay_phases: ``Replay.phase_names``.
+        policy_phases: phase names of the policy.
+
+    Returns:
+        ``{policy-level phase: (replay phases, in order)}``, insertion-ordered.
+    """
+    groups: dict[str, list[str]] = {}
+    for name in replay_phases:
+        if name in policy_phases or name not in api_phases.SUBPHASE_BY_NAME:
+            key = name
+        else:
+            key = api_phases.TRAINING
+        groups.setdefault(key, []).append(name)
+    return {k: tuple(v) for k, v in groups.items()}
+
+
+def _subphases(
+    rec: traces.StepRecord, parts: tuple[str, ...]
+) -> tuple[tuple[api_phases.SubPhase, float], ...]:
+    logged = dict(rec.train_parts_s)
+    by_key = {s.timing_key: s for s in api_phases.TRAINING_SUBPHASES}
+    return tuple((by_key[k], logged.get(k, 0.0)) for k in parts)
+
 
 def _workload(rec: traces.StepRecord) -> api_workload.TokenWorkload:
     return api_workload.TokenWorkload(
@@ -120,8 +162,19 @@ def _workload(rec: traces.StepRecord) -> api_workload.TokenWorkload:
     )
 
 
-def from_trace(trace: traces.Trace, sku: models.GpuSku, steps: int) -> Replay:
+def from_trace(
+    trace: traces.Trace, sku: models.GpuSku, steps: int, *, split: bool = False
+) -> Replay:
     """Rescale a trace to ``sku`` and replay it for ``steps`` steps (cyclically if shorter).
+
+    Args:
+        trace: the parsed trace.
+        sku: the simulated GPU.
+        steps: steps to replay.
+        split: run the training side as the sub-phases the trace logs
+            (``StepRecord.train_parts_s``), each with its own kind (``forward`` for
+            log-probability and value passes, ``training`` for updates); default: one
+            ``training`` phase of kind ``training``, as before sub-phases existed.
 
     Raises:
         ValueError: ``steps`` < 1.
@@ -151,27 +204,48 @@ def from_trace(trace: traces.Trace, sku: models.GpuSku, steps: int) -> Replay:
         )
     gen_default = sku.effective_clock_mhz("generation", None)
     train_default = sku.effective_clock_mhz("training", None)
+    logged = {k for rec in trace.steps for k, _ in rec.train_parts_s}
+    parts = tuple(k for k in traces.TRAIN_TIME_PARTS if k in logged)
+    if split:
+        names = ", ".join(parts) or "none"
+        notes.append(f"training split into the sub-phases the trace logs: {names}")
     out: list[StepWork] = []
     for i in range(steps):
         rec = trace.steps[i % n]
         wl = _workload(rec)
         gen_factor = sku.time_factor("generation", gen_default, wl.mean_context_tokens)
-        train_factor = sku.time_factor("training", train_default, wl.mean_context_tokens)
         tail = max(rec.response_length_max / max(rec.response_length_mean, 1.0), 1.0)
         shape = 1.0 + DECODE_ITERATION_SHAPE * (tail - 1.0)
+        gen = PhaseWork("generation", "generation", rec.gen_time_s * gen_scale / gen_factor, shape)
+        if split and parts:
+            train = tuple(
+                PhaseWork(
+                    sub.name,
+                    sub.kind,
+                    seconds
+                    * train_scale
+                    / sku.time_factor(
+                        sub.kind,
+                        sku.effective_clock_mhz(sub.kind, None),
+                        wl.mean_context_tokens,
+                    ),
+                    1.0,
+                )
+                for sub, seconds in _subphases(rec, parts)
+            )
+        else:
+            train_factor = sku.time_factor("training", train_default, wl.mean_context_tokens)
+            train = (
+                PhaseWork(
+                    "training", "training", rec.train_time_s * train_scale / train_factor, 1.0
+                ),
+            )
         out.append(
             StepWork(
                 index=i,
                 source_step=rec.step,
                 cycle=i // n,
-                phases=(
-                    PhaseWork(
-                        "generation", "generation", rec.gen_time_s * gen_scale / gen_factor, shape
-                    ),
-                    PhaseWork(
-                        "training", "training", rec.train_time_s * train_scale / train_factor, 1.0
-                    ),
-                ),
+                phases=(gen, *train),
                 other_time_s=rec.other_time_s,
                 workload=wl,
             )
