@@ -12,7 +12,7 @@ MODE ?= sync
 .PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
 .PHONY: images images-lock test-images
 .PHONY: bench-scale test-chaos test-field test-privilege mutation test-realnode
-.PHONY: bench-peers test-peers engine-wheels venv-verl test-verl
+.PHONY: bench-peers bench-phases test-peers engine-wheels venv-verl test-verl
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,11 @@ unit: $(STAMP) engine-wheels
 ## EE-RL vs the default governor and the oracle, both physics families, seeds 0-2 (bench/energy.py).
 bench-energy: $(STAMP)
 	$(PY) bench/energy.py
+
+## What naming verl's training sub-phases as phases adds, and an idle-gap lock at the lowest
+## clock, on the traces that log sub-phase times (bench/phases.py; sync, both families, seed 0).
+bench-phases: $(STAMP)
+	$(PY) bench/phases.py
 
 ## EE-RL beside Zeus's power-limit optimizer, a static-clock sweep and hindsight bounds
 ## (bench/peers.py; installs the `peers` extra, real zeus from PyPI, into the venv once).

@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlenergy.api import node as api_node
+from rlenergy.api import phases as api_phases
 from rlenergy.api import workload as api_workload
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
@@ -382,7 +383,8 @@ class JobLoop:
         """
         if self.controller is None or self.last_workload is None:
             return {"recommendation_basis": "waiting for a complete step with a clock table"}
-        if phase.name not in ("generation", "training"):
+        kind = api_phases.phase_kind(phase.name)
+        if kind is None:
             return {"recommendation_basis": f"no GPU model for a custom phase {phase.name!r}"}
         sku = gpu_models.sku_for_nvml_name(self.gpu_name or "")
         if sku is None:
@@ -390,7 +392,6 @@ class JobLoop:
             return {"recommendation_basis": f"no GPU model for {gpus}"}
         pc = self.controller.phases.get(phase.name)
         clocks = pc.settings.allowed_mhz if pc is not None else self.clocks_mhz
-        kind: gpu_models.PhaseKind = "generation" if phase.name == "generation" else "training"
         est = gpu_models.estimate_best_clock(
             sku,
             kind,

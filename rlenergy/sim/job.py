@@ -321,6 +321,7 @@ def run_job(
     faults: Mapping[int, Sequence[sim_gpu.Fault]] | None = None,
     on_start: Callable[[Sequence[sim_gpu.SimulatedGpu]], None] | None = None,
     idle_unlocked: bool = True,
+    idle_lock_mhz: int | None = None,
 ) -> tuple[list[StepResult], list[sim_gpu.SimulatedGpu]]:
     """Play every step of ``job`` under ``policy``.
 
@@ -335,6 +336,10 @@ def run_job(
             step ends, as the node agent does at the trainer's idle signal
             (``rlenergy_agent.service.Agent.phase``: an idle phase has no plan entry); False:
             they idle holding the lock (a static lock, ``nvidia-smi -lgc``).
+        idle_lock_mhz: with ``idle_unlocked``, lock every GPU at this clock for the step's
+            idle gap instead of returning it to the default governor (the gap's GPUs run no
+            work here, so no lock delays the next phase's start; the idle power a lock draws
+            is the SKU's ``idle_power_for``).
 
     Returns:
         Per-step results and the simulated GPUs (their clocks are reset at the end).
@@ -385,10 +390,10 @@ def run_job(
         if idle_unlocked:  # the trainer's idle signal: the agent resets each pool's clocks
             for g in gpus:
                 try:
-                    agent.apply(g, None)
+                    agent.apply(g, idle_lock_mhz)
                 except gpu_errors.GpuError:
                     agent.applied[g.uuid] = None
-            held = dict.fromkeys(held)
+            held = dict.fromkeys(held, idle_lock_mhz)
         end = max(g.now_s for g in gpus) + step.other_time_s
         idle_start = [_Agent.read(g) for g in gpus]
         idle_t = [end - g.now_s for g in gpus]
@@ -605,8 +610,7 @@ def oracle(
     sku = job.sku
     top = sku.max_sm_clock_mhz
     grid = {
-        p: [None, *[c for c in sku.supported_sm_clocks_mhz() if c >= top / 2]]
-        for p in job.phases
+        p: [None, *[c for c in sku.supported_sm_clocks_mhz() if c >= top / 2]] for p in job.phases
     }
     if candidates_mhz:
         for p, cands in candidates_mhz.items():

@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 from rlenergy.control.freq import base
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +71,7 @@ def best_static_clock(
     sku = job.sku
     grid = clocks_mhz or [c for c in sku.supported_sm_clocks_mhz() if c >= sku.max_sm_clock_mhz / 2]
     options: list[tuple[float | None, sim_job.Totals]] = [
-        (float(c), sim_job.fixed_run(job, dict.fromkeys(workload.PHASES, float(c)))) for c in grid
+        (float(c), sim_job.fixed_run(job, dict.fromkeys(job.phases, float(c)))) for c in grid
     ]
     return _best(job, options, threshold)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlenergy import errors
+from rlenergy.api import phases as api_phases
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.control.freq import config, eerl
 from rlenergy.gpu import models
@@ -199,6 +200,8 @@ def simulate(
     policy: api_policy.RLEnergyPolicySpec | None = None,
     seed: int = 0,
     on_step: Callable[[sim_job.StepResult], None] | None = None,
+    split: bool | None = None,
+    idle_lock_mhz: int | None = None,
 ) -> SimulationReport:
     """Replay ``trace`` on ``gpu`` in ``mode`` under EE-RL and the baselines.
 
@@ -211,10 +214,17 @@ def simulate(
             ``mode`` is overridden by ``mode``.
         seed: noise seed.
         on_step: progress callback.
+        split: simulate the training side as the sub-phases the trace logs, each with its own
+            physics (``workload.from_trace``); default: when the policy names a training
+            sub-phase (``rlenergy.api.phases.TRAINING_SUBPHASES``). ``True`` with the default
+            policy measures two phases on the split physics (what naming sub-phases adds).
+        idle_lock_mhz: lock the GPUs at this clock in each step's idle gap instead of the
+            default governor (``sim.job.run_job``); None: the node agent's reset.
 
     Raises:
         InvalidInputError: unknown trace or GPU, bad step count, a policy phase the simulator
-            cannot run, or clocks the GPU does not support.
+            cannot run (a custom name, a sub-phase the trace does not log, sub-phases in async
+            mode), or clocks the GPU does not support.
     """
     if steps < 1:
         raise errors.InvalidInputError("--steps", f"must be >= 1, got {steps}")
@@ -226,33 +236,53 @@ def simulate(
         ) from None
     spec = policy or api_policy.RLEnergyPolicySpec()
     spec = spec.model_copy(update={"mode": mode})
+    known = (*workload.PHASES, *api_phases.SUBPHASE_BY_NAME)
     for i, ph in enumerate(spec.phases):
-        if ph.name not in workload.PHASES:
+        if ph.name not in known:
             raise errors.InvalidInputError(
                 f"spec.phases[{i}].name",
-                f"the simulator runs phases {', '.join(workload.PHASES)}; "
-                f"{ph.name!r} has no simulated work",
+                f"the simulator runs phases {', '.join(known)}; {ph.name!r} has no simulated work",
             )
+    named_subphases = [p.name for p in spec.phases if p.name in api_phases.SUBPHASE_BY_NAME]
+    if named_subphases and mode == "async":
+        raise errors.InvalidInputError(
+            "spec.phases",
+            f"training sub-phases ({', '.join(named_subphases)}) are simulated in sync mode "
+            "only; use --mode sync or the phases generation and training",
+        )
     parsed = traces.load_trace(trace)
-    replay = workload.from_trace(parsed, sku, steps)
-    job = sim_job.Job(replay, sku, mode, seed=seed)
+    replay = workload.from_trace(
+        parsed, sku, steps, split=bool(named_subphases) if split is None else split
+    )
+    for i, ph in enumerate(spec.phases):
+        if ph.name in api_phases.SUBPHASE_BY_NAME and ph.name not in replay.phase_names:
+            logged = [n for n in replay.phase_names if n in api_phases.SUBPHASE_BY_NAME]
+            raise errors.InvalidInputError(
+                f"spec.phases[{i}].name",
+                f"trace {parsed.name} logs no {api_phases.SUBPHASE_BY_NAME[ph.name].timing_key} "
+                f"time; its training sub-phases: {', '.join(logged) or 'none'}",
+            )
+    try:
+        job = sim_job.Job(replay, sku, mode, seed=seed, phases=[p.name for p in spec.phases])
+    except ValueError as exc:
+        raise errors.InvalidInputError("--mode", str(exc)) from None
     controller = config.build_controller(spec, sku.supported_sm_clocks_mhz())
     notes = list(replay.notes)
     if mode == "async" and job.num_gpus != replay.num_gpus:
         notes.append(f"async needs two pools: {job.num_gpus} GPUs simulated")
-    for name in workload.PHASES:
+    for name in job.phases:
         if spec.phase(name) is None:
             notes.append(f"phase {name} not in the policy: default governor")
     account = sim_status.StatusAccount(controller, async_mode=mode == "async")
-    results, _ = sim_job.run_job(job, account, on_step=on_step)
+    results, _ = sim_job.run_job(job, account, on_step=on_step, idle_lock_mhz=idle_lock_mhz)
     online = sim_job.totals(job, results)
     default = sim_job.default_run(job)
     thresholds = {p.name: p.min_throughput_ratio for p in spec.phases}
-    oracle_run = sim_job.oracle(job, {p: thresholds.get(p, 1.0) for p in workload.PHASES})
+    oracle_run = sim_job.oracle(job, {p: thresholds.get(p, 1.0) for p in job.phases})
     measured = [r.measured_energy_j for r in results]
     summary = controller.summary()
     phase_reports = []
-    for name in workload.PHASES:
+    for name in job.phases:
         pc: eerl.PhaseController | None = controller.phases.get(name)
         phase_reports.append(
             PhaseReport(

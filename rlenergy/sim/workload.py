@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 
 from rlenergy.api import phases as api_phases
 from rlenergy.api import workload as api_workload

@@ -235,3 +235,21 @@ def test_annotation_phase_source_plans_whole_step_trials_only():
     for ph in loop.phase_status():
         assert ph.probe_evidence is not None and "phaseSource annotation" in ph.probe_evidence
     assert loop.totals().steps == 30
+
+
+def test_observe_mode_recommends_for_named_training_subphases():
+    """A policy naming verl's sub-phases gets a prior per sub-phase kind (rlenergy.api.phases)."""
+    spec = policy.parse_policy(
+        {
+            "selector": {"matchLabels": {"a": "b"}},
+            "controller": {"mode": "observe"},
+            "phases": [{"name": "generation"}, {"name": "old-log-prob"}, {"name": "update-actor"}],
+        }
+    )
+    loop, _ = _run(4, spec)
+    phases = {p.name: p for p in loop.phase_status()}
+    forward, update = phases["old-log-prob"], phases["update-actor"]
+    assert forward.recommended_clock_mhz and update.recommended_clock_mhz
+    # Forward-only passes are less compute bound than the update [MODEL]: a lower clock.
+    assert forward.recommended_clock_mhz < update.recommended_clock_mhz
+    assert "h100-sxm [MODEL]" in (forward.recommendation_basis or "")
