@@ -74,6 +74,7 @@ def dispatch(
                 )
                 for u, r in res.applied.items()
             },
+            plan_phases=list(res.plan_phases),
         )
     if isinstance(req, signals.ProgressRequest):
         # total: cumulative progress of the current phase (preferred: probe slices

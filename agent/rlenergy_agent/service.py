@@ -68,12 +68,16 @@ class PhaseResult:
         applied: per UUID the apply result.
         latency_s: signal received to clocks applied on every GPU, s.
         closed: the window the signal closed, if any.
+        plan_phases: the phase names of the plan the agent follows now, in its order
+            (observe-mode plans included; empty: no plan), so that the trainer knows which
+            training sub-phases the policy names (``rlenergy.api.phases.signal_name``).
     """
 
     gpus: tuple[str, ...]
     applied: Mapping[str, act.ApplyResult]
     latency_s: float
     closed: api_node.PhaseWindowReport | None
+    plan_phases: tuple[str, ...] = ()
 
 
 class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
@@ -200,6 +204,15 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             self.pod_of = {u: None for u in self.actuator.gpus}
             self.policy_name = policy_name
 
+    def plan_phases(self) -> tuple[str, ...]:
+        """Phase names of the current plan, in its order (observe included; empty: no plan).
+
+        The phase signal's answer carries them (``signals.PhaseAnswer.plan_phases``): a trainer
+        signals a training sub-phase under its own name only when the plan lists it.
+        """
+        with self._lock:
+            return tuple(p.phase for p in self.plan.phases) if self.plan is not None else ()
+
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
         if self.plan is None or not self.plan.enforce or phase in IDLE_PHASES:
             return None
@@ -244,6 +257,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
         gpus, devices, _ = self.signal_gpus(pod, gpu_uuids, step)
         with self._lock:
             entry = self._entry_for(phase)
+            plan_phases = self.plan_phases()
             clock_mhz = entry.clock_mhz if entry is not None else None
             probing = (
                 entry is not None and bool(entry.probe_clocks_mhz) and entry.probe_slice_seconds > 0
@@ -298,7 +312,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             self._open[pod] = w
         if probing:
             self._wake.set()
-        return PhaseResult(gpus, results, latency, closed)
+        return PhaseResult(gpus, results, latency, closed, plan_phases)
 
     # ----- in-phase probes ------------------------------------------------------------------
 

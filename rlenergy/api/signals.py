@@ -82,6 +82,15 @@ class PhaseAnswer(_Wire):
     gpus: list[str] = Field(description="Physical GPU UUIDs acted on.")
     latency_seconds: float = Field(description="Signal received to clocks applied, s.")
     applied: dict[str, AppliedClock] = Field(description="Per GPU UUID.")
+    plan_phases: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Phase names of the plan the agent follows now, in the policy's order (its "
+            "spec.phases; observe-mode plans included); empty when the agent has no plan. "
+            "A trainer signals a training sub-phase (rlenergy.api.phases) under its own name "
+            "only when it is listed here, else as training."
+        ),
+    )
 
 
 class ProgressRequest(_Wire):

@@ -163,6 +163,19 @@ class RLEnergyClient:
         """One request at a time on the connection (progress threads share the client)."""
         self._warned = False
         self.last_response: dict[str, Any] = {}
+        self._plan_phases: tuple[str, ...] = ()
+
+    @property
+    def plan_phases(self) -> tuple[str, ...]:
+        """Phase names of the agent's current plan, from the newest phase signal's answer.
+
+        The policy's ``spec.phases`` as the agent follows them (``signals.PhaseAnswer.
+        plan_phases``), in its order. Empty before the first answered phase signal, while the
+        agent has no plan, or from an agent too old to say; a signal the agent did not answer
+        (unreachable, refused) keeps the previous list. A trainer signals a training sub-phase
+        under its own name only when it is listed here (``rlenergy.api.phases.signal_name``).
+        """
+        return self._plan_phases
 
     def _signal(self, path: str, model: type[pydantic.BaseModel], **fields: Any) -> dict[str, Any]:
         """Build the request (``rlenergy.api.signals``) and post it.
@@ -238,13 +251,19 @@ class RLEnergyClient:
     def phase(self, name: str, *, step: int) -> _PhaseContext:
         """Enter phase ``name`` of RL step ``step`` now (``idle`` ends the current phase).
 
+        The agent's answer updates :attr:`plan_phases`.
+
         Returns:
             A context manager that signals ``idle`` on exit (optional to use).
 
         Raises:
             AgentRefusedError: ``strict`` and the agent refused (e.g. not your GPU).
         """
-        self._signal("/v1/phase", signals.PhaseRequest, phase=name, step=step, gpus=self.gpus)
+        answer = self._signal(
+            "/v1/phase", signals.PhaseRequest, phase=name, step=step, gpus=self.gpus
+        )
+        if answer:
+            self._plan_phases = tuple(str(p) for p in answer.get("planPhases") or ())
         return _PhaseContext(self, step)
 
     def progress(self, amount: float) -> None:

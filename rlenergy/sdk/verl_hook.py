@@ -17,7 +17,12 @@ One setting turns it on for a verl job (verl 0.9.1's ``verl/trainer/main_ppo.py`
   rollout GPUs elsewhere and these GPUs go ``idle``), ``compute_log_prob`` /
   ``compute_ref_log_prob`` / ``update_actor`` (**training**: the first of them ends
   generation; ``update_actor`` closes the step with its token workload and reads the step's
-  energy back from the agent). The wrappers sit below verl's
+  energy back from the agent). Each of the three is a training sub-phase
+  (``rlenergy.api.phases``: ``old-log-prob``, ``ref``, ``update-actor``) signalled under its own
+  name when the agent's plan lists it (the policy's ``spec.phases``; the phase signal's answer
+  says, ``RLEnergyClient.plan_phases``), else as ``training`` (also before the agent's first
+  answer); consecutive calls under one name are one window; verl's LoRA reference pass
+  (``compute_log_prob`` with ``no_lora_adapter``) is ``ref``. The wrappers sit below verl's
   ``register``/``tqbridge`` decorators (re-registered with verl's own ``register``), so they
   see the real ``TensorDict`` the engine trains on. Only ``LOCAL_RANK`` 0 of a pod signals
   (one caller per pod; the agent acts on every GPU of the calling pod);
@@ -57,6 +62,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from rlenergy.api import phases
 from rlenergy.sdk import pod_engines, progress, trainer
 
 log = logging.getLogger(__name__)
@@ -134,7 +140,7 @@ def trained_batch(batch: Any) -> TrainedBatch:
 
 
 class ProgressSource(Protocol):
-    """In-phase progress of one phase (the seam for engine metrics and forward hooks).
+    """In-phase progress of one kind of phase (the seam for engine metrics and forward hooks).
 
     ``begin`` is called when the phase starts with the worker instance (e.g. to find the actor
     module for a torch forward hook) and ``report``, which takes the phase's cumulative work so
@@ -148,6 +154,21 @@ class ProgressSource(Protocol):
 
     def end(self) -> float | None:
         """The phase ended: its total work (tokens), or ``None``."""
+
+
+def progress_kind(phase: str) -> str | None:
+    """The progress-source kind serving phase ``phase``.
+
+    Returns:
+        ``generation`` for generation; ``training`` for training and every training
+        sub-phase (``rlenergy.api.phases.TRAINING_SUBPHASES``: forward passes and updates both
+        count trained tokens); ``None`` for ``idle`` or a custom phase (no source).
+    """
+    if phase == phases.GENERATION:
+        return phases.GENERATION
+    if phase == phases.TRAINING or phase in phases.SUBPHASE_BY_NAME:
+        return phases.TRAINING
+    return None
 
 
 class VerlHook:
@@ -165,7 +186,12 @@ class VerlHook:
         self.signals = signals if signals is not None else os.environ.get("LOCAL_RANK", "0") == "0"
         self.phase = "idle"
         self.step = 0
-        self.sources: dict[str, list[ProgressSource]] = {"generation": [], "training": []}
+        self.sources: dict[str, list[ProgressSource]] = {
+            phases.GENERATION: [],
+            phases.TRAINING: [],
+        }
+        """Progress sources by kind (:func:`progress_kind`): ``training`` serves every
+        training sub-phase."""
         self.generated_tokens: float | None = None
         """Tokens the generation sources counted in the current step (``None``: no source)."""
         self._lock = threading.Lock()
@@ -189,13 +215,19 @@ class VerlHook:
         self.add_progress_source("training", progress.PhaseProgress(progress.TrainingTokens))
 
     def add_progress_source(self, phase: str, source: ProgressSource) -> None:
-        """Plug in-phase progress for ``phase`` (``generation`` or ``training``).
+        """Plug in-phase progress for a kind of phase: ``generation`` or ``training``.
+
+        A ``training`` source serves ``training`` and every training sub-phase the plan names
+        (``begin``/``end`` once per sub-phase window).
 
         Raises:
-            ValueError: an unknown phase.
+            ValueError: another kind (a sub-phase name included: use ``training``).
         """
         if phase not in self.sources:
-            raise ValueError(f"phase must be one of {sorted(self.sources)}, not {phase!r}")
+            raise ValueError(
+                f"phase must be one of {sorted(self.sources)}, not {phase!r} "
+                "(training sources serve every training sub-phase)"
+            )
         self.sources[phase].append(source)
 
     def enter(self, phase: str, step: int, worker: Any = None) -> None:
@@ -205,28 +237,66 @@ class VerlHook:
                 return
             self._end_sources()
             self.phase, self.step = phase, step
-            if phase == "generation":
+            if phase == phases.GENERATION:
                 self.generated_tokens = None
             if self.signals:
                 self.client.phase(phase, step=step)
-            for src in self.sources.get(phase, ()):
+            for src in self.sources.get(progress_kind(phase) or "", ()):
                 src.begin(worker, self._report)
+
+    def training_phase(self, method: str) -> str:
+        """The phase name verl's worker method ``method`` runs under now.
+
+        Args:
+            method: a training worker method (``TRAINING_METHODS``: ``compute_log_prob``,
+                ``compute_ref_log_prob``, ``update_actor``).
+
+        Returns:
+            Its sub-phase's name (``old-log-prob``, ``ref``, ``update-actor``) when the
+            agent's plan lists it (``RLEnergyClient.plan_phases``, the newest phase answer),
+            else ``training`` (also before the agent's first answer, and in processes that
+            do not signal).
+
+        Raises:
+            KeyError: ``method`` is no training sub-phase's method.
+        """
+        sub = phases.SUBPHASE_BY_METHOD[method]
+        return phases.signal_name(sub.name, self.client.plan_phases)
+
+    def enter_training(self, method: str, worker: Any = None) -> str:
+        """Enter the phase of worker method ``method`` (:meth:`training_phase`) of the step.
+
+        A method under the same name as the current phase continues its window (e.g.
+        ``compute_log_prob`` then ``compute_ref_log_prob``, both ``training``); another name
+        ends it and opens a new one.
+
+        Returns:
+            The phase entered.
+
+        Raises:
+            KeyError: ``method`` is no training sub-phase's method.
+        """
+        name = self.training_phase(method)
+        self.enter(name, self.step, worker)
+        return name
 
     def _report(self, total: float) -> None:
         if self.signals:
             self.client.progress_total(total)
 
     def _end_sources(self) -> None:
-        totals = [src.end() for src in self.sources.get(self.phase, ())]
+        totals = [src.end() for src in self.sources.get(progress_kind(self.phase) or "", ())]
         known = [t for t in totals if t is not None]
-        if self.phase == "generation" and known:
+        if self.phase == phases.GENERATION and known:
             self.generated_tokens = float(sum(known))
 
     def end_step(self, workload: TrainedBatch) -> dict[str, float]:
         """Close the current step with ``workload``; returns its ``rlenergy/*`` metrics.
 
-        The energy keys (``rlenergy/energy/<phase>_j``, ``rlenergy/energy_per_valid_token_j``)
-        are the agent's measurement of the calling pod's GPUs, present when the agent answered.
+        The energy keys (``rlenergy/energy/<phase>_j`` per phase window name of the step, e.g.
+        ``rlenergy/energy/update-actor_j`` when the plan names that sub-phase;
+        ``rlenergy/energy/step_j``, ``rlenergy/energy_per_valid_token_j``) are the agent's
+        measurement of the calling pod's GPUs, J, present when the agent answered.
         """
         with self._lock:
             self._end_sources()
@@ -309,11 +379,30 @@ def _add_metrics(output: Any, extra: dict[str, float]) -> None:
         tu.assign_non_tensor_data(output, "metrics", {**metrics, **extra})
 
 
+REF_IN_ACTOR_FLAG = "no_lora_adapter"
+"""Non-tensor key verl 0.9.1 sets on a ``compute_log_prob`` batch that is the reference pass
+(``RayPPOTrainer._compute_ref_log_prob`` with ``ref_in_actor``: LoRA, the actor without its
+adapter is the reference)."""
+
+
+def _subphase_method(name: str, data: Any) -> str:
+    """The worker method whose sub-phase a call of ``name`` on ``data`` runs.
+
+    ``compute_log_prob`` on a batch with ``REF_IN_ACTOR_FLAG`` is verl's reference pass (it
+    times it as ``ref``), so it runs under ``compute_ref_log_prob``'s sub-phase.
+    """
+    if name != "compute_log_prob":
+        return name
+    from verl.utils import tensordict_utils as tu  # noqa: PLC0415 - verl only in its image
+
+    return "compute_ref_log_prob" if tu.get(data, REF_IN_ACTOR_FLAG, False) else name
+
+
 def _training(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapper(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
         h = hook()
-        h.enter("training", h.step, self)
+        h.enter_training(_subphase_method(name, data), self)
         output = method(self, data, *args, **kwargs)
         if name == "update_actor":
             _add_metrics(output, h.end_step(_workload_of(data)))
@@ -536,5 +625,6 @@ __all__ = [
     "patch_trainer",
     "patch_worker",
     "pool_phases",
+    "progress_kind",
     "trained_batch",
 ]

@@ -110,8 +110,10 @@ class PhaseSpec(_Spec):
         max_length=63,
         pattern=DNS_LABEL,
         description=(
-            "Phase name: generation, training, or a custom name the trainer SDK reports "
-            "(lower case letters, digits and '-', at most 63 characters)."
+            "Phase name: generation, training, a verl training sub-phase that gets a clock "
+            "of its own (old-log-prob, ref, values, update-critic, update-actor; one the "
+            "policy does not list stays part of training), or a custom name the trainer SDK "
+            "reports (lower case letters, digits and '-', at most 63 characters)."
         ),
     )
     min_throughput_ratio: float = Field(
