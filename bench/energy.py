@@ -21,12 +21,10 @@ Usage: ``python bench/energy.py [--steps 200] [--seeds 0,1,2] [--jobs N]
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import json
 import os
 import sys
-import time
 
+import runs as runs_mod
 from rich.console import Console
 from rich.table import Table
 
@@ -59,22 +57,9 @@ def main() -> int:
         for name in names
         for gpu in gpus
     ]
-    t0 = time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-        rows = []
-        for r in pool.map(_run, runs):  # in order, as they finish
-            rows.append(r)
-            print(
-                f"{r['trace']} {r['gpu']} {r['mode']} seed {r['seed']}: online "
-                f"{r['online_saving']:.1%} oracle {r['oracle_saving']:.1%} online/oracle "
-                f"{r['online_to_oracle']:.2f} throughput {r['throughput_ratio']:.3f} phase margin "
-                f"{r['phase_throughput_margin']:+.3f}",
-                file=sys.stderr,
-                flush=True,
-            )
-    elapsed = time.perf_counter() - t0
+    rows, elapsed = runs_mod.run_in_order(_run, runs, args.jobs, _progress)
     if args.json:
-        print(json.dumps({"rows": rows, "elapsed_s": elapsed}, indent=2))
+        runs_mod.print_json(rows, elapsed)
     else:
         table = Table(
             title=f"EE-RL vs default governor and oracle ({args.steps} steps, seeds {args.seeds})"
@@ -188,6 +173,17 @@ def _run(run: tuple[str, str, str, int, int]) -> dict[str, object]:
         "clocks": {p.name: p.final_clock_mhz for p in rep.phases},
         "oracle_clocks": {p.name: p.oracle_clock_mhz for p in rep.phases},
     }
+
+
+def _progress(run: object, r: dict[str, object] | None) -> str:
+    """The line each finished row prints to stderr."""
+    assert r is not None
+    return (
+        f"{r['trace']} {r['gpu']} {r['mode']} seed {r['seed']}: online "
+        f"{r['online_saving']:.1%} oracle {r['oracle_saving']:.1%} online/oracle "
+        f"{r['online_to_oracle']:.2f} throughput {r['throughput_ratio']:.3f} phase margin "
+        f"{r['phase_throughput_margin']:+.3f}"
+    )
 
 
 def _where(row: dict[str, object]) -> str:

@@ -29,13 +29,11 @@ Usage: ``python bench/phases.py [--steps 200] [--seeds 0] [--jobs N]
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import json
 import os
 import sys
-import time
 from typing import Any
 
+import runs as runs_mod
 from rich.console import Console
 from rich.table import Table
 
@@ -136,23 +134,9 @@ def main() -> int:
     names = [t for t in args.traces.split(",") if t] or list(traces.packaged_trace_names())
     seeds = [int(x) for x in args.seeds.split(",") if x]
     runs = [(n, g, args.steps, s) for s in seeds for n in names for g in gpus]
-    t0 = time.perf_counter()
-    rows = []
-    with concurrent.futures.ProcessPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
-        for run, r in zip(runs, pool.map(run_row, runs), strict=True):
-            if r is None:
-                print(f"{run[0]} {run[1]}: no sub-phase of {PROBE_PHASE_S:.1f} s", file=sys.stderr)
-                continue
-            rows.append(r)
-            print(
-                f"{r['trace']} {r['gpu']} seed {r['seed']}: fine - two "
-                f"{r['fine_minus_two_pp']:+.2f} pp, idle - fine {r['idle_minus_fine_pp']:+.2f} pp",
-                file=sys.stderr,
-                flush=True,
-            )
-    elapsed = time.perf_counter() - t0
+    rows, elapsed = runs_mod.run_in_order(run_row, runs, args.jobs, _progress)
     if args.json:
-        print(json.dumps({"rows": rows, "elapsed_s": elapsed}, indent=2))
+        runs_mod.print_json(rows, elapsed)
     else:
         _table(rows, args)
         print(f"{len(rows)} rows ({3 * len(rows)} runs) in {elapsed:.1f} s")
@@ -160,6 +144,16 @@ def main() -> int:
     for line in summary_lines(rows):
         print(line, file=out)
     return 0
+
+
+def _progress(run: tuple[str, str, int, int], r: dict[str, Any] | None) -> str:
+    """The line each finished row prints to stderr."""
+    if r is None:
+        return f"{run[0]} {run[1]}: no sub-phase of {PROBE_PHASE_S:.1f} s"
+    return (
+        f"{r['trace']} {r['gpu']} seed {r['seed']}: fine - two "
+        f"{r['fine_minus_two_pp']:+.2f} pp, idle - fine {r['idle_minus_fine_pp']:+.2f} pp"
+    )
 
 
 def _table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:

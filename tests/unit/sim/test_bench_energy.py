@@ -6,41 +6,19 @@ the first family's two GPUs, 6 steps, sync.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from benchrun import run_bench
+
 TRACE = "tinyzero-ppo-qwen25-05b-countdown-rtx4090"
 
 
 def test_each_seed_is_a_row_and_the_summary_counts_every_row() -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "energy.py"),
-            "--traces",
-            TRACE,
-            "--family",
-            "first",
-            "--modes",
-            "sync",
-            "--steps",
-            "6",
-            "--seeds",
-            "0,1",
-            "--jobs",
-            "2",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
+    rows, stderr = run_bench(
+        "energy.py",
+        *("--traces", TRACE, "--family", "first", "--modes", "sync", "--steps", "6"),
+        *("--seeds", "0,1", "--jobs", "2"),
     )
-    rows = json.loads(res.stdout)["rows"]  # stdout is the JSON alone
     assert sorted((r["gpu"], r["seed"]) for r in rows) == [
         ("b200", 0),
         ("b200", 1),
@@ -53,7 +31,7 @@ def test_each_seed_is_a_row_and_the_summary_counts_every_row() -> None:
     for r in rows:
         assert r["threshold_margin"] == r["phase_throughput_margin"]  # sync: the lowest phase
     kept = sum(r["threshold_margin"] >= 0 for r in rows)
-    line = re.search(r"threshold kept \(.*?\) on (\d+) of (\d+) rows", res.stderr)
-    assert line is not None, res.stderr
+    line = re.search(r"threshold kept \(.*?\) on (\d+) of (\d+) rows", stderr)
+    assert line is not None, stderr
     assert (int(line[1]), int(line[2])) == (kept, 4)
-    assert "seed" in res.stderr.splitlines()[-1]  # the worst row names its seed
+    assert "seed" in stderr.splitlines()[-1]  # the worst row names its seed

@@ -6,40 +6,22 @@ sub-phases, the first family's two GPUs, 8 steps.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from benchrun import run_bench
+
 TRACE = "verl-grpo-deepseek7b-mi300-8gpu"
 
 
 def test_each_row_runs_three_ways_and_the_summary_counts_them() -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "phases.py"),
-            "--traces",
-            f"{TRACE},tinyzero-ppo-qwen25-05b-countdown-rtx4090",
-            "--family",
-            "first",
-            "--steps",
-            "8",
-            "--jobs",
-            "2",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
+    rows, stderr = run_bench(
+        "phases.py",
+        *("--traces", f"{TRACE},tinyzero-ppo-qwen25-05b-countdown-rtx4090", "--family", "first"),
+        *("--steps", "8", "--jobs", "2"),
     )
-    rows = json.loads(res.stdout)["rows"]  # stdout is the JSON alone
     # TinyZero's sub-phases last well under the 1.2 s a full trial step probes: no row.
     assert sorted(r["gpu"] for r in rows) == ["b200", "h100-sxm"]
-    assert "tinyzero-ppo-qwen25-05b-countdown-rtx4090 b200: no sub-phase" in res.stderr
+    assert "tinyzero-ppo-qwen25-05b-countdown-rtx4090 b200: no sub-phase" in stderr
     for r in rows:
         assert r["subphases"] == ["old-log-prob", "ref", "update-actor"]
         assert set(r["two"]["clocks"]) == {"generation", "training"}
@@ -50,8 +32,8 @@ def test_each_row_runs_three_ways_and_the_summary_counts_them() -> None:
     # The first family draws the same idle power locked or not: the idle lock changes nothing.
     assert all(r["idle_minus_fine_pp"] == 0.0 for r in rows)
     line = re.search(
-        r"first family \((\d+) rows\): every phase's threshold kept on two (\d+)", res.stderr
+        r"first family \((\d+) rows\): every phase's threshold kept on two (\d+)", stderr
     )
-    assert line is not None, res.stderr
+    assert line is not None, stderr
     assert int(line[1]) == 2
     assert int(line[2]) == sum(r["two"]["phase_margin"] >= 0 for r in rows)
