@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from rlenergy import errors
@@ -166,3 +171,21 @@ def test_the_simulator_refuses_subphases_it_cannot_run() -> None:
         report.simulate(DEEPSEEK, "h100-sxm", "sync", steps=4, policy=_spec("generation", "values"))
     with pytest.raises(errors.InvalidInputError, match="'reward' has no simulated work"):
         report.simulate(DEEPSEEK, "h100-sxm", "sync", steps=4, policy=_spec("generation", "reward"))
+
+
+def test_the_shipped_subphase_sample_runs_as_a_user_runs_it() -> None:
+    """``rlenergy simulate --policy crds/samples/subphases-job.yaml`` on a trace logging them."""
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run(
+        [sys.executable, "-m", "rlenergy.cli", "simulate", "--trace", DEEPSEEK, "--gpu", "b200"]
+        + ["--policy", str(root / "crds" / "samples" / "subphases-job.yaml")]
+        + ["--steps", "30", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    body = json.loads(out.stdout)
+    # Every sub-phase this trace logs is listed: no step time is left to `training`.
+    assert [p["name"] for p in body["phases"]] == list(FINE)
+    assert "training split into the sub-phases the trace logs" in " ".join(body["notes"])
