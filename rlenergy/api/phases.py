@@ -34,8 +34,12 @@ class SubPhase:
     Attributes:
         name: the phase name a policy lists (a DNS label).
         timing_key: verl's ``timing_s/<key>`` (``timing/<key>`` in old logs).
-        method: the worker method verl 0.9.1 calls for it
-            (``verl.workers.engine_workers.ActorRolloutRefWorker`` or the critic worker).
+        method: the method verl 0.9.1 calls for it: a
+            ``verl.workers.engine_workers.ActorRolloutRefWorker`` method for the actor's
+            sub-phases; for the critic's, the driver's ``RayPPOTrainer._compute_values`` /
+            ``_update_critic`` without the underscore (they call the critic
+            ``TrainingWorker``'s ``infer_batch`` / ``train_mini_batch``, which
+            ``rlenergy.sdk.verl_hook.CRITIC_METHODS`` maps to these names).
         kind: how it loads the GPU (``SubPhaseKind``).
     """
 

@@ -579,13 +579,19 @@ def verl_actor_module(worker: Any) -> Any:
 def verl_training_modules(worker: Any) -> list[Any]:
     """The distinct torch modules verl 0.9.1's training phase runs forward passes on.
 
-    The actor's (``verl_actor_module``) and, when the worker has a reference model of its own
-    (``ActorRolloutRefWorker.ref``, a ``TrainingWorker`` that ``compute_ref_log_prob`` runs),
-    the reference's ``ref.engine.module``; the same module once.
+    For an ``ActorRolloutRefWorker``: the actor's (``verl_actor_module``) and, when the worker
+    has a reference model of its own (``ActorRolloutRefWorker.ref``, a ``TrainingWorker`` that
+    ``compute_ref_log_prob`` runs), the reference's ``ref.engine.module``; the same module once.
+    For a ``TrainingWorker`` of its own (PPO's critic, ``Role.Critic``, with no ``actor``): its
+    ``engine.module``.
 
     Raises:
-        ProgressUnavailable: the worker has no initialised actor engine.
+        ProgressUnavailable: the worker has no initialised actor engine (nor an engine module
+            of its own).
     """
+    own = getattr(getattr(worker, "engine", None), "module", None)
+    if getattr(worker, "actor", None) is None and own is not None:
+        return [own]
     modules = [verl_actor_module(worker)]
     ref = getattr(getattr(worker, "ref", None), "engine", None)
     module = getattr(ref, "module", None)
@@ -595,21 +601,36 @@ def verl_training_modules(worker: Any) -> list[Any]:
 
 
 class TrainingTokens:
-    """Tokens of the completed forward passes over a verl worker's training modules.
+    """Tokens of the completed forward passes over verl workers' training modules.
 
     One ``ForwardTokenCounter`` per module of ``verl_training_modules(worker)`` (log-prob,
-    reference log-prob and update passes all count: the training phase's GPU work).
+    reference log-prob and update passes all count: the training phase's GPU work), and of
+    each further worker :meth:`watch` is given (PPO's critic, which verl runs as a worker of its
+    own in the same process: values and critic update passes count too).
 
     Raises:
         ProgressUnavailable: the worker has no initialised actor engine.
     """
 
     def __init__(self, worker: Any) -> None:
-        self.counters = [ForwardTokenCounter(m) for m in verl_training_modules(worker)]
+        self.modules: list[Any] = []
+        self.counters: list[ForwardTokenCounter] = []
+        self.watch(worker)
+
+    def watch(self, worker: Any) -> None:
+        """Count the training modules of ``worker`` too (a module already counted: once).
+
+        Raises:
+            ProgressUnavailable: ``worker`` has no training module (nothing added).
+        """
+        for module in verl_training_modules(worker):
+            if all(module is not m for m in self.modules):
+                self.modules.append(module)
+                self.counters.append(ForwardTokenCounter(module))
 
     def total(self) -> float:
         """Tokens counted so far, summed over the modules."""
-        return sum(c.total() for c in self.counters)
+        return sum(c.total() for c in list(self.counters))
 
 
 class PhaseProgress:
@@ -619,6 +640,9 @@ class PhaseProgress:
     source once from the worker (``make``: e.g. ``lambda w: ForwardTokenCounter(
     verl_actor_module(w))`` or ``lambda w: HttpExposition(url, "vllm")``) and runs a
     ``ProgressReporter`` on it; at the end it stops the reporter and returns the phase's total.
+    A source with a ``watch(worker)`` method (``TrainingTokens``) is given each later phase's
+    worker before it starts (and, through :meth:`watch`, the worker continuing a phase), so a
+    phase run by another worker of the process (PPO's critic) counts that worker's work too.
 
     Args:
         make: builds the source from the worker; may raise ``ProgressUnavailable`` (then the
@@ -644,8 +668,25 @@ class PhaseProgress:
                 self.last_error = str(exc)
                 log.warning("no in-phase progress (%s): EE-RL uses whole-phase evidence", exc)
                 return
+        else:
+            self.watch(worker)
         self.reporter = ProgressReporter(self.source, report, period_s=self.period_s)
         self.reporter.start()
+
+    def watch(self, worker: Any) -> None:
+        """Count ``worker``'s work too, from now on (its source's ``watch``, if it has one).
+
+        For a phase that another worker of the process continues (verl's critic after the
+        actor's log-prob passes, both ``training``): the phase's total goes on from its zero.
+        """
+        watch = getattr(self.source, "watch", None)
+        if worker is None or not callable(watch):
+            return
+        try:
+            watch(worker)
+        except ProgressUnavailable as exc:  # the source counts what it counted before
+            self.last_error = str(exc)
+            log.warning("in-phase progress without this worker's modules (%s)", exc)
 
     def end(self) -> float | None:
         """The phase ends: the last report goes out; returns the phase's total (or ``None``)."""

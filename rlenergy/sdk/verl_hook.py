@@ -26,6 +26,14 @@ One setting turns it on for a verl job (verl 0.9.1's ``verl/trainer/main_ppo.py`
   ``register``/``tqbridge`` decorators (re-registered with verl's own ``register``), so they
   see the real ``TensorDict`` the engine trains on. Only ``LOCAL_RANK`` 0 of a pod signals
   (one caller per pod; the agent acts on every GPU of the calling pod);
+* in the same GPU workers, PPO's critic: verl 0.9.1 runs it as a plain
+  ``verl.workers.engine_workers.TrainingWorker`` of a ``value_model`` (``main_ppo_v0``'s
+  ``add_critic_worker``; ``RayPPOTrainer.init_workers`` colocates it with the actor in one
+  process per GPU), and the driver's ``RayPPOTrainer._compute_values`` / ``_update_critic`` call
+  its ``infer_batch`` / ``train_mini_batch`` (``CRITIC_METHODS``). Those two are wrapped the
+  same way and enter the ``values`` / ``update-critic`` sub-phases when the plan lists them,
+  else ``training``; only on the critic (``is_critic``: the actor's and reference's own inner
+  ``TrainingWorker`` run the same methods inside the actor's calls, and stay theirs);
 * in the driver (verl's ``TaskRunner`` is a Ray actor too), ``RayPPOTrainer._update_actor``:
   it counts the step's workload on the whole batch that reaches the update (after DAPO's
   dynamic sampling dropped its groups), hands it to the workers with the batch
@@ -39,8 +47,10 @@ trained. In-phase progress comes with the same setting (:meth:`VerlHook.add_defa
 generation from the decoded-token counters of the pod's rollout servers (``vLLMHttpServer`` /
 ``SGLangHttpServer``, whose ``launch_server`` is wrapped to publish their ``/metrics``,
 ``rlenergy.sdk.pod_engines``), training from a forward hook on the actor's torch module; the
-generated tokens are the generation source's total. In verl's async recipes the rollout pool's
-``CheckpointEngineWorker.update_weights`` sets the pool's step (``RolloutPoolPhases``).
+generated tokens are the generation source's total; the critic's module (``engine.module`` of
+its ``TrainingWorker``) joins the training counter at the critic's first call. In verl's async
+recipes the rollout pool's ``CheckpointEngineWorker.update_weights`` sets the pool's step
+(``RolloutPoolPhases``).
 
 Nothing here imports torch or verl at module import: the SDK stays slim. Callers: Ray (the
 setup hook), ``tests/verl``.
@@ -70,6 +80,15 @@ log = logging.getLogger(__name__)
 WORKER_CLASS = ("verl.workers.engine_workers", "ActorRolloutRefWorker")
 TRAINER_CLASS = ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer")
 TRAINING_METHODS = ("compute_log_prob", "compute_ref_log_prob", "update_actor")
+CRITIC_CLASS = ("verl.workers.engine_workers", "TrainingWorker")
+"""PPO's critic in verl 0.9.1 (``Role.Critic``: ``ray.remote(TrainingWorker)``)."""
+CRITIC_METHODS = {"infer_batch": "compute_values", "train_mini_batch": "update_critic"}
+"""The critic worker's methods and the sub-phase method (``rlenergy.api.phases``) each runs:
+``RayPPOTrainer._compute_values`` calls ``critic_wg.infer_batch``, ``_update_critic`` calls
+``critic_wg.train_mini_batch`` (``verl/trainer/ppo/ray_trainer.py``)."""
+CRITIC_MODEL_TYPE = "value_model"
+"""``TrainingWorkerConfig.model_type`` of the critic (the actor's and reference's inner
+``TrainingWorker``: ``language_model``)."""
 WEIGHTS_METHOD = "update_weights"
 CHECKPOINT_WORKER_CLASS = ("verl.checkpoint_engine.base", "CheckpointEngineWorker")
 """The rollout pool's weight receiver in verl's async recipes (non-``naive`` backends)."""
@@ -146,7 +165,9 @@ class ProgressSource(Protocol):
     module for a torch forward hook) and ``report``, which takes the phase's cumulative work so
     far (decoded tokens in generation, trained tokens in training) and sends it to the agent;
     call it every few tens of ms from the source's own thread or hook. ``end`` is called when
-    the phase ends and returns the phase's total (``None``: unknown).
+    the phase ends and returns the phase's total (``None``: unknown). A source may also have
+    ``watch(worker)``, called when another worker continues the open phase (verl's critic in a
+    ``training`` window the actor opened).
     """
 
     def begin(self, worker: Any, report: Callable[[float], None]) -> None:
@@ -154,6 +175,16 @@ class ProgressSource(Protocol):
 
     def end(self) -> float | None:
         """The phase ended: its total work (tokens), or ``None``."""
+
+
+def _watch(source: ProgressSource, worker: Any) -> None:
+    """Call a source's optional ``watch(worker)``: ``worker`` continues the open phase.
+
+    E.g. verl's critic after the actor's passes, both ``training``: its work counts from now on.
+    """
+    watch = getattr(source, "watch", None)
+    if worker is not None and callable(watch):
+        watch(worker)
 
 
 def progress_kind(phase: str) -> str | None:
@@ -203,7 +234,9 @@ class VerlHook:
           (``pod_engines.PodEngines``: the rollout servers' ``/metrics``, published by the
           wrapped ``launch_server``);
         * training: the tokens of the forward passes of the actor's (and reference's) torch
-          module (``progress.TrainingTokens`` on ``worker.actor.engine.module``).
+          module (``progress.TrainingTokens`` on ``worker.actor.engine.module``) and, from the
+          critic's first window on, of the critic's (its ``TrainingWorker``'s
+          ``engine.module``): each window counts what ran in it.
 
         A source that cannot be read sends nothing (logged once per phase): the agent then sees
         the window without progress and EE-RL uses whole-phase evidence, which the policy's
@@ -231,9 +264,15 @@ class VerlHook:
         self.sources[phase].append(source)
 
     def enter(self, phase: str, step: int, worker: Any = None) -> None:
-        """Enter ``phase`` of ``step`` (no-op if already in it); ends the current phase."""
+        """Enter ``phase`` of ``step``; ends the current phase.
+
+        Already in it: the window goes on, and a progress source with a ``watch(worker)``
+        method counts ``worker``'s work too from now on (``progress.PhaseProgress.watch``).
+        """
         with self._lock:
             if phase == self.phase and step == self.step:
+                for src in self.sources.get(progress_kind(phase) or "", ()):
+                    _watch(src, worker)
                 return
             self._end_sources()
             self.phase, self.step = phase, step
@@ -248,11 +287,13 @@ class VerlHook:
         """The phase name verl's worker method ``method`` runs under now.
 
         Args:
-            method: a training worker method (``TRAINING_METHODS``: ``compute_log_prob``,
-                ``compute_ref_log_prob``, ``update_actor``).
+            method: a training sub-phase's method (``rlenergy.api.phases.SubPhase.method``:
+                ``TRAINING_METHODS``, ``compute_values`` and ``update_critic``, the latter two
+                what the critic's ``CRITIC_METHODS`` run).
 
         Returns:
-            Its sub-phase's name (``old-log-prob``, ``ref``, ``update-actor``) when the
+            Its sub-phase's name (``old-log-prob``, ``ref``, ``values``, ``update-critic``,
+            ``update-actor``) when the
             agent's plan lists it (``RLEnergyClient.plan_phases``, the newest phase answer),
             else ``training`` (also before the agent's first answer, and in processes that
             do not signal).
@@ -267,8 +308,8 @@ class VerlHook:
         """Enter the phase of worker method ``method`` (:meth:`training_phase`) of the step.
 
         A method under the same name as the current phase continues its window (e.g.
-        ``compute_log_prob`` then ``compute_ref_log_prob``, both ``training``); another name
-        ends it and opens a new one.
+        ``compute_log_prob`` then ``compute_ref_log_prob``, both ``training``; or the critic's
+        ``compute_values`` after them); another name ends it and opens a new one.
 
         Returns:
             The phase entered.
@@ -411,6 +452,30 @@ def _training(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def is_critic(worker: Any) -> bool:
+    """Whether ``worker`` (a ``TrainingWorker``) is PPO's critic (``CRITIC_MODEL_TYPE``).
+
+    verl 0.9.1 builds the critic's ``TrainingWorkerConfig`` with ``model_type="value_model"``
+    (``RayPPOTrainer.init_workers``); the actor's and reference's inner ``TrainingWorker``
+    (``ActorRolloutRefWorker.actor`` / ``.ref``) and the SFT trainer's have ``language_model``.
+    """
+    return getattr(getattr(worker, "config", None), "model_type", None) == CRITIC_MODEL_TYPE
+
+
+def _critic(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    sub_method = CRITIC_METHODS[name]
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # The actor's own calls reach the same methods on its inner TrainingWorker (keyword
+        # ``data=``), inside the wrapped ActorRolloutRefWorker methods: they are not the critic's.
+        if is_critic(self):
+            hook().enter_training(sub_method, self)
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _weights(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def wrapper(
@@ -545,6 +610,18 @@ def patch_worker(cls: type) -> None:
     _rewrap(cls, WEIGHTS_METHOD, _weights)
 
 
+def patch_critic(cls: type) -> None:
+    """Wrap ``TrainingWorker``'s ``infer_batch`` / ``train_mini_batch`` (idempotent).
+
+    On PPO's critic (:func:`is_critic`) they enter ``values`` / ``update-critic`` (or
+    ``training``); on any other ``TrainingWorker`` they run as before, signalling nothing.
+    The step stays closed by ``update_actor``, which ``RayPPOTrainer.fit`` runs after
+    ``_update_critic``.
+    """
+    for name in CRITIC_METHODS:
+        _rewrap(cls, name, functools.partial(_critic, name))
+
+
 def patch_trainer(cls: type) -> None:
     """Wrap ``RayPPOTrainer._update_actor``: whole-batch workload in, ``rlenergy/*`` out."""
     original = cls.__dict__["_update_actor"]
@@ -591,7 +668,8 @@ def _patch_logged(module: str, name: str, patch: Callable[[type], None]) -> None
 def install() -> None:
     """Ray ``worker_process_setup_hook``: patch verl's classes in this process.
 
-    The GPU workers' phases and training progress, the driver's workload count, the async
+    The GPU workers' phases and training progress (the critic's included), the driver's
+    workload count, the async
     rollout pool's weight versions; the rollout servers (imported later, only in their own
     processes) publish their metrics URL on import. Best effort: a process without verl (or
     with a verl whose classes moved) logs why and runs unpatched, at default clocks; it never
@@ -599,6 +677,7 @@ def install() -> None:
     """
     for (module, name), patch in (
         (WORKER_CLASS, patch_worker),
+        (CRITIC_CLASS, patch_critic),
         (TRAINER_CLASS, patch_trainer),
         (CHECKPOINT_WORKER_CLASS, patch_checkpoint_worker),
     ):
@@ -620,7 +699,9 @@ __all__ = [
     "hook",
     "after_import",
     "install",
+    "is_critic",
     "patch_checkpoint_worker",
+    "patch_critic",
     "patch_engine_server",
     "patch_trainer",
     "patch_worker",

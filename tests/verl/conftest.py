@@ -44,7 +44,7 @@ with warnings.catch_warnings():
     import verl.trainer.main_ppo  # noqa: F401
     from verl.checkpoint_engine.base import CheckpointEngineWorker
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from rlenergy.sdk import verl_hook  # noqa: E402 - after the verl check above
 
@@ -60,6 +60,7 @@ def hooked(monkeypatch: pytest.MonkeyPatch) -> None:
     """verl's classes as ``install`` leaves them (restored after the test)."""
     for cls, names in (
         (ActorRolloutRefWorker, [*verl_hook.TRAINING_METHODS, verl_hook.WEIGHTS_METHOD]),
+        (TrainingWorker, list(verl_hook.CRITIC_METHODS)),
         (RayPPOTrainer, ["_update_actor"]),
         (CheckpointEngineWorker, [verl_hook.WEIGHTS_METHOD]),
     ):

@@ -6,11 +6,13 @@ and ``verl.trainer.ppo.ray_trainer.RayPPOTrainer`` built without Ray or a proces
 (``object.__new__`` and the attributes their methods read), so that calling their real methods
 (``update_weights``, ``compute_log_prob``, ``RayPPOTrainer._update_actor`` ->
 ``update_actor``) runs verl's own code, and with it the methods ``rlenergy.sdk.verl_hook.
-install`` wrapped. The only fakes are the GPU parts: the FSDP engine (:class:`CpuEngine`, a
-two-layer CPU torch model trained on the no-padding batch verl hands over), the rollout's
-server adapter (:class:`KeepRollout`), the CUDA device calls of the weight sync
-(:data:`CPU_DEVICE`) and vLLM itself (``rlenergy_agent.testing.vllmserver.VllmServer``,
-re-exported here).
+install`` wrapped. PPO's critic is verl's real ``TrainingWorker`` (:func:`make_critic`, reached
+from the driver's real ``RayPPOTrainer._compute_values`` / ``_update_critic``). The only fakes
+are the GPU parts: the FSDP engines (:class:`CpuEngine`, a two-layer CPU torch model trained on
+the no-padding batch verl hands over; :class:`CpuValueEngine`, the critic's), the rollout's
+server adapter (:class:`KeepRollout`), the CUDA device calls of the weight sync and of the
+worker's memory log (:data:`CPU_DEVICE`) and vLLM itself
+(``rlenergy_agent.testing.vllmserver.VllmServer``, re-exported here).
 
 Imports torch and verl at module import: only processes that have them (``.venv-verl``, the
 trainer pod with that venv mounted) import this module. Callers: ``podtrainer``, tests/verl.
@@ -18,7 +20,8 @@ trainer pod with that venv mounted) import this module. Callers: ``podtrainer``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,8 +30,9 @@ from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils import tensordict_utils as tu
+from verl.utils.profiler import DistProfiler
 from verl.workers import engine_workers
-from verl.workers.engine_workers import ActorRolloutRefWorker
+from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from rlenergy_agent.testing import podtrainer
 from rlenergy_agent.testing.vllmserver import VllmServer
@@ -125,6 +129,186 @@ class CpuEngine:
         return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
 
 
+class CpuValueEngine:
+    """The GPU engine behind PPO's critic ``TrainingWorker``, on a CPU.
+
+    Stands where verl's ``FSDPEngine`` of a ``value_model`` stands (``TrainingWorker.engine``)
+    and answers the calls verl's real ``TrainingWorker.infer_batch`` / ``train_mini_batch`` /
+    ``train_batch`` make on it: a small CPU torch model with one value per token
+    (``module``, where the hook's forward counter finds the critic's module), forwarded over
+    the no-padding batch in chunks with ``pace`` before each (:data:`Pace`: ``infer`` /
+    ``train``), its values nested like ``input_ids`` (what ``no_padding_2_padding`` slices).
+    Also the engine of an actor's inner ``TrainingWorker`` (:func:`make_training_worker`).
+
+    Args:
+        chunk_tokens: forward the batch in chunks of this many tokens (0: in one pass).
+        pace: see :data:`Pace` (``None``: no waiting).
+
+    Attributes:
+        forwarded: tokens of every forward pass so far.
+        calls: ``infer`` / ``train`` per engine call.
+    """
+
+    is_param_offload_enabled = False
+
+    def __init__(self, *, chunk_tokens: int = 0, pace: Pace | None = None) -> None:
+        torch.manual_seed(1)
+        self.module = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 1))
+        self.opt = torch.optim.SGD(self.module.parameters(), lr=0.01)
+        self.chunk_tokens = chunk_tokens
+        self.pace = pace
+        self.forwarded = 0
+        self.calls: list[str] = []
+
+    def _values(self, call: str, tokens: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The values of each chunk, forwarded when the caller asks for it."""
+        size = max(self.chunk_tokens or int(tokens.numel()), 1)
+        for start in range(0, int(tokens.numel()), size):
+            chunk = tokens[start : start + size]
+            if self.pace is not None:
+                self.pace(call, self.forwarded + int(chunk.numel()))
+            self.forwarded += int(chunk.numel())
+            yield self.module(chunk).squeeze(-1)
+
+    def infer_batch(self, data: Any, loss_function: Any = None) -> dict[str, Any]:
+        """Values pass (``compute_loss=False``): a forward pass per chunk, no gradient."""
+        self.calls.append("infer")
+        ids = data["input_ids"]
+        with torch.no_grad():
+            values = torch.cat(list(self._values("infer", ids.values())))
+        nested = torch.nested.nested_tensor_from_jagged(values, ids.offsets())
+        return {"model_output": {"values": nested}, "loss": [0.0], "metrics": {}}
+
+    def train_batch(self, data: Any, loss_function: Any) -> dict[str, Any]:
+        """Update pass of one mini-batch: values regressed to zero, one SGD step per chunk."""
+        self.calls.append("train")
+        losses = []
+        for values in self._values("train", data["input_ids"].values()):
+            loss = (values**2).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            losses.append(float(loss.item()))
+        return {"model_output": {}, "loss": losses, "metrics": {"grad_norm": 0.0}}
+
+    def get_per_tensor_param(self, **kw: Any) -> tuple[Any, None]:
+        """(name, tensor) of every parameter, as the weight sync reads them (as the actor's)."""
+        return ((n, p.detach()) for n, p in self.module.named_parameters()), None
+
+    @staticmethod
+    def train_mode(**kw: Any) -> Any:
+        """``BaseEngine.train_mode``: nothing to load on a CPU."""
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def eval_mode(**kw: Any) -> Any:
+        """``BaseEngine.eval_mode``: nothing to load on a CPU."""
+        return contextlib.nullcontext()
+
+    @staticmethod
+    def lr_scheduler_step() -> float:
+        """The (constant) learning rate."""
+        return 0.01
+
+    @staticmethod
+    def get_data_parallel_rank() -> int:
+        """One rank."""
+        return 0
+
+    @staticmethod
+    def get_data_parallel_size() -> int:
+        """One rank."""
+        return 1
+
+    @staticmethod
+    def get_data_parallel_group() -> None:
+        """No group of its own (the default 1-process group)."""
+        return None
+
+    @staticmethod
+    def is_mp_src_rank_with_outputs() -> bool:
+        """This rank returns the outputs."""
+        return True
+
+
+class NoFlops:
+    """``TrainingWorker.flops_counter`` without a GPU: MFU 0 (verl's driver pops the key)."""
+
+    @staticmethod
+    def estimate_flops(*args: Any, **kwargs: Any) -> tuple[float, float]:
+        """(estimated, promised) FLOPs."""
+        return 0.0, 1.0
+
+
+def make_critic(engine: CpuValueEngine) -> TrainingWorker:
+    """PPO's critic as verl 0.9.1 runs it: a ``TrainingWorker`` of a ``value_model``.
+
+    What ``RayPPOTrainer.init_workers`` builds for ``Role.Critic`` (``main_ppo_v0``'s
+    ``add_critic_worker``: ``ray.remote(TrainingWorker)``, ``TrainingWorkerConfig(model_type=
+    "value_model", ...)``), without Ray or a process group, ``engine`` as its engine; verl's
+    real ``infer_batch`` / ``train_mini_batch`` / ``train_batch`` run on it.
+    """
+    return make_training_worker(engine, "value_model")
+
+
+def make_training_worker(engine: Any, model_type: str) -> TrainingWorker:
+    """A verl ``TrainingWorker`` of ``model_type`` on ``engine``, without Ray or a GPU.
+
+    ``value_model``: the critic (:func:`make_critic`); ``language_model``: what
+    ``ActorRolloutRefWorker.init_model`` puts in ``.actor`` / ``.ref`` (their
+    ``compute_log_prob`` / ``update_actor`` call its ``infer_batch`` / ``train_mini_batch``).
+    """
+    worker = object.__new__(TrainingWorker)
+    worker.config = OmegaConf.create({"model_type": model_type})
+    worker.model_config = OmegaConf.create({"use_remove_padding": True, "model_type": model_type})
+    worker.engine_config = OmegaConf.create(
+        {
+            "use_dynamic_bsz": False,
+            "max_token_len_per_gpu": 4096,
+            "infer_max_token_len_per_gpu": 4096,
+            "micro_batch_size_per_gpu": 2,
+            "infer_micro_batch_size_per_gpu": 2,
+            "use_fused_kernels": False,
+            "forward_only": False,
+        }
+    )
+    worker.engine = engine
+    worker.device_name = "cpu"
+    worker.flops_counter = NoFlops()
+    worker.loss_fn = lambda *a, **k: None  # the engine computes its own loss
+    worker.profiler = DistProfiler(rank=0)
+    return worker
+
+
+class Done:
+    """A finished non-blocking worker-group call (``.get()``, as verl's futures)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self) -> Any:
+        """The call's result."""
+        return self.value
+
+
+class CriticGroup:
+    """The driver's ``critic_wg``, in process.
+
+    Each call goes to verl's real (re-wrapped) ``TrainingWorker`` method on the critic.
+    """
+
+    def __init__(self, critic: TrainingWorker) -> None:
+        self.critic = critic
+
+    def infer_batch(self, data: Any) -> Done:
+        """``TrainingWorker.infer_batch`` (``RayPPOTrainer._compute_values``)."""
+        return Done(TrainingWorker.infer_batch(self.critic, data))
+
+    def train_mini_batch(self, data: Any) -> Done:
+        """``TrainingWorker.train_mini_batch`` (``RayPPOTrainer._update_critic``)."""
+        return Done(TrainingWorker.train_mini_batch(self.critic, data))
+
+
 class KeepRollout:
     """The worker's rollout adapter (verl's ``ServerAdapter``): wake-ups and weights, kept."""
 
@@ -182,11 +366,23 @@ def make_worker(engine: CpuEngine) -> ActorRolloutRefWorker:
     return worker
 
 
-def make_trainer(worker: ActorRolloutRefWorker) -> RayPPOTrainer:
-    """The driver's state ``RayPPOTrainer._update_actor`` reads, its worker group in process."""
+def make_trainer(
+    worker: ActorRolloutRefWorker, critic: TrainingWorker | None = None
+) -> RayPPOTrainer:
+    """The driver's state ``RayPPOTrainer._update_actor`` reads, its worker group in process.
+
+    With ``critic`` (:func:`make_critic`), also what ``_compute_values`` / ``_update_critic``
+    read (``critic_wg``: :class:`CriticGroup`).
+    """
     trainer = object.__new__(RayPPOTrainer)  # no Ray cluster: the driver's state only
     trainer.config = OmegaConf.create(
         {
+            "critic": {
+                "ppo_mini_batch_size": 2,
+                "ppo_epochs": 1,
+                "data_loader_seed": 0,
+                "shuffle": False,
+            },
             "actor_rollout_ref": {
                 "rollout": {"multi_turn": {"enable": False}, "temperature": 1.0, "n": GROUP},
                 "actor": {
@@ -197,10 +393,12 @@ def make_trainer(worker: ActorRolloutRefWorker) -> RayPPOTrainer:
                     "data_loader_seed": 0,
                     "shuffle": False,
                 },
-            }
+            },
         }
     )
     trainer.actor_rollout_wg = LocalGroup(worker)
+    if critic is not None:
+        trainer.critic_wg = CriticGroup(critic)
     return trainer
 
 
@@ -225,15 +423,25 @@ class CpuDevice:
         """Nothing to wait for."""
         return None
 
+    @staticmethod
+    def max_memory_allocated() -> int:
+        """No device memory (``TrainingWorker``'s memory metrics)."""
+        return 0
+
+    @staticmethod
+    def max_memory_reserved() -> int:
+        """No device memory (``TrainingWorker``'s memory metrics)."""
+        return 0
+
 
 CPU_DEVICE: dict[str, Any] = {
     "get_torch_device": lambda: CpuDevice,
     "set_expandable_segments": lambda enable: None,
     "log_gpu_memory_usage": lambda *a, **k: None,
 }
-"""``verl.workers.engine_workers`` attributes the colocated weight sync calls on the GPU, made
-CPU no-ops (set them on the module; the sync's ``torch.distributed.barrier`` needs a process
-group too: :func:`use_cpu`)."""
+"""``verl.workers.engine_workers`` attributes the colocated weight sync (and the
+``TrainingWorker``'s memory metrics) call on the GPU, made CPU no-ops (set them on the module;
+the sync's ``torch.distributed.barrier`` needs a process group too: :func:`use_cpu`)."""
 
 
 def use_cpu() -> None:
@@ -320,12 +528,18 @@ __all__ = [
     "GROUP",
     "CpuDevice",
     "CpuEngine",
+    "CpuValueEngine",
+    "CriticGroup",
+    "Done",
     "KeepRollout",
     "LocalGroup",
+    "NoFlops",
     "Pace",
     "VllmServer",
     "batch_of",
     "dapo_keep",
+    "make_critic",
+    "make_training_worker",
     "make_trainer",
     "make_worker",
     "use_cpu",

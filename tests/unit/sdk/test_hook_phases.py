@@ -6,17 +6,23 @@ We test these aspects:
 * every wrapped training method is a training sub-phase of ``rlenergy.api.phases``;
 * the name follows the client's newest plan phases (a sub-phase the plan names, else training);
 * training progress sources serve ``training`` and every sub-phase, generation sources only
-  generation; a sub-phase name is no source kind.
+  generation; a sub-phase name is no source kind;
+* PPO's critic: its ``TrainingWorker`` methods run ``values`` / ``update-critic`` (or
+  ``training``), only on a ``value_model`` worker; a worker continuing the open window (the
+  critic after the actor's passes, both ``training``) is handed to the sources (``watch``),
+  and the training-token counter then counts its module too, each module once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from rlenergy.api import phases
-from rlenergy.sdk import trainer, verl_hook
+from rlenergy.sdk import progress, trainer, verl_hook
 
 
 class Recorder:
@@ -25,6 +31,11 @@ class Recorder:
     def __init__(self) -> None:
         self.windows = 0
         self.open = False
+        self.watched: list[object] = []
+
+    def watch(self, worker: object) -> None:
+        assert self.open
+        self.watched.append(worker)
 
     def begin(self, worker: object, report: Callable[[float], None]) -> None:
         assert not self.open
@@ -90,3 +101,86 @@ def test_progress_sources_are_keyed_by_kind() -> None:
     assert train.windows == 3
     h.enter("reward", 1)  # a custom phase: no source
     assert not train.open and train.windows == 3
+
+
+def test_the_critics_methods_run_the_values_and_update_critic_sub_phases() -> None:
+    # verl 0.9.1: RayPPOTrainer._compute_values -> critic_wg.infer_batch,
+    # _update_critic -> critic_wg.train_mini_batch
+    assert verl_hook.CRITIC_CLASS == ("verl.workers.engine_workers", "TrainingWorker")
+    assert list(verl_hook.CRITIC_METHODS) == ["infer_batch", "train_mini_batch"]
+    subs = [phases.SUBPHASE_BY_METHOD[m] for m in verl_hook.CRITIC_METHODS.values()]
+    assert [(s.name, s.kind) for s in subs] == [
+        ("values", "forward"),
+        ("update-critic", "training"),
+    ]
+    critic_methods = list(verl_hook.CRITIC_METHODS.values())
+    for plan, want in (
+        ((), ["training", "training"]),
+        (("generation", "training"), ["training", "training"]),
+        (("generation", "training", "update-critic"), ["training", "update-critic"]),
+        (("generation", "values", "update-critic", "update-actor"), ["values", "update-critic"]),
+    ):
+        assert [_hook(plan).training_phase(m) for m in critic_methods] == want
+
+
+def test_only_a_value_model_training_worker_is_the_critic() -> None:
+    def worker(model_type: str | None) -> object:
+        return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
+
+    assert verl_hook.is_critic(worker("value_model"))
+    assert not verl_hook.is_critic(worker("language_model"))  # the actor's / ref's inner one
+    assert not verl_hook.is_critic(worker(None))
+    assert not verl_hook.is_critic(SimpleNamespace())
+
+
+def test_a_worker_continuing_the_window_is_handed_to_the_training_sources() -> None:
+    h = _hook(("generation", "training"))
+    train = Recorder()
+    h.add_progress_source("training", train)
+    h.enter("generation", 1)
+    h.enter_training("compute_log_prob", "actor")
+    h.enter_training("compute_values", "critic")  # training too: the window goes on
+    h.enter_training("update_critic", "critic")
+    assert train.windows == 1 and train.watched == ["critic", "critic"]
+    h.enter("generation", 2, "actor")  # another kind: no training source hears of it
+    assert train.watched == ["critic", "critic"]
+
+
+class _Module:
+    """A torch module's forward-hook registry (what ``ForwardTokenCounter`` uses)."""
+
+    def __init__(self) -> None:
+        self.hooks: list[Callable[..., None]] = []
+
+    def register_forward_hook(self, hook: Callable[..., None], **kw: Any) -> object:
+        self.hooks.append(hook)
+        return SimpleNamespace(remove=lambda: None)
+
+    def forward(self, tokens: int) -> None:
+        ids = SimpleNamespace(numel=lambda: tokens, shape=(tokens,), device=None)
+        for hook in self.hooks:
+            hook(self, (), {"input_ids": ids}, None)
+
+
+def test_training_tokens_count_the_critics_module_once_it_is_watched() -> None:
+    actor, critic = _Module(), _Module()
+    arr = SimpleNamespace(
+        actor=SimpleNamespace(engine=SimpleNamespace(module=actor)),
+        ref=SimpleNamespace(engine=SimpleNamespace(module=actor)),  # ref in actor: once
+    )
+    critic_worker = SimpleNamespace(engine=SimpleNamespace(module=critic))  # no actor
+    assert progress.verl_training_modules(critic_worker) == [critic]
+    sent: list[float] = []
+    pp = progress.PhaseProgress(progress.TrainingTokens, period_s=0.005)
+    pp.begin(arr, sent.append)
+    actor.forward(10)
+    critic.forward(100)  # not watched yet: not counted
+    pp.watch(critic_worker)  # the critic continues the window
+    critic.forward(7)
+    pp.watch(critic_worker)  # again: still one counter
+    actor.forward(1)
+    assert pp.end() == 18.0
+    pp.begin(critic_worker, sent.append)  # a window of the critic's own
+    critic.forward(5)
+    assert pp.end() == 5.0
+    assert isinstance(pp.source, progress.TrainingTokens) and len(pp.source.counters) == 2
