@@ -84,6 +84,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             policy=policy,
             seed=args.seed,
             on_step=lambda _r: progress.advance(task),
+            split=True if args.split else None,
         )
     if args.plot:
         from rlenergy.sim import plot as sim_plot
@@ -190,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--plot", help="write a PNG plot here")
     sim.add_argument("--json", action="store_true", help="print one JSON object")
+    sim.add_argument(
+        "--split",
+        action="store_true",
+        help="run the training side as the sub-phases the trace logs, each with its own "
+        "physics (the default when the policy lists a sub-phase)",
+    )
     sim.set_defaults(func=cmd_simulate)
     from rlenergy.sim import rollout_report
 

@@ -131,3 +131,21 @@ def test_every_real_trace_on_h100_sync_keeps_the_threshold_and_saves(name: str) 
     # Seed 0 measured 0.874 (TinyZero, the weakest) to 0.945; docs/benchmarks.md has the seeds.
     assert rep.online_to_oracle >= 0.85
     assert rep.measured_energy_error is not None and abs(rep.measured_energy_error) < 0.01
+
+
+def test_split_runs_the_default_phases_on_the_logged_subphases(capsys) -> None:
+    """``--split``: the two default phases over training's logged parts (same steps, noise)."""
+    args = ["simulate", "--trace", "verl-grpo-deepseek7b-mi300-8gpu", "--gpu", "b200"]
+    args += ["--steps", "20", "--json"]
+    assert cli.main(args) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert cli.main([*args, "--split"]) == 0
+    split = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in split["phases"]] == ["generation", "training"]
+    assert any("training split into the sub-phases" in n for n in split["notes"])
+    assert not any("split" in n for n in whole["notes"])
+    # The same logged times at the default governor: only where the physics differ do they.
+    assert split["totals"]["default_time_s"] == pytest.approx(
+        whole["totals"]["default_time_s"], rel=0.02
+    )
+    assert split["totals"]["default_energy_j"] != whole["totals"]["default_energy_j"]
