@@ -233,14 +233,12 @@ def test_a_plan_naming_the_sub_phases_gives_each_verl_method_its_window_and_key(
         assert metrics["rlenergy/energy_per_valid_token_j"] == pytest.approx(total / valid)
 
 
-def test_the_default_plan_keeps_every_training_method_one_training_window(job: MakeJob) -> None:
-    j = job(DEFAULT)
+def _one_training_window(j: Any, calls: tuple[str, ...]) -> tuple[Any, dict[str, float]]:
+    """Step 1 under the default plan: generation, then one training window over ``calls``."""
     metrics = j.step(1)
     windows = j.windows(1)
     assert [w.phase for w in windows] == ["generation", "training"]
     train = windows[1]
-    assert train.requested_clock_mhz is None
-    calls = ("old-1", "ref-1", "update-1")
     assert train.progress == sum(j.forwarded[c] for c in calls)
     assert train.energy_joules == pytest.approx(sum(j.truth(c) for c in calls), rel=0.02)
     assert sorted(k for k in metrics if k.startswith("rlenergy/energy/")) == [
@@ -248,6 +246,12 @@ def test_the_default_plan_keeps_every_training_method_one_training_window(job: M
         "rlenergy/energy/step_j",
         "rlenergy/energy/training_j",
     ]
+    return train, metrics
+
+
+def test_the_default_plan_keeps_every_training_method_one_training_window(job: MakeJob) -> None:
+    train, metrics = _one_training_window(job(DEFAULT), ("old-1", "ref-1", "update-1"))
+    assert train.requested_clock_mhz is None
     assert metrics["rlenergy/energy/training_j"] == train.energy_joules
 
 
@@ -292,20 +296,9 @@ def test_a_plan_naming_the_critics_sub_phases_gives_verls_critic_calls_their_win
 
 def test_the_default_plan_keeps_the_critics_calls_in_the_training_window(job: MakeJob) -> None:
     j = job(DEFAULT, critic=True)
-    metrics = j.step(1)
-    windows = j.windows(1)
-    assert [w.phase for w in windows] == ["generation", "training"]
-    train = windows[1]
-    calls = ("old-1", "ref-1", "values-1", "critic-1", "update-1")
-    assert j.forwarded["values-1"] > 0 and j.forwarded["critic-1"] > 0
     # the training counter counts the critic module's passes as well as the actor's
-    assert train.progress == sum(j.forwarded[c] for c in calls)
-    assert train.energy_joules == pytest.approx(sum(j.truth(c) for c in calls), rel=0.02)
-    assert sorted(k for k in metrics if k.startswith("rlenergy/energy/")) == [
-        "rlenergy/energy/generation_j",
-        "rlenergy/energy/step_j",
-        "rlenergy/energy/training_j",
-    ]
+    _one_training_window(j, ("old-1", "ref-1", "values-1", "critic-1", "update-1"))
+    assert j.forwarded["values-1"] > 0 and j.forwarded["critic-1"] > 0
 
 
 def test_the_actors_own_training_worker_does_not_enter_the_critics_phases(job: MakeJob) -> None:
