@@ -60,6 +60,7 @@ TRAINING_SUBPHASES: tuple[SubPhase, ...] = (
 
 SUBPHASE_BY_NAME: Mapping[str, SubPhase] = {s.name: s for s in TRAINING_SUBPHASES}
 SUBPHASE_BY_METHOD: Mapping[str, SubPhase] = {s.method: s for s in TRAINING_SUBPHASES}
+SUBPHASE_BY_TIMING_KEY: Mapping[str, SubPhase] = {s.timing_key: s for s in TRAINING_SUBPHASES}
 
 
 def signal_name(subphase: str, policy_phases: Collection[str]) -> str:

@@ -195,11 +195,8 @@ def progress_kind(phase: str) -> str | None:
         sub-phase (``rlenergy.api.phases.TRAINING_SUBPHASES``: forward passes and updates both
         count trained tokens); ``None`` for ``idle`` or a custom phase (no source).
     """
-    if phase == phases.GENERATION:
-        return phases.GENERATION
-    if phase == phases.TRAINING or phase in phases.SUBPHASE_BY_NAME:
-        return phases.TRAINING
-    return None
+    kind = phases.phase_kind(phase)
+    return phases.TRAINING if kind == "forward" else kind
 
 
 class VerlHook:

@@ -148,8 +148,7 @@ def _subphases(
     rec: traces.StepRecord, parts: tuple[str, ...]
 ) -> tuple[tuple[api_phases.SubPhase, float], ...]:
     logged = dict(rec.train_parts_s)
-    by_key = {s.timing_key: s for s in api_phases.TRAINING_SUBPHASES}
-    return tuple((by_key[k], logged.get(k, 0.0)) for k in parts)
+    return tuple((api_phases.SUBPHASE_BY_TIMING_KEY[k], logged.get(k, 0.0)) for k in parts)
 
 
 def _workload(rec: traces.StepRecord) -> api_workload.TokenWorkload:
@@ -204,6 +203,7 @@ def from_trace(
         )
     gen_default = sku.effective_clock_mhz("generation", None)
     train_default = sku.effective_clock_mhz("training", None)
+    part_default = {kind: sku.effective_clock_mhz(kind, None) for kind in ("forward", "training")}
     logged = {k for rec in trace.steps for k, _ in rec.train_parts_s}
     parts = tuple(k for k in traces.TRAIN_TIME_PARTS if k in logged)
     if split:
@@ -224,11 +224,7 @@ def from_trace(
                     sub.kind,
                     seconds
                     * train_scale
-                    / sku.time_factor(
-                        sub.kind,
-                        sku.effective_clock_mhz(sub.kind, None),
-                        wl.mean_context_tokens,
-                    ),
+                    / sku.time_factor(sub.kind, part_default[sub.kind], wl.mean_context_tokens),
                     1.0,
                 )
                 for sub, seconds in _subphases(rec, parts)
