@@ -778,8 +778,9 @@ class PhaseController:
         best_e = 1.0 - k
         z = self.ctl.confidence_z
         target = self.threshold + LOCK_MARGIN if target is None else target
+        proven_mhz = self._proven_clock_mhz(target)
         for clock in self._allowed():
-            if fit.throughput_lower_bound(clock, z) < target:
+            if clock < proven_mhz and self._lower_bound(clock, z) < target:
                 continue
             e = fit.energy_ratio(clock)
             if e is None:
@@ -791,6 +792,41 @@ class PhaseController:
         if best is None:
             return None, fit.throughput_stderr(self._allowed()[0]) if self._allowed() else math.inf
         return best, fit.throughput_stderr(best)
+
+    def _lower_bound(self, clock_mhz: int, z: float) -> float:
+        """Lower confidence bound of the throughput ratio at ``clock_mhz``.
+
+        The fit's bound (``CorrectedFit.throughput_lower_bound``), raised to the bound any
+        probed clock at or below ``clock_mhz`` shows on its own blocks (at least
+        ``min_blocks``): throughput does not fall when the clock rises, so a clock proven to
+        meet a target proves every higher one. Without it a single noisy block at an
+        unproven clock between a proven one and the default (the corrected fit follows each
+        probed clock's mean near it) drags the fit's bound down over that whole span, and
+        the lock lands far above the proven clock.
+        """
+        fit = self.fit
+        assert fit is not None
+        bound = fit.throughput_lower_bound(clock_mhz, z)
+        for m in fit.measured:
+            if m.clock_mhz <= clock_mhz and m.n >= self.ctl.min_blocks:
+                k = probe.student_t_factor(m.n - 1, z)
+                bound = max(bound, m.throughput_mean - k * m.throughput_se)
+        return bound
+
+    def _proven_clock_mhz(self, target: float) -> float:
+        """Lowest clock the bracketing search showed meets ``target`` (inf: none).
+
+        Only while the model is misfitted (the search decides clock by clock there,
+        ``_verdict``) and only for the target the search decides against,
+        ``threshold + LOCK_MARGIN``: a lock that must repay a deficit (a higher
+        ``lock_target``) still needs the bound. Every clock at or above it meets the target
+        (throughput does not fall when the clock rises).
+        """
+        fit = self.fit
+        if fit is None or not fit.misfit or target > self.threshold + LOCK_MARGIN + 1e-12:
+            return math.inf
+        hi = self.bracket()[1]
+        return hi if hi < self.f_default_mhz else math.inf
 
     def _lock(self, clock: int | None, feature: float, slowdown: bool) -> None:
         self.locked_clock_mhz = clock

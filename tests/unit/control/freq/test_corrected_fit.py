@@ -287,10 +287,19 @@ def test_fit_corrected_flags_a_misfit_only_beyond_both_limits() -> None:
     fit = probe.fit_corrected(exact, F_MAX, F_MAX)
     assert fit is not None and fit.misfit is False and fit.tau2 == 0.0
     # A knee: 1200 MHz runs far slower than the one-parameter model fitted to both allows.
-    knee = [(1200, 0.60 + d, None) for d in (-0.001, 0.001)]
-    knee += [(1600, 0.95 + d, None) for d in (-0.001, 0.001)]
+    knee = [(1200, 0.60 + d, None) for d in (-0.001, 0.0, 0.001)]
+    knee += [(1600, 0.95 + d, None) for d in (-0.001, 0.0, 0.001)]
     fit = probe.fit_corrected(knee, F_MAX, F_MAX)
     assert fit is not None and fit.misfit is True and fit.tau2 > 0.0
+    # A clock with fewer blocks than MISFIT_MIN_BLOCKS must lie MISFIT_Z x sqrt(3 / n) standard
+    # errors off (5.2 for one block): on the model at 1000 and 1600 MHz (three blocks each), one
+    # block at 1300 MHz read 0.02, 0.03 and 0.04 above it lies 3.3, 4.5 and 5.5 standard
+    # errors off.
+    assert probe.MISFIT_MIN_BLOCKS == 3
+    for above, flagged in ((0.02, False), (0.03, False), (0.04, True)):
+        blocks = [(c, _r(c) + d, None) for c in (1000, 1600) for d in (-0.005, 0.0, 0.005)]
+        fit = probe.fit_corrected([*blocks, (1300, _r(1300) + above, None)], F_MAX, F_MAX)
+        assert fit is not None and fit.misfit is flagged, above
 
 
 def _floor_blocks(noise: float = 0.005) -> list[tuple[int, float, float | None]]:

@@ -48,7 +48,7 @@ def _locked() -> eerl.PhaseController:
     assert pc.state is base.PhaseState.TRIAL
     for _ in range(6):
         pc.blocks.append((LEVER_MHZ, _ratio(LEVER_MHZ), 0.6))
-    pc.fit = probe.fit_phase_model(pc.blocks, SKU.max_sm_clock_mhz, pc.f_default_mhz)
+    pc.fit = probe.fit_corrected(pc.blocks, SKU.max_sm_clock_mhz, pc.f_default_mhz)
     choice, _ = pc._choose()
     assert choice is not None and LEVER_MHZ < choice < SKU.max_sm_clock_mhz
     pc._lock(choice, eerl._drift_feature("generation", WL), slowdown=False)

@@ -1764,3 +1764,63 @@ def test_a_default_governor_lock_keeps_the_slowdown_of_its_window() -> None:
     pc._last_default_time_s = 2.0
     pc._observe_trial(dataclasses.replace(_slices_obs(1080), slowdown=True), WL, [])
     assert pc.fit is None and pc.locked_clock_mhz is None and pc._lock_slowdown is True
+
+
+def test_a_probed_clock_bounds_every_higher_clock_from_below() -> None:
+    """Throughput does not fall when the clock rises: a lower probed clock's own bound (at
+    least ``min_blocks``) lifts the fit's bound at every clock above it, not below it."""
+    pc = _pc()
+    pc.fit = probe.CorrectedFit(_model(u_stderr=0.05), (), 0.0, misfit=False)
+    z = pc.ctl.confidence_z
+    loose = pc.fit.throughput_lower_bound(1680, z)
+    assert loose < 0.952  # the loose fit alone keeps 1680 from a lock at 0.952
+    proven = 0.97 - probe.student_t_factor(2, z) * 0.001
+    pc.fit = probe.CorrectedFit(
+        _model(u_stderr=0.05),
+        (
+            probe.MeasuredClock(1530, 3, 0.97, 0.001, None),
+            probe.MeasuredClock(1380, 2, 0.99, 0.0001, None),  # under min_blocks: no bound
+        ),
+        0.0,
+        misfit=False,
+    )
+    assert pc._lower_bound(1680, z) == pytest.approx(max(proven, loose))
+    assert pc._lower_bound(1530, z) == pytest.approx(
+        max(proven, pc.fit.throughput_lower_bound(1530, z))
+    )
+    assert pc._lower_bound(1380, z) == pc.fit.throughput_lower_bound(1380, z)
+    assert pc._choose(0.952)[0] == 1530  # proven, and the most efficient clock above it
+
+
+def test_a_misfit_lock_takes_the_lowest_clock_the_search_showed_to_meet() -> None:
+    """Where the model misfits, the bracketing search's lowest clock shown to meet
+    ``threshold + LOCK_MARGIN`` (``_verdict``) and every clock above it meet it, even where one
+    noisy block at a clock in between drags the corrected fit's bound down (the case of
+    verl-grpo-deepseek7b on h100-sxm:saturating-decode, docs/simulator.md: locked at 1500 MHz
+    above a search that closed at 1350 / 1365 MHz)."""
+    pc = _pc()
+    pc.fit = probe.CorrectedFit(
+        _model(u_stderr=0.05),
+        (
+            probe.MeasuredClock(1230, 12, 0.930, 0.003, None),  # miss
+            probe.MeasuredClock(1380, 12, 0.955, 0.003, None),  # meets by its mean (12 blocks)
+            probe.MeasuredClock(1530, 1, 0.90, 0.02, None),  # one noisy block: undecided
+        ),
+        0.0,
+        misfit=True,
+    )
+    z = pc.ctl.confidence_z
+    assert pc.bracket() == (1230, 1380)
+    assert pc._proven_clock_mhz(0.95 + eerl.LOCK_MARGIN) == 1380
+    assert all(pc._lower_bound(c, z) < 0.952 for c in (1380, 1530, 1680))
+    assert pc._choose()[0] == 1380
+    # A lock that must repay a deficit needs the bound: the search did not decide its target.
+    assert pc._proven_clock_mhz(0.96) == math.inf
+    assert pc._choose(0.96)[0] != 1380
+    # Not while the model fits, and not where only the default clock is shown to meet.
+    pc.fit = dataclasses.replace(pc.fit, misfit=False)
+    assert pc._proven_clock_mhz(0.952) == math.inf
+    pc.fit = probe.CorrectedFit(
+        _model(u_stderr=0.05), (probe.MeasuredClock(1230, 12, 0.93, 0.003, None),), 0.0, True
+    )
+    assert pc._proven_clock_mhz(0.952) == math.inf
