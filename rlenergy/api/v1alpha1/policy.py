@@ -182,7 +182,10 @@ class ControllerSpec(_Spec):
         0.25,
         gt=0.0,
         le=10.0,
-        description="Relative workload change (e.g. 0.25 = 25 %) that forces a re-trial.",
+        description=(
+            "Relative workload change (e.g. 0.25 = 25 %) past the range the lock's trial "
+            "steps spanned that forces a re-trial."
+        ),
     )
     max_trial_fraction: float = Field(
         0.25,

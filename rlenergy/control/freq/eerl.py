@@ -35,7 +35,8 @@ default governor on error; trials measure inside a phase, because measurements a
 5. Monitor: a locked phase runs a short in-phase check every ``monitor_interval_steps``; its
    blocks refine the fit (the lock may move down once proven), a check whose upper bound
    misses the threshold steps the lock up at once, a workload drift past ``drift_threshold``
-   (mean context length for generation, tokens per sample for training) or new clock-event
+   beyond the range the lock's trial steps spanned (mean context length for generation,
+   tokens per sample for training; ``PhaseController._drift``) or new clock-event
    reasons (power, thermal) start a new trial. While the point estimate allows a clock that
    saves ``MONITOR_GAIN`` more than the lock, checks come twice as often and are mostly
    lever-arm blocks, so the lock keeps stepping down as the evidence accumulates; not while
@@ -218,6 +219,9 @@ class PhaseController:
         self.ledger_actual_s = 0.0
         self.ledger_windows = 0
         self._lock_feature = 0.0
+        self._trial_features: tuple[float, float] | None = None
+        """(lowest, highest) drift feature of the steps whose trials chose the lock
+        (``_drift_range``)."""
         self._lock_slowdown = False
         self._slowdowns = 0
         self._monitor = probe.RatioStats()
@@ -252,6 +256,8 @@ class PhaseController:
         if not keep_floor:
             self.floor_mhz = 0
         carried = list(self.blocks) if keep_all else self.blocks[-CARRY_BLOCKS:] if carry else []
+        if not carried:
+            self._trial_features = None
         self._new_round()
         if carried:
             # The previous workload's blocks seed the fit; new blocks at the best guess correct
@@ -653,6 +659,9 @@ class PhaseController:
             return
         blocks = self._blocks(obs, tokens)
         if self.state is base.PhaseState.TRIAL:
+            f = self._last_feature
+            lo, hi = self._trial_features or (f, f)
+            self._trial_features = (min(lo, f), max(hi, f))
             self._observe_trial(obs, workload, blocks)
         elif self.state is base.PhaseState.LOCKED:
             self._since_lock += 1
@@ -828,6 +837,32 @@ class PhaseController:
         hi = self.bracket()[1]
         return hi if hi < self.f_default_mhz else math.inf
 
+    def _drift(self, feature: float) -> float | None:
+        """Relative drift of ``feature`` past ``drift_threshold``, or None (no drift).
+
+        Measured against the range of features the lock was chosen over (``_drift_range``):
+        a workload the trial round's blocks already spanned is no drift. A trace replayed in
+        cycles swings its context length by more than the threshold at every wrap
+        (verl-grpo-uitars15-7b's ten steps: 4199 -> 5292 tokens, +26 %); measured from the
+        lock's single step, each wrap re-trialled a lock its own trials had covered (uitars on
+        ``h100-sxm:step-decode``, async: nine re-trials in 200 steps).
+        """
+        lo, hi = self._drift_range()
+        if lo <= 0:
+            return None
+        thr = self.ctl.drift_threshold
+        if feature > hi * (1.0 + thr):
+            return feature / hi - 1.0
+        if feature < lo * (1.0 - thr):
+            return feature / lo - 1.0
+        return None
+
+    def _drift_range(self) -> tuple[float, float]:
+        """(lowest, highest) drift feature of the lock's step and its round's trial steps."""
+        f = self._lock_feature
+        lo, hi = self._trial_features or (f, f)
+        return min(lo, f), max(hi, f)
+
     def _lock(self, clock: int | None, feature: float, slowdown: bool) -> None:
         self.locked_clock_mhz = clock
         self._lock_threshold = self.threshold
@@ -925,12 +960,9 @@ class PhaseController:
             else:
                 self._retrial(reason, keep_floor=True)
             return
-        feature = _drift_feature(self.settings.name, workload)
-        if (
-            self._lock_feature > 0
-            and abs(feature / self._lock_feature - 1.0) > self.ctl.drift_threshold
-        ):
-            self._retrial(f"workload drift {feature / self._lock_feature - 1.0:+.0%}", carry=True)
+        drift = self._drift(_drift_feature(self.settings.name, workload))
+        if drift is not None:
+            self._retrial(f"workload drift {drift:+.0%}", carry=True)
             return
         if obs.slowdown and not self._lock_slowdown and self.locked_clock_mhz is not None:
             self._slowdowns += 1

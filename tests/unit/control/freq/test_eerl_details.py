@@ -1112,6 +1112,38 @@ def test_a_workload_drift_retrials_with_the_newest_blocks() -> None:
     assert within.state is base.PhaseState.LOCKED  # +24.7 %: under drift_threshold
 
 
+def test_drift_is_measured_against_the_features_the_trials_spanned() -> None:
+    """A workload the trial round already spanned is no drift (a trace replayed in cycles
+    swings its context length past the threshold at every wrap); past that range it is."""
+    mean_context = 150.0  # WL's; the lock's step
+
+    def check(context: float) -> eerl.PhaseController:
+        pc = _locked_at(1680)
+        pc._trial_features = (120.0, 190.0)  # the trial steps' mean context lengths
+        pc._check_locked(_plain(), api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, context))
+        return pc
+
+    assert _locked_at(1680)._lock_feature == mean_context
+    assert check(230.0).state is base.PhaseState.LOCKED  # +53 % on the lock, +21 % on 190
+    assert check(95.0).state is base.PhaseState.LOCKED  # -37 % on the lock, -21 % on 120
+    up = check(240.0)  # +26 % on 190
+    assert up.state is base.PhaseState.TRIAL and up.retrial_reasons[-1] == "workload drift +26%"
+    down = check(89.0)  # -26 % on 120
+    assert down.retrial_reasons[-1] == "workload drift -26%"
+    # The range is that of the round: a re-trial without carried blocks forgets it, a drift
+    # re-trial (its blocks carried) keeps it, and trial steps widen it.
+    assert up._trial_features == (120.0, 190.0)
+    up._retrial("test")
+    assert up._trial_features is None
+    pc = _warm()
+    for context in (140.0, 110.0):
+        pc.observe(
+            base.PhaseObservation("generation", 1.25, 300.0, None, slices=()),
+            api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, context),
+        )
+    assert pc._trial_features == (110.0, 140.0)
+
+
 # ----- a trial round's end --------------------------------------------------------------------
 def _slices_obs(*clocks: int, ratio: dict[int, float] | None = None) -> base.PhaseObservation:
     out = [s for clock in clocks for s in _block(clock, rate=(ratio or {}).get(clock))]
