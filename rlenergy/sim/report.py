@@ -74,6 +74,10 @@ class SimulationReport:
     truth: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     """The same figures in truth: per phase and ``total``, (saving, throughput ratio) vs the
     default governor on the same steps (``total``: phase time only, as the status counts)."""
+    margin_oracle_saving: dict[float, float] = dataclasses.field(default_factory=dict)
+    """Per margin of ``simulate(oracle_margins=...)``: the saving (fraction of default energy
+    per valid token) of the oracle held that far above every threshold, with no learning
+    cost: what any controller that keeps a verified margin can reach at most."""
 
     @property
     def status_errors(self) -> tuple[float | None, float | None]:
@@ -202,6 +206,7 @@ def simulate(
     on_step: Callable[[sim_job.StepResult], None] | None = None,
     split: bool | None = None,
     idle_lock_mhz: int | None = None,
+    oracle_margins: tuple[float, ...] = (),
 ) -> SimulationReport:
     """Replay ``trace`` on ``gpu`` in ``mode`` under EE-RL and the baselines.
 
@@ -220,14 +225,21 @@ def simulate(
             policy measures two phases on the split physics (what naming sub-phases adds).
         idle_lock_mhz: lock the GPUs at this clock in each step's idle gap instead of the
             default governor (``sim.job.run_job``); None: the node agent's reset.
+        oracle_margins: throughput-ratio margins (each >= 0) at which to search the oracle
+            again with every threshold raised by the margin
+            (``SimulationReport.margin_oracle_saving``).
 
     Raises:
-        InvalidInputError: unknown trace or GPU, bad step count, a policy phase the simulator
+        InvalidInputError: unknown trace or GPU, bad step count, a negative oracle margin,
+            a policy phase the simulator
             cannot run (a custom name, a sub-phase the trace does not log, sub-phases in async
             mode), or clocks the GPU does not support.
     """
     if steps < 1:
         raise errors.InvalidInputError("--steps", f"must be >= 1, got {steps}")
+    for margin in oracle_margins:
+        if not margin >= 0:
+            raise errors.InvalidInputError("oracle_margins", f"must be >= 0, got {margin}")
     try:
         sku = models.get_sku(gpu)
     except KeyError:
@@ -279,6 +291,12 @@ def simulate(
     default = sim_job.default_run(job)
     thresholds = {p.name: p.min_throughput_ratio for p in spec.phases}
     oracle_run = sim_job.oracle(job, {p: thresholds.get(p, 1.0) for p in job.phases})
+    margin_oracle_saving: dict[float, float] = {}
+    for margin in oracle_margins:
+        held = sim_job.oracle(job, {p: thresholds.get(p, 1.0) + margin for p in job.phases})
+        margin_oracle_saving[margin] = (
+            1.0 - held.totals.energy_per_valid_token_j / default.energy_per_valid_token_j
+        )
     measured = [r.measured_energy_j for r in results]
     summary = controller.summary()
     phase_reports = []
@@ -330,4 +348,5 @@ def simulate(
         default_steps=tuple(default_steps),
         reported=reported,
         truth={k: v for k, v in truth.items() if k in reported},
+        margin_oracle_saving=margin_oracle_saving,
     )

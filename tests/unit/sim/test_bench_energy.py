@@ -35,3 +35,15 @@ def test_each_seed_is_a_row_and_the_summary_counts_every_row() -> None:
     assert line is not None, stderr
     assert (int(line[1]), int(line[2])) == (kept, 4)
     assert "seed" in stderr.splitlines()[-1]  # the worst row names its seed
+    # The ceiling lines: per margin, the worst row's ratio and the rows below 0.95.
+    for margin in ("0.002", "0.005"):
+        ratios = [r["ceiling"][margin] for r in rows]
+        assert all(0.0 <= x <= 1.0 + 1e-9 for x in ratios), ratios
+        line = re.search(
+            rf"first family: ceiling, the oracle held {margin} above every threshold .*?: "
+            rf"worst ([0-9.]+) .*?, below 0.95 on (\d+) of 4 rows",
+            stderr,
+        )
+        assert line is not None, stderr
+        assert float(line[1]) == round(min(ratios), 3)
+        assert int(line[2]) == sum(x < 0.95 for x in ratios)

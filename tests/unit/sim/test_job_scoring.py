@@ -19,12 +19,13 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from rlenergy import errors
 from rlenergy.api import workload as api_workload
 from rlenergy.control.freq import base
 from rlenergy.gpu import models
 from rlenergy.sim import gpu as sim_gpu
 from rlenergy.sim import job as sim_job
-from rlenergy.sim import workload
+from rlenergy.sim import report, workload
 
 
 class _ToySku(models.GpuSku):
@@ -523,3 +524,18 @@ def test_lost_gpu_leaves_clock_and_energy_unknown(quiet: None) -> None:
     assert gen.applied_clock_mhz is None and gen.energy_j is None
     assert results[0].measured_energy_j is None
     assert results[0].energy_j == pytest.approx(17000.0)
+
+
+def test_the_oracle_held_above_its_thresholds_saves_no_more_than_the_oracle() -> None:
+    """``simulate(oracle_margins=...)``: the oracle searched again with every threshold raised
+    by each margin; a wider margin can only cost saving, 0 is the oracle itself, a negative
+    margin is refused before the run."""
+    trace = "verl-gpg-qwen2-7b-fsdp-8gpu"
+    rep = report.simulate(trace, "h100-sxm", steps=20, oracle_margins=(0.0, 0.002, 0.005, 0.02))
+    held = rep.margin_oracle_saving
+    assert held[0.0] == pytest.approx(rep.oracle_saving)
+    assert held[0.0] >= held[0.002] >= held[0.005] >= held[0.02]
+    assert held[0.02] < rep.oracle_saving  # 2 points above 0.95 costs a clock step or more
+    assert report.simulate(trace, "h100-sxm", steps=2).margin_oracle_saving == {}
+    with pytest.raises(errors.InvalidInputError, match="oracle_margins"):
+        report.simulate(trace, "h100-sxm", steps=2, oracle_margins=(-0.01,))
