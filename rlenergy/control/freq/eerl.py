@@ -785,11 +785,9 @@ class PhaseController:
         best: int | None = None
         k = self.idle_credit
         best_e = 1.0 - k
-        z = self.ctl.confidence_z
         target = self.threshold + LOCK_MARGIN if target is None else target
-        proven_mhz = self._proven_clock_mhz(target)
         for clock in self._allowed():
-            if clock < proven_mhz and self._lower_bound(clock, z) < target:
+            if not self._meets(clock, target):
                 continue
             e = fit.energy_ratio(clock)
             if e is None:
@@ -821,6 +819,18 @@ class PhaseController:
                 k = probe.student_t_factor(m.n - 1, z)
                 bound = max(bound, m.throughput_mean - k * m.throughput_se)
         return bound
+
+    def _meets(self, clock_mhz: int, target: float) -> bool:
+        """Whether ``clock_mhz`` is shown to meet ``target``.
+
+        At or above the search's proven clock (``_proven_clock_mhz``), or its lower bound
+        (``_lower_bound``) meets it. What a lock is chosen by (``_choose``) and what a held lock
+        is checked against when its target moves (``_check_locked``), so the two never disagree
+        on the same evidence.
+        """
+        if clock_mhz >= self._proven_clock_mhz(target):
+            return True
+        return self._lower_bound(clock_mhz, self.ctl.confidence_z) >= target
 
     def _proven_clock_mhz(self, target: float) -> float:
         """Lowest clock the bracketing search showed meets ``target`` (inf: none).
@@ -914,19 +924,19 @@ class PhaseController:
                 self.selections += 1
                 return
         if fit is not None and clock is not None:
-            z = self.ctl.confidence_z
             target = self.lock_target
             threshold_moved = abs(self.threshold - self._lock_threshold) > 1e-9
             moved = threshold_moved or target > self._lock_target + 1e-9
             self._lock_target = min(self._lock_target, target)
             choice = None
-            if moved and fit.throughput_lower_bound(clock, z) < target:
+            short = moved and not self._meets(clock, target)
+            if short:
                 choice, _ = self._choose(target)
             if choice is None and moved and not threshold_moved:
                 # Only the run's deficit grew and no clock is shown to repay it: keep the
                 # lock (the monitor still steps it up on its own blocks' evidence).
                 self._lock_target = max(self._lock_target, target)
-            elif moved and fit.throughput_lower_bound(clock, z) < target:
+            elif short:
                 # The threshold rose (async slack shrank) or the run's deficit grew (monitor
                 # slices): step up to what the model supports.
                 self.retrial_reasons.append(

@@ -1856,3 +1856,25 @@ def test_a_misfit_lock_takes_the_lowest_clock_the_search_showed_to_meet() -> Non
         _model(u_stderr=0.05), (probe.MeasuredClock(1230, 12, 0.93, 0.003, None),), 0.0, True
     )
     assert pc._proven_clock_mhz(0.952) == math.inf
+
+
+def test_a_held_lock_is_checked_by_the_evidence_it_was_chosen_by() -> None:
+    """When the target moves, a lock at the search's proven clock is kept where the proof
+    still covers the new target (``_meets``, as ``_choose``), not re-selected on the
+    corrected fit's looser bound."""
+    pc = _locked_at(1380)
+    pc.fit = probe.CorrectedFit(
+        _model(u_stderr=0.05),
+        (
+            probe.MeasuredClock(1230, 12, 0.930, 0.003, None),
+            probe.MeasuredClock(1380, 12, 0.955, 0.003, None),
+        ),
+        0.0,
+        misfit=True,
+    )
+    assert pc._lower_bound(1380, pc.ctl.confidence_z) < 0.952 and pc._meets(1380, 0.952)
+    pc._lock_threshold = 0.951  # the async slack moved the threshold back to 0.95
+    selections, reasons = pc.selections, list(pc.retrial_reasons)
+    pc._check_locked(_plain(1380), WL)
+    assert pc.locked_clock_mhz == 1380
+    assert (pc.selections, pc.retrial_reasons) == (selections, reasons)
