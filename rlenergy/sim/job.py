@@ -606,6 +606,21 @@ def oracle(
     ``idle_locked``: the clocks are held while the GPUs idle (static locks); default: released
     at the trainer's idle signal, as the node agent applies per-phase clocks (``run_job``).
     """
+    return oracles(job, (thresholds,), candidates_mhz, idle_locked=idle_locked)[0]
+
+
+def oracles(
+    job: Job,
+    threshold_sets: Sequence[Mapping[str, float]],
+    candidates_mhz: Mapping[str, Sequence[int]] | None = None,
+    *,
+    idle_locked: bool = False,
+) -> list[Oracle]:
+    """``oracle`` for each of ``threshold_sets``, in order, on one table of the job's truth.
+
+    The truth of every phase at every clock and step is what the search costs; it is computed
+    once and each threshold set only picks from it.
+    """
     steps = job.replay.steps
     sku = job.sku
     top = sku.max_sm_clock_mhz
@@ -625,19 +640,18 @@ def oracle(
                 t[i, j], e[i, j] = job.phase_truth(s, p, c)
         tables[p] = (t, e)
     other = np.array([s.other_time_s for s in steps])
-    chosen: dict[str, int | None] = {}
     if job.mode == "sync":
+        # Per phase: whole-run ratio and energy at every clock.
+        ratios: dict[str, np.ndarray] = {}
+        energies: dict[str, np.ndarray] = {}
         for p in job.phases:
             t, e = tables[p]
-            ratio = t[0].sum() / t.sum(axis=1)
-            energy = e.sum(axis=1)
+            ratios[p] = t[0].sum() / t.sum(axis=1)
+            energies[p] = e.sum(axis=1)
             if p == job.phases[-1] and idle_locked:
                 # The last phase's lock is held while the GPUs idle (idle_power_for).
                 idle = np.array([sku.idle_power_for(c) for c in grid[p]])
-                energy = energy + idle * sum(job.power_spread) * other.sum()
-            ok = ratio >= thresholds.get(p, 0.95) - 1e-12
-            best = int(np.argmin(np.where(ok, energy, np.inf)))
-            chosen[p] = grid[p][best]
+                energies[p] = energies[p] + idle * sum(job.power_spread) * other.sum()
     else:
         (tg, eg), (tt, et) = tables["generation"], tables["training"]
         pools = job.pools()
@@ -649,11 +663,20 @@ def oracle(
         iw_g = np.array([sku.idle_power_for(c) for c in held["generation"]])[:, None, None]
         iw_t = np.array([sku.idle_power_for(c) for c in held["training"]])[None, :, None]
         idle = iw_g * sg * (step_t - tg[:, None, :]) + iw_t * st * (step_t - tt[None, :, :])
-        energy = (eg[:, None, :] + et[None, :, :] + idle).sum(axis=2)
+        pair_energy = (eg[:, None, :] + et[None, :, :] + idle).sum(axis=2)
         total_t = step_t.sum(axis=2)
-        ratio = total_t[0, 0] / total_t
-        ok = ratio >= min(thresholds.values(), default=0.95) - 1e-12
-        flat = int(np.argmin(np.where(ok, energy, np.inf)))
-        i, j = divmod(flat, energy.shape[1])
-        chosen = {"generation": grid["generation"][i], "training": grid["training"][j]}
-    return Oracle(chosen, fixed_run(job, chosen, idle_locked=idle_locked))
+        pair_ratio = total_t[0, 0] / total_t
+    out: list[Oracle] = []
+    for thresholds in threshold_sets:
+        chosen: dict[str, int | None] = {}
+        if job.mode == "sync":
+            for p in job.phases:
+                ok = ratios[p] >= thresholds.get(p, 0.95) - 1e-12
+                chosen[p] = grid[p][int(np.argmin(np.where(ok, energies[p], np.inf)))]
+        else:
+            ok = pair_ratio >= min(thresholds.values(), default=0.95) - 1e-12
+            flat = int(np.argmin(np.where(ok, pair_energy, np.inf)))
+            i, j = divmod(flat, pair_energy.shape[1])
+            chosen = {"generation": grid["generation"][i], "training": grid["training"][j]}
+        out.append(Oracle(chosen, fixed_run(job, chosen, idle_locked=idle_locked)))
+    return out

@@ -100,19 +100,30 @@ class SimulationReport:
     @property
     def online_saving(self) -> float:
         """Fraction of default energy per valid token saved online, trials included."""
-        return 1.0 - self.online.energy_per_valid_token_j / self.default.energy_per_valid_token_j
+        return _saving(self.online, self.default)
 
     @property
     def oracle_saving(self) -> float:
         """Fraction saved by the best fixed clocks in hindsight."""
-        return 1.0 - self.oracle.energy_per_valid_token_j / self.default.energy_per_valid_token_j
+        return _saving(self.oracle, self.default)
 
     @property
     def online_to_oracle(self) -> float:
         """online_saving / oracle_saving (1.0 when the oracle saves nothing and neither do we)."""
+        return self._to_oracle(self.online_saving)
+
+    @property
+    def margin_oracle_to_oracle(self) -> dict[float, float]:
+        """Per margin of ``margin_oracle_saving``: its saving / oracle_saving.
+
+        As ``online_to_oracle``: the ceiling of online/oracle under that margin.
+        """
+        return {m: self._to_oracle(s) for m, s in self.margin_oracle_saving.items()}
+
+    def _to_oracle(self, saving: float) -> float:
         if self.oracle_saving <= 1e-9:
-            return 1.0 if self.online_saving >= -1e-9 else 0.0
-        return self.online_saving / self.oracle_saving
+            return 1.0 if saving >= -1e-9 else 0.0
+        return saving / self.oracle_saving
 
     @property
     def throughput_ratio(self) -> float:
@@ -179,6 +190,11 @@ class SimulationReport:
             ],
             "notes": list(self.notes),
         }
+
+
+def _saving(run: sim_job.Totals, default: sim_job.Totals) -> float:
+    """Fraction of ``default``'s energy per valid token that ``run`` saves."""
+    return 1.0 - run.energy_per_valid_token_j / default.energy_per_valid_token_j
 
 
 def _timeline(
@@ -290,13 +306,13 @@ def simulate(
     online = sim_job.totals(job, results)
     default = sim_job.default_run(job)
     thresholds = {p.name: p.min_throughput_ratio for p in spec.phases}
-    oracle_run = sim_job.oracle(job, {p: thresholds.get(p, 1.0) for p in job.phases})
-    margin_oracle_saving: dict[float, float] = {}
-    for margin in oracle_margins:
-        held = sim_job.oracle(job, {p: thresholds.get(p, 1.0) + margin for p in job.phases})
-        margin_oracle_saving[margin] = (
-            1.0 - held.totals.energy_per_valid_token_j / default.energy_per_valid_token_j
-        )
+    oracle_run, *held = sim_job.oracles(
+        job,
+        [{p: thresholds.get(p, 1.0) + m for p in job.phases} for m in (0.0, *oracle_margins)],
+    )
+    margin_oracle_saving = {
+        m: _saving(h.totals, default) for m, h in zip(oracle_margins, held, strict=True)
+    }
     measured = [r.measured_energy_j for r in results]
     summary = controller.summary()
     phase_reports = []

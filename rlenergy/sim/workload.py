@@ -202,8 +202,8 @@ def from_trace(
             f"({math.ceil(steps / n) - 1} wrap(s); each wrap is a workload jump)"
         )
     gen_default = sku.effective_clock_mhz("generation", None)
-    train_default = sku.effective_clock_mhz("training", None)
     part_default = {kind: sku.effective_clock_mhz(kind, None) for kind in ("forward", "training")}
+    train_default = part_default["training"]
     logged = {k for rec in trace.steps for k, _ in rec.train_parts_s}
     parts = tuple(k for k in traces.TRAIN_TIME_PARTS if k in logged)
     if split:

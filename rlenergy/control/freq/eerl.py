@@ -540,7 +540,7 @@ class PhaseController:
         if m is None or m.n < self.ctl.min_blocks or not math.isfinite(m.throughput_se):
             return None
         target = self.threshold + LOCK_MARGIN
-        k = probe.student_t_factor(m.n - 1, self.ctl.confidence_z) * m.throughput_se
+        k = m.throughput_halfwidth(self.ctl.confidence_z)
         if m.throughput_mean - k >= target:
             return True
         if m.throughput_mean + k < target:
@@ -786,8 +786,9 @@ class PhaseController:
         k = self.idle_credit
         best_e = 1.0 - k
         target = self.threshold + LOCK_MARGIN if target is None else target
+        proven_mhz = self._proven_clock_mhz(target)
         for clock in self._allowed():
-            if not self._meets(clock, target):
+            if not self._meets(clock, target, proven_mhz):
                 continue
             e = fit.energy_ratio(clock)
             if e is None:
@@ -816,19 +817,20 @@ class PhaseController:
         bound = fit.throughput_lower_bound(clock_mhz, z)
         for m in fit.measured:
             if m.clock_mhz <= clock_mhz and m.n >= self.ctl.min_blocks:
-                k = probe.student_t_factor(m.n - 1, z)
-                bound = max(bound, m.throughput_mean - k * m.throughput_se)
+                bound = max(bound, m.throughput_mean - m.throughput_halfwidth(z))
         return bound
 
-    def _meets(self, clock_mhz: int, target: float) -> bool:
+    def _meets(self, clock_mhz: int, target: float, proven_mhz: float | None = None) -> bool:
         """Whether ``clock_mhz`` is shown to meet ``target``.
 
-        At or above the search's proven clock (``_proven_clock_mhz``), or its lower bound
-        (``_lower_bound``) meets it. What a lock is chosen by (``_choose``) and what a held lock
-        is checked against when its target moves (``_check_locked``), so the two never disagree
-        on the same evidence.
+        At or above ``proven_mhz`` (default ``_proven_clock_mhz(target)``; a caller testing many
+        clocks passes it, taken once), or its lower bound (``_lower_bound``) meets it. What a
+        lock is chosen by (``_choose``) and what a held lock is checked against when its target
+        moves (``_check_locked``), so the two never disagree on the same evidence.
         """
-        if clock_mhz >= self._proven_clock_mhz(target):
+        if proven_mhz is None:
+            proven_mhz = self._proven_clock_mhz(target)
+        if clock_mhz >= proven_mhz:
             return True
         return self._lower_bound(clock_mhz, self.ctl.confidence_z) >= target
 

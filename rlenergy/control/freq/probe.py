@@ -385,6 +385,13 @@ class MeasuredClock:
     power_mean: float | None
     power_se: float = math.inf
 
+    def throughput_halfwidth(self, z: float) -> float:
+        """Half-width of the throughput mean's confidence interval.
+
+        ``z`` is widened to Student's t for ``n - 1`` degrees of freedom.
+        """
+        return student_t_factor(self.n - 1, z) * self.throughput_se
+
 
 @dataclasses.dataclass(frozen=True)
 class CorrectedFit:
