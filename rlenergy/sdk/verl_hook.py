@@ -70,15 +70,20 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rlenergy.api import phases
 from rlenergy.sdk import pod_engines, progress, trainer
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 WORKER_CLASS = ("verl.workers.engine_workers", "ActorRolloutRefWorker")
 TRAINER_CLASS = ("verl.trainer.ppo.ray_trainer", "RayPPOTrainer")
+"""verl's legacy driver (``trainer.use_v1=false``, ``main_ppo_v0``)."""
+V1_TRAINER_CLASS = ("verl.trainer.ppo.v1.trainer_base", "PPOTrainer")
+"""verl 0.9.1's default driver (``trainer.use_v1: true``): the base of its sync,
+colocate-async and separate-async trainers (``verl/trainer/ppo/v1``)."""
 TRAINING_METHODS = ("compute_log_prob", "compute_ref_log_prob", "update_actor")
 CRITIC_CLASS = ("verl.workers.engine_workers", "TrainingWorker")
 """PPO's critic in verl 0.9.1 (``Role.Critic``: ``ray.remote(TrainingWorker)``)."""
@@ -100,6 +105,8 @@ ENGINE_SERVERS = {
 WORKLOAD_KEY = "rlenergy_workload"
 """``meta_info`` / non-tensor key carrying the step's :class:`TrainedBatch` to the workers."""
 PREFIX = "rlenergy/"
+UNKNOWN_KEY = f"{PREFIX}workload_unknown"
+"""Metric set to 1 for a step whose batch the hook could not count (no token or energy keys)."""
 _PATCHED = "__rlenergy_patched__"
 
 
@@ -133,29 +140,73 @@ class TrainedBatch:
 
 
 def trained_batch(batch: Any) -> TrainedBatch:
-    """Count the workload of a verl batch in the padded left/right layout.
+    """Count the workload of a verl batch, padded or unpadded.
 
     Args:
-        batch: a ``verl.DataProto`` or a ``TensorDict`` with ``response_mask`` (samples x
-            response width) and ``attention_mask`` (samples x prompt + response width), as
-            ``RayPPOTrainer.fit`` builds it and ``left_right_2_no_padding`` keeps it.
+        batch: a ``verl.DataProto`` or a ``TensorDict`` in one of verl 0.9.1's two layouts:
+
+            * padded (the legacy ``RayPPOTrainer``): ``response_mask`` (samples x response
+              width) and ``attention_mask`` (samples x prompt + response width), as
+              ``RayPPOTrainer.fit`` builds it and ``left_right_2_no_padding`` keeps it;
+            * unpadded (the v1 trainer's TransferQueue fields, ``verl/trainer/ppo/v1``):
+              ``response_mask``, ``responses`` and ``prompts`` with one row per sample, each
+              as long as that sample's response or prompt: jagged nested tensors, or plain
+              tensors when every row has the same length (verl's
+              ``tensordict_utils.list_of_dict_to_tensordict`` stacks those).
 
     Raises:
-        KeyError: ``response_mask`` or ``attention_mask`` is missing.
+        KeyError: ``response_mask`` is missing, or neither ``attention_mask`` nor ``prompts``
+            and ``responses`` are there (the message names the keys present).
     """
     tensors = getattr(batch, "batch", batch)
+    keys = set(tensors.keys())
+    if "response_mask" not in keys:
+        raise KeyError(f"no response_mask in the batch (keys: {sorted(keys)})")
     mask = tensors["response_mask"]
-    attention = tensors["attention_mask"]
-    width = int(mask.shape[-1])
-    per_sample = mask.sum(-1)
+    nested = bool(getattr(mask, "is_nested", False))
+    if "attention_mask" in keys and not nested:
+        attention = tensors["attention_mask"]
+        width = int(mask.shape[-1])
+        response_tokens = float(attention[:, -width:].sum().item())
+        prompt_tokens = float(attention[:, :-width].sum().item())
+    elif {"prompts", "responses"} <= keys:
+        response_tokens = _tokens(tensors["responses"])
+        prompt_tokens = _tokens(tensors["prompts"])
+    else:
+        raise KeyError(
+            f"neither attention_mask nor prompts and responses in the batch (keys: {sorted(keys)})"
+        )
+    per_sample = _row_sums(mask) if nested else mask.sum(-1).double()
     samples = int((per_sample > 0).sum().item())
     return TrainedBatch(
         samples=samples,
-        aborted_samples=int(per_sample.shape[0]) - samples,
+        aborted_samples=int(per_sample.numel()) - samples,
         valid_tokens=float(per_sample.sum().item()),
-        response_tokens=float(attention[:, -width:].sum().item()),
-        prompt_tokens=float(attention[:, :-width].sum().item()),
+        response_tokens=response_tokens,
+        prompt_tokens=prompt_tokens,
     )
+
+
+def _tokens(rows: Any) -> float:
+    """Elements of an unpadded field: a jagged tensor's packed values, or a plain tensor's."""
+    if getattr(rows, "is_nested", False):
+        offsets = rows.offsets()
+        return float((offsets[-1] - offsets[0]).item())
+    return float(rows.numel())
+
+
+def _row_sums(mask: Any) -> Any:
+    """Per-row sums of a jagged nested tensor, from one cumulative sum of its ``values()``.
+
+    Rows are ``offsets()`` apart (verl's own lengths: ``PPOTrainer._compute_metrics`` reads
+    ``offsets().diff()``, ``verl/trainer/ppo/v1/trainer_base.py``).
+    """
+    import torch  # noqa: PLC0415 - a nested batch means torch is there; the SDK stays slim
+
+    values = mask.values().double()
+    cum = torch.cat([values.new_zeros(1), values.cumsum(0)])
+    offsets = mask.offsets()
+    return cum[offsets[1:]] - cum[offsets[:-1]]
 
 
 class ProgressSource(Protocol):
@@ -328,24 +379,30 @@ class VerlHook:
         if self.phase == phases.GENERATION and known:
             self.generated_tokens = float(sum(known))
 
-    def end_step(self, workload: TrainedBatch) -> dict[str, float]:
+    def end_step(self, workload: TrainedBatch | None) -> dict[str, float]:
         """Close the current step with ``workload``; returns its ``rlenergy/*`` metrics.
 
         The energy keys (``rlenergy/energy/<phase>_j`` per phase window name of the step, e.g.
         ``rlenergy/energy/update-actor_j`` when the plan names that sub-phase;
         ``rlenergy/energy/step_j``, ``rlenergy/energy_per_valid_token_j``) are the agent's
         measurement of the calling pod's GPUs, J, present when the agent answered.
+
+        ``workload`` ``None`` (the batch could not be counted): the GPUs still go ``idle`` (the
+        phase's clock is released), the agent gets no workload for the step, and the metrics
+        say so (``rlenergy/workload_unknown`` 1) instead of carrying token or energy figures.
         """
         with self._lock:
             self._end_sources()
             step = self.step
             self.phase = "idle"
-            out = workload.metrics()
+            out = workload.metrics() if workload is not None else {UNKNOWN_KEY: 1.0}
             if self.generated_tokens is not None:
                 out[f"{PREFIX}generated_tokens"] = self.generated_tokens
             if not self.signals:
                 return out
             self.client.phase("idle", step=step)
+            if workload is None:
+                return out
             answer = self.client.end_step(
                 step,
                 samples=workload.samples,
@@ -371,6 +428,37 @@ class VerlHook:
             if self.generated_tokens:
                 out[f"{PREFIX}energy_per_generated_token_j"] = total / self.generated_tokens
         return out
+
+
+_FAILED: set[str] = set()
+"""Sites whose failure was logged in this process (each is logged once)."""
+
+
+def safely(site: str, work: Callable[[], _T]) -> _T | None:
+    """Run the hook's own ``work`` so that it can never break the verl method around it.
+
+    Args:
+        site: what ``work`` does, for the log line (e.g. ``count the step's workload``).
+        work: the hook's part of a wrapped verl call (signals, counting, metrics).
+
+    Returns:
+        ``work()``'s result, or ``None`` when it raised: the error is logged once per site and
+        process (a warning naming the site and the error), and verl's method goes on exactly
+        as it would unhooked.
+    """
+    try:
+        return work()
+    except Exception as exc:  # noqa: BLE001 - the user's job must never fail for our sake
+        if site not in _FAILED:
+            _FAILED.add(site)
+            log.warning(
+                "rlenergy verl hook: could not %s (%s: %s); verl goes on unchanged, and this "
+                "step's rlenergy figures are marked unknown (logged once)",
+                site,
+                type(exc).__name__,
+                exc,
+            )
+        return None
 
 
 _HOOK: VerlHook | None = None
@@ -439,11 +527,15 @@ def _subphase_method(name: str, data: Any) -> str:
 def _training(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapper(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
-        h = hook()
-        h.enter_training(_subphase_method(name, data), self)
+        h = safely("start the hook", hook)
+        if h is not None:
+            safely(f"signal {name}", lambda: h.enter_training(_subphase_method(name, data), self))
         output = method(self, data, *args, **kwargs)
-        if name == "update_actor":
-            _add_metrics(output, h.end_step(_workload_of(data)))
+        if name == "update_actor" and h is not None:
+            workload = safely("count the step's workload", lambda: _workload_of(data))
+            extra = safely("close the step", lambda: h.end_step(workload))
+            if extra:
+                safely("add rlenergy metrics", lambda: _add_metrics(output, extra))
         return output
 
     return wrapper
@@ -466,8 +558,8 @@ def _critic(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         # The actor's own calls reach the same methods on its inner TrainingWorker (keyword
         # ``data=``), inside the wrapped ActorRolloutRefWorker methods: they are not the critic's.
-        if is_critic(self):
-            hook().enter_training(sub_method, self)
+        if safely("tell the critic", lambda: is_critic(self)):
+            safely(f"signal {name}", lambda: hook().enter_training(sub_method, self))
         return method(self, *args, **kwargs)
 
     return wrapper
@@ -479,13 +571,17 @@ def _weights(method: Callable[..., Any]) -> Callable[..., Any]:
         self: Any, global_steps: int | None = None, mode: str = "auto", **kwargs: Any
     ) -> Any:
         result = await method(self, global_steps, mode, **kwargs)
-        # verl resolves "auto" to the checkpoint engine's backend; "naive" is the colocated
-        # sync mode, where the call ends with the rollout on these GPUs woken up. Any other
-        # backend sends the weights to rollout GPUs elsewhere: these GPUs wait (idle).
-        colocated = (
-            mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
-        ) == "naive"
-        hook().enter("generation" if colocated else "idle", (global_steps or 0) + 1, self)
+
+        def enter() -> None:
+            # verl resolves "auto" to the checkpoint engine's backend; "naive" is the colocated
+            # sync mode, where the call ends with the rollout on these GPUs woken up. Any other
+            # backend sends the weights to rollout GPUs elsewhere: these GPUs wait (idle).
+            colocated = (
+                mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
+            ) == "naive"
+            hook().enter("generation" if colocated else "idle", (global_steps or 0) + 1, self)
+
+        safely("signal generation after update_weights", enter)
         return result
 
     return wrapper
@@ -495,13 +591,17 @@ def _pool_weights(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def wrapper(self: Any, global_steps: int | None = None, **kwargs: Any) -> Any:
         result = await method(self, global_steps, **kwargs)
-        # The rollout pool now holds the weights of step ``global_steps``: what it generates
-        # next is step global_steps + 1, the step the trainer pool trains meanwhile (the same
-        # numbering as the colocated ``update_weights``).
-        if hook().signals:
-            pool = pool_phases()
-            pool.set_step((global_steps or 0) + 1)
-            pool.start()
+
+        def follow() -> None:
+            # The rollout pool now holds the weights of step ``global_steps``: what it generates
+            # next is step global_steps + 1, the step the trainer pool trains meanwhile (the
+            # same numbering as the colocated ``update_weights``).
+            if hook().signals:
+                pool = pool_phases()
+                pool.set_step((global_steps or 0) + 1)
+                pool.start()
+
+        safely("follow the rollout pool's step", follow)
         return result
 
     return wrapper
@@ -513,12 +613,12 @@ def _publishing(engine: str, method: Callable[..., Any]) -> Callable[..., Any]:
         result = await method(self, *args, **kwargs)
         port = getattr(self, "_server_port", None)
         if port is not None:  # headless (node_rank > 0) servers serve no HTTP
-            try:
-                pod_engines.publish(
+            safely(
+                f"publish the {engine} server's /metrics",
+                lambda: pod_engines.publish(
                     engine, pod_engines.metrics_url(str(self._server_address), int(port))
-                )
-            except OSError as exc:
-                log.warning("rlenergy verl hook: %s metrics not published (%s)", engine, exc)
+                ),
+            )
         return result
 
     setattr(launch_server, _PATCHED, True)
@@ -619,26 +719,105 @@ def patch_critic(cls: type) -> None:
         _rewrap(cls, name, functools.partial(_critic, name))
 
 
+def _lift_metrics(metrics: dict[str, Any], workload: TrainedBatch | None) -> None:
+    """Put the workers' ``rlenergy/*`` keys and the step's workload into verl's step metrics.
+
+    verl's drivers prefix every key of the actor's output with ``actor/`` (legacy
+    ``RayPPOTrainer._update_actor`` via ``reduce_metrics``, v1 ``PPOTrainer._update_actor``
+    via ``rename_dict``): the hook's own keys get their name back. A step whose workload the
+    driver could not count says so (``UNKNOWN_KEY``) unless the workers counted it.
+    """
+    for key in [k for k in metrics if k.startswith("actor/" + PREFIX)]:
+        metrics[key.removeprefix("actor/")] = metrics.pop(key)
+    if workload is not None:
+        for key, value in workload.metrics().items():
+            metrics.setdefault(key, value)
+        metrics.pop(UNKNOWN_KEY, None)
+
+
 def patch_trainer(cls: type) -> None:
-    """Wrap ``RayPPOTrainer._update_actor``: whole-batch workload in, ``rlenergy/*`` out."""
+    """Wrap the legacy ``RayPPOTrainer._update_actor``: whole-batch workload in, ``rlenergy/*`` out.
+
+    The hook's part never fails the call (:func:`safely`): an uncountable batch goes to the
+    update without a workload and its step is marked unknown.
+    """
     original = cls.__dict__["_update_actor"]
     if getattr(original, _PATCHED, False):
         return
 
     @functools.wraps(original)
     def _update_actor(self: Any, batch: Any) -> Any:
-        workload = trained_batch(batch)
-        batch.meta_info[WORKLOAD_KEY] = dataclasses.asdict(workload)
+        workload = safely("count the step's workload", lambda: trained_batch(batch))
+        if workload is not None:
+            batch.meta_info[WORKLOAD_KEY] = dataclasses.asdict(workload)
         try:
             actor_output = original(self, batch)
         finally:
             batch.meta_info.pop(WORKLOAD_KEY, None)
-        metrics = actor_output.meta_info.setdefault("metrics", {})
-        for key in [k for k in metrics if k.startswith("actor/" + PREFIX)]:
-            metrics[key.removeprefix("actor/")] = metrics.pop(key)
-        for key, value in workload.metrics().items():
-            metrics.setdefault(key, value)
+        safely(
+            "add rlenergy metrics",
+            lambda: _lift_metrics(actor_output.meta_info.setdefault("metrics", {}), workload),
+        )
         return actor_output
+
+    setattr(_update_actor, _PATCHED, True)
+    cls._update_actor = _update_actor  # type: ignore[attr-defined]
+
+
+V1_FIELDS = ("prompts", "responses", "response_mask")
+"""The TransferQueue fields :func:`trained_batch` reads of a v1 batch (all nested)."""
+
+
+def v1_workload(batch: Any) -> TrainedBatch:
+    """The workload of the samples a v1 step trains on.
+
+    Args:
+        batch: the ``transfer_queue.KVBatchMeta`` that ``PPOTrainer._update_actor`` gets: the
+            samples the replay buffer handed to this step (after DAPO's ``filter_groups``
+            dropped its groups, ``verl/trainer/ppo/v1/replay_buffer.py``) plus the padding
+            samples ``upsample_batch_to_divisible_size`` added (``tags[i]["is_padding"]``),
+            which are not counted.
+
+    Raises:
+        KeyError: a field of ``V1_FIELDS`` is not in the TransferQueue.
+    """
+    import transfer_queue as tq  # noqa: PLC0415 - v1 verl only
+
+    keys = [k for k, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding")]
+    if not keys:
+        return TrainedBatch(0, 0, 0.0, 0.0, 0.0)
+    data = tq.kv_batch_get(
+        keys=keys, partition_id=batch.partition_id, select_fields=list(V1_FIELDS)
+    )
+    return trained_batch(data)
+
+
+def patch_v1_trainer(cls: type) -> None:
+    """Wrap the v1 ``PPOTrainer._update_actor(batch, metrics)`` (verl's default trainer).
+
+    Same contract as :func:`patch_trainer`: the whole step's workload (:func:`v1_workload`)
+    rides to the workers in ``batch.extra_info`` (which verl's ``tqbridge`` turns into the
+    ``TensorDict``'s non-tensor data), and the step's ``rlenergy/*`` keys land in verl's
+    ``metrics`` dict under their own names. ``fit``'s sync, colocate-async and separate-async
+    modes all train through this method (``verl/trainer/ppo/v1/trainer_base.py``).
+    """
+    original = cls.__dict__["_update_actor"]
+    if getattr(original, _PATCHED, False):
+        return
+
+    @functools.wraps(original)
+    def _update_actor(self: Any, batch: Any, metrics: dict[str, Any]) -> Any:
+        workload = safely("count the step's workload", lambda: v1_workload(batch))
+        extra = getattr(batch, "extra_info", None)
+        if workload is not None and isinstance(extra, dict):
+            extra[WORKLOAD_KEY] = dataclasses.asdict(workload)
+        try:
+            out = original(self, batch, metrics)
+        finally:
+            if isinstance(extra, dict):
+                extra.pop(WORKLOAD_KEY, None)
+        safely("add rlenergy metrics", lambda: _lift_metrics(metrics, workload))
+        return out
 
     setattr(_update_actor, _PATCHED, True)
     cls._update_actor = _update_actor  # type: ignore[attr-defined]
@@ -655,30 +834,58 @@ def patch_checkpoint_worker(cls: type) -> None:
     _rewrap(cls, WEIGHTS_METHOD, _pool_weights)
 
 
-def _patch_logged(module: str, name: str, patch: Callable[[type], None]) -> None:
+def _patch(module: str, name: str, patch: Callable[[type], None]) -> str | None:
+    """Apply ``patch`` to ``module.name``; returns why it could not be (``None``: patched)."""
     try:
         patch(getattr(importlib.import_module(module), name))
-    except (ImportError, AttributeError, KeyError) as exc:
-        log.warning("rlenergy verl hook: %s.%s not patched (%s)", module, name, exc)
+    except Exception as exc:  # noqa: BLE001 - a verl we do not govern runs unpatched
+        return f"{module}.{name} ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _patch_logged(module: str, name: str, patch: Callable[[type], None]) -> None:
+    why = _patch(module, name, patch)
+    if why is not None:
+        log.warning("rlenergy verl hook: not patched: %s; it runs unhooked", why)
+
+
+TESTED_VERL = "0.9.1"
+"""The verl release the hook's wrappers are matched to (pyproject's ``verl`` extra)."""
 
 
 def install() -> None:
     """Ray ``worker_process_setup_hook``: patch verl's classes in this process.
 
-    The GPU workers' phases and training progress (the critic's included), the driver's
-    workload count, the async
-    rollout pool's weight versions; the rollout servers (imported later, only in their own
-    processes) publish their metrics URL on import. Best effort: a process without verl (or
-    with a verl whose classes moved) logs why and runs unpatched, at default clocks; it never
-    fails the job.
+    The GPU workers' phases and training progress (the critic's included), the drivers'
+    workload count (the legacy ``RayPPOTrainer`` now; verl's default v1 ``PPOTrainer`` when
+    its module is first imported, so processes that never run the driver do not import it),
+    the async rollout pool's weight versions; the rollout servers (imported later, only in
+    their own processes) publish their metrics URL on import. Best effort: a process without
+    verl, or with a verl whose classes moved, logs one line naming what it left unpatched and
+    runs at default clocks; every wrapper's own work is guarded (:func:`safely`), so the hook
+    never fails the job.
     """
-    for (module, name), patch in (
-        (WORKER_CLASS, patch_worker),
-        (CRITIC_CLASS, patch_critic),
-        (TRAINER_CLASS, patch_trainer),
-        (CHECKPOINT_WORKER_CLASS, patch_checkpoint_worker),
-    ):
-        _patch_logged(module, name, patch)
+    missing = [
+        why
+        for (module, name), patch in (
+            (WORKER_CLASS, patch_worker),
+            (CRITIC_CLASS, patch_critic),
+            (TRAINER_CLASS, patch_trainer),
+            (CHECKPOINT_WORKER_CLASS, patch_checkpoint_worker),
+        )
+        if (why := _patch(module, name, patch)) is not None
+    ]
+    if missing:
+        version = getattr(sys.modules.get("verl"), "__version__", "not importable")
+        log.warning(
+            "rlenergy verl hook: verl %s is not the governed verl %s; left unpatched, at default "
+            "clocks: %s",
+            version,
+            TESTED_VERL,
+            "; ".join(missing),
+        )
+    module, name = V1_TRAINER_CLASS
+    after_import(module, lambda mod: _patch_logged(mod.__name__, name, patch_v1_trainer))
     for (module, name), engine in ENGINE_SERVERS.items():
 
         def then(mod: types.ModuleType, name: str = name, engine: str = engine) -> None:
@@ -701,6 +908,9 @@ __all__ = [
     "patch_critic",
     "patch_engine_server",
     "patch_trainer",
+    "patch_v1_trainer",
+    "safely",
+    "v1_workload",
     "patch_worker",
     "pool_phases",
     "progress_kind",

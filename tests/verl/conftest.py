@@ -44,6 +44,7 @@ with warnings.catch_warnings():
     import verl.trainer.main_ppo  # noqa: F401
     from verl.checkpoint_engine.base import CheckpointEngineWorker
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
     from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
 from rlenergy.sdk import verl_hook  # noqa: E402 - after the verl check above
@@ -62,6 +63,7 @@ def hooked(monkeypatch: pytest.MonkeyPatch) -> None:
         (ActorRolloutRefWorker, [*verl_hook.TRAINING_METHODS, verl_hook.WEIGHTS_METHOD]),
         (TrainingWorker, list(verl_hook.CRITIC_METHODS)),
         (RayPPOTrainer, ["_update_actor"]),
+        (PPOTrainer, ["_update_actor"]),
         (CheckpointEngineWorker, [verl_hook.WEIGHTS_METHOD]),
     ):
         for name in names:
