@@ -322,14 +322,14 @@ def metric_rows(source: str, filename: str) -> list[MetricRow]:
     for fn in ast.walk(tree):
         if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             for inner in ast.walk(fn):
-                function_of[id(inner)] = fn  # inner functions are walked later and win
+                function_of[id(inner)] = fn  # ast.walk is breadth-first: inner functions win
     rows: list[tuple[int, int, MetricRow]] = []
     for call in ast.walk(tree):
         if not isinstance(call, ast.Call) or _callee(call) not in _FAMILY_TYPES:
             continue
         where = f"{filename}:{call.lineno}"
-        fn = function_of.get(id(call))
-        scope = {**module_scope, **(_assignments(fn) if fn is not None else {})}
+        owner = function_of.get(id(call))
+        scope = {**module_scope, **(_assignments(owner) if owner is not None else {})}
         args = list(call.args)
         kw = {k.arg: k.value for k in call.keywords if k.arg}
         name_node = args[0] if args else kw.get("name")
@@ -346,7 +346,9 @@ def metric_rows(source: str, filename: str) -> list[MetricRow]:
             label_node = args[2]
         labels = () if label_node is None else _str_list(label_node, scope, where)
         row = MetricRow(
-            name=name_node.value, type=_FAMILY_TYPES[_callee(call)], labels=labels,
+            name=name_node.value,
+            type=_FAMILY_TYPES[_callee(call)],
+            labels=labels,
             help=help_node.value,
         )
         rows.append((call.lineno, call.col_offset, row))
@@ -397,7 +399,9 @@ def _shown(path: Path) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write (or ``--check``) the pages; exit 1 on drift with ``--check``, 2 on a bad source."""
-    parser = argparse.ArgumentParser(prog="python hack/docgen.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python hack/docgen.py", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a page is stale")
     args = parser.parse_args(argv)
     try:

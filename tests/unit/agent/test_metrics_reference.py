@@ -31,7 +31,9 @@ def _docgen():  # type: ignore[no-untyped-def]
 def test_reference_matches_the_agents_exposition(make_driver: DriverFactory) -> None:
     docgen = _docgen()
     src = ROOT / "agent" / "rlenergy_agent" / "metrics.py"
-    documented = {r.name.removesuffix("_total"): r for r in docgen.metric_rows(src.read_text(), "a")}
+    documented = {
+        r.name.removesuffix("_total"): r for r in docgen.metric_rows(src.read_text(), "a")
+    }
     _, text = _busy_agent(make_driver)
     exported = {f.name: f for f in text_string_to_metric_families(text.decode())}
     assert set(exported) == set(documented)

@@ -78,7 +78,7 @@ def shell_blocks(text: str) -> list[str]:
 
 
 def commands(text: str) -> list[str]:
-    """Every command line of a page's or NOTES' text: shell blocks, then indented lines."""
+    """Every command of a page's or NOTES' text: shell blocks, indented lines, inline code."""
     lines: list[str] = []
     for block in shell_blocks(text):
         lines += block.splitlines()
@@ -86,5 +86,9 @@ def commands(text: str) -> list[str]:
     lines += [
         ln for ln in joined.splitlines()
         if ln.startswith("  ") and ln.strip().split(" ")[0] in ("kubectl", "helm")
+    ]  # fmt: skip
+    lines += [
+        m for m in re.findall(r"`([^`]+)`", text.replace("\n", " "))
+        if m.split(" ")[0] in ("kubectl", "helm")
     ]  # fmt: skip
     return [re.sub(r"\s+#.*$", "", ln).strip() for ln in lines if ln.strip()]

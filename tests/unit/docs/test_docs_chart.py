@@ -99,9 +99,14 @@ def test_no_page_writes_release_prefixed_names() -> None:
 
 def _chart_ports() -> dict[str, int]:
     docs = render()
-    config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))
+    config = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")
+    )
     deploy = next(d for d in docs if d["kind"] == "Deployment")
-    ports = {p["name"]: p["containerPort"] for p in deploy["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    ports = {
+        p["name"]: p["containerPort"]
+        for p in deploy["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
     return {
         "agent": int(config["data"]["RLENERGY_OPERATOR_AGENT_METRICS_PORT"]),
         **{f"operator-{k}": v for k, v in ports.items()},
