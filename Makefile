@@ -8,11 +8,19 @@ STAMP := $(VENV)/.installed-stamp
 TRACE ?= verl-gpg-qwen2-7b-fsdp-8gpu
 GPU ?= h100-sxm
 MODE ?= sync
+MUTATION_JOBS ?= 2
 
-.PHONY: demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds clean
+.PHONY: help demo demo-sim test lint unit e2e bins bench-energy bench-rollout bench-agent crds docs clean venv
 .PHONY: images images-lock test-images
 .PHONY: bench-scale test-chaos test-field test-privilege mutation test-realnode
 .PHONY: bench-peers bench-phases test-peers engine-wheels venv-verl test-verl
+
+## Every target with what it does (the `##` comments above the targets in this Makefile).
+help:
+	@awk '/^## /{doc = doc substr($$0, 4) "\n"; next} \
+	  /^[a-z][a-z0-9-]*:/ && doc != "" {split($$1, t, ":"); n = split(doc, l, "\n"); \
+	    printf "make %-15s %s\n", t[1], l[1]; for (i = 2; i < n; i++) printf "%-20s %s\n", "", l[i]} \
+	  !/^## / && !/^(ifeq|else|endif)/{doc = ""}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,17 +28,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,operator,agent]'
 	@touch $@
 
+## The project's venv (.venv: the package editable with its dev, operator and agent extras).
 venv: $(STAMP)
 
-## The pinned verl (PyPI verl==0.9.1, --no-deps + the packages its imported modules need, PyPI's
-## torch) in its own venv layered over .venv (hack/verl-venv.sh); cached: rebuilt only when the
-## list changes.
 VERL_VENV ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.verl-stamp
 $(VERL_STAMP): $(STAMP) hack/verl-venv.sh hack/verl-requirements.txt
 	bash hack/verl-venv.sh $(VERL_VENV) $(VENV) $(PYTHON)
 	@touch $@
 
+## The pinned verl (PyPI verl==0.9.1, --no-deps + the packages its imported modules need, PyPI's
+## torch) in its own venv layered over .venv (hack/verl-venv.sh); cached: rebuilt only when the
+## list changes.
 venv-verl: $(VERL_STAMP)
 
 ## The verl integration's tests alone (tests/verl, in .venv-verl; also in `make test`): the hook
@@ -67,6 +76,7 @@ bins:
 engine-wheels: $(STAMP)
 	bash hack/engine-wheels.sh $(PY)
 
+## Ruff, mypy (strict), import-linter contracts and the docs site (mkdocs build --strict).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlenergy operator agent tests bench
 	$(VENV)/bin/mypy
@@ -80,6 +90,7 @@ test: $(STAMP) $(VERL_STAMP) bins images engine-wheels lint
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 	$(PY) -m pytest -q -m chaos tests/chaos
 
+## The tests that need no control-plane binaries (pytest -m 'not e2e').
 unit: $(STAMP) engine-wheels
 	$(PY) -m pytest -q -m 'not e2e'
 
@@ -92,16 +103,17 @@ bench-energy: $(STAMP)
 bench-phases: $(STAMP)
 	$(PY) bench/phases.py
 
-## EE-RL beside Zeus's power-limit optimizer, a static-clock sweep and hindsight bounds
-## (bench/peers.py; installs the `peers` extra, real zeus from PyPI, into the venv once).
 PEERS_STAMP := $(VENV)/.peers-stamp
 $(PEERS_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,operator,agent,peers]'
 	@touch $@
 
+## EE-RL beside Zeus's power-limit optimizer, a static-clock sweep and hindsight bounds
+## (bench/peers.py; installs the `peers` extra, real zeus from PyPI, into the venv once).
 bench-peers: $(PEERS_STAMP)
 	$(PY) bench/peers.py
 
+## The Zeus peer's tests on the simulator (tests/peers; the `peers` extra, as bench-peers).
 test-peers: $(PEERS_STAMP)
 	$(PY) -m pytest -q -m peers tests/peers
 
@@ -119,7 +131,7 @@ bench-agent: $(STAMP) bins
 bench-scale: $(STAMP) bins
 	$(PY) bench/scale.py
 
-## Issue #16's tests alone (marker `field`; they run in `make test` too): promtool on the
+## The field tests alone (marker `field`; they run in `make test` too): promtool on the
 ## agent's metrics and the chart's alerts, the Prometheus e2e, the chart for real clusters.
 test-field: $(STAMP) bins
 	$(PY) -m pytest -q -m field
@@ -133,7 +145,6 @@ test-privilege: $(STAMP) bins
 ## Mutation testing of the core with mutmut (hack/mutation.py; docs/mutation.md): each module
 ## against its unit tests, in build/mutation/; MUTATION_MODULES=... MUTATION_JOBS=2. Slow (an hour
 ## or more on 2 cores): not part of `make test`.
-MUTATION_JOBS ?= 2
 mutation: $(STAMP)
 	$(PY) hack/mutation.py run --jobs $(MUTATION_JOBS) $(MUTATION_MODULES)
 
@@ -159,5 +170,20 @@ images-lock: $(STAMP)
 test-images: images
 	$(PY) -m pytest -q -m images tests/images
 
+## The generated CRDs (crds/, copied into helm/rl-energy/crds/) and their reference page
+## (docs/reference/crds.md) from rlenergy.api (rlenergy.api.crdgen).
+crds: $(STAMP)
+	$(PY) -m rlenergy.api.crdgen
+	cp crds/*.yaml helm/rl-energy/crds/
+
+## The generated reference pages: CRDs, chart values and metrics (hack/docgen.py).
+docs: crds
+	$(PY) hack/docgen.py
+
+## The tests marked e2e alone: those that need the control-plane binaries (also in `make test`).
+e2e: $(STAMP) bins
+	$(PY) -m pytest -q -m e2e
+
+## Remove the venvs, out/ and the tool caches (not the binaries in ~/.cache/rl-energy).
 clean:
 	rm -rf $(VENV) $(VERL_VENV) out .mypy_cache .ruff_cache .pytest_cache
