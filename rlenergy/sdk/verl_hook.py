@@ -4,7 +4,7 @@ One setting turns it on for a verl job (verl 0.9.1's ``verl/trainer/main_ppo.py`
 ``ray_kwargs.ray_init.runtime_env`` into ``ray.init``, and Ray runs a runtime env's
 ``worker_process_setup_hook`` in every worker process of the job before it runs a task)::
 
-    python3 -m verl.trainer.main_ppo ... trainer.use_v1=false \\
+    python3 -m verl.trainer.main_ppo ... \\
         +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=rlenergy.sdk.verl_hook.install
 
 :func:`install` wraps, without forking verl, the real methods where the work happens
@@ -884,8 +884,10 @@ def install() -> None:
             TESTED_VERL,
             "; ".join(missing),
         )
-    module, name = V1_TRAINER_CLASS
-    after_import(module, lambda mod: _patch_logged(mod.__name__, name, patch_v1_trainer))
+    after_import(
+        V1_TRAINER_CLASS[0],
+        lambda mod: _patch_logged(mod.__name__, V1_TRAINER_CLASS[1], patch_v1_trainer),
+    )
     for (module, name), engine in ENGINE_SERVERS.items():
 
         def then(mod: types.ModuleType, name: str = name, engine: str = engine) -> None:

@@ -42,7 +42,7 @@ def _doc_config() -> Any:
 
 def _ray_init_kwargs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     config = _doc_config()
-    assert config.trainer.use_v1 is False  # main() then runs main_ppo_v0's RayPPOTrainer
+    assert config.trainer.use_v1 is True  # verl's default: main() runs the v1 TaskRunnerV1
     seen: dict[str, Any] = {}
 
     def init(**kwargs: Any) -> None:
@@ -93,6 +93,11 @@ def test_ray_runs_the_hook_in_a_worker_process_before_its_tasks(
             out["_update_actor"] = getattr(
                 RayPPOTrainer.__dict__["_update_actor"], "__rlenergy_patched__", False
             )
+            from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # patched on this import
+
+            out["v1 PPOTrainer._update_actor"] = getattr(
+                PPOTrainer.__dict__["_update_actor"], "__rlenergy_patched__", False
+            )
             from verl.checkpoint_engine.base import CheckpointEngineWorker
 
             out["CheckpointEngineWorker.update_weights"] = getattr(
@@ -104,6 +109,7 @@ def test_ray_runs_the_hook_in_a_worker_process_before_its_tasks(
             out["engine servers watched"] = {m for m, _ in verl_hook.ENGINE_SERVERS} <= watched
             return out
 
-        assert all(ray.get(patched.remote(), timeout=300).values())
+        got = ray.get(patched.remote(), timeout=300)
+        assert all(got.values()), [k for k, v in got.items() if not v]
     finally:
         ray.shutdown()
