@@ -111,6 +111,12 @@ class AgentCollector(Collector):
             "Stalled time of closed phase windows, s (excluded from savings and trials).",
             labels=["node", "policy"],
         )
+        leases = CounterMetricFamily(
+            "rlenergy_agent_leases_expired",
+            "Phases whose trainer went silent past the lease; their GPUs went back to the "
+            "default governor (node report: expiredLeases).",
+            labels=["node", "policy"],
+        )
         assigned = GaugeMetricFamily(
             "rlenergy_agent_gpu_assigned",
             "1 while a pod holds the GPU (kubelet pod-resources), else 0.",
@@ -196,6 +202,7 @@ class AgentCollector(Collector):
                 condition.add_metric([u, node, ctl.condition, ctl.reason], 1.0)
             tokens.add_metric([node, policy], a.valid_tokens_total)
             stalled_s.add_metric([node, policy], a.stalled_s_total)
+            leases.add_metric([node, policy], a.leases_expired_total)
             for phase, ratio in sorted(a.saving_ratio.items()):
                 if phase:
                     saving.add_metric([node, policy, phase], ratio)
@@ -204,7 +211,7 @@ class AgentCollector(Collector):
             hist = a.latency_hist
             lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
         yield from (energy, seconds, total, clock, locked, cap_state, unexplained, assigned)
-        yield from (info, condition, xratio, xmismatch, stalled, stalled_s)
+        yield from (info, condition, xratio, xmismatch, stalled, stalled_s, leases)
         yield from (rejected, missing, tokens, saving, job_saving, lat)
         calls = CounterMetricFamily(
             "rlenergy_agent_nvml_calls",

@@ -92,6 +92,7 @@ class WindowObservations(AgentState):
             for pod in list(self._open):
                 self._observe_clocks(pod, self.gpus_of(pod)[0])
                 self._observe_stall(pod)
+            self.expire_leases(self._clock())
             if self.actuator.watch_caps():
                 self.report_due = True  # an unexplained shortfall: report it now
             if self.crosscheck.tick():

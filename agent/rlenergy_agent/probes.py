@@ -52,6 +52,7 @@ class ProbeSlices(AgentState):
         with self._lock:
             w = self._open.get(pod)
             if w is not None:
+                w.last_signal_s = self._clock()
                 w.progress += amount
                 self._log_progress(w)
                 self._in_flight(w, in_flight)
@@ -84,6 +85,7 @@ class ProbeSlices(AgentState):
         with self._lock:
             w = self._open.get(pod)
             if w is not None:
+                w.last_signal_s = self._clock()
                 w.progress = total
                 self._log_progress(w, at_s)
                 self._in_flight(w, in_flight)

@@ -207,6 +207,7 @@ class StepRecords(AgentState):
                 ),
                 rollout=self.dispatch,
                 ended_pods=list(self.ended_pods),
+                expired_leases=list(self.expired_leases),
             )
 
 

@@ -41,6 +41,7 @@ from typing import Literal
 from rlenergy.api import node as api_node
 from rlenergy_agent import actuator as act
 from rlenergy_agent import caps, crosscheck, energy, histogram, shares, stalls
+from rlenergy_agent.leases import Leases
 from rlenergy_agent.observe import WindowObservations
 from rlenergy_agent.parks import Parks
 from rlenergy_agent.pods import PodMap as PodMap
@@ -80,7 +81,7 @@ class PhaseResult:
     plan_phases: tuple[str, ...] = ()
 
 
-class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
+class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases):
     """One node's agent for one policy.
 
     Args:
@@ -167,6 +168,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
+        self._init_leases()
 
     # ----- plan -----------------------------------------------------------------------------
     def set_plan(self, plan: api_node.ClockPlan | None) -> None:
@@ -436,6 +438,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
         if w is None:
             return None
         win = self._shared(pod, self.meter.window(w.mark, end))
+        self._window_closed(w.phase, win.duration_s)
         now = self._clock()
         released = w.released_gpu_s + sum(
             max(now - max(p.since_s, w.started_s), 0.0)

@@ -154,6 +154,9 @@ class _Open:
     """Progress reports that advanced the window's total."""
     reported: float = 0.0
     """The total of the newest advancing report."""
+    last_signal_s: float = 0.0
+    """When the caller's newest progress report arrived (this agent's clock), s; with
+    ``started_s`` it renews the window's lease (``rlenergy_agent.leases``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +226,9 @@ class AgentState:
     step_released_gpu_s: dict[int, float]
     dispatch: api_node.RolloutDispatch | None
     ended_pods: collections.deque[api_node.EndedPod]
+    expired_leases: collections.deque[api_node.ExpiredLease]
+    phase_longest_s: dict[str, float]
+    leases_expired_total: int
     lost_workers: list[str]
     report_due: bool
     discovery: tuple[str, str] | None
@@ -271,4 +277,8 @@ class AgentState:
 
     def released_gpu_seconds(self, uuid: str) -> float:
         """GPU time of the parks of ``uuid``, GPU-s (``parks.Parks``)."""
+        raise NotImplementedError
+
+    def expire_leases(self, now_s: float) -> list[api_node.ExpiredLease]:
+        """End the windows silent past their lease (``leases.Leases.expire_leases``)."""
         raise NotImplementedError

@@ -402,6 +402,25 @@ class EndedPod(_Wire):
     step: int = Field(-1, ge=-1, description="Newest RL step the agent had seen then (-1: none).")
 
 
+class ExpiredLease(_Wire):
+    """A phase whose trainer went silent past its lease; the agent reset its GPUs."""
+
+    pod: str = Field(max_length=317, description="namespace/name of the signalling pod.")
+    phase: str = Field(max_length=253, description="The phase that was open.")
+    step: int = Field(ge=0, description="Its RL step.")
+    silent_seconds: float = Field(
+        ge=0, description="Time since the pod's newest phase signal or progress report, s."
+    )
+    lease_seconds: float = Field(
+        ge=0,
+        description="The lease: 3 x the phase's longest window on this node, at least 120 s "
+        "(1800 s before one closed), s.",
+    )
+    gpus: list[str] = Field(
+        default_factory=list, max_length=64, description="Its GPUs, back at the default governor."
+    )
+
+
 class NodeReport(_Wire):
     """Spec of an ``RLEnergyNodeReport``: one per policy and node, written by that node's agent."""
 
@@ -436,4 +455,10 @@ class NodeReport(_Wire):
         default_factory=list,
         max_length=64,
         description="Governed pods that ended, newest last (bounded; FlexFloor's lost ranks).",
+    )
+    expired_leases: list[ExpiredLease] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Phases whose trainer stopped signalling past the lease, newest last "
+        "(bounded); their GPUs were returned to the default governor.",
     )
