@@ -113,6 +113,20 @@ class RolloutPlanner:
         self._round: protocol.ReleaseRound | None = None
         self._round_deadline_s = 0.0
         self._next_id = 0
+        self._stopped: str | None = None
+
+    def stop_releases(self, reason: str) -> None:
+        """Release no rank again in this planner's life (``progress`` returns ``None``).
+
+        For an engine that refused a resize for good (``rollout.failure_of`` ->
+        ``EngineDegraded``): asking it again would only repeat the refusal.
+        """
+        self._stopped = reason
+
+    @property
+    def releases_stopped(self) -> str | None:
+        """Why releases were stopped (``stop_releases``), or ``None``."""
+        return self._stopped
 
     @property
     def active_workers(self) -> tuple[int, ...]:
@@ -252,7 +266,9 @@ class RolloutPlanner:
             old = self._reports.get(r.worker)
             if old is None or r.decode_step >= old.decode_step:
                 self._reports[r.worker] = r
-        if self._round is not None or any(w not in self._reports for w in self._active):
+        if self._stopped is not None or self._round is not None:
+            return None
+        if any(w not in self._reports for w in self._active):
             return None
         states = [
             base.WorkerState(
