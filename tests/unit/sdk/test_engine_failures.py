@@ -385,3 +385,20 @@ def test_sglang_failed_scale_phase_is_shrink_recovery_failed(url):
     grown = rollout.grow_back(eng, 8)
     assert grown.active == (0, 1, 2, 3)
     assert grown.failure is not None and grown.failure.reason == "ShrinkRecoveryFailed"
+
+
+def test_sglang_409_for_a_pending_scale_is_terminal(url):
+    # SGLang answers a scale while one is pending with 409 and this text (tokenizer_manager).
+    Engine.kind, Engine.dp = "sglang", 4
+    eng = engines.SglangElasticEngine(url, ranks=8, sleep=lambda _: None, timeout_s=5)
+    eng._active = (0, 1, 2, 3)
+    Engine.scale_status = 409
+    Engine.scale_reply = {
+        "error": "A previous scale operation has not completed yet. Wait until all pending "
+        "ranks have joined before issuing another scale."
+    }
+    grown = rollout.grow_back(eng, 8)
+    assert grown.failure is not None and grown.failure.reason == "ShrinkRecoveryFailed"
+    assert eng.degraded is not None and "not completed yet" in eng.degraded
+    again = rollout.grow_back(eng, 8)
+    assert again.failure is not None and len(scales()) == 1  # nothing sent a second time
