@@ -22,7 +22,10 @@ DP ranks) owns one ``RolloutPlanner`` and calls it directly, with no server in b
   preempted): any open round aborts at once (it would wait on the dead rank), the rank leaves
   the group, and the returned ``RankLoss`` says to tear the engine group down abort-style
   (no graceful destroy that waits on a collective with the dead rank);
-* ``observe(prompt_ids, lengths)`` after the step: the predictor learns the lengths.
+* ``observe(prompt_ids, lengths)`` after the step: the predictor learns the lengths;
+* ``follow_engine(...)`` once the engine adapter probed its engine (the release floor rises to
+  the engine's; an engine that cannot shrink stops releases), and ``stop_releases(reason)``
+  when the engine refused a resize for good (``rollout.failure_of`` -> ``EngineDegraded``).
 
 Decisions go to the engines through ``rlenergy.sdk.rollout.apply_release`` (an
 ``ElasticEngine``: ``rlenergy.sdk.engines``), and a released rank parks its GPUs through its
@@ -105,6 +108,7 @@ class RolloutPlanner:
         self.timing = timing or protocol.ProtocolTiming()
         self.ack_timeout_s = ack_timeout_s
         self.predictor = length_predictor or predictor.LengthPredictor()
+        self._cost_model = cost_model
         self._release = release.FlexFloorPlanner(layout, cost_model)
         self._clock = clock
         self._rollout_id = ""
@@ -122,6 +126,25 @@ class RolloutPlanner:
         ``EngineDegraded``): asking it again would only repeat the refusal.
         """
         self._stopped = reason
+
+    def follow_engine(self, can_shrink: bool, floor_ranks: int, refusal: str | None) -> None:
+        """Plan only releases the engine accepts (its probed capabilities).
+
+        An engine that cannot shrink stops releases (``stop_releases``); otherwise the release
+        floor rises to the engine's (``layout.min_active_workers``), so the rule never decides
+        a shrink the adapter would refuse at prepare (vLLM's EPLB floor: DP >= 2 at TP = 1).
+
+        Args:
+            can_shrink: ``EngineCapabilities.can_shrink``.
+            floor_ranks: ``EngineCapabilities.floor_ranks`` (>= 1).
+            refusal: ``EngineCapabilities.refusal`` (why it cannot shrink).
+        """
+        if not can_shrink:
+            self.stop_releases(refusal or "the engine cannot shrink")
+            return
+        if floor_ranks > self.layout.min_active_workers:
+            self.layout = dataclasses.replace(self.layout, min_active_workers=floor_ranks)
+            self._release = release.FlexFloorPlanner(self.layout, self._cost_model)
 
     @property
     def releases_stopped(self) -> str | None:

@@ -5,10 +5,13 @@ The rollout dispatcher plans with ``rlenergy.sdk.planner.RolloutPlanner`` in its
 side of a decision through an ``ElasticEngine`` (``rlenergy.sdk.engines`` or the simulator's
 engine): prepare, then commit or abort, so the engine's group is ``activeAfter``, exactly
 ``activeBefore``, or, when a resize was sent and has not ended, reported ``InFlight`` (never
-``Aborted``: the engine may still be shrinking). ``park_if_released`` then parks a released
-rank's GPUs through its node agent. ``failure_of`` turns a failed outcome or a lost rank into
-what the dispatcher publishes (``RLEnergyClient.publish_rollout(failure=...)``), so the
-operator marks the policy Degraded with its reason and an Event. (The HTTP client of
+``Aborted``: the engine may still be shrinking); the outcome carries the group the engine
+reports after the resize, not the one asked for. ``park_if_released`` then parks a released
+rank's GPUs through its node agent (only ranks outside that group). ``grow_back`` returns the
+group to full size before the next rollout (``ShrinkRecoveryFailed`` when it cannot).
+``failure_of`` turns a failed outcome or a lost rank into what the dispatcher publishes
+(``RLEnergyClient.publish_rollout(failure=...)``), so the operator marks the policy Degraded
+with its reason and an Event. (The HTTP client of
 ``/v1/rollout/{placement,progress,ack}`` was removed: nothing served those endpoints.)
 """
 

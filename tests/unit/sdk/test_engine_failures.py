@@ -402,3 +402,50 @@ def test_sglang_409_for_a_pending_scale_is_terminal(url):
     assert eng.degraded is not None and "not completed yet" in eng.degraded
     again = rollout.grow_back(eng, 8)
     assert again.failure is not None and len(scales()) == 1  # nothing sent a second time
+
+
+def test_planner_follows_the_engines_floor_and_shrink_capability(url):
+    layout = base.MoeLayout(
+        num_experts=8,
+        expert_bytes=1,
+        dense_bytes=0,
+        kv_bytes_per_token=1,
+        worker_memory_bytes=10**6,
+    )
+
+    def planner_after(follow: engines.EngineCapabilities | None) -> api.ReleaseDecision | None:
+        p = planner.RolloutPlanner(layout, placement.FluidFinishModel(0.01, 0.0, 1e6, 1, 256))
+        if follow is not None:
+            p.follow_engine(follow.can_shrink, follow.floor_ranks, follow.refusal)
+        p.place(
+            api.PlacementRequest.model_validate(
+                {
+                    "rolloutId": "s",
+                    "workers": [0, 1],
+                    "prompts": [{"promptId": "a", "promptTokens": 1}],
+                }
+            )
+        )
+        reports = [
+            api.ProgressReport.model_validate(
+                {
+                    "rolloutId": "s",
+                    "worker": w,
+                    "decodeStep": 10,
+                    "unfinished": u,
+                    "experts": e,
+                    "kvBytes": 0,
+                }
+            )
+            for w, u, e in ((0, 1, [0, 1, 2, 3]), (1, 0, [4, 5, 6, 7]))
+        ]
+        return p.progress(reports)
+
+    Engine.dp = 2
+    caps = vllm(url, ranks=2).capabilities
+    assert caps is not None and caps.floor_ranks == 2
+    assert planner_after(None) is not None  # without the engine's floor: DP 2 -> 1 decided
+    assert planner_after(caps) is None  # with it: never decided, never refused at prepare
+    Engine.kind = "sglang"
+    grow_only = engines.SglangElasticEngine(url, ranks=2, timeout_s=5).capabilities
+    assert grow_only is not None and planner_after(grow_only) is None
