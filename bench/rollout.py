@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -26,6 +27,20 @@ from rlenergy.sim import moe, rollout_report, rollout_scenarios, traces
 
 TARGET_RATIO = 1.0
 TARGET_THROUGHPUT = 0.98
+
+SCENARIO_TARGETS: dict[str, tuple[float, float | None]] = {
+    "seer-long-cot": (1.65, 1.53),
+    "verl3727": (1.5, None),
+    "qwen3-30b-a3b-long-cot": (1.3, None),
+}
+"""The project's targets per named scenario: (tokens per occupied GPU-s, generation
+throughput) ratios over the verl-style baseline (``None``: no throughput target).
+``seer-long-cot``'s are Seer's published gains rounded (arXiv 2511.14617v3: x1.654 tokens
+per occupied GPU-s, x1.527 throughput, as the scenario's docstring cites it); the others go
+past the figures measured before (targets, not model constants: they tune nothing)."""
+
+SHORT_TAIL_TARGET = 1.0
+"""Every shipped step trace (short tails): tokens per occupied GPU-s never below the baseline."""
 
 CALIBRATED_SAMPLE = "verl3727-qwen3vl-30b-a3b-gspo"
 """The calibrated long-tail MoE scenario: verl#3727's Qwen3-VL-30B-A3B GSPO step (samples.csv:
@@ -133,6 +148,43 @@ def calibrate_seer(seeds: int, steps: int) -> int:
         table.add_row(f"{sigma:.2f}", f"{idle:.3f}", f"{low:.3f}", f"{(idle - 0.37) ** 2:.5f}")
     console.print(table)
     return 0
+
+
+def print_targets(
+    console: Console,
+    trace_rows: list[dict[str, Any]],
+    named_rows: list[dict[str, Any]],
+    violations: int,
+) -> None:
+    """The reached ratios with the targets beside them (``SCENARIO_TARGETS``, short tails)."""
+    table = Table(title="targets: reached vs target (ratios over the verl-style baseline)")
+    for col in ("row", "metric", "reached", "target", "met"):
+        table.add_column(col, justify="left" if col in ("row", "metric") else "right")
+
+    def add(row: str, metric: str, reached: float, target: float) -> None:
+        table.add_row(row, metric, f"x{reached:.3f}", f">= x{target:.2f}", _yes(reached >= target))
+
+    for r in named_rows:
+        goal = SCENARIO_TARGETS.get(str(r["scenario"]))
+        if goal is None:
+            continue
+        add(str(r["scenario"]), "tokens/occ. GPU-s", r["tokens_per_occupied_gpu_s_ratio"], goal[0])
+        if goal[1] is not None:
+            add(str(r["scenario"]), "gen. throughput", r["generation_throughput_ratio"], goal[1])
+    if trace_rows:
+        worst = min(trace_rows, key=lambda r: r["tokens_per_occupied_gpu_s_ratio"])
+        add(
+            f"short tails ({len(trace_rows)} shipped traces; worst {worst['trace']})",
+            "tokens/occ. GPU-s",
+            worst["tokens_per_occupied_gpu_s_ratio"],
+            SHORT_TAIL_TARGET,
+        )
+    table.add_row("every row", "invariant violations", str(violations), "0", _yes(violations == 0))
+    console.print(table)
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
 
 
 def run_named(steps: int | None) -> list[dict[str, object]]:
@@ -300,6 +352,7 @@ def main() -> int:
             f"{row['baseline_idle_after_finish_fraction']:.3f}"
             + (f" (measured {target:.3f})" if target is not None else "")
         )
+    print_targets(console, rows[: len(names)], named_rows, violations)
     shapes = CALIBRATED_SHAPES if calibrated_rows else ()  # --no-calibrated: none
     for (_, _, label), cal in zip(shapes, calibrated_rows, strict=True):
         console.print(

@@ -173,6 +173,7 @@ class NodeLoop:
         agent = self.agent
         agent.meter.sample()
         agent.observe()
+        agent.observe_parks()
         agent.meter.save()
         if self.settings.report_file is not None and agent.dirty_steps:
             if self.writer is None:

@@ -1,4 +1,9 @@
-"""Parked GPUs of released rollout workers (FlexFloor): park, unpark, released GPU time."""
+"""Parked GPUs of released rollout workers (FlexFloor): park, unpark, released GPU time.
+
+Released GPU time counts from the first power sample below the GPU's power band after the
+park (``Parks.observe_parks``), not from the park signal: a parked GPU still drawing working
+power has released nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from rlenergy.api import node as api_node
+from rlenergy.gpu import errors
 from rlenergy_agent import actuator as act
 from rlenergy_agent import shares
 from rlenergy_agent.pods import PodRef
@@ -75,7 +81,8 @@ class Parks(AgentState):
                         u, min(ctl.supported_mhz), owner_uuids=devices
                     )
                     clock = r.target_mhz if r.error is None and r.skipped is None else None
-                self.parked[u] = _Park(pod, step, now, clock)
+                dropped = now if self._power_dropped(u) else None
+                self.parked[u] = _Park(pod, step, now, clock, dropped)
                 parked[u] = clock
             self.steps.setdefault(step, {})
             self.report_due = self.report_due or bool(parked)
@@ -112,14 +119,14 @@ class Parks(AgentState):
             p = self.parked.pop(u, None)
             if p is None:
                 continue
-            dt = max(now_s - p.since_s, 0.0)
+            dt = p.released_s(now_s)
             total += dt
             self.released_gpu_s[u] = self.released_gpu_s.get(u, 0.0) + dt
             self.step_released_gpu_s[p.step] = self.step_released_gpu_s.get(p.step, 0.0) + dt
             self.dirty_steps.add(p.step)
             w = self._open.get(p.pod)
             if w is not None and u in w.gpus:
-                w.released_gpu_s += max(now_s - max(p.since_s, w.started_s), 0.0)
+                w.released_gpu_s += p.released_s(now_s, w.started_s)
             self.report_due = True
         return total
 
@@ -127,8 +134,35 @@ class Parks(AgentState):
         """Parked time of ``uuid`` so far, ongoing park included, GPU-s (a counter)."""
         with self._lock:
             p = self.parked.get(uuid)
-            ongoing = max(self._clock() - p.since_s, 0.0) if p is not None else 0.0
+            ongoing = p.released_s(self._clock()) if p is not None else 0.0
             return self.released_gpu_s.get(uuid, 0.0) + ongoing
+
+    def observe_parks(self) -> None:
+        """Start the released time of each parked GPU whose power has dropped (sampling loop).
+
+        A park is a request: the engine may still decode on the GPU (a release not yet
+        applied, a rank the engine kept) and the GPU then draws working power at its lowest
+        clock. Released GPU time counts only from the first sample below the GPU's power band
+        (``stalls.band_w``: halfway between its idle power and a decode at its lowest clock),
+        so it is credited only after the power has dropped. A GPU with no basis for a band
+        (unknown SKU, unreadable power limit) or unreadable power is never credited.
+        """
+        with self._lock:
+            now = self._clock()
+            for u, p in list(self.parked.items()):
+                if p.dropped_s is None and self._power_dropped(u):
+                    self.parked[u] = dataclasses.replace(p, dropped_s=now)
+                    self.report_due = True
+
+    def _power_dropped(self, uuid: str) -> bool:
+        """Whether ``uuid``'s instant power reads below its power band now."""
+        band = self._power_band_w(uuid)
+        if band is None:
+            return False
+        try:
+            return self.actuator.gpus[uuid].instant_power_mw() / 1000.0 < band
+        except errors.GpuError:
+            return False
 
     def publish_rollout(self, pod: PodRef, dispatch: api_node.RolloutDispatch) -> None:
         """Keep the rollout dispatcher's publication for the node report (newest step wins).

@@ -102,18 +102,7 @@ class ProbeSlices(AgentState):
 
     def _stall_band(self, gpus: Sequence[str]) -> float | None:
         """The lowest stall power band of ``gpus``, W (``stalls.band_w``; read once per GPU)."""
-        bands = []
-        for u in gpus:
-            if u not in self._bands:
-                gpu = self.actuator.gpus[u]
-                try:
-                    limit_w: float | None = gpu.power_limit_mw() / 1000.0
-                except errors.GpuError:
-                    limit_w = None
-                self._bands[u] = stalls.band_w(getattr(gpu, "name", ""), limit_w)
-            band = self._bands[u]
-            if band is not None:
-                bands.append(band)
+        bands = [b for u in gpus if (b := self._power_band_w(u)) is not None]
         return min(bands) if bands else None
 
     @staticmethod

@@ -441,9 +441,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases):
         self._window_closed(w.phase, win.duration_s)
         now = self._clock()
         released = w.released_gpu_s + sum(
-            max(now - max(p.since_s, w.started_s), 0.0)
-            for u in w.gpus
-            if (p := self.parked.get(u)) is not None
+            p.released_s(now, w.started_s) for u in w.gpus if (p := self.parked.get(u)) is not None
         )
         if w.phase == IDLE:
             self.steps.setdefault(w.step, {})

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from rlenergy.api import node as api_node
+from rlenergy.gpu import errors as gpu_errors
 from rlenergy_agent import actuator as act
 from rlenergy_agent import crosscheck, energy, histogram, shares, stalls
 from rlenergy_agent.pods import PodMap, PodRef
@@ -168,12 +169,23 @@ class _Park:
         step: RL step of the release.
         since_s: when it was parked (this agent's clock), s.
         clock_mhz: the lock made (``None``: nothing written: observe plan or no clock control).
+        dropped_s: when the GPU's power was first read below its power band after the park
+            (``Parks.observe_parks``), s; ``None``: not yet. Released GPU time counts from here
+            only: a parked GPU whose engine still decodes on it draws working power and
+            releases nothing.
     """
 
     pod: PodRef
     step: int
     since_s: float
     clock_mhz: int | None
+    dropped_s: float | None = None
+
+    def released_s(self, now_s: float, start_s: float = 0.0) -> float:
+        """Released time from ``max(dropped_s, start_s)`` to ``now_s``, s (0 before the drop)."""
+        if self.dropped_s is None:
+            return 0.0
+        return max(now_s - max(self.dropped_s, start_s), 0.0)
 
 
 class SignalRefused(Exception):
@@ -270,6 +282,20 @@ class AgentState:
 
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
         raise NotImplementedError
+
+    def _power_band_w(self, uuid: str) -> float | None:
+        """``uuid``'s power band, W (``stalls.band_w``; read once per GPU, then cached).
+
+        Below it a GPU is not decoding: the stall watch and the park's released time use it.
+        """
+        if uuid not in self._bands:
+            gpu = self.actuator.gpus[uuid]
+            try:
+                limit_w: float | None = gpu.power_limit_mw() / 1000.0
+            except gpu_errors.GpuError:
+                limit_w = None
+            self._bands[uuid] = stalls.band_w(getattr(gpu, "name", ""), limit_w)
+        return self._bands[uuid]
 
     def stalled_since_s(self, uuid: str) -> float | None:
         """How long the window on ``uuid`` is stalled, s (``service.Agent.stalled_since_s``)."""

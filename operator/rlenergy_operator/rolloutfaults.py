@@ -12,7 +12,8 @@ Two sources, both real (docs/flexfloor.md, "Shrinks that fail safe"):
   ``RolloutWorkerLost``. The dispatcher learns it from the policy's status and calls
   ``RolloutPlanner.rank_lost`` (abort-style teardown).
 * **a failed step the dispatcher reports**: its publication's ``failure``
-  (``ReleaseAborted``, ``ResizeInFlight``, ``RankLost``; ``rlenergy.sdk.rollout.failure_of``).
+  (``ReleaseAborted``, ``ResizeInFlight``, ``RankLost``, ``EngineDegraded``,
+  ``ShrinkRecoveryFailed``; ``rlenergy.sdk.rollout.failure_of`` and ``rollout.grow_back``).
 
 The failure stands (Degraded with its reason, ``status.rollout.failure``) until the
 dispatcher publishes a later step without one and no lost worker remains; one Warning Event

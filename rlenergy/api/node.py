@@ -371,12 +371,17 @@ class RolloutDispatch(_Wire):
 class RolloutFailure(_Wire):
     """One failed shrink step of the rollout dispatcher (FlexFloor's fail-safe outcome)."""
 
-    reason: Literal["ReleaseAborted", "ResizeInFlight", "RankLost"] = Field(
+    reason: Literal[
+        "ReleaseAborted", "ResizeInFlight", "RankLost", "EngineDegraded", "ShrinkRecoveryFailed"
+    ] = Field(
         description=(
             "ReleaseAborted: a release round aborted (a refusal or a missed ack deadline; the "
             "group is unchanged); ResizeInFlight: the engine's resize was sent and did not "
             "end within the commit timeout; RankLost: a rank left without a plan (torn down "
-            "abort-style)."
+            "abort-style); EngineDegraded: the engine refused a resize for good (HTTP 409 or "
+            "a reconfiguration already active) and no further release is sent to it; "
+            "ShrinkRecoveryFailed: growing the group back before the next rollout failed (the "
+            "next step runs with the size read back)."
         )
     )
     message: str = Field("", max_length=1024, description="What happened, for the Event.")

@@ -5,9 +5,12 @@ DP ranks) owns one ``RolloutPlanner`` and calls it directly, with no server in b
 
 * ``place(request)`` before a batch: every response of every prompt gets an EP rank
   (``PlacementResponse``), dealt longest predicted first so that the lock-stepped ranks
-  carry equal loads at every decode step (``placement.place_lockstep`` over the predictor's
+  carry equal loads at every decode step and kept within each rank's KV budget
+  (``placement.place_lockstep_within``, the simulator's rule, over the predictor's
   per-prompt lengths), unless the guard (``placement.lockstep_makespan_s``) predicts the
-  even split (verl's ``DataProto.chunk``) to end no later;
+  even split (verl's ``DataProto.chunk``, kept within the budgets too) to end no later;
+  ``assign(prompt_ids, prompt_tokens, servers)`` is the same rule as a plain list of server
+  indices, for a dispatcher's hook;
 * ``progress(reports)`` while decoding: the newest ``ProgressReport`` per active rank; returns
   a ``ReleaseDecision`` when the release rule (``release.FlexFloorPlanner``) lets finished
   ranks go, and opens its round;
@@ -19,7 +22,10 @@ DP ranks) owns one ``RolloutPlanner`` and calls it directly, with no server in b
   preempted): any open round aborts at once (it would wait on the dead rank), the rank leaves
   the group, and the returned ``RankLoss`` says to tear the engine group down abort-style
   (no graceful destroy that waits on a collective with the dead rank);
-* ``observe(prompt_ids, lengths)`` after the step: the predictor learns the lengths.
+* ``observe(prompt_ids, lengths)`` after the step: the predictor learns the lengths;
+* ``follow_engine(...)`` once the engine adapter probed its engine (the release floor rises to
+  the engine's; an engine that cannot shrink stops releases), and ``stop_releases(reason)``
+  when the engine refused a resize for good (``rollout.failure_of`` -> ``EngineDegraded``).
 
 Decisions go to the engines through ``rlenergy.sdk.rollout.apply_release`` (an
 ``ElasticEngine``: ``rlenergy.sdk.engines``), and a released rank parks its GPUs through its
@@ -102,6 +108,7 @@ class RolloutPlanner:
         self.timing = timing or protocol.ProtocolTiming()
         self.ack_timeout_s = ack_timeout_s
         self.predictor = length_predictor or predictor.LengthPredictor()
+        self._cost_model = cost_model
         self._release = release.FlexFloorPlanner(layout, cost_model)
         self._clock = clock
         self._rollout_id = ""
@@ -110,17 +117,65 @@ class RolloutPlanner:
         self._round: protocol.ReleaseRound | None = None
         self._round_deadline_s = 0.0
         self._next_id = 0
+        self._stopped: str | None = None
+
+    def stop_releases(self, reason: str) -> None:
+        """Release no rank again in this planner's life (``progress`` returns ``None``).
+
+        For an engine that refused a resize for good (``rollout.failure_of`` ->
+        ``EngineDegraded``): asking it again would only repeat the refusal.
+        """
+        self._stopped = reason
+
+    def follow_engine(self, can_shrink: bool, floor_ranks: int, refusal: str | None) -> None:
+        """Plan only releases the engine accepts (its probed capabilities).
+
+        An engine that cannot shrink stops releases (``stop_releases``); otherwise the release
+        floor rises to the engine's (``layout.min_active_workers``), so the rule never decides
+        a shrink the adapter would refuse at prepare (vLLM's EPLB floor: DP >= 2 at TP = 1).
+
+        Args:
+            can_shrink: ``EngineCapabilities.can_shrink``.
+            floor_ranks: ``EngineCapabilities.floor_ranks`` (>= 1).
+            refusal: ``EngineCapabilities.refusal`` (why it cannot shrink).
+        """
+        if not can_shrink:
+            self.stop_releases(refusal or "the engine cannot shrink")
+            return
+        if floor_ranks > self.layout.min_active_workers:
+            self.layout = dataclasses.replace(self.layout, min_active_workers=floor_ranks)
+            self._release = release.FlexFloorPlanner(self.layout, self._cost_model)
+
+    @property
+    def releases_stopped(self) -> str | None:
+        """Why releases were stopped (``stop_releases``), or ``None``."""
+        return self._stopped
 
     @property
     def active_workers(self) -> tuple[int, ...]:
         """The EP group as the planner knows it (after committed releases), ascending."""
         return self._active
 
-    def place(self, request: api.PlacementRequest) -> api.PlacementResponse:
-        """Place every response of the batch on the request's active ranks.
+    def place(
+        self,
+        request: api.PlacementRequest,
+        *,
+        kv_budget_bytes: Sequence[int] | None = None,
+    ) -> api.PlacementResponse:
+        """Place every response of the batch on the request's active ranks, within memory.
+
+        Args:
+            request: the batch and the active ranks.
+            kv_budget_bytes: KV memory per active rank (ascending rank order), bytes; ``None``:
+                ``layout.kv_budget_bytes(len(request.workers))`` (even expert shards).
 
         Returns:
-            One ``Assignment`` per response (prompt order, then response index).
+            One ``Assignment`` per response (prompt order, then response index); ``queued``
+            marks a response whose predicted peak KV fits no rank's budget left (the engine
+            admits it when memory frees).
+
+        Raises:
+            InvalidInputError: ``kv_budget_bytes`` does not have one entry per active rank.
         """
         self._rollout_id = request.rollout_id
         self._active = tuple(sorted(request.workers))
@@ -134,16 +189,7 @@ class RolloutPlanner:
                 ids.append(p.prompt_id)
                 prompts.append(p.prompt_tokens)
                 index.append(k)
-        made = self.predictor.predict(ids)
-        lengths = [m.length_tokens for m in made]
-        ranks = len(self._active)
-        dealt = placement.place_lockstep(lengths, ranks)
-        even = placement.place_even(len(ids), ranks)
-        cost = [
-            placement.lockstep_makespan_s(option, lengths, prompts, ranks, self.finish_model)
-            for option in (dealt, even)
-        ]
-        chosen = dealt if cost[0] <= cost[1] else even  # ties: dealt (spreads GRPO groups)
+        chosen, lengths = self._place(ids, prompts, len(self._active), kv_budget_bytes)
         return api.PlacementResponse.model_validate(
             {
                 "rolloutId": request.rollout_id,
@@ -151,13 +197,80 @@ class RolloutPlanner:
                     {
                         "promptId": ids[i],
                         "responseIndex": index[i],
-                        "worker": self._active[chosen[i]],
+                        "worker": self._active[chosen.worker_of[i]],
                         "predictedTokens": lengths[i],
+                        "queued": chosen.queued[i],
                     }
                     for i in range(len(ids))
                 ],
             }
         )
+
+    def assign(
+        self,
+        prompt_ids: Sequence[Hashable],
+        prompt_tokens: Sequence[int],
+        servers: int,
+        *,
+        kv_budget_bytes: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Which rollout server decodes each sample: the call-in for a dispatcher's hook.
+
+        The rule is ``place``'s (``placement.place_lockstep_within`` over the predictor's
+        per-prompt lengths, the even split when the guard predicts it ends no later), with
+        the servers as the ranks. It leaves the release state (rounds, reports) alone.
+
+        Args:
+            prompt_ids: per sample, its prompt's stable id (the samples of one GRPO group
+                repeat it), shape ``(n,)``.
+            prompt_tokens: per sample, its prompt length, tokens, shape ``(n,)``.
+            servers: rollout servers (engine replicas or DP ranks), >= 1.
+            kv_budget_bytes: KV memory per server, bytes, shape ``(servers,)``; ``None``:
+                ``layout.kv_budget_bytes(servers)``.
+
+        Returns:
+            Server index (``0 .. servers - 1``) per sample, shape ``(n,)``.
+
+        Raises:
+            InvalidInputError: ``servers < 1``, inputs of different lengths, or
+                ``kv_budget_bytes`` without one entry per server.
+        """
+        if servers < 1:
+            raise errors.InvalidInputError("servers", "need at least one rollout server")
+        if len(prompt_tokens) != len(prompt_ids):
+            raise errors.InvalidInputError("prompt_tokens", "need one prompt length per sample")
+        chosen, _ = self._place(list(prompt_ids), list(prompt_tokens), servers, kv_budget_bytes)
+        return list(chosen.worker_of)
+
+    def _place(
+        self,
+        ids: Sequence[Hashable],
+        prompts: Sequence[int],
+        ranks: int,
+        kv_budget_bytes: Sequence[int] | None,
+    ) -> tuple[placement.Placement, list[float]]:
+        budgets = (
+            list(kv_budget_bytes)
+            if kv_budget_bytes is not None
+            else list(self.layout.kv_budget_bytes(ranks))
+        )
+        if len(budgets) != ranks:
+            raise errors.InvalidInputError(
+                "kv_budget_bytes", f"need one KV budget per rank ({ranks}), got {len(budgets)}"
+            )
+        lengths = [m.length_tokens for m in self.predictor.predict(ids)]
+        kvb = self.layout.kv_bytes_per_token
+        dealt = placement.place_lockstep_within(lengths, prompts, budgets, kvb)
+        even = placement.fit_kv_budget(
+            placement.place_even(len(ids), ranks), lengths, prompts, budgets, kvb
+        )
+        cost = [
+            placement.lockstep_makespan_s(
+                option.worker_of, lengths, prompts, ranks, self.finish_model
+            )
+            for option in (dealt, even)
+        ]
+        return (dealt if cost[0] <= cost[1] else even), lengths  # ties: dealt
 
     def progress(self, reports: Sequence[api.ProgressReport]) -> api.ReleaseDecision | None:
         """Take the ranks' newest reports; a release decision when finished ranks may go.
@@ -176,7 +289,9 @@ class RolloutPlanner:
             old = self._reports.get(r.worker)
             if old is None or r.decode_step >= old.decode_step:
                 self._reports[r.worker] = r
-        if self._round is not None or any(w not in self._reports for w in self._active):
+        if self._stopped is not None or self._round is not None:
+            return None
+        if any(w not in self._reports for w in self._active):
             return None
         states = [
             base.WorkerState(

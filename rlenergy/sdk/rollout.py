@@ -5,15 +5,19 @@ The rollout dispatcher plans with ``rlenergy.sdk.planner.RolloutPlanner`` in its
 side of a decision through an ``ElasticEngine`` (``rlenergy.sdk.engines`` or the simulator's
 engine): prepare, then commit or abort, so the engine's group is ``activeAfter``, exactly
 ``activeBefore``, or, when a resize was sent and has not ended, reported ``InFlight`` (never
-``Aborted``: the engine may still be shrinking). ``park_if_released`` then parks a released
-rank's GPUs through its node agent. ``failure_of`` turns a failed outcome or a lost rank into
-what the dispatcher publishes (``RLEnergyClient.publish_rollout(failure=...)``), so the
-operator marks the policy Degraded with its reason and an Event. (The HTTP client of
+``Aborted``: the engine may still be shrinking); the outcome carries the group the engine
+reports after the resize, not the one asked for. ``park_if_released`` then parks a released
+rank's GPUs through its node agent (only ranks outside that group). ``grow_back`` returns the
+group to full size before the next rollout (``ShrinkRecoveryFailed`` when it cannot).
+``failure_of`` turns a failed outcome or a lost rank into what the dispatcher publishes
+(``RLEnergyClient.publish_rollout(failure=...)``), so the operator marks the policy Degraded
+with its reason and an Event. (The HTTP client of
 ``/v1/rollout/{placement,progress,ack}`` was removed: nothing served those endpoints.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -84,12 +88,24 @@ def park_if_released(
     return True
 
 
+class Degradable(Protocol):
+    """What ``failure_of`` reads of an engine adapter (``engines._HttpEngine.degraded``)."""
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the engine can no longer be resized (terminal), or ``None``."""
+        ...
+
+
 def failure_of(
     what: api.ReleaseOutcome | planner.RankLoss,
+    engine: Degradable | None = None,
 ) -> api_node.RolloutFailure | None:
     """What the dispatcher publishes for a failed shrink step; ``None`` for a committed one.
 
-    ``Aborted`` -> ``ReleaseAborted`` (the group is unchanged), ``InFlight`` ->
+    ``Aborted`` -> ``ReleaseAborted`` (the group is unchanged), or ``EngineDegraded`` when
+    ``engine`` reports itself degraded (a 409 or a reconfiguration already active: the
+    dispatcher stops releasing on it, ``RolloutPlanner.stop_releases``); ``InFlight`` ->
     ``ResizeInFlight`` (the engine may still be resizing), a ``RankLoss`` -> ``RankLost``
     (the rank, the reloaded experts and the abort-style teardown in the message).
     """
@@ -106,11 +122,70 @@ def failure_of(
         )
     if what.status == "Committed":
         return None
+    degraded = engine.degraded if engine is not None else None
+    if degraded is not None and what.status == "Aborted":
+        return api_node.RolloutFailure(
+            reason="EngineDegraded",
+            message=f"release {what.decision_id}: {degraded}"[:1024],
+            ranks=list(what.active_workers),
+        )
     return api_node.RolloutFailure(
         reason="ReleaseAborted" if what.status == "Aborted" else "ResizeInFlight",
         message=f"release {what.decision_id}: {what.reason or what.status}"[:1024],
         ranks=list(what.active_workers),
     )
+
+
+class Growable(Protocol):
+    """What ``grow_back`` needs of an engine adapter (``engines.VllmElasticEngine``, ...)."""
+
+    def active_ranks(self) -> tuple[int, ...]:
+        """EP ranks in the group now, ascending."""
+        ...
+
+    def grow_back(self, ranks: int | None = None) -> tuple[int, ...]:
+        """Return the group to ``ranks`` (default: start-up size); the size read back."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowBack:
+    """The group a grow-back left, for the next step.
+
+    Attributes:
+        active: the group as the engine reports it (the next step plans with these ranks).
+        failure: ``ShrinkRecoveryFailed`` to publish when the group is not whole again.
+    """
+
+    active: tuple[int, ...]
+    failure: api_node.RolloutFailure | None
+
+
+def grow_back(engine: Growable, ranks: int) -> GrowBack:
+    """Before the next rollout: grow the engine's group back to ``ranks`` ranks.
+
+    The size is read back from the engine after the resize (``grow_back`` of the adapters);
+    any failure (the engine refused, is degraded, did not end, or reports fewer ranks) is
+    ``ShrinkRecoveryFailed`` with the group the engine reports, which the next step uses
+    (``RolloutPlanner.place`` with those ranks; ``publish_rollout(next_step_workers=...)``).
+    Never raises for an engine failure: the job goes on at the size read back.
+    """
+    try:
+        active = engine.grow_back(ranks)
+    except errors.RLEnergyError as exc:
+        now = engine.active_ranks()
+        return GrowBack(
+            now,
+            api_node.RolloutFailure(
+                reason="ShrinkRecoveryFailed",
+                message=(
+                    f"growing the rollout group back to {ranks} ranks failed ({exc}); the next "
+                    f"step runs with the {len(now)} ranks the engine reports"
+                )[:1024],
+                ranks=list(now),
+            ),
+        )
+    return GrowBack(active, None)
 
 
 def feed_lost_ranks(

@@ -636,7 +636,9 @@ def simulate_rollout(
             as for independent engines; inside a group it measured x0.994 tokens per occupied
             GPU-s on ``verl-ppo-qwen25-7b-gsm8k-16gpu`` where ``lockstep`` gives x1.000) or
             ``length`` (the earlier ``placement.place_by_length``: concentrate long
-            responses on few ranks).
+            responses on few ranks). ``lockstep`` is ``placement.place_lockstep_within``, the
+            rule the trainer SDK's planner calls too: dealt longest first, then kept within
+            each rank's KV budget.
 
     Returns:
         The result, with its invariant-violation counters.
@@ -678,7 +680,9 @@ def simulate_rollout(
                 pred_list, list(batch.prompt_tokens), budgets, kvb
             ).worker_of
         elif placement_mode == "lockstep":
-            candidate = placement.place_lockstep(pred_list, workers)
+            candidate = placement.place_lockstep_within(
+                pred_list, list(batch.prompt_tokens), budgets, kvb
+            ).worker_of
         else:
             candidate = placement.place_balanced(
                 pred_list, batch.prompt_tokens, workers, fluid_model(config, per_rank=True)
@@ -707,7 +711,9 @@ def simulate_rollout(
                 for option in (candidate, even)
             )
             if spread <= placed_cost:
-                worker_of = np.asarray(even, dtype=np.int64)
+                # verl's chunks, kept within each rank's KV budget like the candidate.
+                kept = placement.fit_kv_budget(even, pred_list, batch.prompt_tokens, budgets, kvb)
+                worker_of = np.asarray(kept.worker_of, dtype=np.int64)
 
     queued = np.ones(n, dtype=bool)
     running = np.zeros(n, dtype=bool)

@@ -12,8 +12,9 @@ The test plays the rollout dispatcher and the workers through the SDK: node 0 is
 We check:
 * park: a released worker's GPUs (2 of node 1's) drop to the lowest supported SM clock, read
   back through NVML, shown in the agent's metrics (parked, parked clock, effective clock,
-  released GPU-seconds counting up); an idle signal of the same step keeps them parked; the
-  next step's first phase signal un-parks them (metrics and stand-in lock);
+  released GPU-seconds counting up once their power dropped); an idle signal of the same step
+  keeps them parked; the next step's first phase signal un-parks them (metrics and stand-in
+  lock);
 * scale: between steps the operator shrinks the pool 4 -> 2 (``/scale``; the controller deletes
   the pods), refuses 2 -> 1 (``ShrinkRejected: ... minimum is 2``, a Warning event, pool
   untouched), grows it back 2 -> 4; the pool is never seen below the floor;
@@ -221,6 +222,9 @@ def test_park_and_scale_between_steps(
         worker_node.driver.advance(0.2)
         answer = clients[worker_node.node].park(0, gpus=released)
         assert set(answer["parked"]) == set(released), answer
+        # The released rank's engine lets go of its GPUs: their power drops, and only from
+        # then on is the park credited released GPU-seconds.
+        worker_node.driver.set_work(released, "idle", "released-0")
         report = wait_until(
             lambda: next(
                 (

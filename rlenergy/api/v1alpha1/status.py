@@ -266,7 +266,7 @@ class RolloutFailureStatus(_Status):
         description=(
             "RolloutWorkerLost (a rollout worker pod ended mid-rollout: its node agent saw it "
             "deleted, preempted or no longer allocated), or the dispatcher's ReleaseAborted, "
-            "ResizeInFlight, RankLost."
+            "ResizeInFlight, RankLost, EngineDegraded, ShrinkRecoveryFailed."
         )
     )
     message: str = Field("", description="What happened and what to do.")

@@ -76,6 +76,24 @@ class MoeLayout:
         """Fewest workers that can hold every expert once (see ``expert_floor``)."""
         return expert_floor(self.num_experts, self.expert_slots_per_worker)
 
+    def kv_budget_bytes(self, ranks: int) -> tuple[int, ...]:
+        """KV memory per rank of a ``ranks``-rank group at start-up, bytes, shape ``(ranks,)``.
+
+        EP shards the experts in even contiguous blocks of ``ceil(num_experts / ranks)``
+        (``rlenergy.sim.moe.RolloutConfig.initial_experts`` places them the same way); a
+        rank's KV budget is ``worker_memory_bytes - dense_bytes - experts x expert_bytes``,
+        at least 0.
+
+        Raises:
+            InvalidInputError: ``ranks < 1``.
+        """
+        if ranks < 1:
+            raise errors.InvalidInputError("workers", "need at least one rollout worker")
+        shard = math.ceil(self.num_experts / ranks)
+        held = [max(min((w + 1) * shard, self.num_experts) - w * shard, 0) for w in range(ranks)]
+        free = self.worker_memory_bytes - self.dense_bytes
+        return tuple(max(free - k * self.expert_bytes, 0) for k in held)
+
     def release_floor(self) -> int:
         """Fewest workers a release may leave: the expert floor or ``minActiveWorkers``."""
         return max(self.expert_floor(), self.min_active_workers)

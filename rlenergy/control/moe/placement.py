@@ -10,6 +10,12 @@ last workers hold only short ones, finish early and can be released. A response 
 worker's budget is still assigned (to the worker with the most budget left) but marked
 ``queued``: the engine admits it only when memory frees, as vLLM's scheduler does.
 
+``place_lockstep_within`` is FlexFloor's placement, the one rule the simulator and the
+trainer SDK's planner both call: ``place_lockstep`` deals the responses over the lock-stepped
+ranks longest predicted first, and ``fit_kv_budget`` keeps every rank's predicted peak KV
+within its budget (a response that does not fit moves to the rank with the most KV left, or
+waits ``queued``).
+
 ``place_even`` is the verl baseline: ``DataProto.chunk`` splits the batch into equal contiguous
 chunks, one per rollout worker, in dataset order (a GRPO group stays on one worker).
 
@@ -152,6 +158,97 @@ def place_by_length(
         if not queued[i]:
             used[target] += demand[i]
     return Placement(tuple(worker_of), tuple(queued), tuple(used))
+
+
+def fit_kv_budget(
+    preferred: Sequence[int],
+    predicted_tokens: Sequence[float],
+    prompt_tokens: Sequence[int],
+    kv_budget_bytes: Sequence[int],
+    kv_bytes_per_token: int,
+) -> Placement:
+    """Keep a placement within each worker's KV budget, moving only what does not fit.
+
+    Responses are taken longest predicted first (ties by index). Each stays on its
+    ``preferred`` worker when its predicted peak KV (``response_kv_bytes``) fits what that
+    worker has left; otherwise it moves to the worker with the most KV left that still fits
+    it (ties: the lowest rank); when none fits, it stays on its preferred worker marked
+    ``queued`` (the engine admits it when memory frees, as vLLM's scheduler does) and counts
+    toward no budget. So the non-queued responses' predicted peak KV never exceeds a worker's
+    budget, and a placement that already fits is returned unchanged.
+
+    Args:
+        preferred: worker per response before the memory check, shape ``(n,)``.
+        predicted_tokens: predicted response length per response, tokens, shape ``(n,)``.
+        prompt_tokens: prompt length per response, tokens, shape ``(n,)``.
+        kv_budget_bytes: KV memory per worker (memory minus dense weights minus resident
+            experts), bytes, shape ``(n_workers,)``.
+        kv_bytes_per_token: KV cache per context token, bytes.
+
+    Returns:
+        The placement with its ``queued`` flags and per-worker predicted KV.
+
+    Raises:
+        InvalidInputError: no worker, inputs of different lengths, or a preferred worker
+            outside ``[0, n_workers)``.
+    """
+    n = len(preferred)
+    workers = len(kv_budget_bytes)
+    if workers < 1:
+        raise errors.InvalidInputError("workers", "need at least one rollout worker")
+    if len(predicted_tokens) != n or len(prompt_tokens) != n:
+        raise errors.InvalidInputError("placement", "need one prediction and prompt per response")
+    if any(not 0 <= w < workers for w in preferred):
+        raise errors.InvalidInputError("placement", f"a worker outside [0, {workers})")
+    used = [0] * workers
+    worker_of = list(preferred)
+    queued = [False] * n
+    for i in sorted(range(n), key=lambda i: (-predicted_tokens[i], i)):
+        need = response_kv_bytes(prompt_tokens[i], predicted_tokens[i], kv_bytes_per_token)
+        w = preferred[i]
+        if used[w] + need > kv_budget_bytes[w]:
+            fits = [v for v in range(workers) if used[v] + need <= kv_budget_bytes[v]]
+            if not fits:
+                queued[i] = True
+                continue
+            w = max(fits, key=lambda v: (kv_budget_bytes[v] - used[v], -v))
+            worker_of[i] = w
+        used[w] += need
+    return Placement(tuple(worker_of), tuple(queued), tuple(used))
+
+
+def place_lockstep_within(
+    predicted_tokens: Sequence[float],
+    prompt_tokens: Sequence[int],
+    kv_budget_bytes: Sequence[int],
+    kv_bytes_per_token: int,
+) -> Placement:
+    """FlexFloor's placement: ``place_lockstep`` kept within each rank's KV budget.
+
+    The one placement rule of the policy, called by the simulator (``rlenergy.sim.moe``) and
+    by the trainer SDK's planner (``rlenergy.sdk.planner.RolloutPlanner``): responses sorted
+    by predicted length are dealt over the ranks longest first (``place_lockstep``: long
+    responses spread, equal loads at every decode step), then ``fit_kv_budget`` moves a
+    response whose predicted peak KV does not fit its rank to the rank with the most KV left,
+    or marks it ``queued`` when no rank has room.
+
+    Args:
+        predicted_tokens: predicted response length per response, tokens, shape ``(n,)``.
+        prompt_tokens: prompt length per response, tokens, shape ``(n,)``.
+        kv_budget_bytes: KV memory per rank, bytes, shape ``(n_ranks,)`` (``n_ranks >= 1``).
+        kv_bytes_per_token: KV cache per context token, bytes.
+
+    Returns:
+        The placement; the predicted peak KV of every rank's non-queued responses is within
+        its budget.
+
+    Raises:
+        InvalidInputError: no rank, or inputs of different lengths.
+    """
+    dealt = place_lockstep(predicted_tokens, len(kv_budget_bytes))
+    return fit_kv_budget(
+        dealt, predicted_tokens, prompt_tokens, kv_budget_bytes, kv_bytes_per_token
+    )
 
 
 def place_even(n_responses: int, workers: int) -> tuple[int, ...]:

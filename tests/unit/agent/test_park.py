@@ -3,8 +3,9 @@
 SDK -> Unix socket (peer credentials) -> agent: a park locks the pod's named GPUs at their
 lowest supported SM clock (read back), idempotently, until the pod's next working phase or a
 later step, the step's end, ``unpark``, the pod's end or the policy's removal; the released
-GPU time lands in the metrics (a counter), the step record and the node report; a pod cannot
-park another pod's GPU. The dispatcher's publication (``/v1/rollout``) reaches the report.
+GPU time, counted from the GPU's power drop, lands in the metrics (a counter), the step record
+and the node report; a GPU that keeps decoding after its park is credited nothing until its
+power drops; a pod cannot park another pod's GPU. The dispatcher's publication (``/v1/rollout``) reaches the report.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def test_park_locks_the_lowest_clock_until_the_next_step(
         drv.set_work(gpus, "generation", "gen-0")
         drv.advance(4.0)
         answer = client.park(0, gpus=worker)
+        drv.set_work(worker, "idle")  # the released rank's engine stops decoding on them
+        drv.advance(0.0)
+        agent.observe_parks()  # the sampling loop sees the power drop: released from now
         lowest = _lowest(agent, worker[0])
         assert lowest < GEN_MHZ
         assert set(answer["parked"]) == set(worker)
@@ -225,3 +229,26 @@ def _workload() -> dict[str, float]:
         "validTokens": 800,
         "meanContextTokens": 0,
     }
+
+
+def test_a_park_credits_released_time_only_after_the_power_drops(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(2)
+    gpus = list(drv.uuids)
+    agent = _agent(drv, {POD_A: gpus})
+    agent.phase(POD_A, "generation", 0)
+    drv.set_work(gpus, "generation", "gen-0")
+    drv.advance(1.0)
+    agent.park(POD_A, 0)  # parked, but the engine still decodes on both GPUs (lowest clock)
+    drv.advance(5.0)
+    agent.observe_parks()
+    assert all(agent.released_gpu_seconds(u) == 0.0 for u in gpus)  # full power: nothing
+    drv.set_work(gpus[:1], "idle")  # the engine let go of the first GPU only
+    drv.advance(1.0)
+    agent.observe_parks()
+    drv.advance(4.0)
+    assert agent.released_gpu_seconds(gpus[0]) == pytest.approx(4.0, abs=0.05)
+    assert agent.released_gpu_seconds(gpus[1]) == 0.0
+    agent.end_step(POD_A, 0, api_node.TokenWorkloadReport.model_validate(_workload()))
+    assert agent.report().steps[0].released_gpu_seconds == pytest.approx(4.0, abs=0.05)

@@ -150,3 +150,38 @@ def test_sglang_routes_methods_fields_and_scale_up_only():
 def test_one_pin_for_adapters_and_progress_sources():
     # The progress sources' metric names were read from the same versions (rlenergy.sdk.progress).
     assert {name: c.version for name, c in progress.ENGINES.items()} == PINS
+
+
+def _text(engine: str, module: str) -> str:
+    return ast.unparse(_source(engine, module))
+
+
+def test_what_the_adapters_probe_and_read_back_is_in_the_pinned_source():
+    # vLLM: the probe's routes and parallel_config fields, the EPLB floor, the terminal text.
+    info = _routes(_source("vllm", "vllm/entrypoints/serve/dev/server_info/api_router.py"))
+    assert ("GET", "/server_info") in info
+    basic = _routes(_source("vllm", "vllm/entrypoints/serve/instrumentator/basic.py"))
+    assert ("GET", "/version") in basic
+    parallel = _text("vllm", "vllm/config/parallel.py")
+    for field in (
+        "data_parallel_size",
+        "tensor_parallel_size",
+        "prefill_context_parallel_size",
+        "data_parallel_external_lb",
+        "data_parallel_hybrid_lb",
+        "enable_elastic_ep",
+    ):
+        assert f"{field}:" in parallel, field
+    assert "EPLB requires tensor, prefill-context, or data parallelism" in parallel
+    core = _text("vllm", "vllm/v1/engine/core.py")
+    assert "Elastic EP reconfiguration is already active" in core
+    assert any(
+        m in "Elastic EP reconfiguration is already active" for m in engines.TERMINAL_MARKERS
+    )
+    # SGLang: the phase the grow-back waits for, and the 409 of a pending scale.
+    manager = _source("sglang", "sglang/srt/managers/tokenizer_manager.py")
+    assert "scale_phase" in _dict_keys(_function(manager, "get_elastic_ep_state"))
+    assert "'serving_expanded'" in ast.unparse(manager)
+    route = _text("sglang", "sglang/srt/entrypoints/elastic_ep.py")
+    assert "HTTPStatus.CONFLICT" in route
+    assert "has not completed yet" in ast.unparse(manager)

@@ -33,12 +33,46 @@ from rlenergy.sim import moe_engine
 
 
 class FakeEngine(http.server.BaseHTTPRequestHandler):
-    calls: list[tuple[str, Any]] = []
+    calls: list[tuple[str, Any]] = []  # POSTs (GET probes are not recorded)
     scaling_polls = 1  # how many status polls report "scaling" after a scale call
     pending = 0
     replies: dict[str, Any] = {}
     busy_503 = False  # answer the status probe 503 while scaling, as vLLM's middleware does
     scale_delay_s = 0.0  # the scale call blocks this long before it answers
+    dp = 4  # the data-parallel size vLLM reports in /server_info (set by a scale call)
+
+    def do_GET(self) -> None:  # noqa: N802
+        # What vLLM 0.33.0 serves (VLLM_SERVER_DEV_MODE=1) and SGLang 0.5.23's status route.
+        if self.path == "/version":
+            reply: Any = {"version": "0.33.0"}
+        elif self.path == "/server_info?config_format=json":
+            pc = {
+                "tensor_parallel_size": 1,
+                "data_parallel_size": FakeEngine.dp,
+                "enable_elastic_ep": True,
+                "enable_eplb": True,
+                "data_parallel_external_lb": False,
+            }
+            reply = {"vllm_config": {"parallel_config": pc}}
+        elif self.path == "/v1/models":
+            reply = {"object": "list", "data": [{"id": "m", "object": "model"}]}
+        elif self.path == "/is_scaling_elastic_ep":
+            reply = {
+                "is_scaling_elastic_ep": False,
+                "effective_ep_size": 4,
+                "pending_ep_size": None,
+                "scale_phase": "idle",
+                "last_error": None,
+            }
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_POST(self) -> None:  # noqa: N802
         length = int(self.headers.get("Content-Length", 0))
@@ -47,7 +81,10 @@ class FakeEngine(http.server.BaseHTTPRequestHandler):
         if self.path.endswith("/scale_elastic_ep"):
             time.sleep(FakeEngine.scale_delay_s)
             FakeEngine.pending = FakeEngine.scaling_polls
-            reply: Any = {"ok": True}
+            FakeEngine.dp = body.get("new_data_parallel_size", FakeEngine.dp)
+            reply: Any = {"message": f"Scaled to {FakeEngine.dp} data parallel engines"}
+        elif self.path == "/v1/completions":
+            reply = {"object": "text_completion", "choices": [{"text": "1"}]}
         elif self.path.endswith("/is_scaling_elastic_ep"):
             scaling = FakeEngine.pending > 0
             FakeEngine.pending = max(FakeEngine.pending - 1, 0)
@@ -84,6 +121,7 @@ def server() -> Iterator[str]:
     FakeEngine.replies = {}
     FakeEngine.busy_503 = False
     FakeEngine.scale_delay_s = 0.0
+    FakeEngine.dp = 4
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeEngine)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()

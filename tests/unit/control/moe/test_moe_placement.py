@@ -70,3 +70,35 @@ def test_predictor_history_drift_and_fallback():
     assert a2.length_tokens == pytest.approx(step_geomean / 2, rel=1e-6)  # a was half the mean
     with pytest.raises(errors.InvalidInputError):
         pred.observe_step(["a"], [0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.floats(1, 5000), min_size=1, max_size=60),
+    budgets=st.lists(st.integers(0, 200000), min_size=1, max_size=6),
+)
+def test_property_lockstep_within_never_exceeds_memory(lengths, budgets):
+    prompts = [50] * len(lengths)
+    p = placement.place_lockstep_within(lengths, prompts, budgets, 1)
+    assert len(p.worker_of) == len(lengths)
+    for w, budget in enumerate(budgets):
+        demand = sum(
+            placement.response_kv_bytes(prompts[i], lengths[i], 1)
+            for i in p.responses_of(w)
+            if not p.queued[i]
+        )
+        assert demand == p.predicted_kv_bytes[w] <= budget
+
+
+def test_fit_keeps_what_fits_moves_to_most_room_and_queues_the_rest():
+    # Fits everywhere: the dealt placement comes back unchanged.
+    dealt = placement.place_lockstep([100.0, 90.0, 80.0, 70.0], 2)
+    same = placement.fit_kv_budget(dealt, [100.0, 90.0, 80.0, 70.0], [0] * 4, [10**6] * 2, 1)
+    assert same.worker_of == dealt and not any(same.queued)
+    # Rank 0 holds 100 of its 120: the 90 goes to the rank with the most room (rank 2).
+    moved = placement.fit_kv_budget([0, 0, 1], [100.0, 90.0, 10.0], [0] * 3, [120, 95, 200], 1)
+    assert moved.worker_of == (0, 2, 1) and moved.predicted_kv_bytes == (100, 10, 90)
+    # No rank has room for the second 100: it stays on its rank, queued, counted nowhere.
+    full = placement.fit_kv_budget([0, 1], [100.0, 100.0], [0, 0], [100, 50], 1)
+    assert full.worker_of == (0, 1) and full.queued == (False, True)
+    assert full.predicted_kv_bytes == (100, 0)
