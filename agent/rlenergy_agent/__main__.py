@@ -88,13 +88,12 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
     meter = energy.EnergyMeter(gpus, sources, totals_path=state_dir / "energy-totals.json")
     meter.sample()
     pods: service.PodMap = service.StaticPodMap(parse_static_pods(settings.static_pods))
-    if not settings.static_pods and settings.podresources_socket.exists():
-        from rlenergy_agent import kube, podmap
+    if not settings.static_pods:
+        from rlenergy_agent import podmap
 
-        pods = podmap.PodResourcesClient(
-            str(settings.podresources_socket),
-            uid_of=kube.pod_uid_lookup(settings.node_name) if settings.kube else None,
-        )
+        # A socket that does not exist yet (the kubelet starts after the agent) is waited
+        # for: the node loop lists again every pass, and no GPU is attributed until it answers.
+        pods = podmap.PodResourcesClient(str(settings.podresources_socket))
     mig_parent = {m: u for u in gpus for m in getattr(gpus[u], "mig_uuids", ())}
     agent = service.Agent(
         settings.node_name,
@@ -181,22 +180,27 @@ def _plan_file(path: Path) -> api_node.ClockPlan:
 
 def _cluster(
     settings: config.AgentSettings,
-) -> tuple[Any, identity.Reviewer, podlife.EndedInApi | None]:
-    """(CustomObjectsApi or None, token reviewer, pod-end lister) from the cluster config."""
+) -> tuple[Any, identity.Reviewer, podlife.EndedInApi | None, identity.CurrentPod | None]:
+    """(CustomObjectsApi or None, token reviewer, pod-end lister, current pod lookup)."""
     if settings.kube:
         from rlenergy_agent import kube
 
         try:
             api = kube.load_api()
             auth = kube.start_clients()
-            return api, kube.TokenReviewer(auth).review, kube.ended_pods(settings.node_name)
+            return (
+                api,
+                kube.TokenReviewer(auth).review,
+                kube.ended_pods(settings.node_name),
+                kube.CurrentPod(),
+            )
         except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
             log.error(
                 "no Kubernetes API (%s); reports, plan updates and caller checks disabled "
                 "(every signal is refused with 503)",
                 exc,
             )
-    return None, _no_api_review, None
+    return None, _no_api_review, None, None
 
 
 def _shutdown(
@@ -248,11 +252,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plan is not None:
         agent.set_plan(_plan_file(args.plan))
     stop = threading.Event()
-    api, reviewer, ended_in_api = _cluster(settings)
+    api, reviewer, ended_in_api, current_pod = _cluster(settings)
     auth = identity.TokenAuthenticator(
-        reviewer, settings.token_audience, max_ttl_s=settings.token_cache_max_s
+        reviewer,
+        settings.token_audience,
+        current_pod=current_pod,
+        max_ttl_s=settings.token_cache_max_s,
     )
-    pod_ends = podlife.PodEndWatch(agent, ended_in_api, check_s=settings.pod_check_s)
+    pod_ends = podlife.PodEndWatch(
+        agent, ended_in_api, check_s=settings.pod_check_s, on_end=auth.forget_pod
+    )
     signals = server.SignalServer(settings.socket_path, agent, auth)
     ops = server.OpsServer(
         settings.metrics_host,

@@ -395,6 +395,18 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
                 self.pod_of[u] = None
             self.report_due = self.report_due or bool(gpus)
 
+    def release_unattributed(self, reason: str) -> list[str]:
+        """Reset every lock and park: no fresh kubelet listing attributes the GPUs any more.
+
+        The pods stay governed (their windows open, their GPUs theirs): a signal after the
+        listing works again locks anew. Returns the UUIDs whose lock was reset.
+        """
+        with self._lock:
+            self._end_parks(list(self.parked), self._clock())
+            done = self.actuator.release(list(self.actuator.gpus), reason)
+            self.report_due = self.report_due or bool(done)
+            return done
+
     def _shared(self, pod: PodRef, win: energy.Window) -> energy.Window:
         """``win`` with each shared GPU's energy scaled to ``pod``'s share (``shares``)."""
         split = shares.shares(
@@ -406,6 +418,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
                 for g in self.actuator.gpus.values()
                 for m, n in getattr(g, "mig_slices", {}).items()
             },
+            {u: (p.namespace, p.name) for u, p in self.pod_of.items() if p is not None},
         )
         key = (pod.namespace, pod.name)
         factor = {u: split.get((key, u), 1.0) for u in win.per_gpu_j}
