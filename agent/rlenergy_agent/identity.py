@@ -152,10 +152,11 @@ def token_expiry_s(token: str) -> float | None:
 
 
 def jwt_shaped(token: str) -> bool:
-    """Whether ``token`` looks like a JWT: three base64url parts whose first two are JSON
-    objects, the header naming an ``alg`` (RFC 7519 section 7.2; a projected
-    service-account token is one). Decides nothing about validity: what is not shaped so is
-    refused without asking the API server.
+    """Whether ``token`` looks like a JWT (a projected service-account token is one).
+
+    Three base64url parts whose first two are JSON objects, the header naming an ``alg``
+    (RFC 7519 section 7.2). Decides nothing about validity: what is not shaped so is refused
+    without asking the API server.
     """
     if len(token) > MAX_TOKEN_BYTES:
         return False
@@ -319,9 +320,7 @@ class TokenAuthenticator:
         self._wall = wall
         self._lock = threading.Lock()
         self._ok: collections.OrderedDict[str, tuple[float, Caller]] = collections.OrderedDict()
-        self._no: collections.OrderedDict[str, tuple[float, AuthError]] = (
-            collections.OrderedDict()
-        )
+        self._no: collections.OrderedDict[str, tuple[float, AuthError]] = collections.OrderedDict()
         self._flights: dict[str, _Flight] = {}
         self._bucket = TokenBucket(reviews_per_s, review_burst, clock)
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -390,6 +389,7 @@ class TokenAuthenticator:
             if isinstance(flight.result, AuthError):
                 raise flight.result
             return flight.result
+        result: Caller | AuthError = AuthError("the caller's token could not be checked", 503)
         try:
             result = self._check(token, key, now)
         except AuthError as exc:
@@ -397,8 +397,8 @@ class TokenAuthenticator:
         finally:
             with self._lock:
                 self._flights.pop(key, None)
-        flight.result = result
-        flight.done.set()
+            flight.result = result  # the waiters' answer, whatever ended the check
+            flight.done.set()
         if isinstance(result, AuthError):
             raise result
         return result

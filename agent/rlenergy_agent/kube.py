@@ -456,7 +456,9 @@ class CurrentPod:
             raise identity.ReviewUnavailableError(f"pod lookup failed: {exc}") from None
         if not 200 <= resp.status <= 299:
             raise identity.ReviewUnavailableError(f"pod lookup failed: HTTP {resp.status}")
-        items = [p for p in json.loads(resp.data or b"{}").get("items") or () if isinstance(p, dict)]
+        items = [
+            p for p in json.loads(resp.data or b"{}").get("items") or () if isinstance(p, dict)
+        ]
         for p in items:
             meta = _meta(p)
             if meta.get("name") == name:

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from rlenergy_agent import service
+from rlenergy_agent import pods, service
 from rlenergy_agent.nvml import lib
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -236,7 +236,41 @@ class AgentCollector(Collector):
             )
             found.add_metric([node, reason, found_policy], 1.0)
             yield found
+        yield from self._podresources()
         yield from self._released()
+
+    def _podresources(self) -> Iterator[Metric]:
+        """The kubelet PodResources listing: its state, age and failed calls by code."""
+        a = self.agent
+        podmap = a.podmap
+        if not isinstance(podmap, pods.ListedPodMap):
+            return
+        node = a.node_name
+        st = podmap.state()
+        state = GaugeMetricFamily(
+            "rlenergy_agent_podresources_listing_state",
+            "The kubelet PodResources listing (1 for the current state): Fresh (attributes "
+            "GPUs), Stale (locks held, nothing new attributed), Expired (locks reset), Waiting "
+            "(never listed); error = the newest failed call's code.",
+            labels=["node", "state", "error"],
+        )
+        state.add_metric([node, st.status, st.error], 1.0)
+        age = GaugeMetricFamily(
+            "rlenergy_agent_podresources_listing_age_seconds",
+            "Time since the last successful PodResources List, s (absent: never listed).",
+            labels=["node"],
+        )
+        if st.age_s is not None:
+            age.add_metric([node], st.age_s)
+        failed = CounterMetricFamily(
+            "rlenergy_agent_podresources_errors",
+            "Failed PodResources List calls by gRPC code (RESOURCE_EXHAUSTED: a reply over the "
+            "receive limit; UNAVAILABLE: the kubelet does not answer; SocketMissing: no socket).",
+            labels=["node", "code"],
+        )
+        for code, n in sorted(dict(getattr(podmap, "errors", {})).items()):
+            failed.add_metric([node, code], n)
+        yield from (state, age, failed)
 
     def _released(self) -> Iterator[Metric]:
         """Released rollout workers (FlexFloor park): GPU time, parked state and clock."""

@@ -145,6 +145,7 @@ class PodResourcesClient:
         timeout_s: per call deadline, s.
         hold_after_s: listing age past which nothing new is attributed, s.
         reset_after_s: listing age past which locks that cannot be attributed are reset, s.
+        max_receive_bytes: largest reply taken, bytes.
         clock: monotonic time, s.
     """
 
@@ -157,9 +158,11 @@ class PodResourcesClient:
         timeout_s: float = 5.0,
         hold_after_s: float = HOLD_AFTER_S,
         reset_after_s: float = RESET_AFTER_S,
+        max_receive_bytes: int = MAX_RECEIVE_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.socket_path = socket_path
+        self.max_receive_bytes = max_receive_bytes
         self._resources = tuple(resources)
         self._max_age_s = max_age_s
         self._timeout_s = timeout_s
@@ -207,7 +210,7 @@ class PodResourcesClient:
         if self._channel is None:
             self._channel = grpc.insecure_channel(
                 f"unix://{self.socket_path}",
-                options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)],
+                options=[("grpc.max_receive_message_length", self.max_receive_bytes)],
             )
             self._list = self._channel.unary_unary(
                 LIST_METHOD,
@@ -336,15 +339,26 @@ class PodResourcesClient:
             self._drop_channel()
 
 
+Listing = Callable[[], Mapping[tuple[str, str], Mapping[str, Sequence[str]]]]
+"""``{(namespace, name): {resource_name: [device IDs]}}`` per call; a list of such pairs
+instead of a mapping lists a name twice (the kubelet lists a finished pod next to its
+successor)."""
+
+
 def serve_fake_kubelet(
     socket_path: str,
-    allocations: Callable[[], Mapping[tuple[str, str], Mapping[str, Sequence[str]]]],
+    allocations: Callable[[], Any],
+    *,
+    fail: Callable[[], tuple[Any, str] | None] | None = None,
 ) -> grpc.Server:
     """A kubelet PodResources server speaking the real protocol (tests, local runs).
 
     Args:
         socket_path: Unix socket to listen on.
-        allocations: returns ``{(namespace, name): {resource_name: [device IDs]}}`` per call.
+        allocations: returns ``{(namespace, name): {resource_name: [device IDs]}}`` per call,
+            or a sequence of ``((namespace, name), {resource_name: [device IDs]})`` pairs.
+        fail: per call, ``(grpc.StatusCode, details)`` to answer with instead of a listing
+            (a kubelet under load answers UNAVAILABLE), or ``None``.
 
     Returns:
         The started server (``stop(None)`` to end it).
@@ -352,8 +366,13 @@ def serve_fake_kubelet(
     pod_cls = message_class("PodResources")
 
     def list_pods(request: Any, context: Any) -> Any:
+        failure = fail() if fail is not None else None
+        if failure is not None:
+            context.abort(failure[0], failure[1])
         resp = ListResponse()
-        for (ns, name), resources in allocations().items():
+        listed = allocations()
+        pairs = listed.items() if isinstance(listed, Mapping) else listed
+        for (ns, name), resources in pairs:
             pod = pod_cls(name=name, namespace=ns)
             c = pod.containers.add(name="main")
             for resource, ids in resources.items():

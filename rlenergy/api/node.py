@@ -402,6 +402,26 @@ class EndedPod(_Wire):
     step: int = Field(-1, ge=-1, description="Newest RL step the agent had seen then (-1: none).")
 
 
+NodeConditionType = Literal["PodResourcesListed", "GpusSettled"]
+
+
+class NodeCondition(_Wire):
+    """One condition of the node's agent (what it can trust now)."""
+
+    type: NodeConditionType = Field(
+        description="PodResourcesListed: the kubelet's PodResources listing is fresh enough to "
+        "attribute GPUs; GpusSettled: no GPU is lost, reset or being re-initialised."
+    )
+    status: Literal["True", "False"] = Field(description="True or False.")
+    reason: str = Field(
+        "",
+        max_length=64,
+        description="Why, e.g. Fresh, Stale, Expired, Waiting, ResourceExhausted, Unavailable, "
+        "GpuLost, GpuReset, DriverChanged.",
+    )
+    message: str = Field("", max_length=1024, description="What happened and what to do.")
+
+
 class NodeReport(_Wire):
     """Spec of an ``RLEnergyNodeReport``: one per policy and node, written by that node's agent."""
 
@@ -436,4 +456,9 @@ class NodeReport(_Wire):
         default_factory=list,
         max_length=64,
         description="Governed pods that ended, newest last (bounded; FlexFloor's lost ranks).",
+    )
+    conditions: list[NodeCondition] = Field(
+        default_factory=list,
+        max_length=8,
+        description="The agent's conditions: its kubelet listing and its GPUs' lifecycle.",
     )
