@@ -51,15 +51,19 @@ def parse_static_pods(text: str) -> dict[service.PodRef, list[str]]:
     return out
 
 
-def _gpus(settings: config.AgentSettings) -> tuple[dict[str, base.Gpu], dict[str, object]]:
+def _gpus(
+    settings: config.AgentSettings,
+) -> tuple[dict[str, base.Gpu], dict[str, object], backend.NvmlSession | None]:
     if settings.backend == "sim":
         from rlenergy_agent.testing import simgpus
 
-        return simgpus.simulated_gpus(settings.node_name, settings.sim_sku, settings.sim_gpus), {}
+        gpus = simgpus.simulated_gpus(settings.node_name, settings.sim_sku, settings.sim_gpus)
+        return gpus, {}, None
     found = backend.discover()
     for index, why in found.lost.items():
         log.error("GPU at NVML index %d skipped: %s", index, why)
-    return dict(found.gpus), {u: g.probe() for u, g in found.gpus.items()}
+    session = backend.NvmlSession(found.gpus, found.driver_version)
+    return dict(found.gpus), {u: g.probe() for u, g in found.gpus.items()}, session
 
 
 def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, object]]:
@@ -68,10 +72,13 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
     Raises:
         rlenergy_agent.nvml.lib.NvmlUnavailableError: NVML cannot start (message says why).
     """
-    gpus, caps = _gpus(settings)
+    gpus, caps, session = _gpus(settings)
     state_dir = settings.state_dir / settings.node_name
     acts = actuator.Actuator(
-        gpus, actuator.LockStateFile(state_dir / "locks.json"), enforce=settings.enforce
+        gpus,
+        actuator.LockStateFile(state_dir / "locks.json"),
+        enforce=settings.enforce,
+        library=session,
     )
     acts.start(
         persistence={u: getattr(c, "persistence", True) for u, c in caps.items()},

@@ -236,8 +236,42 @@ class AgentCollector(Collector):
             )
             found.add_metric([node, reason, found_policy], 1.0)
             yield found
+        yield from self._lifecycle()
         yield from self._podresources()
         yield from self._released()
+
+    def _lifecycle(self) -> Iterator[Metric]:
+        """GPU resets, lost GPUs and driver changes: events, and which GPUs are unsettled."""
+        a = self.agent
+        node = a.node_name
+        events = CounterMetricFamily(
+            "rlenergy_agent_gpu_lifecycle_events",
+            "Events that made a GPU's state unknown: GpuLost (lost or an invalid handle), "
+            "LockLost (off its lock with no clock-event reason: a GPU reset), DriverChanged.",
+            labels=["gpu_uuid", "node", "reason"],
+        )
+        settled = GaugeMetricFamily(
+            "rlenergy_agent_gpu_settled",
+            "0 from a lifecycle event until a pass finds the GPU answering with its lock, "
+            "else 1 (windows on an unsettled GPU are kept out of savings).",
+            labels=["gpu_uuid", "node"],
+        )
+        with a._lock:  # noqa: SLF001 - one consistent snapshot
+            act = a.actuator
+            for (u, reason), n in sorted(act.life_events.items()):
+                events.add_metric([u, node, reason], n)
+            for u in act.controls:
+                settled.add_metric([u, node], 0.0 if u in act.unsettled else 1.0)
+            reinits = getattr(act.library, "reinits", None)
+        yield from (events, settled)
+        if reinits is not None:
+            count = CounterMetricFamily(
+                "rlenergy_agent_nvml_reinits",
+                "NVML re-initialisations (after a lost GPU or a changed driver version).",
+                labels=["node"],
+            )
+            count.add_metric([node], reinits)
+            yield count
 
     def _podresources(self) -> Iterator[Metric]:
         """The kubelet PodResources listing: its state, age and failed calls by code."""

@@ -230,7 +230,23 @@ class StepRecords(AgentState):
 
     def gpu_conditions(self) -> list[api_node.NodeCondition]:
         """The ``GpusSettled`` condition (``actuator.Actuator.lifecycle``)."""
-        return []
+        unsettled = sorted(self.actuator.unsettled.items())
+        if not unsettled:
+            return [api_node.NodeCondition(type="GpusSettled", status="True", reason="Settled")]
+        now = self._clock()
+        parts = [
+            f"{u}: {e.reason} {max(now - since, 0.0):.0f} s ago ({e.message})"
+            for u, (e, since) in unsettled
+        ]
+        reasons = sorted({e.reason for _, (e, _) in unsettled})
+        return [
+            api_node.NodeCondition(
+                type="GpusSettled",
+                status="False",
+                reason=reasons[0] if len(reasons) == 1 else "Several",
+                message="; ".join(parts)[:1024],
+            )
+        ]
 
 
 def condition_reason(code: str) -> str:

@@ -410,14 +410,15 @@ class NodeCondition(_Wire):
 
     type: NodeConditionType = Field(
         description="PodResourcesListed: the kubelet's PodResources listing is fresh enough to "
-        "attribute GPUs; GpusSettled: no GPU is lost, reset or being re-initialised."
+        "attribute GPUs; GpusSettled: no GPU is lost, off its lock or being re-initialised "
+        "(windows on such a GPU carry an error and are kept out of savings)."
     )
     status: Literal["True", "False"] = Field(description="True or False.")
     reason: str = Field(
         "",
         max_length=64,
         description="Why, e.g. Fresh, Stale, Expired, Waiting, ResourceExhausted, Unavailable, "
-        "GpuLost, GpuReset, DriverChanged.",
+        "SocketMissing; Settled, GpuLost, LockLost, DriverChanged.",
     )
     message: str = Field("", max_length=1024, description="What happened and what to do.")
 

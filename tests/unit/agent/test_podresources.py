@@ -25,6 +25,8 @@ from agent_support import LOCKED_PLAN as PLAN
 from agent_support import DriverFactory, standin_agent
 from rlenergy_agent import identity, metrics, podlife, podmap, pods, service
 
+from rlenergy.api import node as api_node
+
 POD_A = service.PodRef("team-a", "trainer-0", "uid-a")
 POD_B = service.PodRef("team-b", "rollout-0", "uid-b")
 
@@ -39,6 +41,11 @@ class Clock:
 
 def _caller(pod: service.PodRef) -> identity.Caller:
     return identity.Caller(pod.namespace, pod.name, pod.uid, "node-1", "sa")
+
+
+def _listed_condition(agent: service.Agent) -> api_node.NodeCondition:
+    (cond,) = [c for c in agent.report().conditions if c.type == "PodResourcesListed"]
+    return cond
 
 
 class Kubelet:
@@ -119,7 +126,7 @@ def test_resource_exhausted_and_unavailable_are_counted_held_and_reported(
         clock.t += 20  # past the hold bound
         client.keep_fresh()
         assert client.errors == {"RESOURCE_EXHAUSTED": 1, "UNAVAILABLE": 1}
-        (cond,) = agent.report().conditions
+        cond = _listed_condition(agent)
         assert (cond.type, cond.status, cond.reason) == (
             "PodResourcesListed",
             "False",
@@ -142,7 +149,7 @@ def test_resource_exhausted_and_unavailable_are_counted_held_and_reported(
         k.failure = None
         del k.alloc[("team-a", "big")]
         client.keep_fresh()
-        (cond,) = agent.report().conditions
+        cond = _listed_condition(agent)
         assert (cond.status, cond.reason) == ("True", "Fresh")
     finally:
         client.close()
