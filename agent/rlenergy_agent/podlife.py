@@ -46,9 +46,9 @@ class PodEndWatch:
 
     * a pod missing from the listing is reset once it stayed missing over at least two
       listings ``confirm_s`` apart, or at once when the API says it ended;
-    * when a listing drops every governed pod at once (a kubelet that restarts can answer an
+    * while the listing names no pod with GPUs at all (a kubelet that restarts can answer an
       empty list), only the API's word, or an absence longer than the map's ``reset_after_s``,
-      resets them: never a mass reset on one empty reply;
+      resets a pod: never a mass reset on an empty reply;
     * a listing that is not ``Fresh`` (the kubelet does not answer) resets nothing by absence;
       once it is ``Expired`` the GPUs of the governed pods can no longer be attributed and
       are reset (``Agent.release_unattributed``), their pods kept (they signal again once the
@@ -100,12 +100,12 @@ class PodEndWatch:
             return set()
         for p in unlisted:
             self._missing.setdefault(p, (now, listings))
-        everyone = unlisted == governed
+        empty = not listing  # no pod holds a GPU: a restarting kubelet can answer so
         long_s = float(getattr(podmap, "reset_after_s", 0.0))
         out = set()
         for p in unlisted:
             since, at = self._missing[p]
-            if everyone:
+            if empty:
                 if now - since >= long_s:
                     out.add(p)
             elif now - since >= self.confirm_s and listings > at:

@@ -345,7 +345,7 @@ def test_one_empty_reply_or_one_error_resets_nothing(
         client.close()
 
 
-def test_one_pod_dropped_is_reset_after_two_listings_and_the_api_confirms_a_mass_drop(
+def test_one_pod_dropped_is_reset_after_two_listings_and_the_api_confirms_an_empty_listing(
     kubelet: Callable[..., Kubelet], make_driver: DriverFactory
 ) -> None:
     drv = make_driver(2)
