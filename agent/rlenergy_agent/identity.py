@@ -500,7 +500,6 @@ def _listing_allows(agent: service.Agent, caller: Caller) -> None:
     ref = service.PodRef(caller.namespace, caller.pod_name, caller.pod_uid)
     if state.status == "Stale" and any(pods.same_pod(p, ref) for p in agent.governed_pods()):
         return
-    agent.refused += 1
     age = "never listed" if state.age_s is None else f"listed {state.age_s:.0f} s ago"
     raise AuthError(
         f"the kubelet's PodResources listing is {state.status.lower()} ({age}"

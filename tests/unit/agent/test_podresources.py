@@ -438,3 +438,28 @@ def test_a_device_listed_under_a_finished_pod_and_its_successor_is_booked_once(
         assert closed.energy_joules == pytest.approx(drv.truth_j(u) - before, rel=1e-3)
     finally:
         client.close()
+
+
+def test_a_socket_replaced_between_two_passes_gets_a_new_channel_at_once(
+    kubelet: Callable[..., Kubelet],
+) -> None:
+    """The kubelet restarts between two passes (no failed call in between): the socket file
+    has a new inode, so the next pass makes a new channel and lists on its first call."""
+    k = kubelet({("team-a", "trainer-0"): {"nvidia.com/gpu": ["GPU-a"]}})
+    client = podmap.PodResourcesClient(k.sock, timeout_s=1.0)
+    try:
+        client.keep_fresh()
+        assert (client.listings, client.channels) == (1, 1)
+        first = os.stat(k.sock).st_ino
+        k.stop()
+        holder = k.sock + ".keep"  # keeps the old inode alive: the new file gets another
+        open(holder, "w").close()
+        k.alloc[("team-a", "trainer-1")] = {"nvidia.com/gpu": ["GPU-b"]}
+        k.start()
+        assert os.stat(k.sock).st_ino != first
+        client.keep_fresh()
+        assert (client.listings, client.channels) == (2, 2) and not client.errors
+        assert client.devices_of(service.PodRef("team-a", "trainer-1")) == ("GPU-b",)
+        os.unlink(holder)
+    finally:
+        client.close()
