@@ -229,6 +229,8 @@ class Actuator:
         self.returned: list[str] = []
         """GPUs that answer again after a re-initialisation, until the caller takes them
         (the energy meter starts their counters afresh)."""
+        self.pending: list[LifeEvent] = []
+        """Events found outside ``lifecycle`` (a signal's read-back), counted at its next pass."""
         self._reinit_at = -1e18
         self._driver_at = clock()
         self._reapplied: dict[str, int] = {}
@@ -340,7 +342,22 @@ class Actuator:
             wrote = True
             err = self._write(ctl, self.gpus[uuid], target)
             error = error or err
-        return self._readback(ctl, clock_mhz, target, wrote=wrote, error=error)
+        result = self._readback(ctl, clock_mhz, target, wrote=wrote, error=error)
+        eff = result.effective_mhz
+        if (
+            not wrote
+            and target is not None
+            and eff is not None
+            and eff > target + caps.TOLERANCE_MHZ
+        ):
+            # Above the lock nothing was written for: the lock is gone (a GPU reset). Made
+            # again now rather than at the next pass's read-back (``verify_locks``).
+            message = f"locked at {target} MHz, runs {eff} MHz: lock made again at a signal"
+            log.warning("GPU %s: %s", uuid, message)
+            self.pending.append(LifeEvent(uuid, "LockLost", message))
+            err = self._write(ctl, self.gpus[uuid], target)
+            result = self._readback(ctl, clock_mhz, target, wrote=True, error=error or err)
+        return result
 
     def _write(self, ctl: GpuControl, gpu: base.Gpu, target: int | None) -> str | None:
         try:
@@ -552,7 +569,8 @@ class Actuator:
             The events found in this pass.
         """
         now = self._clock()
-        found: list[LifeEvent] = []
+        found: list[LifeEvent] = self.pending
+        self.pending = []
         for uuid in lost:
             ctl = self.controls.get(uuid)
             if ctl is not None and ctl.condition != "lost":

@@ -281,6 +281,12 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             }
             latency = self._clock() - t0
             self.latency_hist.observe(latency)
+            # A lock found gone (a GPU reset): the closing window is no evidence.
+            prior = self._open.get(pod)
+            if prior is not None:
+                prior.errors += [
+                    f"{e.uuid}: {e.reason}" for e in self.actuator.pending if e.uuid in prior.gpus
+                ]
             # No read-back of the closing window here: the new clocks are already applied
             # (latency first); the sampling loop reads clocks during windows (``observe``).
             mark = self.meter.mark(gpus)

@@ -172,3 +172,23 @@ def test_a_changed_driver_version_reinitialises_nvml_and_reapplies_every_lock(
     assert {r for _, r in agent.actuator.life_events} == {"DriverChanged"}
     _pass(drv, agent)
     assert _settled(agent)[:2] == ("True", "Settled")
+
+
+def test_a_signal_for_the_same_clock_after_a_reset_makes_the_lock_again(
+    make_driver: DriverFactory,
+) -> None:
+    """The reset comes between two signals of the same clock: the second one's read-back finds
+    the GPU above its lock and writes it again at once, before any pass of the loop."""
+    drv = make_driver(1)
+    (u,) = drv.uuids
+    agent = _agent(drv, {POD_A: [u]})
+    drv.set_work([u], "generation")
+    agent.phase(POD_A, "generation", 0)
+    drv.advance(1.0)
+    drv.reset_gpu(u)
+    res = agent.phase(POD_A, "generation", 1)
+    assert res.applied[u].wrote and drv.gpu(u).locked and drv.gpu(u).lock_max_mhz == 1395
+    assert res.closed is not None and "LockLost" in (res.closed.error or "")
+    _pass(drv, agent)
+    assert agent.actuator.life_events == {(u, "LockLost"): 1}
+    assert _settled(agent)[:2] == ("False", "LockLost")
