@@ -12,6 +12,8 @@ version re-initialises NVML and re-applies every lock; the metrics count the eve
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from agent_support import LOCKED_PLAN as PLAN
 from agent_support import POD_A, POD_B, DriverFactory, standin_agent
 from rlenergy_agent import actuator, metrics, service
@@ -192,3 +194,24 @@ def test_a_signal_for_the_same_clock_after_a_reset_makes_the_lock_again(
     _pass(drv, agent)
     assert agent.actuator.life_events == {(u, "LockLost"): 1}
     assert _settled(agent)[:2] == ("False", "LockLost")
+
+
+def test_the_agent_build_hands_the_actuator_its_nvml_session(
+    make_driver: DriverFactory, tmp_path: Path
+) -> None:
+    from rlenergy_agent import __main__ as main
+    from rlenergy_agent import config
+
+    drv = make_driver(1)
+    settings = config.AgentSettings(
+        node_name="node-1",
+        backend="nvml",
+        kube=False,
+        state_dir=tmp_path,
+        static_pods='{"team-a/trainer-0": []}',
+    )
+    agent, _ = main.build(settings)
+    session = agent.actuator.library
+    assert isinstance(session, backend.NvmlSession)
+    assert session.version == drv.state.driver_version.decode()
+    assert set(session.gpus) == set(drv.uuids)
