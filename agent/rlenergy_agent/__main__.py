@@ -51,15 +51,19 @@ def parse_static_pods(text: str) -> dict[service.PodRef, list[str]]:
     return out
 
 
-def _gpus(settings: config.AgentSettings) -> tuple[dict[str, base.Gpu], dict[str, object]]:
+def _gpus(
+    settings: config.AgentSettings,
+) -> tuple[dict[str, base.Gpu], dict[str, object], backend.NvmlSession | None]:
     if settings.backend == "sim":
         from rlenergy_agent.testing import simgpus
 
-        return simgpus.simulated_gpus(settings.node_name, settings.sim_sku, settings.sim_gpus), {}
+        gpus = simgpus.simulated_gpus(settings.node_name, settings.sim_sku, settings.sim_gpus)
+        return gpus, {}, None
     found = backend.discover()
     for index, why in found.lost.items():
         log.error("GPU at NVML index %d skipped: %s", index, why)
-    return dict(found.gpus), {u: g.probe() for u, g in found.gpus.items()}
+    session = backend.NvmlSession(found.gpus, found.driver_version)
+    return dict(found.gpus), {u: g.probe() for u, g in found.gpus.items()}, session
 
 
 def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, object]]:
@@ -68,10 +72,13 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
     Raises:
         rlenergy_agent.nvml.lib.NvmlUnavailableError: NVML cannot start (message says why).
     """
-    gpus, caps = _gpus(settings)
+    gpus, caps, session = _gpus(settings)
     state_dir = settings.state_dir / settings.node_name
     acts = actuator.Actuator(
-        gpus, actuator.LockStateFile(state_dir / "locks.json"), enforce=settings.enforce
+        gpus,
+        actuator.LockStateFile(state_dir / "locks.json"),
+        enforce=settings.enforce,
+        library=session,
     )
     acts.start(
         persistence={u: getattr(c, "persistence", True) for u, c in caps.items()},
@@ -88,13 +95,12 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
     meter = energy.EnergyMeter(gpus, sources, totals_path=state_dir / "energy-totals.json")
     meter.sample()
     pods: service.PodMap = service.StaticPodMap(parse_static_pods(settings.static_pods))
-    if not settings.static_pods and settings.podresources_socket.exists():
-        from rlenergy_agent import kube, podmap
+    if not settings.static_pods:
+        from rlenergy_agent import podmap
 
-        pods = podmap.PodResourcesClient(
-            str(settings.podresources_socket),
-            uid_of=kube.pod_uid_lookup(settings.node_name) if settings.kube else None,
-        )
+        # A socket that does not exist yet (the kubelet starts after the agent) is waited
+        # for: the node loop lists again every pass, and no GPU is attributed until it answers.
+        pods = podmap.PodResourcesClient(str(settings.podresources_socket))
     mig_parent = {m: u for u in gpus for m in getattr(gpus[u], "mig_uuids", ())}
     agent = service.Agent(
         settings.node_name,
@@ -181,22 +187,27 @@ def _plan_file(path: Path) -> api_node.ClockPlan:
 
 def _cluster(
     settings: config.AgentSettings,
-) -> tuple[Any, identity.Reviewer, podlife.EndedInApi | None]:
-    """(CustomObjectsApi or None, token reviewer, pod-end lister) from the cluster config."""
+) -> tuple[Any, identity.Reviewer, podlife.EndedInApi | None, identity.CurrentPod | None]:
+    """(CustomObjectsApi or None, token reviewer, pod-end lister, current pod lookup)."""
     if settings.kube:
         from rlenergy_agent import kube
 
         try:
             api = kube.load_api()
             auth = kube.start_clients()
-            return api, kube.TokenReviewer(auth).review, kube.ended_pods(settings.node_name)
+            return (
+                api,
+                kube.TokenReviewer(auth).review,
+                kube.ended_pods(settings.node_name),
+                kube.CurrentPod(),
+            )
         except Exception as exc:  # noqa: BLE001 - no cluster config: run locally
             log.error(
                 "no Kubernetes API (%s); reports, plan updates and caller checks disabled "
                 "(every signal is refused with 503)",
                 exc,
             )
-    return None, _no_api_review, None
+    return None, _no_api_review, None, None
 
 
 def _shutdown(
@@ -231,6 +242,26 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def _callers(
+    settings: config.AgentSettings, agent: service.Agent
+) -> tuple[Any, identity.TokenAuthenticator, podlife.PodEndWatch]:
+    """The API client, the callers' token check and the pod-end watch.
+
+    The watch forgets an ended pod's cached token reviews.
+    """
+    api, reviewer, ended_in_api, current_pod = _cluster(settings)
+    auth = identity.TokenAuthenticator(
+        reviewer,
+        settings.token_audience,
+        current_pod=current_pod,
+        max_ttl_s=settings.token_cache_max_s,
+    )
+    pod_ends = podlife.PodEndWatch(
+        agent, ended_in_api, check_s=settings.pod_check_s, on_end=auth.forget_pod
+    )
+    return api, auth, pod_ends
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit code."""
     parser = _parser()
@@ -248,11 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plan is not None:
         agent.set_plan(_plan_file(args.plan))
     stop = threading.Event()
-    api, reviewer, ended_in_api = _cluster(settings)
-    auth = identity.TokenAuthenticator(
-        reviewer, settings.token_audience, max_ttl_s=settings.token_cache_max_s
-    )
-    pod_ends = podlife.PodEndWatch(agent, ended_in_api, check_s=settings.pod_check_s)
+    api, auth, pod_ends = _callers(settings, agent)
     signals = server.SignalServer(settings.socket_path, agent, auth)
     ops = server.OpsServer(
         settings.metrics_host,

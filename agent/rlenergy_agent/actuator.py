@@ -29,6 +29,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
@@ -37,6 +38,44 @@ from rlenergy_agent import caps
 log = logging.getLogger(__name__)
 
 NO_PERMISSION_REASON = "NoPermission (agent needs CAP_SYS_ADMIN)"
+REINIT_RETRY_S = 5.0
+"""Shortest time between two NVML re-initialisations while a GPU stays lost, s [MODEL: a
+GPU reset takes seconds; five sampling passes between tries keep a GPU that never returns
+from costing a re-initialisation every pass]."""
+DRIVER_CHECK_S = 10.0
+"""How often the driver version is read again, s (one cheap NVML call; a driver upgrade
+drains the node over minutes)."""
+
+
+class GpuLibrary(Protocol):
+    """The GPU library's lifecycle (``rlenergy_agent.nvml.backend.NvmlSession``)."""
+
+    version: str
+
+    def driver_version(self) -> str:
+        """The driver version now (raises ``rlenergy.gpu.errors.GpuError`` when unreadable)."""
+        ...
+
+    def reinit(self) -> Mapping[str, bool]:
+        """Initialise the library again; per UUID whether the GPU answers."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class LifeEvent:
+    """Something that made a GPU's state unknown.
+
+    Attributes:
+        uuid: the GPU.
+        reason: ``GpuLost`` (lost, or its handle invalid), ``LockLost`` (it runs off the
+            agent's lock with no clock-event reason that explains it: a GPU reset clears locked
+            clocks) or ``DriverChanged``.
+        message: what was seen.
+    """
+
+    uuid: str
+    reason: str
+    message: str
 
 
 def snap_clock_mhz(request_mhz: int, supported_mhz: Sequence[int]) -> int | None:
@@ -166,6 +205,8 @@ class Actuator:
         probe_writes: at start-up, probe clock control with a reset of the locked clocks (the
             agent owns SM clock locks on its node; an administrator's manual lock is cleared).
         clock: monotonic time source, s.
+        library: the GPU library's lifecycle (NVML); ``None``: a lost GPU stays lost (the
+            simulated backend).
     """
 
     def __init__(
@@ -176,8 +217,23 @@ class Actuator:
         enforce: bool = True,
         probe_writes: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        library: GpuLibrary | None = None,
     ) -> None:
         self.gpus = dict(gpus)
+        self.library = library
+        self.unsettled: dict[str, tuple[LifeEvent, float]] = {}
+        """GPUs whose state is unknown since an event, with the event and when it came; a
+        pass that finds nothing new on a GPU that answers settles it."""
+        self.life_events: dict[tuple[str, str], int] = {}
+        """Events per (GPU, reason) since start (a counter for /metrics)."""
+        self.returned: list[str] = []
+        """GPUs that answer again after a re-initialisation, until the caller takes them
+        (the energy meter starts their counters afresh)."""
+        self.pending: list[LifeEvent] = []
+        """Events found outside ``lifecycle`` (a signal's read-back), counted at its next pass."""
+        self._reinit_at = -1e18
+        self._driver_at = clock()
+        self._reapplied: dict[str, int] = {}
         self.state = state
         self.enforce = enforce
         self.probe_writes = probe_writes
@@ -286,7 +342,22 @@ class Actuator:
             wrote = True
             err = self._write(ctl, self.gpus[uuid], target)
             error = error or err
-        return self._readback(ctl, clock_mhz, target, wrote=wrote, error=error)
+        result = self._readback(ctl, clock_mhz, target, wrote=wrote, error=error)
+        eff = result.effective_mhz
+        if (
+            not wrote
+            and target is not None
+            and eff is not None
+            and eff > target + caps.TOLERANCE_MHZ
+        ):
+            # Above the lock nothing was written for: the lock is gone (a GPU reset). Made
+            # again now rather than at the next pass's read-back (``verify_locks``).
+            message = f"locked at {target} MHz, runs {eff} MHz: lock made again at a signal"
+            log.warning("GPU %s: %s", uuid, message)
+            self.pending.append(LifeEvent(uuid, "LockLost", message))
+            err = self._write(ctl, self.gpus[uuid], target)
+            result = self._readback(ctl, clock_mhz, target, wrote=True, error=error or err)
+        return result
 
     def _write(self, ctl: GpuControl, gpu: base.Gpu, target: int | None) -> str | None:
         try:
@@ -385,6 +456,163 @@ class Actuator:
             log.warning("GPU %s: %s (%s)", ctl.uuid, condition, reason)
         ctl.condition = condition
         ctl.reason = reason
+
+    # ----- lifecycle: GPU resets, lost GPUs, driver changes ------------------------------------
+    @staticmethod
+    def off_lock(
+        lock_mhz: int, effective_mhz: int, reasons: frozenset[base.ClockEventReason]
+    ) -> bool:
+        """Whether a GPU locked at ``lock_mhz`` runs off its lock with nothing explaining it.
+
+        Above the lock (beyond one clock step, ``caps.TOLERANCE_MHZ``) is never explained: a
+        locked GPU cannot exceed its lock, so the lock is gone (a GPU reset clears locked
+        clocks). Below it, a slowdown reason (power or thermal cap) or an idle GPU explains
+        it; with no reason at all the lock may be gone too.
+        """
+        if effective_mhz > lock_mhz + caps.TOLERANCE_MHZ:
+            return True
+        explained = bool(reasons & base.SLOWDOWN_REASONS) or (
+            base.ClockEventReason.GPU_IDLE in reasons
+        )
+        return effective_mhz < lock_mhz - caps.TOLERANCE_MHZ and not explained
+
+    def verify_locks(self) -> list[LifeEvent]:
+        """Read back every locked GPU and re-apply a lock it runs off (every pass).
+
+        A GPU above its lock gets the lock again at once (a reset cleared it). One below its
+        lock with no reason gets it again once per lock: a lock that still does not hold
+        after that is a cap that names no reason (``caps``: ``unexplained``), not a lost
+        lock. A GPU that answers GPU_IS_LOST or an invalid handle turns ``lost``.
+        """
+        found: list[LifeEvent] = []
+        if not self.enforce:
+            return found
+        for uuid, ctl in self.controls.items():
+            lock = ctl.applied_mhz
+            if lock is None or ctl.condition != "ok":
+                continue
+            gpu = self.gpus[uuid]
+            try:
+                effective = gpu.sm_clock_mhz()
+                reasons = gpu.clock_event_reasons()
+            except errors.GpuLostError as exc:
+                self._mark(ctl, "lost", f"GPULost: {exc}")
+                found.append(LifeEvent(uuid, "GpuLost", str(exc)))
+                continue
+            except errors.GpuError as exc:
+                log.debug("lock read-back on %s failed: %s", uuid, exc)
+                continue
+            if not self.off_lock(lock, effective, reasons):
+                continue
+            above = effective > lock
+            if not above and self._reapplied.get(uuid) == lock:
+                continue  # re-applied once already: a cap without a reason
+            self._reapplied[uuid] = lock
+            message = (
+                f"locked at {lock} MHz, runs {effective} MHz with no clock-event reason that "
+                "explains it: lock made again"
+            )
+            log.warning("GPU %s: %s", uuid, message)
+            found.append(LifeEvent(uuid, "LockLost", message))
+            self._write(ctl, gpu, lock)
+        return found
+
+    def _reapply(self, ctl: GpuControl) -> None:
+        """Make the lock the plan wants on a GPU whose state is unknown (a write either way)."""
+        if not self.enforce or ctl.condition != "ok":
+            return
+        target = None
+        if ctl.requested_mhz is not None:
+            target = snap_clock_mhz(ctl.requested_mhz, ctl.supported_mhz)
+        self._write(ctl, self.gpus[ctl.uuid], target)
+
+    def _reinit(self, library: GpuLibrary, now: float) -> None:
+        """Initialise the library again; every GPU's state is unknown, so each is re-read."""
+        self._reinit_at = now
+        old = library.version
+        back = library.reinit()
+        if library.version != old:
+            log.warning("GPU driver version %s -> %s", old or "?", library.version)
+        for uuid, ok in back.items():
+            ctl = self.controls.get(uuid)
+            if ctl is None:
+                continue
+            if not ok:
+                self._mark(ctl, "lost", "GPULost: not found after NVML re-initialisation")
+                continue
+            gpu = self.gpus[uuid]
+            try:
+                ctl.supported_mhz = tuple(sorted(set(gpu.supported_sm_clocks_mhz()), reverse=True))
+            except errors.GpuError as exc:
+                self._mark(ctl, "measureOnly", f"ClockListUnavailable: {exc}")
+                continue
+            ctl.mig_uuids = tuple(getattr(gpu, "mig_uuids", ctl.mig_uuids))
+            if ctl.condition == "lost":
+                self._mark(ctl, "ok", "")
+                self.returned.append(uuid)
+            self._reapplied.pop(uuid, None)
+            self._reapply(ctl)
+
+    def lifecycle(self, lost: Iterable[str] = ()) -> list[LifeEvent]:
+        """One pass over the GPUs' lifecycle (the sampling loop, every pass).
+
+        Reads the driver version (every ``DRIVER_CHECK_S``), verifies the locks
+        (``verify_locks``), initialises the library again after a lost GPU or a changed
+        driver (at most every ``REINIT_RETRY_S``) and re-reads every GPU then, re-applying
+        the clock the plan wants on each. A GPU with an event is ``unsettled`` until a pass
+        finds nothing new on it and it answers.
+
+        Args:
+            lost: GPUs another reader (the energy meter) found lost.
+
+        Returns:
+            The events found in this pass.
+        """
+        now = self._clock()
+        found: list[LifeEvent] = self.pending
+        self.pending = []
+        for uuid in lost:
+            ctl = self.controls.get(uuid)
+            if ctl is not None and ctl.condition != "lost":
+                self._mark(ctl, "lost", "GPULost: energy reading lost")
+        for uuid, ctl in self.controls.items():
+            if ctl.condition == "lost" and uuid not in self.unsettled:
+                found.append(LifeEvent(uuid, "GpuLost", ctl.reason))
+        changed = False
+        library = self.library
+        if library is not None and now - self._driver_at >= DRIVER_CHECK_S:
+            self._driver_at = now
+            try:
+                version = library.driver_version()
+            except errors.GpuError as exc:
+                version = None
+                found += [LifeEvent(u, "GpuLost", str(exc)) for u in self.controls]
+                changed = True
+            if version is not None and version != library.version:
+                message = f"driver version {library.version or '?'} -> {version}"
+                found += [LifeEvent(u, "DriverChanged", message) for u in self.controls]
+                changed = True
+        found += self.verify_locks()
+        lost_now = any(c.condition == "lost" for c in self.controls.values())
+        if (
+            library is not None
+            and (changed or lost_now)
+            and now - self._reinit_at >= REINIT_RETRY_S
+        ):
+            self._reinit(library, now)
+        for e in found:
+            self.life_events[(e.uuid, e.reason)] = self.life_events.get((e.uuid, e.reason), 0) + 1
+            if e.uuid not in self.unsettled:
+                self.unsettled[e.uuid] = (e, now)
+        fresh = {e.uuid for e in found}
+        for uuid in [u for u in self.unsettled if u not in fresh]:
+            if self.controls[uuid].condition != "lost" and self._since(uuid) < now:
+                event, since = self.unsettled.pop(uuid)
+                log.info("GPU %s settled again after %s (%.0f s)", uuid, event.reason, now - since)
+        return found
+
+    def _since(self, uuid: str) -> float:
+        return self.unsettled[uuid][1]
 
     # ----- reset ------------------------------------------------------------------------------
     def release(self, uuids: Iterable[str], reason: str) -> list[str]:

@@ -75,10 +75,12 @@ class AgentSettings(BaseSettings):
         "for (chart value agent.tokenAudience); checked by TokenReview.",
     )
     token_cache_max_s: float = Field(
-        600.0,
+        10.0,
         gt=0,
-        description="Longest a token's TokenReview is reused, s (also bounded by the token's "
-        "expiry): one API call per token and ten minutes keeps signals sub-ms.",
+        le=10.0,
+        description="Longest a token's TokenReview success is reused, s (also bounded by the "
+        "token's expiry and dropped when its pod ends): a pod re-created or deleted is seen "
+        "within it.",
     )
     pod_check_s: float = Field(
         3.0,

@@ -302,6 +302,28 @@ class EnergyMeter:
             st.total_mj += (st.last_power_w + power_w) / 2.0 * dt * 1000.0
         st.last_power_w = power_w
 
+    def readmit(self, uuid: str) -> None:
+        """A lost GPU answers again: sample it from a fresh counter baseline.
+
+        The energy of the time it was lost is unknown: it is not counted, and the windows that
+        span the loss are ``incomplete`` (the loss counted as an error).
+        """
+        with self._lock:
+            st = self.state.get(uuid)
+            if st is None or st.lost_at is None:
+                return
+            st.lost_at = None
+            st.raw_mj = None
+            st.raw_since_t = None
+            st.last_power_w = None
+            st.errors_seen += 1
+            log.warning("GPU %s answers again: energy counted from now on", uuid)
+
+    def lost(self) -> list[str]:
+        """GPUs the meter found lost."""
+        with self._lock:
+            return [u for u, st in self.state.items() if st.lost_at is not None]
+
     # ----- windows ----------------------------------------------------------------------------
     def mark(self, uuids: Iterable[str]) -> Mark:
         """Sample ``uuids`` now and return their running totals (a window boundary)."""

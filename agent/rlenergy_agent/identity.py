@@ -2,7 +2,7 @@
 
 Why a token and not the socket's peer credentials: the shipped DaemonSet has no ``hostPID``, so
 ``SO_PEERCRED`` reports pid 0 for a trainer in another PID namespace and no cgroup lookup can
-find its pod (issue #14). Instead the trainer pod mounts a projected, audience-bound
+find its pod. Instead the trainer pod mounts a projected, audience-bound
 service-account token (``serviceAccountToken`` volume, audience ``rlenergy-agent``; the kubelet
 binds it to the pod and rotates it) and the SDK sends it as ``Authorization: Bearer <token>``
 with every signal. The agent asks the API server whether the token is valid for its audience
@@ -14,12 +14,20 @@ the token is bound to in ``user.extra``:
 * ``authentication.kubernetes.io/node-name``: the node the pod was scheduled to when the token
   was issued.
 
-A review is cached by the token's SHA-256 until the token expires (its ``exp`` claim, read only
-after the API server accepted the token) and at most ``max_ttl_s``; refusals are cached for
-``negative_ttl_s`` so a caller retrying a bad token cannot flood the API server; the cache holds
-at most ``max_entries`` tokens (oldest dropped). So one TokenReview is paid per token (an hour
-by default, the kubelet rotates at 80 % of that) and a signal's p99 stays in the sub-ms range
-(``bench/agent.py``).
+The pod UID of the review is checked against the API's current pod of that name
+(``TokenAuthenticator.current_pod``, ``rlenergy_agent.kube.CurrentPod``; PodResources names
+pods without UIDs), so a pod re-created under its old name refuses the old pod's token from
+its first use, and a pod being deleted or finished is refused. A token must name exactly one
+pod name and one pod UID, else 403 (a legacy token authenticates but names no pod).
+
+A success is cached by the token's SHA-256 for at most ``MAX_TTL_S`` (10 s; never past the
+token's ``exp`` claim, read only after the API server accepted the token) and dropped when its
+pod ends (``forget_pod``, from the pod-end watch); refusals are cached apart for
+``negative_ttl_s``, so junk tokens cannot evict a valid token's success. A token that is not
+JWT-shaped is refused without a review, concurrent first uses of one token make one review,
+and reviews are rate-limited overall (``REVIEWS_PER_S``): a flood of junk tokens makes a
+bounded number of reviews. A review that takes longer than ``REVIEW_TIMEOUT_S`` is a 503
+(retryable). A signal's p99 stays in the sub-ms range on cached tokens (``bench/agent.py``).
 
 ``authorize`` is the one place that decides what an authenticated pod may do: the token's node
 must be this node, the pod must hold GPUs here in the kubelet's allocation (``service.PodMap``,
@@ -35,9 +43,11 @@ import collections
 import dataclasses
 import hashlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from rlenergy_agent import pods, service
 
@@ -45,6 +55,20 @@ EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
 EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
 EXTRA_NODE_NAME = "authentication.kubernetes.io/node-name"
 SA_PREFIX = "system:serviceaccount:"
+MAX_TTL_S = 10.0
+"""Longest a TokenReview success is reused, s: a pod re-created under its name or deleted is
+seen within this bound even when no pod-end check tells the cache."""
+REVIEW_TIMEOUT_S = 2.0
+"""Longest a TokenReview (or the pod check after it) may take, s; past it the caller gets 503
+and retries (the SDK's signal deadline is longer)."""
+REVIEWS_PER_S = 20.0
+"""TokenReviews a second, all callers together, on average [MODEL: a node's trainer pods
+rotate their tokens hourly; twenty new tokens a second is a node full of restarting pods]."""
+REVIEW_BURST = 40.0
+"""TokenReviews at once (every pod of a full node starting together) [MODEL]."""
+MAX_TOKEN_BYTES = 16 * 1024
+"""A bearer token longer than this is not a service-account token (they are about 1 KiB)."""
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class AuthError(Exception):
@@ -127,12 +151,34 @@ def token_expiry_s(token: str) -> float | None:
     return float(exp) if isinstance(exp, int | float) else None
 
 
+def jwt_shaped(token: str) -> bool:
+    """Whether ``token`` looks like a JWT (a projected service-account token is one).
+
+    Three base64url parts whose first two are JSON objects, the header naming an ``alg``
+    (RFC 7519 section 7.2). Decides nothing about validity: what is not shaped so is refused
+    without asking the API server.
+    """
+    if len(token) > MAX_TOKEN_BYTES:
+        return False
+    parts = token.split(".")
+    if len(parts) != 3 or not all(parts) or not all(_B64URL.fullmatch(p) for p in parts):
+        return False
+    try:
+        header, claims = (
+            json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4))) for p in parts[:2]
+        )
+    except (binascii.Error, ValueError):
+        return False
+    return isinstance(header, dict) and "alg" in header and isinstance(claims, dict)
+
+
 def caller_of(review: Review, audience: str) -> Caller:
     """The pod of an accepted review.
 
     Raises:
-        AuthError: 401 when the token is refused, is for another audience, or is not bound to
-            a pod (a plain service-account token names no pod).
+        AuthError: 401 when the token is refused or is for another audience; 403 when it is
+            valid but not bound to exactly one pod (a legacy or plain service-account token
+            names none: it authenticates, it is just not allowed to signal).
     """
     if not review.authenticated:
         raise AuthError(f"token refused by the API server: {review.error or 'invalid'}", 401)
@@ -143,27 +189,108 @@ def caller_of(review: Review, audience: str) -> Caller:
             401,
         )
     extra = {k: list(v) for k, v in review.extra.items()}
-    name = (extra.get(EXTRA_POD_NAME) or [""])[0]
-    uid = (extra.get(EXTRA_POD_UID) or [""])[0]
-    if not review.username.startswith(SA_PREFIX) or not name or not uid:
+    names = extra.get(EXTRA_POD_NAME) or []
+    uids = extra.get(EXTRA_POD_UID) or []
+    if (
+        not review.username.startswith(SA_PREFIX)
+        or len(names) != 1
+        or len(uids) != 1
+        or not names[0]
+        or not uids[0]
+    ):
         raise AuthError(
-            f"token of {review.username or 'an unknown user'} is not bound to a pod: mount a "
-            "projected serviceAccountToken volume in the trainer pod (docs/agent.md)",
-            401,
+            f"token of {review.username or 'an unknown user'} is not bound to exactly one pod "
+            f"({len(names)} pod names, {len(uids)} pod UIDs): mount a projected "
+            "serviceAccountToken volume in the trainer pod (docs/agent.md)",
+            403,
         )
     ns, _, sa = review.username[len(SA_PREFIX) :].partition(":")
-    return Caller(ns, name, uid, (extra.get(EXTRA_NODE_NAME) or [""])[0], sa)
+    return Caller(ns, names[0], uids[0], (extra.get(EXTRA_NODE_NAME) or [""])[0], sa)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodFacts:
+    """The API's current pod of a name.
+
+    Attributes:
+        uid: its UID.
+        node_name: ``spec.nodeName`` (``""``: not scheduled).
+        deleting: ``metadata.deletionTimestamp`` is set.
+        phase: ``status.phase``.
+    """
+
+    uid: str
+    node_name: str = ""
+    deleting: bool = False
+    phase: str = ""
+
+
+CurrentPod = Callable[[str, str], PodFacts | None]
+"""``(namespace, name) -> the pod of that name now`` (``None``: none); raises
+``ReviewUnavailableError`` when it cannot ask (``rlenergy_agent.kube.CurrentPod``)."""
+
+
+class TokenBucket:
+    """At most ``rate`` events a second on average, ``burst`` at once (a token bucket).
+
+    Args:
+        rate: refill, events per s.
+        burst: capacity, events.
+        clock: monotonic time, s.
+    """
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._level = burst
+        self._at = clock()
+
+    def take(self) -> bool:
+        """Take one event; ``False`` when the bucket is empty (the caller is not served)."""
+        now = self._clock()
+        self._level = min(self.burst, self._level + (now - self._at) * self.rate)
+        self._at = now
+        if self._level < 1.0:
+            return False
+        self._level -= 1.0
+        return True
+
+
+class _Flight:
+    """One TokenReview in progress; concurrent first uses of its token wait for it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: Caller | AuthError | None = None
 
 
 class TokenAuthenticator:
     """Authenticates ``Authorization: Bearer`` headers by TokenReview, cached.
 
+    * a token that is not JWT-shaped is refused (401) without a review;
+    * concurrent first uses of one token make one review (the others wait for it, at most
+      ``wait_s``);
+    * reviews are rate-limited overall (``reviews_per_s``, ``review_burst``): past it a new
+      token gets 503 (retry), so junk tokens cannot make one review each;
+    * a review's pod UID is checked against the API's current pod of that name
+      (``current_pod``): a pod re-created under the same name refuses the old pod's token
+      from its first use; a pod being deleted or finished is refused;
+    * a success is reused for at most ``max_ttl_s`` (and never past the token's ``exp``),
+      and is dropped when its pod ends (``forget_pod``); refusals are cached apart, for
+      ``negative_ttl_s``, in their own bounded cache, so junk cannot evict a valid token.
+
     Args:
         review: asks the API server (``rlenergy_agent.kube.TokenReviewer.review``).
         audience: the audience the trainer's token must be valid for.
+        current_pod: the API's current pod of a name (``None``: the review's UID is trusted;
+            tests and runs without the API).
         max_ttl_s: longest a positive review is reused, s (also bounded by the token's expiry).
         negative_ttl_s: how long a refused token stays refused without asking again, s.
-        max_entries: tokens cached at most (oldest dropped).
+        max_entries: tokens cached at most, each cache (oldest dropped).
+        reviews_per_s: TokenReviews a second on average, all callers together.
+        review_burst: TokenReviews at once.
+        wait_s: longest a concurrent first use waits for the review under way, s.
         clock: monotonic time, s; ``wall``: Unix time, s (tests).
     """
 
@@ -172,25 +299,50 @@ class TokenAuthenticator:
         review: Reviewer,
         audience: str,
         *,
-        max_ttl_s: float = 600.0,
+        current_pod: CurrentPod | None = None,
+        max_ttl_s: float = MAX_TTL_S,
         negative_ttl_s: float = 2.0,
         max_entries: int = 1024,
+        reviews_per_s: float = REVIEWS_PER_S,
+        review_burst: float = REVIEW_BURST,
+        wait_s: float = REVIEW_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._review = review
         self.audience = audience
+        self.current_pod = current_pod
         self.max_ttl_s = max_ttl_s
         self.negative_ttl_s = negative_ttl_s
         self.max_entries = max_entries
+        self.wait_s = wait_s
         self._clock = clock
         self._wall = wall
         self._lock = threading.Lock()
-        self._cache: collections.OrderedDict[str, tuple[float, Caller | AuthError]] = (
-            collections.OrderedDict()
-        )
+        self._ok: collections.OrderedDict[str, tuple[float, Caller]] = collections.OrderedDict()
+        self._no: collections.OrderedDict[str, tuple[float, AuthError]] = collections.OrderedDict()
+        self._flights: dict[str, _Flight] = {}
+        self._bucket = TokenBucket(reviews_per_s, review_burst, clock)
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.reviews = 0
         """TokenReviews made (cache misses that reached the API server)."""
+        self.refused_locally = 0
+        """Tokens refused without a review (not JWT-shaped)."""
+        self.rate_limited = 0
+        """New tokens answered 503 because the review rate was spent."""
+
+    def forget_pod(self, pod: pods.PodRef) -> None:
+        """``pod`` ended: its tokens' cached successes go (the next use is reviewed again)."""
+        with self._lock:
+            if pod.uid:
+                self._ended[pod.uid] = None
+                while len(self._ended) > self.max_entries:
+                    self._ended.popitem(last=False)
+            for key, (_, c) in list(self._ok.items()):
+                if (c.namespace, c.pod_name) == (pod.namespace, pod.name) and (
+                    not pod.uid or c.pod_uid == pod.uid
+                ):
+                    del self._ok[key]
 
     def authenticate(self, authorization: str | None) -> Caller:
         """The pod of a bearer token.
@@ -199,7 +351,8 @@ class TokenAuthenticator:
             authorization: the request's ``Authorization`` header (``None``: absent).
 
         Raises:
-            AuthError: 401 no/invalid token, 503 the API server could not be asked.
+            AuthError: 401 no/invalid token, 403 a valid token not bound to this pod or to
+                one pod, 503 the token could not be checked now (retry).
         """
         scheme, _, token = (authorization or "").strip().partition(" ")
         token = token.strip()
@@ -209,36 +362,113 @@ class TokenAuthenticator:
                 "service-account token (RLENERGY_AGENT_TOKEN_FILE; docs/agent.md)",
                 401,
             )
+        if not jwt_shaped(token):
+            self.refused_locally += 1
+            raise AuthError(
+                "the bearer token is not a JWT: send the pod's projected service-account token "
+                "(RLENERGY_AGENT_TOKEN_FILE; docs/agent.md)",
+                401,
+            )
         key = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
         with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None and hit[0] > now:
-                self._cache.move_to_end(key)
-                if isinstance(hit[1], AuthError):
-                    raise hit[1]
-                return hit[1]
+            ok = self._ok.get(key)
+            if ok is not None and ok[0] > now and ok[1].pod_uid not in self._ended:
+                self._ok.move_to_end(key)
+                return ok[1]
+            no = self._no.get(key)
+            if no is not None and no[0] > now:
+                raise no[1]
+            flight = self._flights.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+        if not leader:
+            if not flight.done.wait(self.wait_s) or flight.result is None:
+                raise AuthError("the caller's token is being checked: retry", 503)
+            if isinstance(flight.result, AuthError):
+                raise flight.result
+            return flight.result
+        result: Caller | AuthError = AuthError("the caller's token could not be checked", 503)
+        try:
+            result = self._check(token, key, now)
+        except AuthError as exc:
+            result = exc
+        finally:
+            with self._lock:
+                self._flights.pop(key, None)
+            flight.result = result  # the waiters' answer, whatever ended the check
+            flight.done.set()
+        if isinstance(result, AuthError):
+            raise result
+        return result
+
+    def _check(self, token: str, key: str, now: float) -> Caller:
+        """Review ``token`` (rate-limited), check its pod, cache the outcome."""
+        with self._lock:
+            allowed = self._bucket.take()
+        if not allowed:
+            self.rate_limited += 1
+            raise AuthError("too many new tokens to review right now: retry", 503)
         try:
             review = self._review(token, [self.audience])
         except ReviewUnavailableError as exc:
             raise AuthError(f"cannot check the caller's token now: {exc}", 503) from None
         self.reviews += 1
-        result: Caller | AuthError
         try:
-            result = caller_of(review, self.audience)
-            exp = token_expiry_s(token)
-            ttl = self.max_ttl_s if exp is None else min(exp - self._wall(), self.max_ttl_s)
+            caller = caller_of(review, self.audience)
+            self._check_pod(caller)
         except AuthError as exc:
-            result, ttl = exc, self.negative_ttl_s
+            if exc.status != 503:
+                self._store(self._no, key, now + self.negative_ttl_s, exc)
+            raise
+        exp = token_expiry_s(token)
+        ttl = self.max_ttl_s if exp is None else min(exp - self._wall(), self.max_ttl_s)
+        if ttl > 0:
+            self._store(self._ok, key, now + ttl, caller)
+        return caller
+
+    def _check_pod(self, caller: Caller) -> None:
+        """The caller's pod is the API's current pod of that name, alive.
+
+        Raises:
+            AuthError: 403 another UID, deleted, being deleted or finished; 503 the API
+                could not be asked.
+        """
         with self._lock:
-            if ttl > 0:
-                self._cache[key] = (now + ttl, result)
-                self._cache.move_to_end(key)
-                while len(self._cache) > self.max_entries:
-                    self._cache.popitem(last=False)
-        if isinstance(result, AuthError):
-            raise result
-        return result
+            ended = caller.pod_uid in self._ended
+        if ended:
+            raise AuthError(f"pod {caller} (UID {caller.pod_uid}) has ended", 403)
+        if self.current_pod is None:
+            return
+        try:
+            facts = self.current_pod(caller.namespace, caller.pod_name)
+        except ReviewUnavailableError as exc:
+            raise AuthError(f"cannot check the caller's pod now: {exc}", 503) from None
+        if facts is None:
+            raise AuthError(f"pod {caller} no longer exists", 403)
+        if facts.uid != caller.pod_uid:
+            raise AuthError(
+                f"the token belongs to pod {caller} with UID {caller.pod_uid}, but the pod of "
+                f"that name now has UID {facts.uid} (re-created): use the new pod's token",
+                403,
+            )
+        if facts.deleting or facts.phase in ("Succeeded", "Failed"):
+            why = "is being deleted" if facts.deleting else f"has finished ({facts.phase})"
+            raise AuthError(f"pod {caller} {why}", 403)
+
+    def _store(
+        self,
+        cache: collections.OrderedDict[str, Any],
+        key: str,
+        until: float,
+        value: Caller | AuthError,
+    ) -> None:
+        with self._lock:
+            cache[key] = (until, value)
+            cache.move_to_end(key)
+            while len(cache) > self.max_entries:
+                cache.popitem(last=False)
 
 
 def _listed(agent: service.Agent, caller: Caller) -> service.PodRef | None:
@@ -252,20 +482,49 @@ def _listed(agent: service.Agent, caller: Caller) -> service.PodRef | None:
     )
 
 
+def _listing_allows(agent: service.Agent, caller: Caller) -> None:
+    """The kubelet's listing is young enough to attribute GPUs to ``caller``.
+
+    ``Fresh``: yes. ``Stale``: only to a pod the agent already governs (its locks are held,
+    nothing new is attributed). ``Waiting`` and ``Expired``: no.
+
+    Raises:
+        AuthError: 503 (retry) with the listing's state and newest error.
+    """
+    podmap = agent.podmap
+    if not isinstance(podmap, pods.ListedPodMap):
+        return
+    state = podmap.state()
+    if state.status == "Fresh":
+        return
+    ref = service.PodRef(caller.namespace, caller.pod_name, caller.pod_uid)
+    if state.status == "Stale" and any(pods.same_pod(p, ref) for p in agent.governed_pods()):
+        return
+    age = "never listed" if state.age_s is None else f"listed {state.age_s:.0f} s ago"
+    raise AuthError(
+        f"the kubelet's PodResources listing is {state.status.lower()} ({age}"
+        f"{'; ' + state.error + ': ' + state.message if state.error else ''}): no GPU is "
+        "attributed to a new caller until the kubelet answers; retry",
+        503,
+    )
+
+
 def authorize(agent: service.Agent, caller: Caller, gpus: Sequence[str] = ()) -> service.PodRef:
     """The pod (as the kubelet's allocation names it) that ``caller`` may signal for.
 
     Args:
         agent: this node's agent (its node name, pod map and MIG parents).
-        caller: the authenticated pod.
+        caller: the authenticated pod (its UID checked against the API's current pod of its
+            name by ``TokenAuthenticator``).
         gpus: GPU or MIG UUIDs the signal names (each must be the pod's own).
 
     Returns:
-        The pod map's ``PodRef`` of the caller.
+        The caller's ``PodRef`` with its UID (the pod map lists the pod by name).
 
     Raises:
         AuthError: 403 when the token's node is another node, the pod holds no GPU here (or a
-            pod of the same name with another UID does), or a named GPU is not the pod's.
+            pod of the same name with another UID does), or a named GPU is not the pod's; 503
+            when the kubelet's listing is too old to attribute GPUs (``_listing_allows``).
     """
     if caller.node_name and caller.node_name != agent.node_name:
         agent.refused += 1
@@ -274,6 +533,7 @@ def authorize(agent: service.Agent, caller: Caller, gpus: Sequence[str] = ()) ->
             f"{agent.node_name}: signal the agent of your own node",
             403,
         )
+    _listing_allows(agent, caller)
     pod = _listed(agent, caller)
     if (pod is None or (pod.uid and pod.uid != caller.pod_uid)) and isinstance(
         agent.podmap, pods.ListedPodMap
@@ -289,6 +549,7 @@ def authorize(agent: service.Agent, caller: Caller, gpus: Sequence[str] = ()) ->
             f"{agent.node_name} has UID {pod.uid}"
         )
         raise AuthError(f"pod {caller} {why}", 403)
+    pod = service.PodRef(pod.namespace, pod.name, caller.pod_uid)
     if gpus:
         own, _devices = agent.gpus_of(pod)
         foreign = [g for g in gpus if agent.mig_parent.get(g, g) not in own]

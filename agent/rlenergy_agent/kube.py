@@ -8,7 +8,8 @@ errors (429, 5xx, connection loss) with exponential backoff. The watcher follows
 plan-poll period; it lists again after 410 Gone and API server restarts); a deleted policy
 yields ``None`` so the agent resets clocks. ``PolicyDiscovery`` finds the policy that
 governs the node's GPU pods when none is configured. ``TokenReviewer`` checks the trainer
-pods' bearer tokens (``rlenergy_agent.identity``); ``ended_pods`` tells which governed pods
+pods' bearer tokens and ``CurrentPod`` their pod's UID (``rlenergy_agent.identity``);
+``ended_pods`` tells which governed pods
 ended (reset on pod end). Callers: ``rlenergy_agent.__main__``, ``rlenergy_agent.nodeloop``.
 """
 
@@ -410,34 +411,64 @@ def saving_ratios(status: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def pod_uid_lookup(
-    node: str, max_age_s: float = 10.0, list_pods: Callable[[], list[dict[str, Any]]] | None = None
-) -> Callable[[str, str], str]:
-    """``(namespace, name) -> uid`` for pods on ``node`` (PodResources carries no UID).
+class CurrentPod:
+    """The API's current pod of a name: ``(namespace, name) -> identity.PodFacts | None``.
 
-    The listing (``list_pods``, default ``NodePods(node)``) is cached for ``max_age_s`` seconds;
-    an API error keeps the last listing. ``NodePods`` makes its client at the first listing: the
-    agent builds its pod map before ``load_api`` loads the cluster configuration.
+    One ``GET /api/v1/namespaces/<ns>/pods`` with the field selector ``metadata.name=<name>``
+    (RBAC: pods ``list``, which the agent already has; no cache: each call asks, and the
+    token cache calls it once per reviewed token). ``TokenAuthenticator`` compares the
+    TokenReview's pod UID with it.
+
+    Args:
+        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
+            configuration, made at the first call).
+        timeout_s: per call deadline, s.
     """
-    listing = list_pods if list_pods is not None else NodePods(node)
-    cache: dict[tuple[str, str], str] = {}
-    at = [-1e18]
 
-    def lookup(namespace: str, name: str) -> str:
-        if time.monotonic() - at[0] > max_age_s:
-            try:
-                pods = listing()
-                cache.clear()
-                for p in pods:
-                    meta = _meta(p)
-                    if meta.get("namespace") and meta.get("name") and meta.get("uid"):
-                        cache[(str(meta["namespace"]), str(meta["name"]))] = str(meta["uid"])
-                at[0] = time.monotonic()
-            except (ApiException, OSError) as exc:
-                log.warning("pod listing failed, using the last one: %s", exc)
-        return cache.get((namespace, name), "")
+    def __init__(
+        self, api_client: Any | None = None, *, timeout_s: float = identity.REVIEW_TIMEOUT_S
+    ) -> None:
+        self._client = api_client
+        self.timeout_s = timeout_s
 
-    return lookup
+    def __call__(self, namespace: str, name: str) -> identity.PodFacts | None:
+        """The pod now (``None``: no pod of that name).
+
+        Raises:
+            identity.ReviewUnavailableError: the API server could not be asked.
+        """
+        if self._client is None:
+            self._client = kubernetes.client.ApiClient()
+        try:
+            method, url, headers, body, post = self._client.param_serialize(
+                method="GET",
+                resource_path=f"/api/v1/namespaces/{namespace}/pods",
+                query_params=[("fieldSelector", f"metadata.name={name}")],
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            resp = self._client.call_api(
+                method, url, header_params=headers, body=body, post_params=post,
+                _request_timeout=self.timeout_s,
+            )  # fmt: skip
+            resp.read()
+        except Exception as exc:  # noqa: BLE001 - urllib3 and socket errors: API unreachable
+            raise identity.ReviewUnavailableError(f"pod lookup failed: {exc}") from None
+        if not 200 <= resp.status <= 299:
+            raise identity.ReviewUnavailableError(f"pod lookup failed: HTTP {resp.status}")
+        items = [
+            p for p in json.loads(resp.data or b"{}").get("items") or () if isinstance(p, dict)
+        ]
+        for p in items:
+            meta = _meta(p)
+            if meta.get("name") == name:
+                return identity.PodFacts(
+                    uid=str(meta.get("uid") or ""),
+                    node_name=str((p.get("spec") or {}).get("nodeName") or ""),
+                    deleting=meta.get("deletionTimestamp") is not None,
+                    phase=str((p.get("status") or {}).get("phase") or ""),
+                )
+        return None
 
 
 class PolicyDiscovery:
@@ -508,10 +539,13 @@ class TokenReviewer:
     Args:
         api: an ``AuthenticationV1Api`` (default: one on the process-wide configuration, made
             at the first review, after ``load_api``).
-        timeout_s: per review deadline, s.
+        timeout_s: per review deadline, s (``identity.REVIEW_TIMEOUT_S``: past it the
+            caller gets 503 and retries).
     """
 
-    def __init__(self, api: Any | None = None, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, api: Any | None = None, *, timeout_s: float = identity.REVIEW_TIMEOUT_S
+    ) -> None:
         self._api = api
         self.timeout_s = timeout_s
 

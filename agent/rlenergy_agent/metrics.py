@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from rlenergy_agent import service
+from rlenergy_agent import pods, service
 from rlenergy_agent.nvml import lib
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -243,7 +243,75 @@ class AgentCollector(Collector):
             )
             found.add_metric([node, reason, found_policy], 1.0)
             yield found
+        yield from self._lifecycle()
+        yield from self._podresources()
         yield from self._released()
+
+    def _lifecycle(self) -> Iterator[Metric]:
+        """GPU resets, lost GPUs and driver changes: events, and which GPUs are unsettled."""
+        a = self.agent
+        node = a.node_name
+        events = CounterMetricFamily(
+            "rlenergy_agent_gpu_lifecycle_events",
+            "Events that made a GPU's state unknown: GpuLost (lost or an invalid handle), "
+            "LockLost (off its lock with no clock-event reason: a GPU reset), DriverChanged.",
+            labels=["gpu_uuid", "node", "reason"],
+        )
+        settled = GaugeMetricFamily(
+            "rlenergy_agent_gpu_settled",
+            "0 from a lifecycle event until a pass finds the GPU answering with its lock, "
+            "else 1 (windows on an unsettled GPU are kept out of savings).",
+            labels=["gpu_uuid", "node"],
+        )
+        with a._lock:  # noqa: SLF001 - one consistent snapshot
+            act = a.actuator
+            for (u, reason), n in sorted(act.life_events.items()):
+                events.add_metric([u, node, reason], n)
+            for u in act.controls:
+                settled.add_metric([u, node], 0.0 if u in act.unsettled else 1.0)
+            reinits = getattr(act.library, "reinits", None)
+        yield from (events, settled)
+        if reinits is not None:
+            count = CounterMetricFamily(
+                "rlenergy_agent_nvml_reinits",
+                "NVML re-initialisations (after a lost GPU or a changed driver version).",
+                labels=["node"],
+            )
+            count.add_metric([node], reinits)
+            yield count
+
+    def _podresources(self) -> Iterator[Metric]:
+        """The kubelet PodResources listing: its state, age and failed calls by code."""
+        a = self.agent
+        podmap = a.podmap
+        if not isinstance(podmap, pods.ListedPodMap):
+            return
+        node = a.node_name
+        st = podmap.state()
+        state = GaugeMetricFamily(
+            "rlenergy_agent_podresources_listing_state",
+            "The kubelet PodResources listing (1 for the current state): Fresh (attributes "
+            "GPUs), Stale (locks held, nothing new attributed), Expired (locks reset), Waiting "
+            "(never listed); error = the newest failed call's code.",
+            labels=["node", "state", "error"],
+        )
+        state.add_metric([node, st.status, st.error], 1.0)
+        age = GaugeMetricFamily(
+            "rlenergy_agent_podresources_listing_age_seconds",
+            "Time since the last successful PodResources List, s (absent: never listed).",
+            labels=["node"],
+        )
+        if st.age_s is not None:
+            age.add_metric([node], st.age_s)
+        failed = CounterMetricFamily(
+            "rlenergy_agent_podresources_errors",
+            "Failed PodResources List calls by gRPC code (RESOURCE_EXHAUSTED: a reply over the "
+            "receive limit; UNAVAILABLE: the kubelet does not answer; SocketMissing: no socket).",
+            labels=["node", "code"],
+        )
+        for code, n in sorted(dict(getattr(podmap, "errors", {})).items()):
+            failed.add_metric([node, code], n)
+        yield from (state, age, failed)
 
     def _released(self) -> Iterator[Metric]:
         """Released rollout workers (FlexFloor park): GPU time, parked state and clock."""

@@ -78,6 +78,26 @@ class WindowObservations(AgentState):
                 watch.band_w,
             )
 
+    def _lifecycle(self) -> None:
+        """GPU resets, lost GPUs and driver changes (``actuator.Actuator.lifecycle``).
+
+        A GPU with an event puts an error on every open window that runs on it, so the
+        operator keeps that window out of savings and trial evidence (a window with an error
+        is no evidence); a GPU that answers again is metered from a fresh baseline.
+        """
+        events = self.actuator.lifecycle(self.meter.lost())
+        for u in self.actuator.returned:
+            self.meter.readmit(u)
+        self.actuator.returned.clear()
+        if not events:
+            return
+        self.report_due = True
+        for e in events:
+            for w in self._open.values():
+                note = f"{e.uuid}: {e.reason}"
+                if e.uuid in w.gpus and note not in w.errors:
+                    w.errors.append(note)
+
     def stalled_since_s(self, uuid: str) -> float | None:
         """How long the window on ``uuid`` is stalled, s (``None``: not stalled)."""
         pod = self.pod_of.get(uuid)
@@ -93,6 +113,7 @@ class WindowObservations(AgentState):
                 self._observe_clocks(pod, self.gpus_of(pod)[0])
                 self._observe_stall(pod)
             self.expire_leases(self._clock())
+            self._lifecycle()
             if self.actuator.watch_caps():
                 self.report_due = True  # an unexplained shortfall: report it now
             if self.crosscheck.tick():

@@ -10,6 +10,8 @@ is no generated code. The only module of the agent importing ``grpc``. Callers:
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +33,17 @@ LIST_METHOD = "/v1.PodResourcesLister/List"
 RECHECK_S = 0.5
 """Callers missing from the listing have it made again at most this often, s (unknown callers
 in a loop cost at most two kubelet calls a second)."""
+MAX_RECEIVE_BYTES = 16 * 1024 * 1024
+"""Largest ``List`` reply taken, bytes: the kubelet's own PodResources server limit (16 MiB,
+``DefaultMaxMsgSize`` of the kubelet's podresources package). gRPC's client default of 4 MiB
+fails every call with RESOURCE_EXHAUSTED on a node with many pods."""
+HOLD_AFTER_S = 10.0
+"""A listing older than this attributes nothing new, s: ten passes of the node loop failed
+(a kubelet restart); the locks the agent holds stay [MODEL]."""
+RESET_AFTER_S = 120.0
+"""A listing older than this no longer attributes the locks held either, s: they are reset
+(the kubelet has been down longer than a restart takes: the 30 s outage the kubelet restart
+test makes, four times over) [MODEL]."""
 GPU_RESOURCES = ("nvidia.com/gpu",)
 """Resource names whose device IDs are GPUs (MIG strategies add ``nvidia.com/mig-*``)."""
 
@@ -109,46 +122,145 @@ ListResponse = message_class("ListPodResourcesResponse")
 class PodResourcesClient:
     """Lists GPU allocations from the kubelet; satisfies ``pod_types.PodMap`` (cached).
 
+    What a real kubelet needs (docs/agent.md, "Pod map"):
+
+    * replies up to ``MAX_RECEIVE_BYTES`` (gRPC's 4 MiB default fails every ``List`` on a node
+      with many pods, RESOURCE_EXHAUSTED);
+    * one channel, made again after a failed call and whenever the socket file was replaced
+      (another inode: the kubelet restarted), so a restarted kubelet answers at the next pass
+      instead of after gRPC's reconnect backoff;
+    * a missing socket is waited for (listed again every pass), never taken as "no pods";
+    * a listing's age decides what it may do (``state``): younger than ``hold_after_s`` it
+      attributes GPUs; older, the agent holds the locks it has and attributes nothing new;
+      older than ``reset_after_s`` it resets the locks it can no longer attribute.
+
+    PodResources names pods without their UID; the caller's UID is checked against the API's
+    current pod of that name when its token is reviewed (``identity``), so the listing's
+    ``PodRef`` carries no UID.
+
     Args:
         socket_path: the kubelet pod-resources socket.
-        uid_of: optional ``(namespace, name) -> uid`` (PodResources carries no UID; the pod
-            UID links a caller's cgroup to its pod).
         resources: resource names counted as GPUs.
         max_age_s: how long a listing is reused, s.
         timeout_s: per call deadline, s.
+        hold_after_s: listing age past which nothing new is attributed, s.
+        reset_after_s: listing age past which locks that cannot be attributed are reset, s.
+        max_receive_bytes: largest reply taken, bytes.
+        clock: monotonic time, s.
     """
 
     def __init__(
         self,
         socket_path: str,
         *,
-        uid_of: Callable[[str, str], str] | None = None,
         resources: Sequence[str] = GPU_RESOURCES,
         max_age_s: float = 2.0,
         timeout_s: float = 5.0,
+        hold_after_s: float = HOLD_AFTER_S,
+        reset_after_s: float = RESET_AFTER_S,
+        max_receive_bytes: int = MAX_RECEIVE_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._channel = grpc.insecure_channel(f"unix://{socket_path}")
-        self._list = self._channel.unary_unary(
-            LIST_METHOD,
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=ListResponse.FromString,
-        )
-        self._uid_of = uid_of
+        self.socket_path = socket_path
+        self.max_receive_bytes = max_receive_bytes
         self._resources = tuple(resources)
         self._max_age_s = max_age_s
         self._timeout_s = timeout_s
+        self.hold_after_s = hold_after_s
+        self.reset_after_s = max(reset_after_s, hold_after_s)
+        self._clock = clock
         self._lock = threading.Lock()
+        self._call_lock = threading.Lock()
+        self._channel: Any = None
+        self._list: Any = None
+        self._inode: int | None = None
         self._cache: dict[pod_types.PodRef, tuple[str, ...]] = {}
-        self._at = -1e18
+        self._at: float | None = None
+        self._tried_at = -1e18
         self._rechecked_at = -1e18
+        self.listings = 0
+        """Successful ``List`` calls (each a new listing)."""
+        self.channels = 0
+        """Channels made (the first, then one after each error or socket replacement)."""
+        self.errors: dict[str, int] = {}
+        """Failed ``List`` calls by gRPC status code name (``SocketMissing``: no socket file)."""
+        self.last_error = ""
+        """The newest failure's code name, ``""`` once a listing succeeded after it."""
+        self.last_error_message = ""
 
+    # ----- the channel ------------------------------------------------------------------------
+    def _inode_now(self) -> int | None:
+        try:
+            st = os.stat(self.socket_path)
+        except OSError:
+            return None
+        return st.st_ino if stat.S_ISSOCK(st.st_mode) else None
+
+    def _drop_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._list = None
+        self._inode = None
+
+    def _connect(self, inode: int) -> Any:
+        """The ``List`` callable on the channel to the socket with ``inode`` (made when new)."""
+        if self._channel is not None and self._inode != inode:
+            log.info("kubelet pod-resources socket %s was replaced: new channel", self.socket_path)
+            self._drop_channel()
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(
+                f"unix://{self.socket_path}",
+                options=[("grpc.max_receive_message_length", self.max_receive_bytes)],
+            )
+            self._list = self._channel.unary_unary(
+                LIST_METHOD,
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=ListResponse.FromString,
+            )
+            self._inode = inode
+            self.channels += 1
+        return self._list
+
+    def _failed(self, code: str, message: str) -> None:
+        with self._lock:
+            self.errors[code] = self.errors.get(code, 0) + 1
+            if code != self.last_error:
+                log.warning(
+                    "kubelet pod-resources List failed (%s): %s; holding the last listing",
+                    code,
+                    message,
+                )
+            self.last_error, self.last_error_message = code, message
+
+    # ----- listing ----------------------------------------------------------------------------
     def refresh(self) -> dict[pod_types.PodRef, tuple[str, ...]]:
         """List allocations now.
 
+        A pod listed twice under one name (the kubelet lists a finished pod next to its
+        successor) keeps the devices of both entries.
+
         Raises:
-            grpc.RpcError: the kubelet did not answer.
+            grpc.RpcError: the kubelet did not answer (the channel is made again next time).
+            FileNotFoundError: the socket does not exist (yet).
         """
-        resp = self._list(ListRequest(), timeout=self._timeout_s)
+        with self._call_lock:
+            self._tried_at = self._clock()
+            inode = self._inode_now()
+            if inode is None:
+                self._drop_channel()
+                self._failed("SocketMissing", f"no socket at {self.socket_path}")
+                raise FileNotFoundError(f"no kubelet pod-resources socket at {self.socket_path}")
+            call = self._connect(inode)
+            try:
+                resp = call(ListRequest(), timeout=self._timeout_s)
+            except grpc.RpcError as exc:
+                self._drop_channel()  # a fresh channel next time: no reconnect backoff
+                code = exc.code() if hasattr(exc, "code") else None
+                self._failed(
+                    getattr(code, "name", "UNKNOWN"),
+                    str(exc.details() if hasattr(exc, "details") else exc),
+                )
+                raise
         out: dict[pod_types.PodRef, tuple[str, ...]] = {}
         for pod in resp.pod_resources:
             devices: list[str] = []
@@ -159,20 +271,40 @@ class PodResourcesClient:
                     ):
                         devices.extend(str(x) for x in d.device_ids)
             if devices:
-                uid = self._uid_of(pod.namespace, pod.name) if self._uid_of else ""
-                out[pod_types.PodRef(str(pod.namespace), str(pod.name), uid)] = tuple(devices)
+                ref = pod_types.PodRef(str(pod.namespace), str(pod.name))
+                out[ref] = tuple(dict.fromkeys((*out.get(ref, ()), *devices)))
         with self._lock:
             self._cache = out
-            self._at = time.monotonic()
+            self._at = self._clock()
+            self.listings += 1
+            if self.last_error:
+                log.info("kubelet pod-resources listing works again (was %s)", self.last_error)
+            self.last_error = self.last_error_message = ""
         return out
 
+    def state(self) -> pod_types.ListingState:
+        """What the current listing may be used for (its age against the two bounds)."""
+        with self._lock:
+            age = None if self._at is None else max(self._clock() - self._at, 0.0)
+            error, message = self.last_error, self.last_error_message
+        if age is None:
+            status = "Waiting"
+        elif age <= self.hold_after_s:
+            status = "Fresh"
+        elif age <= self.reset_after_s:
+            status = "Stale"
+        else:
+            status = "Expired"
+        return pod_types.ListingState(status, age, error, message)  # type: ignore[arg-type]
+
     def pods(self) -> Mapping[pod_types.PodRef, tuple[str, ...]]:
-        """Allocations, listed again when older than ``max_age_s`` (stale on kubelet errors).
+        """Allocations, listed again when older than ``max_age_s`` (held on kubelet errors).
 
         The node loop keeps the listing younger than that (``keep_fresh``), so a signal's
-        thread normally only reads the cache.
+        thread normally only reads the cache; a failed call is not repeated before
+        ``max_age_s``.
         """
-        if time.monotonic() - self._at > self._max_age_s:
+        if self._clock() - self._tried_at > self._max_age_s:
             self._try_refresh()
         with self._lock:
             return dict(self._cache)
@@ -180,8 +312,8 @@ class PodResourcesClient:
     def _try_refresh(self) -> None:
         try:
             self.refresh()
-        except grpc.RpcError as exc:
-            log.warning("kubelet pod-resources unavailable, using the last listing: %s", exc)
+        except (grpc.RpcError, FileNotFoundError):
+            pass  # counted and logged in ``_failed``
 
     def keep_fresh(self) -> None:
         """List now: the node loop, every pass (``pods.ListedPodMap``)."""
@@ -189,7 +321,7 @@ class PodResourcesClient:
 
     def recheck(self) -> None:
         """List now for a caller the listing does not know (at most every ``RECHECK_S``)."""
-        now = time.monotonic()
+        now = self._clock()
         if now - self._rechecked_at >= RECHECK_S:
             self._rechecked_at = now
             self._try_refresh()
@@ -203,18 +335,30 @@ class PodResourcesClient:
 
     def close(self) -> None:
         """Close the channel."""
-        self._channel.close()
+        with self._call_lock:
+            self._drop_channel()
+
+
+Listing = Callable[[], Mapping[tuple[str, str], Mapping[str, Sequence[str]]]]
+"""``{(namespace, name): {resource_name: [device IDs]}}`` per call; a list of such pairs
+instead of a mapping lists a name twice (the kubelet lists a finished pod next to its
+successor)."""
 
 
 def serve_fake_kubelet(
     socket_path: str,
-    allocations: Callable[[], Mapping[tuple[str, str], Mapping[str, Sequence[str]]]],
+    allocations: Callable[[], Any],
+    *,
+    fail: Callable[[], tuple[Any, str] | None] | None = None,
 ) -> grpc.Server:
     """A kubelet PodResources server speaking the real protocol (tests, local runs).
 
     Args:
         socket_path: Unix socket to listen on.
-        allocations: returns ``{(namespace, name): {resource_name: [device IDs]}}`` per call.
+        allocations: returns ``{(namespace, name): {resource_name: [device IDs]}}`` per call,
+            or a sequence of ``((namespace, name), {resource_name: [device IDs]})`` pairs.
+        fail: per call, ``(grpc.StatusCode, details)`` to answer with instead of a listing
+            (a kubelet under load answers UNAVAILABLE), or ``None``.
 
     Returns:
         The started server (``stop(None)`` to end it).
@@ -222,8 +366,13 @@ def serve_fake_kubelet(
     pod_cls = message_class("PodResources")
 
     def list_pods(request: Any, context: Any) -> Any:
+        failure = fail() if fail is not None else None
+        if failure is not None:
+            context.abort(failure[0], failure[1])
         resp = ListResponse()
-        for (ns, name), resources in allocations().items():
+        listed = allocations()
+        pairs = listed.items() if isinstance(listed, Mapping) else listed
+        for (ns, name), resources in pairs:
             pod = pod_cls(name=name, namespace=ns)
             c = pod.containers.add(name="main")
             for resource, ids in resources.items():

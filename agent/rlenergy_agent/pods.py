@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +23,36 @@ class PodRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def same_pod(a: PodRef, b: PodRef) -> bool:
+    """Same namespace and name, and the same UID where both know it."""
+    return (a.namespace, a.name) == (b.namespace, b.name) and (
+        not a.uid or not b.uid or a.uid == b.uid
+    )
+
+
+ListingStatus = Literal["Waiting", "Fresh", "Stale", "Expired"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ListingState:
+    """What a listed pod map may be used for now.
+
+    Attributes:
+        status: ``Waiting`` (never listed: the kubelet socket is missing or does not answer),
+            ``Fresh`` (attributes GPUs), ``Stale`` (holds the locks made, attributes nothing
+            new), ``Expired`` (locks it can no longer attribute are reset).
+        age_s: time since the last successful listing, s (``None``: never listed).
+        error: the newest failure's code (``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``,
+            ``DEADLINE_EXCEEDED``, ``SocketMissing``...); ``""`` when the last call worked.
+        message: the failure's text.
+    """
+
+    status: ListingStatus
+    age_s: float | None
+    error: str = ""
+    message: str = ""
 
 
 class PodMap(Protocol):
@@ -54,6 +84,10 @@ class ListedPodMap(Protocol):
         """List now unless the listing is younger than a short bound (a caller not listed)."""
         ...
 
+    def state(self) -> ListingState:
+        """The listing's age and the newest failure."""
+        ...
+
 
 class StaticPodMap:
     """A fixed pod map (the ``sim`` backend and tests)."""
@@ -62,8 +96,11 @@ class StaticPodMap:
         self.allocations = {p: tuple(d) for p, d in allocations.items()}
 
     def devices_of(self, pod: PodRef) -> tuple[str, ...]:
-        """Device IDs of ``pod``."""
-        return self.allocations.get(pod, ())
+        """Device IDs of ``pod`` (``same_pod``: a UID only one side knows still matches)."""
+        hit = self.allocations.get(pod)
+        if hit is not None:
+            return hit
+        return next((d for p, d in self.allocations.items() if same_pod(p, pod)), ())
 
     def pods(self) -> Mapping[PodRef, tuple[str, ...]]:
         """All allocations."""

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable
 
 from rlenergy.api import node as api_node
-from rlenergy_agent import energy, shares
+from rlenergy_agent import energy, pods, shares
 from rlenergy_agent.state import (
     IDLE,
     MAX_STEPS_KEPT,
@@ -208,7 +208,56 @@ class StepRecords(AgentState):
                 rollout=self.dispatch,
                 ended_pods=list(self.ended_pods),
                 expired_leases=list(self.expired_leases),
+                conditions=self.node_conditions(),
             )
+
+    def node_conditions(self) -> list[api_node.NodeCondition]:
+        """The agent's conditions: the kubelet listing (a listed pod map) and the GPUs."""
+        out: list[api_node.NodeCondition] = []
+        if isinstance(self.podmap, pods.ListedPodMap):
+            st = self.podmap.state()
+            age = "never listed" if st.age_s is None else f"listed {st.age_s:.0f} s ago"
+            message = age + (f"; newest error {st.error}: {st.message}" if st.error else "")
+            out.append(
+                api_node.NodeCondition(
+                    type="PodResourcesListed",
+                    status="True" if st.status == "Fresh" else "False",
+                    reason=condition_reason(st.error) if st.error else st.status,
+                    message=message[:1024],
+                )
+            )
+        out.extend(self.gpu_conditions())
+        return out
+
+    def gpu_conditions(self) -> list[api_node.NodeCondition]:
+        """The ``GpusSettled`` condition (``actuator.Actuator.lifecycle``)."""
+        unsettled = sorted(self.actuator.unsettled.items())
+        if not unsettled:
+            return [api_node.NodeCondition(type="GpusSettled", status="True", reason="Settled")]
+        now = self._clock()
+        parts = [
+            f"{u}: {e.reason} {max(now - since, 0.0):.0f} s ago ({e.message})"
+            for u, (e, since) in unsettled
+        ]
+        reasons = sorted({e.reason for _, (e, _) in unsettled})
+        return [
+            api_node.NodeCondition(
+                type="GpusSettled",
+                status="False",
+                reason=reasons[0] if len(reasons) == 1 else "Several",
+                message="; ".join(parts)[:1024],
+            )
+        ]
+
+
+def condition_reason(code: str) -> str:
+    """A condition reason from a gRPC status code name.
+
+    ``RESOURCE_EXHAUSTED`` -> ``ResourceExhausted``; ``SocketMissing`` stays.
+    """
+    if "_" not in code and not code.isupper():
+        return code
+    return "".join(w.capitalize() for w in code.split("_"))
 
 
 def _slowest(gaps: list[float | None]) -> float | None:

@@ -36,7 +36,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
 
 from rlenergy.api import node as api_node
 from rlenergy_agent import actuator as act
@@ -44,6 +43,8 @@ from rlenergy_agent import caps, crosscheck, energy, histogram, shares, stalls
 from rlenergy_agent.leases import Leases
 from rlenergy_agent.observe import WindowObservations
 from rlenergy_agent.parks import Parks
+from rlenergy_agent.podends import ENDED_PODS_KEPT as ENDED_PODS_KEPT
+from rlenergy_agent.podends import PodEnds
 from rlenergy_agent.pods import PodMap as PodMap
 from rlenergy_agent.pods import PodRef as PodRef
 from rlenergy_agent.pods import StaticPodMap as StaticPodMap
@@ -55,9 +56,7 @@ from rlenergy_agent.state import SignalRefused as SignalRefused
 
 log = logging.getLogger(__name__)
 
-ENDED_PODS_KEPT = 16
 """Ended pods the node report lists, newest last [MODEL: a rollout loses few ranks a step]."""
-EndedHow = Literal["NotAllocated", "EndedInApi"]
 
 
 @dataclasses.dataclass
@@ -81,7 +80,7 @@ class PhaseResult:
     plan_phases: tuple[str, ...] = ()
 
 
-class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases):
+class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds):
     """One node's agent for one policy.
 
     Args:
@@ -283,6 +282,12 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases):
             }
             latency = self._clock() - t0
             self.latency_hist.observe(latency)
+            # A lock found gone (a GPU reset): the closing window is no evidence.
+            prior = self._open.get(pod)
+            if prior is not None:
+                prior.errors += [
+                    f"{e.uuid}: {e.reason}" for e in self.actuator.pending if e.uuid in prior.gpus
+                ]
             # No read-back of the closing window here: the new clocks are already applied
             # (latency first); the sampling loop reads clocks during windows (``observe``).
             mark = self.meter.mark(gpus)
@@ -358,45 +363,6 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases):
             del self.pod_energy[key]
         return self.pod_energy.pop((pod, step), {})
 
-    def governed_pods(self) -> set[PodRef]:
-        """Pods this agent acts for: an open window, a GPU they drove last, or a park."""
-        with self._lock:
-            pods = set(self._open) | {p for p in self.pod_of.values() if p is not None}
-            return pods | {p.pod for p in self.parked.values()}
-
-    def pod_gone(self, pod: PodRef, how: EndedHow = "NotAllocated") -> None:
-        """The pod ended: close its window, end its parks, reset its GPUs to the default.
-
-        Its GPUs are the ones it drove last, parked, or has an open window on. The node report
-        lists it (``ended_pods``: how it ended, its GPUs, whether all were parked, the newest
-        step seen), so the operator can tell a rollout worker lost mid-rollout.
-        """
-        with self._lock:
-            w = self._open.get(pod)
-            parked = [u for u, p in self.parked.items() if p.pod == pod]
-            gpus = [u for u, p in self.pod_of.items() if p == pod]
-            gpus += [u for u in (*parked, *(w.gpus if w else ())) if u not in gpus]
-            step = max((*self.steps, *(o.step for o in self._open.values())), default=-1)
-            self.ended_pods.append(
-                api_node.EndedPod(
-                    pod=str(pod),
-                    how=how,
-                    gpus=sorted(gpus),
-                    parked=bool(gpus) and set(gpus) <= set(parked),
-                    step=step,
-                )
-            )
-            self._end_parks(parked, self._clock())
-            if w is not None and gpus:
-                self._close(pod, self.meter.mark(gpus))
-            for key in [k for k in self.pod_energy if k[0] == pod]:
-                del self.pod_energy[key]
-            self.actuator.release(gpus, f"pod {pod} ended")
-            for u in gpus:
-                self.phase_of[u] = "idle"
-                self.pod_of[u] = None
-            self.report_due = self.report_due or bool(gpus)
-
     def _shared(self, pod: PodRef, win: energy.Window) -> energy.Window:
         """``win`` with each shared GPU's energy scaled to ``pod``'s share (``shares``)."""
         split = shares.shares(
@@ -408,6 +374,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases):
                 for g in self.actuator.gpus.values()
                 for m, n in getattr(g, "mig_slices", {}).items()
             },
+            {u: (p.namespace, p.name) for u, p in self.pod_of.items() if p is not None},
         )
         key = (pod.namespace, pod.name)
         factor = {u: split.get((key, u), 1.0) for u in win.per_gpu_j}

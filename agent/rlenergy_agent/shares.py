@@ -14,7 +14,12 @@ energy multiplies it by the number of sharers (issue #16, item 4). Here a pod's 
   report's unattributed energy). [MODEL: power splits with the compute slices a profile owns;
   NVML meters only the whole GPU];
 * time-slicing: the pod's replicas over every replica of the GPU any pod holds;
-* a whole GPU held by one pod: 1.
+* a whole GPU held by one pod: 1;
+* one device ID listed under several pods (the kubelet can keep listing a finished pod with
+  the devices it held, next to the running pod they were given to): the device is booked
+  once. The pod that drives the GPU (``owners``: the last pod whose signal acted on it)
+  takes the whole device; until one does, the listed pods split it evenly, so the shares of
+  one device always sum to 1.
 
 Pure functions; ``rlenergy_agent.service`` applies them when a window closes.
 """
@@ -40,6 +45,7 @@ def shares(
     mig_parent: Mapping[str, str],
     mig_instances: Mapping[str, Sequence[str]],
     mig_slices: Mapping[str, int] | None = None,
+    owners: Mapping[str, Hashable] | None = None,
 ) -> dict[tuple[Hashable, str], float]:
     """``(pod, physical GPU) -> share`` of the GPU's energy each pod's windows book.
 
@@ -48,18 +54,32 @@ def shares(
         mig_parent: MIG instance UUID -> physical GPU UUID.
         mig_instances: physical GPU UUID -> its MIG instance UUIDs (MIG-enabled GPUs only).
         mig_slices: MIG instance UUID -> GPU-instance slices of its profile (missing: 1).
+        owners: physical GPU UUID -> the pod that drives it (a key of ``pods``); it alone
+            books a device listed under several pods.
     """
     slices = mig_slices or {}
+    drivers = owners or {}
+    holders: dict[str, list[Hashable]] = {}
+    for pod, devices in pods.items():
+        for d in dict.fromkeys(devices):
+            holders.setdefault(d, []).append(pod)
 
     def weight(device: str) -> int:
         return max(int(slices.get(device, 1)), 1) if device in mig_parent else 1
 
-    held: dict[tuple[Hashable, str], int] = {}
+    held: dict[tuple[Hashable, str], float] = {}
     replicas: dict[str, set[str]] = {}
     for pod, devices in pods.items():
-        for d in devices:
+        for d in dict.fromkeys(devices):
             gpu = physical(d, mig_parent)
-            held[(pod, gpu)] = held.get((pod, gpu), 0) + weight(d)
+            listed = holders[d]
+            if len(listed) == 1:
+                part = 1.0
+            elif drivers.get(gpu) in listed:
+                part = 1.0 if drivers.get(gpu) == pod else 0.0
+            else:
+                part = 1.0 / len(listed)
+            held[(pod, gpu)] = held.get((pod, gpu), 0.0) + weight(d) * part
             replicas.setdefault(gpu, set()).add(d)
     out: dict[tuple[Hashable, str], float] = {}
     for (pod, gpu), n in held.items():

@@ -13,7 +13,7 @@ import collections
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from rlenergy.api import node as api_node
 from rlenergy.gpu import errors as gpu_errors
@@ -216,6 +216,7 @@ class AgentState:
     _open: dict[PodRef, _Open]
     steps: dict[int, dict[str, list[api_node.PhaseWindowReport]]]
     workloads: dict[int, api_node.TokenWorkloadReport]
+    pod_energy: dict[tuple[PodRef, int], dict[str, float | None]]
     phase_of: dict[str, str]
     pod_of: dict[str, PodRef | None]
     phase_energy_j: dict[tuple[str, str], float]
@@ -303,6 +304,14 @@ class AgentState:
 
     def released_gpu_seconds(self, uuid: str) -> float:
         """GPU time of the parks of ``uuid``, GPU-s (``parks.Parks``)."""
+        raise NotImplementedError
+
+    def _end_parks(self, uuids: Iterable[str], now_s: float) -> float:
+        """End the parks of ``uuids`` (``parks.Parks._end_parks``)."""
+        raise NotImplementedError
+
+    def _close(self, pod: PodRef, end: energy.Mark) -> api_node.PhaseWindowReport | None:
+        """Close ``pod``'s window at ``end`` (``service.Agent._close``)."""
         raise NotImplementedError
 
     def expire_leases(self, now_s: float) -> list[api_node.ExpiredLease]:

@@ -426,6 +426,27 @@ class ExpiredLease(_Wire):
     )
 
 
+NodeConditionType = Literal["PodResourcesListed", "GpusSettled"]
+
+
+class NodeCondition(_Wire):
+    """One condition of the node's agent (what it can trust now)."""
+
+    type: NodeConditionType = Field(
+        description="PodResourcesListed: the kubelet's PodResources listing is fresh enough to "
+        "attribute GPUs; GpusSettled: no GPU is lost, off its lock or being re-initialised "
+        "(windows on such a GPU carry an error and are kept out of savings)."
+    )
+    status: Literal["True", "False"] = Field(description="True or False.")
+    reason: str = Field(
+        "",
+        max_length=64,
+        description="Why, e.g. Fresh, Stale, Expired, Waiting, ResourceExhausted, Unavailable, "
+        "SocketMissing; Settled, GpuLost, LockLost, DriverChanged.",
+    )
+    message: str = Field("", max_length=1024, description="What happened and what to do.")
+
+
 class NodeReport(_Wire):
     """Spec of an ``RLEnergyNodeReport``: one per policy and node, written by that node's agent."""
 
@@ -466,4 +487,9 @@ class NodeReport(_Wire):
         max_length=64,
         description="Phases whose trainer stopped signalling past the lease, newest last "
         "(bounded); their GPUs were returned to the default governor.",
+    )
+    conditions: list[NodeCondition] = Field(
+        default_factory=list,
+        max_length=8,
+        description="The agent's conditions: its kubelet listing and its GPUs' lifecycle.",
     )

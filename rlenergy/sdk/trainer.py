@@ -74,17 +74,28 @@ class BearerToken:
         self._warned = False
 
     def header(self, *, reload: bool = False) -> str | None:
-        """``Bearer <token>``, or ``None`` when the file is missing or empty."""
+        """``Bearer <token>``, or ``None`` when no token was ever read.
+
+        A re-read that fails (the file briefly missing while the kubelet swaps the volume, an
+        I/O error, an empty read) keeps the last token read: the agent judges it, and the
+        next signal reads the file again.
+        """
         try:
             st = os.stat(self.path)
             seen = (st.st_ino, st.st_size, st.st_mtime_ns)
             if reload or seen != self._seen:
                 with open(self.path, encoding="utf-8") as f:
                     token = f.read().strip()
-                self._header = f"Bearer {token}" if token else None
-                self._seen = seen
+                if token:
+                    self._header = f"Bearer {token}"
+                    self._seen = seen
         except OSError as exc:
-            if not self._warned:
+            self._seen = None  # read again at the next signal
+            if self._header is not None:
+                log.debug(
+                    "token re-read from %s failed (%s): keeping the last token", self.path, exc
+                )
+            elif not self._warned:
                 log.warning(
                     "no rlenergy agent token at %s (%s): mount the projected serviceAccountToken "
                     "volume (docs/verl.md); the agent will refuse the signals",
@@ -92,7 +103,6 @@ class BearerToken:
                     exc,
                 )
                 self._warned = True
-            self._seen, self._header = None, None
         return self._header
 
 

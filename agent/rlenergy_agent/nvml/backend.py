@@ -25,6 +25,10 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 _LOST_CODES = frozenset({lib.ERROR_GPU_IS_LOST, lib.ERROR_GPU_NOT_FOUND})
+_HANDLE_CODES = frozenset({lib.ERROR_INVALID_ARGUMENT, lib.ERROR_UNINITIALIZED})
+"""On a call whose only argument is the device handle, these codes mean the handle is no
+longer valid (NVML re-initialised underneath, a GPU reset): the GPU is treated as lost until
+NVML is initialised again and the handle looked up anew (``NvmlSession.reinit``)."""
 
 
 def map_error(exc: lib.NvmlCallError, uuid: str | None) -> errors.GpuError:
@@ -60,6 +64,23 @@ def _nvml_errors(fn: Callable[_P, _T]) -> Callable[_P, _T]:
         except lib.NvmlCallError as exc:
             self = args[0]
             uuid = self.uuid if isinstance(self, NvmlGpu) else None
+            raise map_error(exc, uuid) from exc
+
+    return wrapper
+
+
+def _nvml_reads(fn: Callable[_P, _T]) -> Callable[_P, _T]:
+    """``_nvml_errors`` for a read that takes only the handle: an invalid handle is a lost GPU."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return fn(*args, **kwargs)
+        except lib.NvmlCallError as exc:
+            self = args[0]
+            uuid = self.uuid if isinstance(self, NvmlGpu) else None
+            if exc.code in _HANDLE_CODES:
+                raise errors.GpuLostError(f"invalid device handle: {exc}", uuid) from exc
             raise map_error(exc, uuid) from exc
 
     return wrapper
@@ -126,6 +147,16 @@ class NvmlGpu:
     def uuid(self) -> str:
         """GPU UUID."""
         return self._uuid
+
+    def rebind(self, handle: lib.Handle) -> None:
+        """Use ``handle`` from now on (NVML was initialised again).
+
+        What was probed is probed again at the next ``probe`` (a driver change can change
+        clocks, MIG and support).
+        """
+        self._handle = handle
+        self._clocks = None
+        self._capabilities = None
 
     @property
     def name(self) -> str:
@@ -303,12 +334,12 @@ class NvmlGpu:
         """
         lib.reset_memory_locked_clocks(self._handle)
 
-    @_nvml_errors
+    @_nvml_reads
     def sm_clock_mhz(self) -> int:
         """SM clock now (read-back), MHz."""
         return lib.clock_mhz(self._handle, lib.CLOCK_SM)
 
-    @_nvml_errors
+    @_nvml_reads
     def total_energy_mj(self) -> int:
         """Energy since driver load, mJ.
 
@@ -317,12 +348,12 @@ class NvmlGpu:
         """
         return lib.total_energy_mj(self._handle)
 
-    @_nvml_errors
+    @_nvml_reads
     def power_usage_mw(self) -> int:
         """Power draw (1 s trailing average on Ampere+), mW."""
         return lib.power_usage_mw(self._handle)
 
-    @_nvml_errors
+    @_nvml_reads
     def instant_power_mw(self) -> int:
         """Instantaneous power, mW.
 
@@ -331,12 +362,12 @@ class NvmlGpu:
         """
         return lib.instant_power_mw(self._handle)
 
-    @_nvml_errors
+    @_nvml_reads
     def power_limit_mw(self) -> int:
         """Enforced power limit, mW."""
         return lib.enforced_power_limit_mw(self._handle)
 
-    @_nvml_errors
+    @_nvml_reads
     def clock_event_reasons(self) -> frozenset[base.ClockEventReason]:
         """Reasons the clock is held below the requested one right now."""
         return base.ClockEventReason.from_mask(lib.clock_event_reasons(self._handle))
@@ -395,6 +426,69 @@ def discover() -> Discovery:
             continue
         gpus[gpu.uuid] = gpu
     return Discovery(gpus, lost, version)
+
+
+class NvmlSession:
+    """NVML's life on this node: initialised again after a lost GPU or a changed driver.
+
+    NVML hands out device handles per initialisation; a GPU that fell off the bus and came
+    back (a GPU reset, a driver reload) answers GPU_IS_LOST or an invalid handle on the old
+    one, and a changed driver version means the clock tables, MIG layout and every lock may
+    have changed. ``reinit`` shuts NVML down, initialises it again, looks every known GPU up
+    by UUID, re-binds its ``NvmlGpu`` (everyone holding it sees the new handle) and probes it
+    again. Satisfies ``rlenergy_agent.actuator.GpuLibrary``.
+
+    Args:
+        gpus: the node's GPUs by UUID (from ``discover``).
+        version: the driver version they were discovered under.
+    """
+
+    def __init__(self, gpus: dict[str, NvmlGpu], version: str) -> None:
+        self.gpus = gpus
+        self.version = version
+        self.reinits = 0
+        """Re-initialisations made."""
+
+    def driver_version(self) -> str:
+        """The kernel driver version now.
+
+        Raises:
+            GpuLostError: NVML does not answer (not initialised, driver gone).
+        """
+        try:
+            return lib.driver_version()
+        except lib.NvmlCallError as exc:
+            raise errors.GpuLostError(f"driver version unreadable: {exc}") from exc
+
+    def reinit(self) -> dict[str, bool]:
+        """Initialise NVML again and re-bind every GPU; per UUID whether it answers.
+
+        Returns:
+            ``{uuid: True}`` for a GPU found and probed again, ``False`` for one still lost
+            (or every GPU when NVML itself cannot start: a driver upgraded under the agent
+            gives LIB_RM_VERSION_MISMATCH until the agent's container is restarted).
+        """
+        self.reinits += 1
+        try:
+            lib.shutdown()
+        except lib.NvmlCallError as exc:
+            log.info("nvmlShutdown before re-initialisation: %s", exc)
+        try:
+            lib.init()
+            self.version = lib.driver_version()
+        except (lib.NvmlUnavailableError, lib.NvmlCallError) as exc:
+            log.error("NVML re-initialisation failed: %s", exc)
+            return dict.fromkeys(self.gpus, False)
+        out: dict[str, bool] = {}
+        for uuid, gpu in self.gpus.items():
+            try:
+                gpu.rebind(lib.handle_by_uuid(uuid))
+                gpu.probe()
+                out[uuid] = True
+            except (lib.NvmlCallError, errors.GpuError) as exc:
+                log.warning("GPU %s not back after NVML re-initialisation: %s", uuid, exc)
+                out[uuid] = False
+        return out
 
 
 def shutdown() -> None:

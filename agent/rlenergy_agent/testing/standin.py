@@ -6,7 +6,8 @@ physics into it (energy counter in mJ, trailing-average and instant power, the c
 would run unlocked) from the SKU models of ``rlenergy.gpu.models``, keeps the ground truth, and
 injects faults (NO_PERMISSION, NOT_SUPPORTED, GPU_IS_LOST, counter reset, "lock accepted but
 effective clock lower", set ``clock_cap_mhz`` at any time, also after the lock; with
-``silent_cap`` the cap shows no clock-event reason). Callers: the agent's tests,
+``silent_cap`` the cap shows no clock-event reason; a GPU reset that clears the locks, a GPU
+lost and back, a changed driver version). Callers: the agent's tests,
 ``bench/agent.py`` and the local integration runs (``rlenergy-agent --backend nvml`` with the
 environment of ``env()``).
 
@@ -309,6 +310,41 @@ class StandinDriver:
             sim.since_reset_j = 0.0
             sim.offset_mj = to_mj
             self._write_sensors(self.gpu(uuid), sim)
+
+    def reset_gpu(self, uuid: str) -> None:
+        """A GPU reset (``nvidia-smi --gpu-reset``, or the driver recovering the GPU).
+
+        What NVML documents for it: locked GPU and memory clocks are not persistent across a
+        GPU reset, so the GPU comes back on the default governor (``locked`` cleared, no
+        clock write counted: the agent did not make it); the rest of the state (energy
+        counter, power) carries on. Pair with ``lose``/``recover`` for the time it is gone.
+        """
+        with self._lock:
+            g = self.gpu(uuid)
+            g.locked = 0  # first: a read racing the reset sees the default governor
+            g.lock_min_mhz = g.lock_max_mhz = 0
+            g.mem_locked = 0
+
+    def lose(self, uuid: str) -> None:
+        """The GPU falls off the bus.
+
+        Every device call answers NVML_ERROR_GPU_IS_LOST (the handle look-ups too), as NVML
+        documents for a lost GPU.
+        """
+        self.gpu(uuid).fail_all = GPU_IS_LOST
+
+    def recover(self, uuid: str) -> None:
+        """A lost GPU comes back.
+
+        It comes back through a GPU reset (locks cleared, ``reset_gpu``); then its calls
+        answer again.
+        """
+        self.reset_gpu(uuid)
+        self.gpu(uuid).fail_all = 0
+
+    def set_driver_version(self, version: str) -> None:
+        """What ``nvmlSystemGetDriverVersion`` answers from now on (a driver upgrade)."""
+        self.state.driver_version = version.encode()
 
     # ----- work and physics --------------------------------------------------------------
     def set_work(self, uuids: Sequence[str], kind: models.PhaseKind, label: str = "") -> None:

@@ -231,6 +231,8 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     for (uint32_t i = 0; i < g_state->n_gpus; i++) {
         if (strncmp(g_state->gpus[i].uuid, uuid, 96) == 0) {
+            /* NVML: GPU_IS_LOST when the target GPU has fallen off the bus (as by index). */
+            if (g_state->gpus[i].fail_all == NVML_ERROR_GPU_IS_LOST) return NVML_ERROR_GPU_IS_LOST;
             *device = &g_state->gpus[i];
             return NVML_SUCCESS;
         }

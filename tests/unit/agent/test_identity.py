@@ -69,19 +69,20 @@ def test_one_review_per_token_until_its_expiry_bounded_by_max_ttl() -> None:
 def test_refusals_are_cached_briefly_and_the_cache_is_bounded() -> None:
     reviews, mono = FakeReviews(), Clock()
     auth = reviews.authenticator(negative_ttl_s=2.0, max_entries=3, clock=mono)
+    unknown = _jwt({"n": -1})  # JWT-shaped, but no API server issued it
     for _ in range(10):
         with pytest.raises(identity.AuthError, match="refused by the API server") as info:
-            auth.authenticate("Bearer not-a-token")
+            auth.authenticate(f"Bearer {unknown}")
         assert info.value.status == 401
     assert reviews.calls == 1
     mono.t += 2.5
     with pytest.raises(identity.AuthError):
-        auth.authenticate("Bearer not-a-token")
+        auth.authenticate(f"Bearer {unknown}")
     assert reviews.calls == 2
     tokens = [reviews.issue(POD_A) for _ in range(5)]
     for t in tokens:
         auth.authenticate(f"Bearer {t}")
-    assert len(auth._cache) == 3  # noqa: SLF001 - the bound is the point
+    assert len(auth._ok) == 3  # noqa: SLF001 - the bound is the point
     auth.authenticate(f"Bearer {tokens[-1]}")  # newest: still cached
     calls = reviews.calls
     auth.authenticate(f"Bearer {tokens[0]}")  # oldest: dropped, asked again
@@ -108,7 +109,7 @@ def test_api_unreachable_is_503_and_not_cached() -> None:
     assert auth.authenticate(f"Bearer {token}").pod_name == POD_A.name
 
 
-def test_wrong_audience_and_unbound_tokens_are_401() -> None:
+def test_wrong_audience_is_401_and_a_token_bound_to_no_pod_is_403() -> None:
     reviews = FakeReviews()
     auth = reviews.authenticator()
     with pytest.raises(identity.AuthError, match="refused") as info:
@@ -118,11 +119,11 @@ def test_wrong_audience_and_unbound_tokens_are_401() -> None:
     review = identity.Review(True, "system:serviceaccount:a:default", {}, ["other"])
     with pytest.raises(identity.AuthError, match="not valid for audience"):
         identity.caller_of(review, AUDIENCE)
-    # a plain service-account token (no pod binding) names no pod
+    # a plain (legacy) service-account token names no pod: valid, but not allowed
     review = identity.Review(True, "system:serviceaccount:a:default", {}, [AUDIENCE])
-    with pytest.raises(identity.AuthError, match="not bound to a pod") as info:
+    with pytest.raises(identity.AuthError, match="not bound to exactly one pod") as info:
         identity.caller_of(review, AUDIENCE)
-    assert info.value.status == 401
+    assert info.value.status == 403
     review = identity.Review(True, "alice", {identity.EXTRA_POD_NAME: ["p"]}, [AUDIENCE])
     with pytest.raises(identity.AuthError, match="alice is not bound"):
         identity.caller_of(review, AUDIENCE)
@@ -260,7 +261,7 @@ def test_expiry_of_every_unpadded_payload_length() -> None:
     assert seen == {0, 2, 3}
 
 
-def test_each_missing_pod_binding_is_refused_with_401() -> None:
+def test_each_missing_pod_binding_is_refused_with_403() -> None:
     sa = "system:serviceaccount:a:default"
     bound = {identity.EXTRA_POD_NAME: ["p"], identity.EXTRA_POD_UID: ["u"]}
     cases = [
@@ -269,9 +270,9 @@ def test_each_missing_pod_binding_is_refused_with_401() -> None:
         identity.Review(True, "alice", bound, [AUDIENCE]),  # not a service account
     ]
     for review in cases:
-        with pytest.raises(identity.AuthError, match="is not bound to a pod") as info:
+        with pytest.raises(identity.AuthError, match="is not bound to exactly one pod") as info:
             identity.caller_of(review, AUDIENCE)
-        assert info.value.status == 401, review
+        assert info.value.status == 403, review
     with pytest.raises(identity.AuthError, match="an unknown user is not bound"):
         identity.caller_of(identity.Review(True, "", bound, [AUDIENCE]), AUDIENCE)
     with pytest.raises(identity.AuthError, match="not valid for audience") as info:

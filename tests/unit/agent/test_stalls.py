@@ -279,3 +279,57 @@ def test_the_job_loop_keeps_stalled_time_out_of_compared_figures():
     out = loopstatus.assemble(b, stalled, None, conds, None)
     (cond,) = [c for c in out.fields["conditions"] if c["type"] == "RolloutStalled"]
     assert cond["status"] == "False"
+
+
+def _spiky(t: int, every: int) -> float:
+    """Power per GPU of a hung engine whose power jumps for one sample every ``every`` s."""
+    return 250.0 if every and t % every == every - 1 else 60.0
+
+
+def test_one_spike_neither_resets_the_run_nor_ends_the_stall():
+    """A hung engine sampled every second for 120 s, power above the band for one sample in
+    five (a clock switch wakes the busy-wait): stalled once 60 s of the window are judged,
+    from its first frozen sample; the spikes during the stall do not end it."""
+    w = stalls.StallWatch(after_s=60.0, band_w=143.0, in_flight=8)
+    out = [w.sample(float(t), 100.0, _spiky(t, 5), t) for t in range(121)]
+    assert out.count("started") == 1 and "ended" not in out
+    assert out.index("started") == 61  # 60 s after the first quiet sample (t=1)
+    assert w.stalls[0].start_s == 1.0  # the window's first frozen sample
+    assert w.stalled and w.stalled_s(120.0) == 119.0
+    assert w.sample(121.0, 101.0, 60.0, 121) == "ended"  # progress grows: over
+    assert w.stalls[0].end_s == 120.0
+
+
+def test_power_above_the_band_for_much_of_the_window_is_no_stall():
+    """Progress that lags at working power (one sample in two above the band) is no stall,
+    and a stall whose power comes back up for good ends once the window says so."""
+    w = stalls.StallWatch(after_s=60.0, band_w=143.0, in_flight=8)
+    out = [w.sample(float(t), 100.0, _spiky(t, 2), t) for t in range(200)]
+    assert "started" not in out and not w.stalls
+    w = stalls.StallWatch(after_s=10.0, band_w=143.0, in_flight=8)
+    out = [w.sample(float(t), 5.0, 60.0 if t < 30 else 250.0, t) for t in range(60)]
+    assert out.index("started") == 11 and out.index("ended") == 33
+    assert 0.5 < stalls.IN_BAND_FRACTION <= 0.75
+
+
+def test_a_hung_engine_with_a_power_spike_after_each_switch_is_declared_stalled(
+    make_driver: DriverFactory,
+):
+    """Through the agent: frozen progress with requests in flight, the GPUs at near-idle power
+    except one working second in every five."""
+    drv = make_driver(1)
+    plan = api_node.ClockPlan(
+        step=0,
+        phases=[api_node.PhasePlan(phase="generation", clockMHz=CANDIDATE_MHZ, state="locked")],
+    )
+    agent = standin_agent({POD: list(drv.uuids)}, plan, lambda: drv.virtual_s)
+    agent.stall_after_s = STALL_AFTER_S
+    tr = Trainer(drv, agent)
+    drv.set_work(drv.uuids, "generation")
+    agent.phase(POD, "generation", 0)
+    tr.run(3.0, rate=100.0, in_flight=8)
+    for second in range(3 * int(STALL_AFTER_S)):
+        drv.freeze(drv.uuids, frozen=second % 5 != 4)  # one working second in five
+        tr.run(1.0, rate=0.0, in_flight=8)
+    assert _stalled_gauge(agent) == {1.0}
+    assert all(g.stalled_seconds is not None for g in agent.report().gpus)
