@@ -849,6 +849,35 @@ def _patch_logged(module: str, name: str, patch: Callable[[type], None]) -> None
         log.warning("rlenergy verl hook: not patched: %s; it runs unhooked", why)
 
 
+RAY_NESTED_INIT = (2, 55, 0)
+"""The first Ray whose ``ray.init`` accepts a runtime env whose ``worker_process_setup_hook``
+was already turned into Ray's reserved variable, as long as both name the same hook
+(ray-project/ray PR 61473, in ``ray/_private/runtime_env/setup_hook.py``
+``_check_setup_hook_consistency``). Older Rays abort such a nested ``ray.init`` (a KubeRay
+RayJob's driver calling ``ray.init`` with the job's hook, vLLM's Ray executor in a child of a
+hooked worker) with "The env var, __RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR, is not permitted"."""
+
+
+def ray_version_problem(version: str) -> str | None:
+    """One line on what to change when Ray ``version`` aborts nested ``ray.init`` calls.
+
+    Returns:
+        ``None`` for Ray ``RAY_NESTED_INIT`` or later (or a version that does not parse).
+    """
+    try:
+        parts = tuple(int(p) for p in version.split(".")[:3])
+    except ValueError:
+        return None
+    if parts >= RAY_NESTED_INIT:
+        return None
+    need = ".".join(map(str, RAY_NESTED_INIT))
+    return (
+        f"Ray {version} aborts a nested ray.init whose runtime env carries this hook (KubeRay "
+        f"RayJobs, vLLM's Ray executor); upgrade to Ray >= {need}, or set the hook only once, "
+        "at job level (docs/verl.md, 'Ray and KubeRay')"
+    )
+
+
 TESTED_VERL = "0.9.1"
 """The verl release the hook's wrappers are matched to (pyproject's ``verl`` extra)."""
 
@@ -884,6 +913,10 @@ def install() -> None:
             TESTED_VERL,
             "; ".join(missing),
         )
+    ray = sys.modules.get("ray")
+    problem = ray_version_problem(str(getattr(ray, "__version__", ""))) if ray else None
+    if problem is not None:
+        log.warning("rlenergy verl hook: %s", problem)
     after_import(
         V1_TRAINER_CLASS[0],
         lambda mod: _patch_logged(mod.__name__, V1_TRAINER_CLASS[1], patch_v1_trainer),
@@ -915,6 +948,7 @@ __all__ = [
     "v1_workload",
     "patch_worker",
     "pool_phases",
+    "ray_version_problem",
     "progress_kind",
     "trained_batch",
 ]

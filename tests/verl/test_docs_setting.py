@@ -113,3 +113,61 @@ def test_ray_runs_the_hook_in_a_worker_process_before_its_tasks(
         assert all(got.values()), [k for k, v in got.items() if not v]
     finally:
         ray.shutdown()
+
+
+CHILD = """
+import json, os, sys
+import ray
+ray.init(address=os.environ["RLENERGY_TEST_GCS"], runtime_env=json.loads(sys.argv[1]),
+         log_to_driver=False)
+
+@ray.remote
+def patched():
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+    return getattr(ActorRolloutRefWorker.__dict__["update_actor"], "__rlenergy_patched__", False)
+
+print(json.dumps(ray.get(patched.remote(), timeout=300)))
+"""
+
+
+@pytest.mark.slow
+def test_a_child_of_a_hooked_worker_calls_ray_init_with_the_jobs_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a KubeRay RayJob's driver and vLLM's Ray executor do: a process started from a
+    hooked Ray worker calls ``ray.init`` again with the job's runtime env (the hook already
+    turned into Ray's reserved variable). The pinned Ray accepts the same hook again
+    (``verl_hook.RAY_NESTED_INIT``) and the child's tasks are hooked; a different hook is
+    refused by Ray with a message naming both."""
+    runtime_env = _ray_init_kwargs(monkeypatch)["runtime_env"]
+    monkeypatch.undo()
+    assert verl_hook.ray_version_problem(ray.__version__) is None
+    assert "upgrade to Ray >= 2.55.0" in (verl_hook.ray_version_problem("2.54.1") or "")
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)
+    try:
+
+        @ray.remote
+        def nested(hook: str) -> tuple[int, str, str]:
+            import json
+            import os
+            import subprocess
+            import sys
+
+            env = dict(ray.get_runtime_context().runtime_env)
+            env["worker_process_setup_hook"] = hook
+            child_env = {**os.environ, "RLENERGY_TEST_GCS": ray.get_runtime_context().gcs_address}
+            done = subprocess.run(
+                [sys.executable, "-c", CHILD, json.dumps(env)],
+                env=child_env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
+            return done.returncode, done.stdout, done.stderr
+
+        same = ray.get(nested.remote("rlenergy.sdk.verl_hook.install"), timeout=300)
+        assert same[0] == 0 and same[1].strip() == "true", same[2][-2000:]
+        other = ray.get(nested.remote("other.module.setup"), timeout=300)
+        assert other[0] != 0 and "Conflicting worker_process_setup_hook" in other[2]
+    finally:
+        ray.shutdown()
