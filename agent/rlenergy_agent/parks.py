@@ -141,6 +141,7 @@ class Parks(AgentState):
         if not gpus:
             self.refused += 1
             raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
+        self.check_step(dispatch.step)
         with self._lock:
             if self.dispatch is not None and dispatch.step < self.dispatch.step:
                 raise SignalRefused(
