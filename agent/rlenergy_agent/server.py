@@ -171,6 +171,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         try:
             pod = identity.authorize(self.agent, caller, signals.requested_gpus(req))
+            self.agent.check_selected(pod)
             self._answer(200, _dump(dispatch(self.agent, pod, req, received)))
         except identity.AuthError as exc:
             self._refuse(exc.status, str(exc))
