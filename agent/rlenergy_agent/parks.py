@@ -68,6 +68,19 @@ class Parks(AgentState):
             for u in targets:
                 if u in self.parked:
                     continue
+                others = sorted(self.sharers_of(u) - set(devices))
+                if others:  # a shared GPU (replicas, MPS, MIG): never parked under a co-tenant
+                    applied[u] = act.ApplyResult(
+                        u,
+                        None,
+                        None,
+                        None,
+                        False,
+                        skipped="SharedGPU",
+                        error=f"not parked: GPU {u} is shared with device(s) "
+                        f"{', '.join(others)} of other pods",
+                    )
+                    continue
                 ctl = self.actuator.controls[u]
                 clock: int | None = None
                 if enforce and ctl.supported_mhz:
@@ -104,6 +117,24 @@ class Parks(AgentState):
             for u in ended:
                 self.actuator.apply(u, clock, owner_uuids=devices)
             return released
+
+    def sharers_of(self, gpu: str) -> set[str]:
+        """Every device ID of ``gpu`` that any pod holds (``service.Agent.sharers_of``)."""
+        raise NotImplementedError
+
+    def _end_parks_before(self, step: int) -> None:
+        """End the parks of steps before ``step``, whoever parked them: the step ended.
+
+        Their GPUs return to the default governor (the next phase signal applies the plan).
+        """
+        with self._lock:
+            stale = [(u, p) for u, p in self.parked.items() if p.step < step]
+            if not stale:
+                return
+            self._end_parks([u for u, _ in stale], self._clock())
+            for u, p in stale:
+                self.actuator.apply(u, None, owner_uuids=self.gpus_of(p.pod)[1])
+            log.info("step %d began: %d park(s) of earlier steps ended", step, len(stale))
 
     def _end_parks(self, uuids: Iterable[str], now_s: float) -> float:
         """Account and forget the parks of ``uuids`` (clocks are the caller's business)."""

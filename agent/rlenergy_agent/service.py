@@ -176,6 +176,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
+        actuator.sharers = self.sharers_of
 
     # ----- plan -----------------------------------------------------------------------------
     def set_plan(self, plan: api_node.ClockPlan | None) -> None:
@@ -239,6 +240,10 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
             if u in self.actuator.gpus and u not in physical:
                 physical.append(u)
         return tuple(physical), devices
+
+    def sharers_of(self, gpu: str) -> set[str]:
+        """Every device ID of physical GPU ``gpu`` that any pod holds (``shares.sharers``)."""
+        return shares.sharers(gpu, self.podmap.pods(), self.mig_parent)
 
     def phase(
         self,

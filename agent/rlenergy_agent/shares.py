@@ -35,6 +35,19 @@ def physical(device: str, mig_parent: Mapping[str, str]) -> str:
     return base if sep and index.isdigit() else device
 
 
+def sharers(
+    gpu: str, pods: Mapping[Hashable, Sequence[str]], mig_parent: Mapping[str, str]
+) -> set[str]:
+    """Every device ID of physical GPU ``gpu`` that any pod holds (MIG instances, replicas).
+
+    A lock or a park changes the clock of the whole physical GPU, so a pod may make one only
+    when it holds all of these (``rlenergy_agent.actuator.Actuator.apply``): a pod holding one
+    time-slicing or MPS replica (``GPU-x::0``) must not lock the GPU under its co-tenant's
+    replica (``GPU-x::1``).
+    """
+    return {d for devices in pods.values() for d in devices if physical(d, mig_parent) == gpu}
+
+
 def shares(
     pods: Mapping[Hashable, Sequence[str]],
     mig_parent: Mapping[str, str],

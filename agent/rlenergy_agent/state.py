@@ -303,7 +303,9 @@ class AgentState:
                     f"{newest} of this node's policy; steps advance one at a time",
                     409,
                 )
-            self.newest_step = max(newest, step)
+            if step > newest:
+                self.newest_step = step
+                self._end_parks_before(step)
 
     def check_phase(self, phase: str) -> None:
         """Refuse a phase name that neither the plan nor ``DEFAULT_PHASES`` names.
@@ -351,6 +353,10 @@ class AgentState:
         )
 
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
+        raise NotImplementedError
+
+    def _end_parks_before(self, step: int) -> None:
+        """End every park of a step before ``step`` (``parks.Parks._end_parks_before``)."""
         raise NotImplementedError
 
     def stalled_since_s(self, uuid: str) -> float | None:

@@ -233,3 +233,72 @@ def test_per_pod_energy_is_trimmed_with_the_steps(make_driver: DriverFactory) ->
     assert len(agent.pod_energy) <= state.MAX_STEPS_KEPT
     assert min(s for _p, s in agent.pod_energy) >= min(agent.steps)
     assert len(agent.idle_j) <= state.MAX_STEPS_KEPT
+
+
+# ----- shared GPUs ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def replicas(make_driver: DriverFactory, short_tmp: Path) -> Iterator[tuple[Any, ...]]:
+    """GPU 0 time-sliced: replica 0 team-a's trainer, replica 1 another pod; GPU 1 whole."""
+    drv = make_driver(2)
+    g0, g1 = drv.uuids
+    pods = {TEAM_A: [f"{g0}::0", g1], TEAM_A_ROLLOUT: [f"{g0}::1"]}
+    agent = standin_agent(pods, LOCKED_PLAN, lambda: drv.virtual_s)
+    reviews = FakeReviews()
+    sock = short_tmp / "agent.sock"
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
+    srv.start()
+    try:
+        yield drv, agent, reviews, sock
+    finally:
+        srv.stop()
+
+
+def test_a_replica_holder_cannot_park_or_lock_the_whole_gpu(replicas: tuple[Any, ...]) -> None:
+    drv, agent, reviews, sock = replicas
+    g0, g1 = drv.uuids
+    token = reviews.issue(TEAM_A)
+    status, answer = post(sock, "/v1/phase", token, '{"phase": "generation", "step": 0}')
+    assert status == 200, answer
+    assert answer["applied"][g0]["skipped"] == "SharedGPU"
+    assert not drv.gpu(g0).locked
+    assert drv.gpu(g1).locked and drv.gpu(g1).lock_max_mhz == 1395  # its whole GPU
+    status, answer = post(sock, "/v1/park", token, '{"step": 0}')
+    assert status == 200, answer
+    assert g0 not in answer["parked"] and "shared with device(s)" in answer["applied"][g0]["error"]
+    assert g0 not in agent.parked and not drv.gpu(g0).locked
+    assert g1 in agent.parked  # the whole GPU is parked
+    assert drv.gpu(g1).lock_max_mhz == min(agent.actuator.controls[g1].supported_mhz)
+
+
+def test_a_pod_holding_every_replica_locks_and_a_new_sharer_ends_the_lock(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(1)
+    (g0,) = drv.uuids
+    pods: dict[service.PodRef, list[str]] = {TEAM_A: [f"{g0}::0", f"{g0}::1"]}
+    agent = standin_agent(pods, LOCKED_PLAN, lambda: drv.virtual_s)
+    agent.phase(TEAM_A, "generation", 0)
+    assert drv.gpu(g0).locked and drv.gpu(g0).lock_max_mhz == 1395
+    # the device plugin hands replica 1 to another pod: the next lock request resets instead
+    pods[TEAM_A] = [f"{g0}::0"]
+    pods[TEAM_A_ROLLOUT] = [f"{g0}::1"]
+    agent.podmap = service.StaticPodMap(pods)
+    result = agent.phase(TEAM_A, "training", 0)
+    assert result.applied[g0].skipped == "SharedGPU"
+    assert not drv.gpu(g0).locked
+
+
+def test_parks_end_with_their_step(make_driver: DriverFactory) -> None:
+    drv = make_driver(2)
+    g0, g1 = drv.uuids
+    agent = standin_agent({TEAM_A: [g0], TEAM_A_ROLLOUT: [g1]}, LOCKED_PLAN, lambda: drv.virtual_s)
+    agent.phase(TEAM_A, "generation", 3)
+    agent.park(TEAM_A_ROLLOUT, 3)
+    assert g1 in agent.parked and drv.gpu(g1).locked
+    agent.phase(TEAM_A, "training", 3)  # the same step: the park holds
+    assert g1 in agent.parked
+    agent.phase(TEAM_A, "generation", 4)  # the trainer moved on: the park of step 3 ends
+    assert not agent.parked and not drv.gpu(g1).locked
+    assert agent.released_gpu_seconds(g1) >= 0.0
