@@ -23,7 +23,17 @@ from typing import Any
 
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
-from rlenergy_agent import actuator, config, energy, identity, nodeloop, podlife, server, service
+from rlenergy_agent import (
+    actuator,
+    config,
+    endpoint,
+    energy,
+    identity,
+    nodeloop,
+    podlife,
+    server,
+    service,
+)
 from rlenergy_agent.nodeloop import leave_policy as leave_policy
 from rlenergy_agent.nodeloop import rediscover as rediscover
 from rlenergy_agent.nodeloop import write_report as write_report
@@ -253,7 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         reviewer, settings.token_audience, max_ttl_s=settings.token_cache_max_s
     )
     pod_ends = podlife.PodEndWatch(agent, ended_in_api, check_s=settings.pod_check_s)
-    signals = server.SignalServer(settings.socket_path, agent, auth)
+    try:
+        signals = server.SignalServer(settings.socket_path, agent, auth)
+    except endpoint.SocketPathError as exc:
+        log.error("%s", exc)
+        return 2
     ops = server.OpsServer(
         settings.metrics_host,
         settings.metrics_port,
