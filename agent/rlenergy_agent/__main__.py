@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.metrics_port,
         agent,
         health=lambda: nvml_healthy(agent),
-        ready=lambda: bool(agent.actuator.gpus),
+        ready=lambda: bool(agent.actuator.gpus) and signals.intact(),
     )
 
     def on_signal(signum: int, _frame: object) -> None:

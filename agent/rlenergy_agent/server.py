@@ -10,8 +10,9 @@
   (``state.AgentState.check_selected``). No token or a bad one: 401; another node's pod,
   another pod's GPUs or a pod the policy does not select: 403.
 * Health and metrics: HTTP on ``127.0.0.1`` by default: ``/metrics`` (scrape-time collection),
-  ``/healthz`` (NVML answers on some GPU), ``/readyz`` (GPUs discovered). The plan is not
-  served here (it is the policy's; ``rlenergy_agent_plan_step`` says which step it is for).
+  ``/healthz`` (NVML answers on some GPU), ``/readyz`` (GPUs discovered, the signal socket
+  still the one bound here). The plan is not served here (it is the policy's;
+  ``rlenergy_agent_plan_step`` says which step it is for).
 
 Both listeners are bounded (``endpoint``): a connection cap, header size and count caps, an
 overall request deadline. The socket is the agent's own: it starts only on a free path or a
@@ -241,6 +242,7 @@ class SignalServer:
         handler = type("Handler", (_Handler,), {"agent": agent, "auth": auth})
         self._server = _UnixHTTPServer(str(path), handler)
         self.owner = endpoint.SocketOwner.of(path)
+        self._reported = False
         os.chmod(path, 0o666)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="signals", daemon=True
@@ -255,9 +257,28 @@ class SignalServer:
         """The listener (its connection counts, for tests and metrics)."""
         return self._server
 
+    def intact(self) -> bool:
+        """Whether the socket path still holds the socket bound here (``/readyz``).
+
+        False when something renamed, removed or replaced it (a trainer whose mount of the
+        socket folder is writable): trainers would reach whatever listens there now, so the
+        agent reports not ready and logs an error once.
+        """
+        ok = self.owner.holds()
+        if not ok and not self._reported:
+            log.error(
+                "signal socket %s is no longer the one this agent bound (renamed, removed or "
+                "replaced): trainers cannot reach the agent; mount %s read-only in trainer pods",
+                self.path,
+                self.path.parent,
+            )
+        self._reported = not ok
+        return ok
+
     def stop(self) -> None:
         """Stop serving and remove the socket, if the path still holds the one bound here."""
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
         self._server.stop_bounds()
         self.owner.release()
