@@ -302,3 +302,61 @@ def test_parks_end_with_their_step(make_driver: DriverFactory) -> None:
     agent.phase(TEAM_A, "generation", 4)  # the trainer moved on: the park of step 3 ends
     assert not agent.parked and not drv.gpu(g1).locked
     assert agent.released_gpu_seconds(g1) >= 0.0
+
+
+# ----- report names ---------------------------------------------------------------------------
+
+
+class _Reports:
+    """The CustomObjectsApi calls of ``kube.ReportWriter``, on a dict of objects."""
+
+    def __init__(self, objects: dict[str, dict[str, Any]]) -> None:
+        self.objects = objects
+
+    def patch_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        name, body = args[4], args[5]
+        if name not in self.objects:
+            raise ApiException(status=404)
+        obj = self.objects[name]
+        for key, value in (body.get("metadata") or {}).get("labels", {}).items():
+            if value is None:
+                obj["metadata"]["labels"].pop(key, None)
+            else:
+                obj["metadata"]["labels"][key] = value
+        if "spec" in body:
+            obj["spec"] = body["spec"]
+        return obj
+
+    def create_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+        body = args[4]
+        self.objects[body["metadata"]["name"]] = body
+        return body
+
+
+def test_the_report_gets_a_hashed_name_and_the_old_named_one_is_unlabelled(
+    make_driver: DriverFactory,
+) -> None:
+    from rlenergy_agent import kube
+
+    drv = make_driver(1)
+    agent = standin_agent({TEAM_A: list(drv.uuids)}, LOCKED_PLAN, lambda: drv.virtual_s)
+    old = {
+        "metadata": {
+            "name": "a-b-c",
+            "labels": {"rlenergy.io/policy": "a", "rlenergy.io/node": "b-c"},
+        },
+        "spec": {},
+    }
+    api = _Reports({"a-b-c": old})
+    kube.ReportWriter(api, "team-a", "a", "b-c").write(agent.report())
+    kube.ReportWriter(api, "team-a", "a-b", "c").write(agent.report())
+    names = set(api.objects)
+    assert len(names) == 3  # the two pairs no longer share an object
+    assert "rlenergy.io/policy" not in old["metadata"]["labels"]  # no longer listed
+    assert all(
+        o["metadata"]["labels"]["rlenergy.io/policy"] in ("a", "a-b")
+        for n, o in api.objects.items()
+        if n != "a-b-c"
+    )
