@@ -39,7 +39,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,11 @@ class BoundedServer(socketserver.ThreadingMixIn):
     block_on_close = False
     max_connections = 64
     name = "http"
+
+    if TYPE_CHECKING:
+
+        def shutdown_request(self, request: Any) -> None:
+            """``socketserver.BaseServer.shutdown_request`` (the server this is mixed into)."""
 
     def start_bounds(self) -> None:
         """Create the connection slots and start the deadline watch."""

@@ -22,6 +22,7 @@ Pure functions; ``rlenergy_agent.service`` applies them when a window closes.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 REPLICA_SEPARATOR = "::"
 """The NVIDIA device plugin names time-sliced replicas ``<GPU UUID>::<replica index>``."""
@@ -35,9 +36,7 @@ def physical(device: str, mig_parent: Mapping[str, str]) -> str:
     return base if sep and index.isdigit() else device
 
 
-def sharers(
-    gpu: str, pods: Mapping[Hashable, Sequence[str]], mig_parent: Mapping[str, str]
-) -> set[str]:
+def sharers(gpu: str, pods: Mapping[Any, Sequence[str]], mig_parent: Mapping[str, str]) -> set[str]:
     """Every device ID of physical GPU ``gpu`` that any pod holds (MIG instances, replicas).
 
     A lock or a park changes the clock of the whole physical GPU, so a pod may make one only
