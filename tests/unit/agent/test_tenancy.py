@@ -360,3 +360,34 @@ def test_the_report_gets_a_hashed_name_and_the_old_named_one_is_unlabelled(
         for n, o in api.objects.items()
         if n != "a-b-c"
     )
+
+
+def test_an_unselected_caller_makes_the_node_loop_discover_at_once(node: tuple[Any, ...]) -> None:
+    from rlenergy_agent import config, podlife
+
+    _drv, agent, reviews, sock = node
+    calls: list[int] = []
+
+    class Counting(_Finder):
+        def discover(self, gpu_pods: Any) -> selector.Discovery:
+            calls.append(1)
+            labels = {("team-a", "trainer-0"): {"app": "rl"}}
+            if len(calls) > 1:  # the new pod got its labels since
+                labels[("team-a", "rollout-0")] = {"app": "rl"}
+            self.labels = labels
+            return super().discover(gpu_pods)
+
+    settings = config.AgentSettings(node_name="node-1", kube=False, plan_poll_s=60.0)
+    loop = nodeloop.NodeLoop(settings, agent, podlife.PodEndWatch(agent), None, discover=True)
+    finder = Counting({})
+    loop.finder = finder  # type: ignore[assignment]
+    loop._discover(0.0, finder)  # noqa: SLF001 - the first discovery, as tick makes it
+    loop.close()  # no API here: discovery only (the plan watch it started ends)
+    loop.writer = loop.watcher = None
+    assert ("team-a", "rollout-0") not in (agent.selected or ())
+    status, _ = post(sock, "/v1/phase", reviews.issue(TEAM_A_ROLLOUT), '{"phase":"idle","step":0}')
+    assert status == 403 and agent.discovery_due
+    loop.tick(1.0)  # long before the next plan poll (60 s): discovery runs because it is due
+    assert len(calls) == 2 and not agent.discovery_due
+    status, _ = post(sock, "/v1/phase", reviews.issue(TEAM_A_ROLLOUT), '{"phase":"idle","step":0}')
+    assert status == 200
