@@ -385,7 +385,7 @@ class RolloutDispatch(_Input):
     failure: RolloutFailure | None = Field(
         None, description="The newest shrink step of ``step`` that failed; null: none."
     )
-    reloaded_experts: list[int] = Field(
+    reloaded_experts: list[Annotated[int, Field(ge=0, le=MAX_STEP)]] = Field(
         default_factory=list,
         max_length=65536,
         description=(
@@ -414,7 +414,7 @@ class RolloutFailure(_Input):
         )
     )
     message: str = Field("", max_length=1024, description="What happened, for the Event.")
-    ranks: list[int] = Field(
+    ranks: list[Annotated[int, Field(ge=0, le=MAX_STEP)]] = Field(
         default_factory=list, max_length=4096, description="Ranks the failure concerns."
     )
 

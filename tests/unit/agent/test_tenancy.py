@@ -132,6 +132,11 @@ def test_no_policy_governing_the_node_refuses_every_pod(node: tuple[Any, ...]) -
         ("/v1/rollout", '{"step": 4611686018427387904, "activeWorkers": 1}'),
         ("/v1/rollout", '{"step": 1, "activeWorkers": 1, "nextStepWorkers": 1e309}'),
         ("/v1/rollout", '{"step": 1, "activeWorkers": 100000}'),
+        (
+            "/v1/rollout",
+            '{"step": 1, "activeWorkers": 1, "reloadedExperts": [18446744073709551617]}',
+        ),
+        ("/v1/rollout", '{"step": 1, "activeWorkers": 1, "workerPods": ["' + "x" * 400 + '"]}'),
         ("/v1/progress", '{"total": 1e309}'),
         ("/v1/progress", '{"total": NaN}'),
         ("/v1/progress", '{"amount": 1, "inFlight": 18446744073709551617}'),
