@@ -122,10 +122,12 @@ class Parks(AgentState):
         """Every device ID of ``gpu`` that any pod holds (``service.Agent.sharers_of``)."""
         raise NotImplementedError
 
-    def _end_parks_before(self, step: int) -> None:
+    def _end_parks_before(self, step: int, writer: PodRef | None = None) -> None:
         """End the parks of steps before ``step``, whoever parked them: the step ended.
 
-        Their GPUs return to the default governor (the next phase signal applies the plan).
+        Their GPUs return to the default governor (the next phase signal applies the plan),
+        except those of ``writer``, whose signal writes their clock next (no extra write on
+        the signal's latency path).
         """
         with self._lock:
             stale = [(u, p) for u, p in self.parked.items() if p.step < step]
@@ -133,7 +135,8 @@ class Parks(AgentState):
                 return
             self._end_parks([u for u, _ in stale], self._clock())
             for u, p in stale:
-                self.actuator.apply(u, None, owner_uuids=self.gpus_of(p.pod)[1])
+                if p.pod != writer:
+                    self.actuator.apply(u, None, owner_uuids=self.gpus_of(p.pod)[1])
             log.info("step %d began: %d park(s) of earlier steps ended", step, len(stale))
 
     def _end_parks(self, uuids: Iterable[str], now_s: float) -> float:

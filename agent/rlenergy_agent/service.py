@@ -273,7 +273,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations):
         """
         t0 = received_s if received_s is not None else self._clock()
         self.check_phase(phase)
-        gpus, devices, _ = self.signal_gpus(pod, gpu_uuids, step)
+        gpus, devices, _ = self.signal_gpus(pod, gpu_uuids, step, writes_all=True)
         with self._lock:
             entry = self._entry_for(phase)
             plan_phases = self.plan_phases()

@@ -259,9 +259,12 @@ class AgentState:
         raise NotImplementedError
 
     def signal_gpus(
-        self, pod: PodRef, gpu_uuids: Sequence[str], step: int
+        self, pod: PodRef, gpu_uuids: Sequence[str], step: int, *, writes_all: bool = False
     ) -> tuple[tuple[str, ...], tuple[str, ...], list[str]]:
         """The GPUs a signal of ``pod`` for ``step`` acts on, checked.
+
+        ``writes_all``: the signal writes the clock of every GPU of the pod next (a phase
+        signal), so parks of the pod that a newer step ends need no reset first.
 
         Returns:
             ``(physical GPUs, devices, targets)``: ``targets`` are the physical GPUs named in
@@ -282,11 +285,18 @@ class AgentState:
         if foreign:
             self.refused += 1
             raise SignalRefused(f"pod {pod} does not hold GPU(s) {', '.join(foreign)}", 403)
-        self.check_step(step)
+        self.check_step(step, pod if writes_all else None)
         return gpus, devices, targets
 
-    def check_step(self, step: int) -> None:
+    def check_step(self, step: int, writer: PodRef | None = None) -> None:
         """Refuse a step below 0 or more than ``STEP_WINDOW`` past the newest one; keep it.
+
+        A newer step ends the parks of earlier steps (``_end_parks_before``).
+
+        Args:
+            step: the signal's RL step.
+            writer: the signalling pod when its signal writes the clocks of all its GPUs next
+                (a phase signal): its ended parks are not reset first.
 
         Raises:
             SignalRefused: 400 a negative step, 409 a step too far ahead (the message names
@@ -305,7 +315,7 @@ class AgentState:
                 )
             if step > newest:
                 self.newest_step = step
-                self._end_parks_before(step)
+                self._end_parks_before(step, writer)
 
     def check_phase(self, phase: str) -> None:
         """Refuse a phase name that neither the plan nor ``DEFAULT_PHASES`` names.
@@ -355,7 +365,7 @@ class AgentState:
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
         raise NotImplementedError
 
-    def _end_parks_before(self, step: int) -> None:
+    def _end_parks_before(self, step: int, writer: PodRef | None = None) -> None:
         """End every park of a step before ``step`` (``parks.Parks._end_parks_before``)."""
         raise NotImplementedError
 

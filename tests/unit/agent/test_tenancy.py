@@ -396,3 +396,17 @@ def test_an_unselected_caller_makes_the_node_loop_discover_at_once(node: tuple[A
     assert len(calls) == 2 and not agent.discovery_due
     status, _ = post(sock, "/v1/phase", reviews.issue(TEAM_A_ROLLOUT), '{"phase":"idle","step":0}')
     assert status == 200
+
+
+def test_a_parked_pods_next_step_goes_straight_to_the_plan_clock(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(1)
+    (g0,) = drv.uuids
+    agent = standin_agent({TEAM_A: [g0]}, LOCKED_PLAN, lambda: drv.virtual_s)
+    agent.phase(TEAM_A, "generation", 3)
+    agent.park(TEAM_A, 3)
+    writes = agent.actuator.controls[g0].writes
+    agent.phase(TEAM_A, "generation", 4)  # its park ends with step 3; one write: the plan's
+    assert not agent.parked and drv.gpu(g0).lock_max_mhz == 1395
+    assert agent.actuator.controls[g0].writes == writes + 1
