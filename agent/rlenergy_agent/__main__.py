@@ -23,7 +23,17 @@ from typing import Any
 
 from rlenergy.api import node as api_node
 from rlenergy.gpu import base, errors
-from rlenergy_agent import actuator, config, energy, identity, nodeloop, podlife, server, service
+from rlenergy_agent import (
+    actuator,
+    config,
+    endpoint,
+    energy,
+    identity,
+    nodeloop,
+    podlife,
+    server,
+    service,
+)
 from rlenergy_agent.nodeloop import leave_policy as leave_policy
 from rlenergy_agent.nodeloop import rediscover as rediscover
 from rlenergy_agent.nodeloop import write_report as write_report
@@ -280,13 +290,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.set_plan(_plan_file(args.plan))
     stop = threading.Event()
     api, auth, pod_ends = _callers(settings, agent)
-    signals = server.SignalServer(settings.socket_path, agent, auth)
+    try:
+        signals = server.SignalServer(settings.socket_path, agent, auth)
+    except endpoint.SocketPathError as exc:
+        log.error("%s", exc)
+        return 2
     ops = server.OpsServer(
         settings.metrics_host,
         settings.metrics_port,
         agent,
         health=lambda: nvml_healthy(agent),
-        ready=lambda: bool(agent.actuator.gpus),
+        ready=lambda: bool(agent.actuator.gpus) and signals.intact(),
     )
 
     def on_signal(signum: int, _frame: object) -> None:

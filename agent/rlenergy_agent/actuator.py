@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -242,6 +242,9 @@ class Actuator:
         self.recovered: list[str] = []
         self.caps = caps.CapWatch()
         """Locks as caps: what each locked GPU runs after the lock settled (``watch_caps``)."""
+        self.sharers: Callable[[str], Collection[str]] | None = None
+        """GPU UUID -> every device ID of it that any pod holds (``shares.sharers``; the agent
+        sets it): a lock needs the caller to hold them all. ``None``: no pod map, no check."""
 
     # ----- start-up --------------------------------------------------------------------------
     def start(
@@ -313,7 +316,11 @@ class Actuator:
             uuid: the GPU.
             clock_mhz: the requested SM clock, MHz.
             owner_uuids: device IDs the caller's pod holds; on a MIG GPU every instance must be
-                among them, or the GPU is skipped (``SharedMIGDevice``).
+                among them, or the GPU is skipped (``SharedMIGDevice``); a lock also needs every
+                device of the GPU that any pod holds (``sharers``: time-slicing and MPS
+                replicas, MIG instances), or it is skipped (``SharedGPU``) and a lock made
+                before the GPU was shared is reset. A reset to the default governor is never
+                held back by sharing (it only returns the GPU to its default).
 
         Returns:
             What happened; errors are reported in the result, never raised.
@@ -326,8 +333,15 @@ class Actuator:
             return ApplyResult(uuid, clock_mhz, None, None, False, skipped=ctl.reason)
         if not self.enforce:
             return self._readback(ctl, clock_mhz, None, wrote=False, skipped="observe")
-        if ctl.mig_uuids and not set(ctl.mig_uuids) <= set(owner_uuids):
+        owners = set(owner_uuids)
+        if ctl.mig_uuids and not set(ctl.mig_uuids) <= owners:
             return ApplyResult(uuid, clock_mhz, None, None, False, skipped="SharedMIGDevice")
+        if clock_mhz is not None and self.sharers is not None:
+            others = set(self.sharers(uuid)) - owners
+            if others:
+                if ctl.applied_mhz is not None:  # locked while whole; shared since
+                    self._write(ctl, self.gpus[uuid], None)
+                return ApplyResult(uuid, clock_mhz, None, None, False, skipped="SharedGPU")
         target = None
         error = None
         if clock_mhz is not None:

@@ -145,7 +145,8 @@ class PodAnnotations:
                 ),
                 (),
             )
-        except (ValueError, identity.AuthError) as exc:
+            self.agent.check_selected(ref)
+        except (ValueError, identity.AuthError, service.SignalRefused) as exc:
             self._refuse(pod, seen, str(exc))
             return []
         done: list[str] = []

@@ -26,8 +26,8 @@ import kubernetes
 import kubernetes.watch
 from kubernetes.client.exceptions import ApiException as ApiException
 
+from rlenergy.api import naming, selector
 from rlenergy.api import node as api_node
-from rlenergy.api import selector
 from rlenergy_agent import identity, pods
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,8 @@ RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
 
 
 def report_name(policy: str, node: str) -> str:
-    """Object name of a node's report (DNS-1123, at most 253 characters)."""
-    return f"{policy}-{node}".lower()[:253]
+    """Object name of a node's report (``rlenergy.api.naming.report_name``: hashed)."""
+    return naming.report_name(policy, node)
 
 
 def load_api(kubeconfig: str | None = None) -> Any:
@@ -223,6 +223,34 @@ class ReportWriter:
             GROUP, VERSION, self.namespace, REPORT_PLURAL, body
         )
         self._exists = True
+        self._retire_legacy()
+
+    def _retire_legacy(self) -> None:
+        """Unlabel this node's report under the name agents used before the hash suffix.
+
+        The operator lists a policy's reports by the ``rlenergy.io/policy`` label; the old
+        object (left by the agent this one replaced) would count as a second, stale report of
+        this node. Its label is removed (the agent may patch only its node's reports, and may
+        not delete); the policy's deletion still garbage-collects it. Errors are logged only.
+        """
+        legacy = naming.legacy_report_name(self.policy, self.node)
+        if legacy == self.name:
+            return
+        try:
+            self.api.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                self.namespace,
+                REPORT_PLURAL,
+                legacy,
+                {"metadata": {"labels": {"rlenergy.io/policy": None}}},
+            )
+            log.info("retired the old-named report %s/%s", self.namespace, legacy)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("could not retire old report %s: %s", legacy, exc.reason)
+        except OSError as exc:
+            log.warning("could not retire old report %s: %s", legacy, exc)
 
 
 class PlanWatcher:

@@ -18,6 +18,7 @@ Prometheus). ``promtool check metrics`` passes on the exposition (tests/e2e/test
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -163,56 +164,65 @@ class AgentCollector(Collector):
             "Phase signal received to clocks applied, s.",
             labels=["node"],
         )
-        with a._lock:  # noqa: SLF001 - one consistent snapshot
-            policy = a.policy_name
-            for (u, phase), j in a.phase_energy_j.items():
-                name, ns = _pod_labels(a.pod_of.get(u))
-                energy.add_metric([u, node, policy, name, ns, phase], j)
-            for (u, phase), s in a.phase_seconds.items():
-                name, ns = _pod_labels(a.pod_of.get(u))
-                seconds.add_metric([u, node, policy, name, ns, phase], s)
-            for u, st in a.meter.state.items():
-                known = a.meter.total_j(u)
-                if known is not None:
-                    total.add_metric([u, node, st.source], known)
-                rejected.add_metric([u, node], st.rejected)
-                missing.add_metric([u, node], st.missing)
-            for u, ctl in a.actuator.controls.items():
-                if ctl.requested_mhz is not None:
-                    clock.add_metric([u, node, "requested"], ctl.requested_mhz * 1e6)
-                if ctl.effective_mhz is not None:
-                    clock.add_metric([u, node, "effective"], ctl.effective_mhz * 1e6)
-                locked.add_metric([u, node], 0.0 if ctl.applied_mhz is None else 1.0)
-                cap = a.actuator.caps.get(u)
-                cap_state.add_metric([u, node, cap.state, cap.limit], 1.0)
-                unexplained.add_metric([u, node], cap.shortfalls)
-                chk = a.crosscheck.gpus.get(u)
-                if chk is not None:
-                    xmismatch.add_metric([u, node], chk.mismatches)
-                    if chk.last is not None:
-                        xratio.add_metric([u, node], chk.last.ratio)
-                pod = a.pod_of.get(u)
-                assigned.add_metric([u, node], 0.0 if pod is None else 1.0)
-                name, ns = _pod_labels(pod)
-                info.add_metric([u, node, policy, name, ns, a.phase_of.get(u, "idle")], 1.0)
-                stalled.add_metric(
-                    [u, node, policy, name, ns, a.phase_of.get(u, "idle")],
-                    0.0 if a.stalled_since_s(u) is None else 1.0,
-                )
-                condition.add_metric([u, node, ctl.condition, ctl.reason], 1.0)
-            tokens.add_metric([node, policy], a.valid_tokens_total)
-            stalled_s.add_metric([node, policy], a.stalled_s_total)
-            leases.add_metric([node, policy], a.leases_expired_total)
-            for phase, ratio in sorted(a.saving_ratio.items()):
-                if phase:
-                    saving.add_metric([node, policy, phase], ratio)
-                else:
-                    job_saving.add_metric([node, policy], ratio)
-            hist = a.latency_hist
-            lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
+        plan_step = GaugeMetricFamily(
+            "rlenergy_agent_plan_step",
+            "First RL step of the plan the agent holds (absent: no plan).",
+            labels=["node", "policy"],
+        )
+        snap = _snapshot(a)
+        policy = snap.policy
+        if snap.plan_step is not None:
+            plan_step.add_metric([node, policy], snap.plan_step)
+        # Built from the snapshot, outside the agent's lock: a scrape never holds a signal up.
+        for (u, phase), j in snap.phase_energy_j:
+            name, ns = _pod_labels(snap.pod_of.get(u))
+            energy.add_metric([u, node, policy, name, ns, phase], j)
+        for (u, phase), s in snap.phase_seconds:
+            name, ns = _pod_labels(snap.pod_of.get(u))
+            seconds.add_metric([u, node, policy, name, ns, phase], s)
+        # The per-GPU families: NVML-side state, read without the agent's lock.
+        for u, st in a.meter.state.items():
+            known = a.meter.total_j(u)
+            if known is not None:
+                total.add_metric([u, node, st.source], known)
+            rejected.add_metric([u, node], st.rejected)
+            missing.add_metric([u, node], st.missing)
+        for u, ctl in a.actuator.controls.items():
+            if ctl.requested_mhz is not None:
+                clock.add_metric([u, node, "requested"], ctl.requested_mhz * 1e6)
+            if ctl.effective_mhz is not None:
+                clock.add_metric([u, node, "effective"], ctl.effective_mhz * 1e6)
+            locked.add_metric([u, node], 0.0 if ctl.applied_mhz is None else 1.0)
+            cap = a.actuator.caps.get(u)
+            cap_state.add_metric([u, node, cap.state, cap.limit], 1.0)
+            unexplained.add_metric([u, node], cap.shortfalls)
+            chk = a.crosscheck.gpus.get(u)
+            if chk is not None:
+                xmismatch.add_metric([u, node], chk.mismatches)
+                if chk.last is not None:
+                    xratio.add_metric([u, node], chk.last.ratio)
+            pod = snap.pod_of.get(u)
+            assigned.add_metric([u, node], 0.0 if pod is None else 1.0)
+            name, ns = _pod_labels(pod)
+            info.add_metric([u, node, policy, name, ns, snap.phase_of.get(u, "idle")], 1.0)
+            stalled.add_metric(
+                [u, node, policy, name, ns, snap.phase_of.get(u, "idle")],
+                0.0 if u not in snap.stalled else 1.0,
+            )
+            condition.add_metric([u, node, ctl.condition, ctl.reason], 1.0)
+        tokens.add_metric([node, policy], snap.valid_tokens_total)
+        stalled_s.add_metric([node, policy], snap.stalled_s_total)
+        leases.add_metric([node, policy], snap.leases_expired_total)
+        for phase, ratio in sorted(snap.saving_ratio.items()):
+            if phase:
+                saving.add_metric([node, policy, phase], ratio)
+            else:
+                job_saving.add_metric([node, policy], ratio)
+        hist = a.latency_hist
+        lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
         yield from (energy, seconds, total, clock, locked, cap_state, unexplained, assigned)
         yield from (info, condition, xratio, xmismatch, stalled, stalled_s, leases)
-        yield from (rejected, missing, tokens, saving, job_saving, lat)
+        yield from (rejected, missing, tokens, saving, job_saving, lat, plan_step)
         calls = CounterMetricFamily(
             "rlenergy_agent_nvml_calls",
             "NVML calls per entry point, count.",
@@ -332,15 +342,54 @@ class AgentCollector(Collector):
             "SM clock the park locked (the lowest supported), Hz; absent when not parked.",
             labels=["gpu_uuid", "node"],
         )
-        with a._lock:  # noqa: SLF001 - one consistent snapshot
-            for u in a.actuator.controls:
-                released.add_metric([u, node], a.released_gpu_seconds(u))
-                p = a.parked.get(u)
-                name, ns = _pod_labels(p.pod if p is not None else a.pod_of.get(u))
-                parked.add_metric([u, node, name, ns], 1.0 if p is not None else 0.0)
-                if p is not None and p.clock_mhz is not None:
-                    parked_clock.add_metric([u, node], p.clock_mhz * 1e6)
+        with a._lock:  # noqa: SLF001 - a short copy; the families are built after
+            gpus = list(a.actuator.controls)
+            seconds = {u: a.released_gpu_seconds(u) for u in gpus}
+            parks = dict(a.parked)
+            pod_of = dict(a.pod_of)
+        for u in gpus:
+            released.add_metric([u, node], seconds[u])
+            p = parks.get(u)
+            name, ns = _pod_labels(p.pod if p is not None else pod_of.get(u))
+            parked.add_metric([u, node, name, ns], 1.0 if p is not None else 0.0)
+            if p is not None and p.clock_mhz is not None:
+                parked_clock.add_metric([u, node], p.clock_mhz * 1e6)
         yield from (released, parked, parked_clock)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Snapshot:
+    """The agent fields a scrape reads, copied under the agent's lock in one short hold."""
+
+    policy: str
+    plan_step: int | None
+    phase_energy_j: list[tuple[tuple[str, str], float]]
+    phase_seconds: list[tuple[tuple[str, str], float]]
+    pod_of: dict[str, service.PodRef | None]
+    phase_of: dict[str, str]
+    stalled: frozenset[str]
+    valid_tokens_total: float
+    stalled_s_total: float
+    leases_expired_total: int
+    saving_ratio: dict[str, float]
+
+
+def _snapshot(a: service.Agent) -> _Snapshot:
+    """Copy what a scrape needs (a few dict copies: microseconds, whatever the series count)."""
+    with a._lock:  # noqa: SLF001 - one consistent snapshot, held only for the copy
+        return _Snapshot(
+            policy=a.policy_name,
+            plan_step=a.plan.step if a.plan is not None else None,
+            phase_energy_j=list(a.phase_energy_j.items()),
+            phase_seconds=list(a.phase_seconds.items()),
+            pod_of=dict(a.pod_of),
+            phase_of=dict(a.phase_of),
+            stalled=frozenset(u for u in a.pod_of if a.stalled_since_s(u) is not None),
+            valid_tokens_total=a.valid_tokens_total,
+            stalled_s_total=a.stalled_s_total,
+            leases_expired_total=a.leases_expired_total,
+            saving_ratio=dict(a.saving_ratio),
+        )
 
 
 def render(agent: service.Agent, health: object = None) -> bytes:

@@ -48,6 +48,12 @@ def rediscover(
         level = logging.ERROR if found.reason == "Conflict" else logging.INFO
         log.log(level, "policy discovery: %s: %s", found.reason, found.message)
     agent.discovery = (found.reason, "" if found.policy is None else str(found.policy))
+    # Only the pods the policy selects may signal (Matched); none while no policy governs.
+    agent.selected = frozenset(
+        (ns, name)
+        for ns, _, name in (p.partition("/") for p in found.pods)
+        if found.reason == "Matched"
+    )
     return found
 
 
@@ -164,7 +170,9 @@ class NodeLoop:
         if isinstance(self.agent.podmap, pods.ListedPodMap):
             self.agent.podmap.keep_fresh()  # the kubelet listing, off the signals' threads
         self.pod_ends.tick()  # reset on pod end, before this pass's report
-        if self.finder is not None and now - self.last_poll >= self.settings.plan_poll_s:
+        due = self.agent.discovery_due  # an unselected pod signalled: it may have just started
+        if self.finder is not None and (due or now - self.last_poll >= self.settings.plan_poll_s):
+            self.agent.discovery_due = False
             self._discover(now, self.finder)
         if self.watcher is not None and now - self.last_poll >= self.settings.plan_poll_s:
             self.last_poll = now

@@ -74,6 +74,19 @@ class Parks(AgentState):
             for u in targets:
                 if u in self.parked:
                     continue
+                others = sorted(self.sharers_of(u) - set(devices))
+                if others:  # a shared GPU (replicas, MPS, MIG): never parked under a co-tenant
+                    applied[u] = act.ApplyResult(
+                        u,
+                        None,
+                        None,
+                        None,
+                        False,
+                        skipped="SharedGPU",
+                        error=f"not parked: GPU {u} is shared with device(s) "
+                        f"{', '.join(others)} of other pods",
+                    )
+                    continue
                 ctl = self.actuator.controls[u]
                 clock: int | None = None
                 if enforce and ctl.supported_mhz:
@@ -111,6 +124,27 @@ class Parks(AgentState):
             for u in ended:
                 self.actuator.apply(u, clock, owner_uuids=devices)
             return released
+
+    def sharers_of(self, gpu: str) -> set[str]:
+        """Every device ID of ``gpu`` that any pod holds (``service.Agent.sharers_of``)."""
+        raise NotImplementedError
+
+    def _end_parks_before(self, step: int, writer: PodRef | None = None) -> None:
+        """End the parks of steps before ``step``, whoever parked them: the step ended.
+
+        Their GPUs return to the default governor (the next phase signal applies the plan),
+        except those of ``writer``, whose signal writes their clock next (no extra write on
+        the signal's latency path).
+        """
+        with self._lock:
+            stale = [(u, p) for u, p in self.parked.items() if p.step < step]
+            if not stale:
+                return
+            self._end_parks([u for u, _ in stale], self._clock())
+            for u, p in stale:
+                if p.pod != writer:
+                    self.actuator.apply(u, None, owner_uuids=self.gpus_of(p.pod)[1])
+            log.info("step %d began: %d park(s) of earlier steps ended", step, len(stale))
 
     def _end_parks(self, uuids: Iterable[str], now_s: float) -> float:
         """Account and forget the parks of ``uuids`` (clocks are the caller's business)."""
@@ -175,6 +209,7 @@ class Parks(AgentState):
         if not gpus:
             self.refused += 1
             raise SignalRefused(f"pod {pod} holds no GPU on node {self.node_name}", 404)
+        self.check_step(dispatch.step)
         with self._lock:
             if self.dispatch is not None and dispatch.step < self.dispatch.step:
                 raise SignalRefused(

@@ -9,7 +9,9 @@ from rlenergy.api import node as api_node
 from rlenergy_agent import energy, pods, shares
 from rlenergy_agent.state import (
     IDLE,
+    MAX_PHASE_SERIES,
     MAX_STEPS_KEPT,
+    OTHER_PHASE,
     AgentState,
 )
 
@@ -20,7 +22,15 @@ class StepRecords(AgentState):
     """StepRecords of ``service.Agent`` (a mixin over ``state.AgentState``)."""
 
     def _count(self, win: energy.Window, phase: str = IDLE) -> None:
-        """Add a closed window to the per-GPU phase counters of /metrics."""
+        """Add a closed window to the per-GPU phase counters of /metrics.
+
+        At most ``MAX_PHASE_SERIES`` phase names get series of their own; windows of further
+        names count under ``OTHER_PHASE``.
+        """
+        if phase not in self.phase_names:
+            if len(self.phase_names) >= MAX_PHASE_SERIES:
+                phase = OTHER_PHASE
+            self.phase_names.add(phase)
         for u, j in win.per_gpu_j.items():
             key = (u, phase)
             if j is not None:
@@ -28,6 +38,12 @@ class StepRecords(AgentState):
             self.phase_seconds[key] = self.phase_seconds.get(key, 0.0) + win.duration_s
 
     def _trim(self) -> None:
+        """Keep the newest ``MAX_STEPS_KEPT`` steps.
+
+        Every per-step and per-(pod, step) entry of a dropped step goes with it, so a pod that
+        never ends its steps grows nothing.
+        """
+        trimmed = False
         while len(self.steps) > MAX_STEPS_KEPT:
             oldest = min(self.steps)
             del self.steps[oldest]
@@ -35,6 +51,19 @@ class StepRecords(AgentState):
             self.step_released_gpu_s.pop(oldest, None)
             self.idle_j.pop(oldest, None)
             self.idle_gpu_s.pop(oldest, None)
+            trimmed = True
+        if trimmed:
+            first = min(self.steps)
+            for key in [k for k in self.pod_energy if k[1] < first]:
+                del self.pod_energy[key]
+            for per_step in (
+                self.workloads,
+                self.step_released_gpu_s,
+                self.idle_j,
+                self.idle_gpu_s,
+            ):
+                for step in [s for s in per_step if s < first]:
+                    del per_step[step]
 
     def _finished(self, steps: Iterable[int]) -> set[int]:
         newest = max(self.steps, default=-1)

@@ -5,10 +5,19 @@
   pods; bodies and answers are the models of ``rlenergy.api.signals``. Each request carries
   the pod's projected service-account token (``Authorization: Bearer``);
   ``identity.TokenAuthenticator`` checks it (TokenReview, cached) and ``identity.authorize``
-  decides, in one place, that the pod is on this node and names only its own GPUs. No token
-  or a bad one: 401; another node's pod or another pod's GPUs: 403.
+  decides, in one place, that the pod is on this node and names only its own GPUs; the
+  agent then requires the pod to be one the serving policy selects
+  (``state.AgentState.check_selected``). No token or a bad one: 401; another node's pod,
+  another pod's GPUs or a pod the policy does not select: 403.
 * Health and metrics: HTTP on ``127.0.0.1`` by default: ``/metrics`` (scrape-time collection),
-  ``/healthz`` (NVML answers on some GPU, case #11a), ``/readyz`` (GPUs discovered, plan known).
+  ``/healthz`` (NVML answers on some GPU), ``/readyz`` (GPUs discovered, the signal socket
+  still the one bound here). The plan is not served here (it is the policy's;
+  ``rlenergy_agent_plan_step`` says which step it is for).
+
+Both listeners are bounded (``endpoint``): a connection cap, header size and count caps, an
+overall request deadline. The socket is the agent's own: it starts only on a free path or a
+stale socket and removes at shutdown only the inode it bound (``endpoint.claim_socket_path``,
+``endpoint.SocketOwner``).
 
 Callers: ``rlenergy_agent.__main__``.
 """
@@ -30,19 +39,42 @@ import pydantic
 
 from rlenergy.api import node as api_node
 from rlenergy.api import signals
-from rlenergy_agent import identity, metrics, service
+from rlenergy_agent import endpoint, identity, metrics, service
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
 """Largest signal body accepted (a step's workload is a few hundred bytes); larger: 413."""
-READ_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = endpoint.IDLE_TIMEOUT_S
 """A caller that stalls mid-request is dropped after this long (its thread is freed)."""
+MAX_SIGNAL_CONNECTIONS = 64
+"""Signal connections served at once [MODEL: 8 GPUs a node, a few connections per trainer
+process; a thread each]; a further one is answered 503."""
+MAX_OPS_CONNECTIONS = 8
+"""Ops connections served at once (a scraper or two and the kubelet's probes)."""
+SOCKET_WAIT_S = 30.0
+"""Longest the agent waits at start-up for another listener (the agent it replaces in a
+rolling update) to leave the socket path, s."""
 
 
-class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _UnixHTTPServer(endpoint.BoundedServer, socketserver.UnixStreamServer):
+    max_connections = MAX_SIGNAL_CONNECTIONS
+    name = "signals"
+
+    def __init__(self, path: str, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        self.start_bounds()
+        super().__init__(path, handler)
+
+
+class _OpsHTTPServer(endpoint.BoundedServer, http.server.HTTPServer):
+    max_connections = MAX_OPS_CONNECTIONS
+    name = "ops"
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[http.server.BaseHTTPRequestHandler]
+    ) -> None:
+        self.start_bounds()
+        super().__init__(address, handler)
 
 
 def _dump(answer: pydantic.BaseModel) -> dict[str, Any]:
@@ -109,9 +141,8 @@ def dispatch(
     raise TypeError(f"no handler for {type(req).__name__}")
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(endpoint.BoundedHandler):
     server_version = "rlenergy-agent"
-    timeout = READ_TIMEOUT_S
     agent: service.Agent
     auth: identity.TokenAuthenticator
 
@@ -171,6 +202,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         try:
             pod = identity.authorize(self.agent, caller, signals.requested_gpus(req))
+            self.agent.check_selected(pod)
             self._answer(200, _dump(dispatch(self.agent, pod, req, received)))
         except identity.AuthError as exc:
             self._refuse(exc.status, str(exc))
@@ -185,18 +217,32 @@ class SignalServer:
 
     Args:
         path: socket path (its folder is created; mode 0666 so non-root trainers can connect:
-            authentication is by the pod's token, not by file mode).
+            authentication is by the pod's token, not by file mode; trainers mount the folder
+            read-only, so they can connect but not rename, remove or replace the socket).
         agent: the agent.
         auth: checks each request's bearer token.
+        wait_s: longest wait for another listener to leave ``path``, s.
+
+    Raises:
+        endpoint.SocketPathError: ``path`` is not a socket (a directory, a file), or another
+            listener keeps it past ``wait_s``.
     """
 
-    def __init__(self, path: Path, agent: service.Agent, auth: identity.TokenAuthenticator) -> None:
+    def __init__(
+        self,
+        path: Path,
+        agent: service.Agent,
+        auth: identity.TokenAuthenticator,
+        *,
+        wait_s: float = SOCKET_WAIT_S,
+    ) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            path.unlink()
+        endpoint.claim_socket_path(path, wait_s)
         handler = type("Handler", (_Handler,), {"agent": agent, "auth": auth})
         self._server = _UnixHTTPServer(str(path), handler)
+        self.owner = endpoint.SocketOwner.of(path)
+        self._reported = False
         os.chmod(path, 0o666)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="signals", daemon=True
@@ -206,32 +252,94 @@ class SignalServer:
         """Serve on a thread."""
         self._thread.start()
 
+    @property
+    def server(self) -> endpoint.BoundedServer:
+        """The listener (its connection counts, for tests and metrics)."""
+        return self._server
+
+    def intact(self) -> bool:
+        """Whether the socket path still holds the socket bound here (``/readyz``).
+
+        False when something renamed, removed or replaced it (a trainer whose mount of the
+        socket folder is writable): trainers would reach whatever listens there now, so the
+        agent reports not ready and logs an error once.
+        """
+        ok = self.owner.holds()
+        if not ok and not self._reported:
+            log.error(
+                "signal socket %s is no longer the one this agent bound (renamed, removed or "
+                "replaced): trainers cannot reach the agent; mount %s read-only in trainer pods",
+                self.path,
+                self.path.parent,
+            )
+        self._reported = not ok
+        return ok
+
     def stop(self) -> None:
-        """Stop serving and remove the socket."""
-        self._server.shutdown()
+        """Stop serving and remove the socket, if the path still holds the one bound here."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
-        self.path.unlink(missing_ok=True)
+        self._server.stop_bounds()
+        self.owner.release()
 
 
-class _OpsHandler(http.server.BaseHTTPRequestHandler):
+METRICS_REUSE_S = 1.0
+"""A rendered /metrics page is served again to scrapes within this long, s: concurrent
+scrapers share one rendering (scrape intervals are 15-60 s), so their CPU, which competes with
+the signal threads for the interpreter, does not grow with their number."""
+
+
+class MetricsPage:
+    """The /metrics exposition, rendered at most once per ``METRICS_REUSE_S``.
+
+    Args:
+        agent: the agent.
+        health: whether NVML answers (``nvml_up``).
+        clock: monotonic time, s.
+    """
+
+    def __init__(
+        self,
+        agent: service.Agent,
+        health: Callable[[], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.agent = agent
+        self.health = health
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._data = b""
+        self.renders = 0
+        """Renderings made (scrapes beyond them were served the newest)."""
+
+    def get(self) -> bytes:
+        """The newest rendering, rendered now if older than ``METRICS_REUSE_S``."""
+        with self._lock:  # one rendering at a time; scrapes arriving meanwhile reuse it
+            now = self._clock()
+            if self._at is None or now - self._at >= METRICS_REUSE_S:
+                self._data = metrics.render(self.agent, self.health)
+                self._at = self._clock()
+                self.renders += 1
+            return self._data
+
+
+class _OpsHandler(endpoint.BoundedHandler):
     server_version = "rlenergy-agent"
     agent: service.Agent
     health: Callable[[], bool]
     ready: Callable[[], bool]
+    page: MetricsPage
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("ops %s", format % args)
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         if self.path == "/metrics":
-            data = metrics.render(self.agent, self.health)
+            data = self.page.get()
             self.send_response(200)
             self.send_header("Content-Type", metrics.CONTENT_TYPE)
-        elif self.path == "/v1/plan":
-            plan = self.agent.plan
-            data = (plan.model_dump_json(by_alias=True) if plan is not None else "null").encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
         elif self.path in ("/healthz", "/readyz"):
             ok = self.health() if self.path == "/healthz" else self.ready()
             data = b"ok\n" if ok else b"not ok\n"
@@ -260,9 +368,14 @@ class OpsServer:
         handler = type(
             "OpsHandler",
             (_OpsHandler,),
-            {"agent": agent, "health": staticmethod(health), "ready": staticmethod(ready)},
+            {
+                "agent": agent,
+                "health": staticmethod(health),
+                "ready": staticmethod(ready),
+                "page": MetricsPage(agent, health),
+            },
         )
-        self._server = http.server.ThreadingHTTPServer((host, port), handler)
+        self._server = _OpsHTTPServer((host, port), handler)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="ops", daemon=True)
 
@@ -270,7 +383,13 @@ class OpsServer:
         """Serve on a thread."""
         self._thread.start()
 
+    @property
+    def server(self) -> endpoint.BoundedServer:
+        """The listener (its connection counts, for tests)."""
+        return self._server
+
     def stop(self) -> None:
         """Stop serving."""
         self._server.shutdown()
         self._server.server_close()
+        self._server.stop_bounds()

@@ -124,6 +124,8 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
         self.pod_of: dict[str, PodRef | None] = {u: None for u in actuator.gpus}
         self.phase_energy_j: dict[tuple[str, str], float] = {}
         """(GPU, phase) -> energy of every closed window, J; idle windows under ``idle``."""
+        self.phase_names: set[str] = set()
+        """Phase names with counters of their own (``state.MAX_PHASE_SERIES``)."""
         self.phase_seconds: dict[tuple[str, str], float] = {}
         self.valid_tokens_total = 0.0
         """Valid tokens of every step ended here (a counter: not trimmed with the records)."""
@@ -164,10 +166,18 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
         self.discovery: tuple[str, str] | None = None
         """Policy discovery's last outcome (reason, ``ns/name`` or ``""``); ``None``: a policy
         was configured."""
+        self.newest_step = -1
+        """The newest RL step a signal carried (``state.STEP_WINDOW``); -1: none yet."""
+        self.selected: frozenset[tuple[str, str]] | None = None
+        """``(namespace, name)`` of the pods the serving policy selects (discovery); ``None``:
+        not known, nothing checked (``state.AgentState.check_selected``)."""
+        self.discovery_due = False
+        """A pod that no policy selects signalled: the node loop discovers again at once."""
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
         self._init_leases()
+        actuator.sharers = self.sharers_of
 
     # ----- plan -----------------------------------------------------------------------------
     def set_plan(self, plan: api_node.ClockPlan | None) -> None:
@@ -200,6 +210,8 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
             self.dirty_steps.clear()
             self.step_released_gpu_s.clear()
             self.dispatch = None
+            self.newest_step = -1
+            self.pod_energy.clear()
             self.saving_ratio = {}
             self.phase_of = {u: "idle" for u in self.actuator.gpus}
             self.pod_of = {u: None for u in self.actuator.gpus}
@@ -230,6 +242,10 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
                 physical.append(u)
         return tuple(physical), devices
 
+    def sharers_of(self, gpu: str) -> set[str]:
+        """Every device ID of physical GPU ``gpu`` that any pod holds (``shares.sharers``)."""
+        return shares.sharers(gpu, self.podmap.pods(), self.mig_parent)
+
     def phase(
         self,
         pod: PodRef,
@@ -252,10 +268,13 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
             What was applied.
 
         Raises:
-            SignalRefused: the pod holds no GPU on this node, or names a GPU it does not hold.
+            SignalRefused: the pod holds no GPU on this node, or names a GPU it does not hold
+                (403/404); a phase name neither the plan nor the defaults name (400); a step
+                too far past the newest (409).
         """
         t0 = received_s if received_s is not None else self._clock()
-        gpus, devices, _ = self.signal_gpus(pod, gpu_uuids, step)
+        self.check_phase(phase)
+        gpus, devices, _ = self.signal_gpus(pod, gpu_uuids, step, writes_all=True)
         with self._lock:
             entry = self._entry_for(phase)
             plan_phases = self.plan_phases()
@@ -333,10 +352,10 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
             window's energy is unknown), the trainer's ``rlenergy/energy/*`` metrics.
 
         Raises:
-            SignalRefused: a negative step (it would make every later node report invalid).
+            SignalRefused: a negative step (it would make every later node report invalid), or
+                one too far past the newest (``state.AgentState.check_step``).
         """
-        if step < 0:
-            raise SignalRefused("step must be >= 0", 400)
+        self.check_step(step)
         gpus, devices = self.gpus_of(pod)
         with self._lock:
             # The step ends: its parks end too (un-parked to the default governor until the

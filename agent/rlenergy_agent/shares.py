@@ -27,6 +27,7 @@ Pure functions; ``rlenergy_agent.service`` applies them when a window closes.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 REPLICA_SEPARATOR = "::"
 """The NVIDIA device plugin names time-sliced replicas ``<GPU UUID>::<replica index>``."""
@@ -38,6 +39,17 @@ def physical(device: str, mig_parent: Mapping[str, str]) -> str:
         return mig_parent[device]
     base, sep, index = device.rpartition(REPLICA_SEPARATOR)
     return base if sep and index.isdigit() else device
+
+
+def sharers(gpu: str, pods: Mapping[Any, Sequence[str]], mig_parent: Mapping[str, str]) -> set[str]:
+    """Every device ID of physical GPU ``gpu`` that any pod holds (MIG instances, replicas).
+
+    A lock or a park changes the clock of the whole physical GPU, so a pod may make one only
+    when it holds all of these (``rlenergy_agent.actuator.Actuator.apply``): a pod holding one
+    time-slicing or MPS replica (``GPU-x::0``) must not lock the GPU under its co-tenant's
+    replica (``GPU-x::1``).
+    """
+    return {d for devices in pods.values() for d in devices if physical(d, mig_parent) == gpu}
 
 
 def shares(

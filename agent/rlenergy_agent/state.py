@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from rlenergy.api import node as api_node
+from rlenergy.api import phases as api_phases
 from rlenergy.gpu import errors as gpu_errors
 from rlenergy_agent import actuator as act
 from rlenergy_agent import crosscheck, energy, histogram, shares, stalls
@@ -28,6 +29,24 @@ IDLE = "idle"
 """The window name of the time between phases (energy reported as ``idleEnergyJoules``)."""
 MAX_STEPS_KEPT = 32
 """Step records kept in the report (bounded, oldest dropped)."""
+STEP_WINDOW = 8
+"""A signal's step may lie at most this many steps past the newest step the agent accepted
+(``AgentState.check_step``): a trainer advances one step at a time, an asynchronous rollout
+dispatcher publishes the next step or two ahead, and a park names the current step. A step
+further ahead (2^62, or ``MAX_STEP`` to end every park and stale every publication for good) is
+refused with 409. The first signal after the agent starts or switches policy sets the newest
+step (a trainer resuming from a checkpoint at step 5000 is accepted)."""
+DEFAULT_PHASES = frozenset(
+    {api_phases.GENERATION, api_phases.TRAINING} | {s.name for s in api_phases.TRAINING_SUBPHASES}
+)
+"""Phase names accepted besides the plan's (and the idle names): the default policy's two
+phases and verl's training sub-phases, which a trainer signals before it knows the plan."""
+MAX_PHASE_SERIES = 64
+"""Distinct phase names the per-GPU phase counters of /metrics keep; windows of further names
+(plans of earlier policies, renamed phases) count under ``other`` [MODEL: a plan names a handful
+of phases; the bound keeps a scrape small whatever a tenant signals]."""
+OTHER_PHASE = "other"
+"""The phase label of windows past ``MAX_PHASE_SERIES`` names."""
 POWER_SAMPLES_PER_SLICE = 4
 """Instant-power reads per probe slice, spread evenly over it (the energy counter updates only
 every 20-100 ms, too coarse for slices of a few tens of ms)."""
@@ -216,10 +235,11 @@ class AgentState:
     _open: dict[PodRef, _Open]
     steps: dict[int, dict[str, list[api_node.PhaseWindowReport]]]
     workloads: dict[int, api_node.TokenWorkloadReport]
-    pod_energy: dict[tuple[PodRef, int], dict[str, float | None]]
     phase_of: dict[str, str]
     pod_of: dict[str, PodRef | None]
     phase_energy_j: dict[tuple[str, str], float]
+    phase_names: set[str]
+    pod_energy: dict[tuple[PodRef, int], dict[str, float | None]]
     phase_seconds: dict[tuple[str, str], float]
     valid_tokens_total: float
     saving_ratio: dict[str, float]
@@ -245,6 +265,9 @@ class AgentState:
     lost_workers: list[str]
     report_due: bool
     discovery: tuple[str, str] | None
+    newest_step: int
+    selected: frozenset[tuple[str, str]] | None
+    discovery_due: bool
     _wake: threading.Event
     _stop: threading.Event
     _prober: threading.Thread | None
@@ -254,9 +277,12 @@ class AgentState:
         raise NotImplementedError
 
     def signal_gpus(
-        self, pod: PodRef, gpu_uuids: Sequence[str], step: int
+        self, pod: PodRef, gpu_uuids: Sequence[str], step: int, *, writes_all: bool = False
     ) -> tuple[tuple[str, ...], tuple[str, ...], list[str]]:
         """The GPUs a signal of ``pod`` for ``step`` acts on, checked.
+
+        ``writes_all``: the signal writes the clock of every GPU of the pod next (a phase
+        signal), so parks of the pod that a newer step ends need no reset first.
 
         Returns:
             ``(physical GPUs, devices, targets)``: ``targets`` are the physical GPUs named in
@@ -277,9 +303,82 @@ class AgentState:
         if foreign:
             self.refused += 1
             raise SignalRefused(f"pod {pod} does not hold GPU(s) {', '.join(foreign)}", 403)
+        self.check_step(step, pod if writes_all else None)
+        return gpus, devices, targets
+
+    def check_step(self, step: int, writer: PodRef | None = None) -> None:
+        """Refuse a step below 0 or more than ``STEP_WINDOW`` past the newest one; keep it.
+
+        A newer step ends the parks of earlier steps (``_end_parks_before``).
+
+        Args:
+            step: the signal's RL step.
+            writer: the signalling pod when its signal writes the clocks of all its GPUs next
+                (a phase signal): its ended parks are not reset first.
+
+        Raises:
+            SignalRefused: 400 a negative step, 409 a step too far ahead (the message names
+                the newest step and the window).
+        """
         if step < 0:
             raise SignalRefused("step must be >= 0", 400)
-        return gpus, devices, targets
+        with self._lock:
+            newest = self.newest_step
+            if newest >= 0 and step > newest + STEP_WINDOW:
+                self.refused += 1
+                raise SignalRefused(
+                    f"step {step} is more than {STEP_WINDOW} steps past the newest step "
+                    f"{newest} of this node's policy; steps advance one at a time",
+                    409,
+                )
+            if step > newest:
+                self.newest_step = step
+                self._end_parks_before(step, writer)
+
+    def check_phase(self, phase: str) -> None:
+        """Refuse a phase name that neither the plan nor ``DEFAULT_PHASES`` names.
+
+        Bounds the phase names a step, the node report and /metrics can hold to the plan's
+        phases, the defaults and the idle names, whatever a trainer sends.
+
+        Raises:
+            SignalRefused: 400, naming the phases accepted.
+        """
+        if phase in IDLE_PHASES or phase in DEFAULT_PHASES:
+            return
+        plan = self.plan
+        if plan is not None and plan.for_phase(phase) is not None:
+            return
+        self.refused += 1
+        listed = sorted({p.phase for p in plan.phases} if plan is not None else set())
+        known = ", ".join([*listed, *sorted(DEFAULT_PHASES - set(listed)), "idle"])
+        raise SignalRefused(
+            f"phase {phase[:64]!r} is not a phase of the policy's plan; signal one of: {known}",
+            400,
+        )
+
+    def check_selected(self, pod: PodRef) -> None:
+        """Refuse a pod the policy this agent serves does not select.
+
+        ``selected`` is set by policy discovery (``nodeloop``): the GPU pods of this node whose
+        labels the serving policy's ``spec.selector`` matches, in its namespace. ``None`` (a
+        policy named in the settings, or a plan file: local runs) checks nothing here. A miss
+        asks the node loop to discover again at its next pass (a pod that just started).
+
+        Raises:
+            SignalRefused: 403, naming the pod and the policy.
+        """
+        selected = self.selected
+        if selected is None or (pod.namespace, pod.name) in selected:
+            return
+        self.refused += 1
+        self.discovery_due = True
+        serving = self.policy_name or "none"
+        raise SignalRefused(
+            f"pod {pod} is not selected by the policy this node serves ({serving}): only the "
+            "pods a policy's spec.selector matches may signal its node agents",
+            403,
+        )
 
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
         raise NotImplementedError
@@ -297,6 +396,10 @@ class AgentState:
                 limit_w = None
             self._bands[uuid] = stalls.band_w(getattr(gpu, "name", ""), limit_w)
         return self._bands[uuid]
+
+    def _end_parks_before(self, step: int, writer: PodRef | None = None) -> None:
+        """End every park of a step before ``step`` (``parks.Parks._end_parks_before``)."""
+        raise NotImplementedError
 
     def stalled_since_s(self, uuid: str) -> float | None:
         """How long the window on ``uuid`` is stalled, s (``service.Agent.stalled_since_s``)."""

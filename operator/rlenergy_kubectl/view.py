@@ -24,6 +24,7 @@ from rich.console import Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from rlenergy.api import naming
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import aggregate
@@ -80,7 +81,9 @@ def parse_policy(obj: Mapping[str, Any]) -> PolicyView:
     controller = spec.get("controller") or {}
     status_error = ""
     try:
-        status = api_status.RLEnergyPolicyStatus.model_validate(obj.get("status") or {})
+        status = api_status.RLEnergyPolicyStatus.model_validate(
+            naming.printable_tree(obj.get("status") or {})
+        )
     except pydantic.ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -104,7 +107,8 @@ def parse_reports(items: Sequence[Mapping[str, Any]]) -> ReportsView:
     invalid: list[str] = []
     for item in items:
         try:
-            reports.append(api_node.NodeReport.model_validate(item.get("spec") or {}))
+            spec = naming.printable_tree(item.get("spec") or {})
+            reports.append(api_node.NodeReport.model_validate(spec))
         except pydantic.ValidationError as exc:
             name = (item.get("metadata") or {}).get("name", "?")
             err = exc.errors()[0]

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import pydantic
 
+from rlenergy.api import naming
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import aggregate
@@ -387,7 +388,7 @@ def unacknowledged_resets(items: Sequence[Mapping[str, Any]]) -> list[str]:
     pending: list[str] = []
     for item in items:
         try:
-            rep = api_node.NodeReport.model_validate(item.get("spec") or {})
+            rep = api_node.NodeReport.model_validate(naming.printable_tree(item.get("spec") or {}))
         except pydantic.ValidationError:
             continue
         pending += [f"{rep.node_name}/{g.uuid}" for g in rep.gpus if not g.reset_acknowledged]

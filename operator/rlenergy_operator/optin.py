@@ -26,6 +26,10 @@ ANNOTATION = "rlenergy.io/allow-scale-by"
 """Annotation on a worker set: the policies (same namespace, comma-separated) that may resize
 it between rollout steps."""
 
+MAX_WORKERS_ANNOTATION = "rlenergy.io/max-workers"
+"""Annotation on a worker set: the most workers any policy may resize it to (a positive
+integer); set by the workload's owner, it lowers the policy's ``spec.rollout.maxWorkers``."""
+
 REASON = "ScaleNotAllowed"
 """``status.rollout.scale.reason`` and the Degraded condition's reason when it does not."""
 
@@ -43,6 +47,25 @@ def allows(annotations: Mapping[str, str] | None, policy: str) -> bool:
     """
     value = (annotations or {}).get(ANNOTATION, "")
     return policy in {p.strip() for p in value.split(",") if p.strip()}
+
+
+def ceiling(annotations: Mapping[str, str] | None, max_workers: int) -> int:
+    """The most workers a resize may reach: the policy's bound, lowered by the workload's.
+
+    Args:
+        annotations: the workload's annotations (``None``: none).
+        max_workers: the policy's ``spec.rollout.maxWorkers``.
+
+    Returns:
+        ``min(max_workers, rlenergy.io/max-workers)``; an annotation that is not a positive
+        integer counts as 1 (the owner meant a bound; growth waits until it is fixed).
+    """
+    raw = (annotations or {}).get(MAX_WORKERS_ANNOTATION)
+    if raw is None:
+        return max_workers
+    value = raw.strip()
+    own = int(value) if value.isdecimal() and int(value) >= 1 else 1
+    return min(max_workers, own)
 
 
 def refusal(kind: str, namespace: str, name: str, policy: str) -> str:

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import pydantic
 
+from rlenergy.api import naming
 from rlenergy.api import node as api_node
 
 
@@ -213,7 +214,9 @@ class ReportCache:
         name: str, spec: Mapping[str, Any], after_step: int, logger: logging.Logger
     ) -> api_node.NodeReport | None:
         try:
-            return api_node.NodeReport.model_validate(trim_steps(spec, after_step))
+            # Text a node agent wrote reaches conditions, Events and kubectl: printable only.
+            clean = naming.printable_tree(trim_steps(spec, after_step))
+            return api_node.NodeReport.model_validate(clean)
         except pydantic.ValidationError as exc:
             logger.warning("skipping malformed node report %s: %s", name, exc.errors()[0]["msg"])
             return None

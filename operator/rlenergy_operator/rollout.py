@@ -270,7 +270,15 @@ def resize(
     what = f"{ref.kind} {namespace}/{ref.name}"
     if ref.kind == "RayCluster":
         return _reconcile_ray_group(
-            status, prev, decided, what, namespace, ref, for_step, desired, minimum, reports, policy
+            status,
+            prev,
+            decided,
+            what,
+            namespace,
+            ref,
+            (for_step, desired, minimum, ro.max_workers),
+            reports,
+            policy,
         )
     if ref.kind not in kube.SCALE_RESOURCES:
         s = decided(0, 0, "UnsupportedWorkerSet", f"{what}: {ref.kind} cannot be resized")
@@ -290,7 +298,7 @@ def resize(
     if current is None:
         s = decided(0, 0, "WorkerSetNotFound", f"{what} not found; retrying")
         return Result(_with_active(status, s))
-    d = scale.decide_scale(current, desired, minimum)
+    d = scale.decide_scale(current, desired, minimum, optin.ceiling(annotations, ro.max_workers))
     if d.action is scale.ScaleAction.RESIZE:
         try:
             kube.set_scale_replicas(ref.kind, namespace, ref.name, d.target)
@@ -352,9 +360,7 @@ def _reconcile_ray_group(
     what: str,
     namespace: str,
     ref: api_policy.WorkerSetRef,
-    for_step: int,
-    desired: int,
-    minimum: int,
+    counts: tuple[int, int, int, int],
     reports: Sequence[api_node.NodeReport],
     policy: str,
 ) -> Result:
@@ -363,8 +369,10 @@ def _reconcile_ray_group(
     The pods to delete are the group's released workers (``scale.decide_group_scale``: every
     GPU parked in the node reports). ``WorkersUnknown`` (fewer known than the shrink needs) is
     retried at the next pass, as a missing object is, since the parks may reach the reports
-    after the publication; its Warning event and status are written once per step.
+    after the publication; its Warning event and status are written once per step. ``counts``:
+    (the step decided for, the desired workers, the floor, ``spec.rollout.maxWorkers``).
     """
+    for_step, desired, minimum, max_workers = counts
     group_name = ref.worker_group_name or ""
     what = f"{what} worker group {group_name}"
     try:
@@ -380,7 +388,8 @@ def _reconcile_ray_group(
         return _not_allowed(status, prev, decided, ref, namespace, policy)
     index, group = found
     gpus = [(g.pod, g.parked) for r in reports for g in r.gpus]
-    g = scale.decide_group_scale(group, desired, minimum, gpus)
+    ceiling = optin.ceiling((obj.get("metadata") or {}).get("annotations"), max_workers)
+    g = scale.decide_group_scale(group, desired, minimum, gpus, ceiling)
     d = g.decision
     if d.action is scale.ScaleAction.RESIZE:
         strategy = dict((obj["spec"]["workerGroupSpecs"][index].get("scaleStrategy")) or {})
@@ -446,6 +455,7 @@ def _with_active(
     s = decision or status.scale
     update: dict[str, object] = {"scale": s}
     if s is not None and s.reason in (
+        "AboveMaxWorkers",
         "AtTarget",
         "ShrinkBetweenSteps",
         "GrowBetweenSteps",

@@ -9,7 +9,7 @@ aliases are the YAML/JSON names; units are in the names.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 from pydantic import Field
@@ -24,6 +24,26 @@ class _Wire(pydantic.BaseModel):
 
 
 PlanState = Literal["warmup", "trial", "locked", "fallback", "observe"]
+
+MAX_STEP = 2**31 - 1
+"""Largest RL step a signal or report may carry: a step a second for 68 years, and within the
+int32 range every consumer (the operator's status, Prometheus, kubectl columns) reads exactly.
+A step of 2^64 + 1 would pass JSON but not the API server's int64 fields."""
+MAX_TOKENS = 1e12
+"""Largest token count of one step, tokens [MODEL: a million samples of a million tokens; any
+real batch is far smaller]: the bound keeps counters summed over steps finite."""
+MAX_WORKERS = 4096
+"""Largest rollout worker count a dispatcher may publish (``spec.rollout.maxWorkers`` bounds
+it further per policy)."""
+
+POD_REF_MAX = 317
+"""Longest ``namespace/name`` of a pod: a 63-character namespace, ``/``, a 253-character name."""
+
+
+class _Input(_Wire):
+    """A model a trainer pod sends (through its node agent): finite numbers only."""
+
+    model_config = pydantic.ConfigDict(allow_inf_nan=False)
 
 
 class PhasePlan(_Wire):
@@ -68,18 +88,27 @@ class ClockPlan(_Wire):
         return next((p for p in self.phases if p.phase == phase), None)
 
 
-class TokenWorkloadReport(_Wire):
-    """The step's token workload as the trainer SDK reported it (job level)."""
+class TokenWorkloadReport(_Input):
+    """The step's token workload as the trainer SDK reported it (job level).
 
-    samples: int = Field(ge=0, description="Samples (responses) in the step's batch.")
-    response_tokens: float = Field(ge=0, description="Response tokens generated in the step.")
-    prompt_tokens: float = Field(ge=0, description="Prompt tokens of the step's samples.")
+    Finite and at most ``MAX_TOKENS`` each (``samples`` at most ``MAX_STEP``), so the agent's
+    and the operator's sums stay finite.
+    """
+
+    samples: int = Field(ge=0, le=MAX_STEP, description="Samples (responses) in the step's batch.")
+    response_tokens: float = Field(
+        ge=0, le=MAX_TOKENS, description="Response tokens generated in the step."
+    )
+    prompt_tokens: float = Field(
+        ge=0, le=MAX_TOKENS, description="Prompt tokens of the step's samples."
+    )
     valid_tokens: float = Field(
         ge=0,
+        le=MAX_TOKENS,
         description="Valid training tokens: response tokens of samples that reach the update.",
     )
     mean_context_tokens: float = Field(
-        ge=0, description="Mean prompt + response tokens per sample."
+        ge=0, le=MAX_TOKENS, description="Mean prompt + response tokens per sample."
     )
 
 
@@ -323,7 +352,7 @@ class GpuStatus(_Wire):
     )
 
 
-class RolloutDispatch(_Wire):
+class RolloutDispatch(_Input):
     """What the rollout dispatcher published through its node agent (FlexFloor).
 
     The dispatcher (trainer side) has no Kubernetes credentials; it posts this to its node's
@@ -332,17 +361,22 @@ class RolloutDispatch(_Wire):
     count the next step needs (``releaseAction: scale``).
     """
 
-    step: int = Field(ge=0, description="RL step the counts describe.")
-    active_workers: int = Field(ge=0, description="Rollout workers in the EP group at the end.")
-    released_workers: int = Field(0, ge=0, description="Workers released during the step.")
+    step: int = Field(ge=0, le=MAX_STEP, description="RL step the counts describe.")
+    active_workers: int = Field(
+        ge=0, le=MAX_WORKERS, description="Rollout workers in the EP group at the end."
+    )
+    released_workers: int = Field(
+        0, ge=0, le=MAX_WORKERS, description="Workers released during the step."
+    )
     next_step_workers: int | None = Field(
         None,
         ge=1,
+        le=MAX_WORKERS,
         description="Workers the next step needs (the operator resizes the worker set).",
     )
-    worker_pods: list[str] = Field(
+    worker_pods: list[Annotated[str, Field(max_length=POD_REF_MAX)]] = Field(
         default_factory=list,
-        max_length=4096,
+        max_length=MAX_WORKERS,
         description=(
             "namespace/name of the pod of each active rank, rank order (the operator tells a "
             "rollout worker pod that ended mid-rollout from any other)."
@@ -351,7 +385,7 @@ class RolloutDispatch(_Wire):
     failure: RolloutFailure | None = Field(
         None, description="The newest shrink step of ``step`` that failed; null: none."
     )
-    reloaded_experts: list[int] = Field(
+    reloaded_experts: list[Annotated[int, Field(ge=0, le=MAX_STEP)]] = Field(
         default_factory=list,
         max_length=65536,
         description=(
@@ -368,7 +402,7 @@ class RolloutDispatch(_Wire):
     )
 
 
-class RolloutFailure(_Wire):
+class RolloutFailure(_Input):
     """One failed shrink step of the rollout dispatcher (FlexFloor's fail-safe outcome)."""
 
     reason: Literal[
@@ -385,7 +419,7 @@ class RolloutFailure(_Wire):
         )
     )
     message: str = Field("", max_length=1024, description="What happened, for the Event.")
-    ranks: list[int] = Field(
+    ranks: list[Annotated[int, Field(ge=0, le=MAX_STEP)]] = Field(
         default_factory=list, max_length=4096, description="Ranks the failure concerns."
     )
 

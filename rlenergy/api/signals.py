@@ -34,7 +34,7 @@ import pydantic
 from pydantic import Field
 
 from rlenergy.api import naming
-from rlenergy.api.node import RolloutDispatch, TokenWorkloadReport
+from rlenergy.api.node import MAX_STEP, MAX_TOKENS, RolloutDispatch, TokenWorkloadReport
 
 TOKEN_AUDIENCE = "rlenergy-agent"
 """Default audience of the trainer pod's projected token (chart value ``agent.tokenAudience``)."""
@@ -46,8 +46,18 @@ DEFAULT_TOKEN_FILE = "/var/run/secrets/rlenergy/token"
 
 class _Wire(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(
-        extra="forbid", populate_by_name=True, alias_generator=naming.camel, frozen=True
+        extra="forbid",
+        populate_by_name=True,
+        alias_generator=naming.camel,
+        frozen=True,
+        allow_inf_nan=False,
     )
+
+
+MAX_IN_FLIGHT = 1_000_000
+"""Most requests a rollout engine may report in flight (a bound, not a model of any engine)."""
+MAX_MONOTONIC_S = 1e10
+"""Largest CLOCK_MONOTONIC reading a progress report may carry, s (317 years of uptime)."""
 
 
 _GPUS: Any = Field(
@@ -61,7 +71,7 @@ class PhaseRequest(_Wire):
     """The pod enters ``phase`` of RL step ``step`` now (``idle``/``none``/``""``: between)."""
 
     phase: str = Field(max_length=253, description="Phase name (generation, training, ...).")
-    step: int = Field(ge=0, description="RL step index.")
+    step: int = Field(ge=0, le=MAX_STEP, description="RL step index.")
     gpus: list[str] = _GPUS
 
 
@@ -96,15 +106,22 @@ class PhaseAnswer(_Wire):
 class ProgressRequest(_Wire):
     """Progress of the current phase: ``total`` (cumulative, preferred) or ``amount`` (delta)."""
 
-    total: float | None = Field(None, description="Progress of the phase so far (tokens, iters).")
-    amount: float | None = Field(None, description="Progress since the last report.")
+    total: float | None = Field(
+        None, ge=0, le=MAX_TOKENS, description="Progress of the phase so far (tokens, iters)."
+    )
+    amount: float | None = Field(
+        None, ge=0, le=MAX_TOKENS, description="Progress since the last report."
+    )
     at_monotonic_seconds: float | None = Field(
         None,
+        ge=0,
+        le=MAX_MONOTONIC_S,
         description="When the trainer measured ``total`` (CLOCK_MONOTONIC of the node), s.",
     )
     in_flight: int | None = Field(
         None,
         ge=0,
+        le=MAX_IN_FLIGHT,
         description="Requests the caller has in flight now (rollout engines); with it the "
         "agent watches the phase for stalls (progress frozen, requests in flight, low power).",
     )
@@ -119,14 +136,14 @@ class ProgressRequest(_Wire):
 class StepRequest(_Wire):
     """The pod finished RL step ``step`` with this token workload."""
 
-    step: int = Field(ge=0, description="RL step index.")
+    step: int = Field(ge=0, le=MAX_STEP, description="RL step index.")
     workload: TokenWorkloadReport
 
 
 class ParkRequest(_Wire):
     """Park the pod's GPUs (or ``gpus``) at their lowest clock: a released rollout worker."""
 
-    step: int = Field(ge=0, description="RL step of the release.")
+    step: int = Field(ge=0, le=MAX_STEP, description="RL step of the release.")
     gpus: list[str] = _GPUS
 
 

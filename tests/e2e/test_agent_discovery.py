@@ -37,8 +37,8 @@ from e2e_support import get_json, wait_until
 from rlenergy_agent import podmap
 from rlenergy_agent.testing import standin
 
+from rlenergy.api import naming, selector
 from rlenergy.api import node as api_node
-from rlenergy.api import selector
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
@@ -49,8 +49,6 @@ CRDS = ROOT / "crds"
 SAMPLE = CRDS / "samples" / "sync-job.yaml"
 POD = "trainer-0"
 LOCK_MHZ = 1395
-
-
 
 
 def _policy(name: str, sel: dict[str, Any]) -> str:
@@ -71,7 +69,14 @@ def short_dir() -> Iterator[Path]:
 
 def _report(cluster: DevCluster, ns: str, policy: str, node: str) -> dict[str, Any] | None:
     res = cluster.kubectl(
-        "get", "rlenergynodereports", f"{policy}-{node}", "-n", ns, "-o", "json", check=False
+        "get",
+        "rlenergynodereports",
+        naming.report_name(policy, node),
+        "-n",
+        ns,
+        "-o",
+        "json",
+        check=False,
     )
     return json.loads(res.stdout) if res.returncode == 0 else None
 
@@ -212,7 +217,10 @@ def test_agent_discovers_follows_and_refuses_to_guess_its_policy(
             text = log_path.read_text()
             assert "Conflict" in text and f"{ns}/all-jobs" in text and f"{ns}/dpo" in text
             assert _report(dev_cluster, ns, "all-jobs", node) is None
-            client.phase("generation", step=1)  # no policy governs: no plan, no lock
+            # no policy governs: no pod is selected, the signal is refused, nothing is locked
+            with pytest.raises(trainer.AgentRefusedError) as refused:
+                client.phase("generation", step=1)
+            assert refused.value.status == 403 and "is not selected" in str(refused.value)
             assert not any(drv.gpu(u).locked for u in uuids)
         except BaseException:
             print(log_path.read_text())

@@ -45,6 +45,7 @@ from rlenergy_agent import podmap
 from rlenergy_agent.testing import standin
 
 from rlenergy import errors
+from rlenergy.api import naming
 from rlenergy.api import node as api_node
 from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
@@ -234,7 +235,8 @@ def test_annotation_patches_drive_the_pods_gpus_through_the_watch(
 
             # 4. the node report in the API has the steps and their annotated workload
             def steps() -> list[dict[str, Any]]:
-                rep = get_json(dev_cluster, "rlenergynodereports", f"{POLICY}-{node}", "-n", ns)
+                name = naming.report_name(POLICY, node)
+                rep = get_json(dev_cluster, "rlenergynodereports", name, "-n", ns)
                 return list(rep["spec"].get("steps") or [])
 
             done = wait_until(

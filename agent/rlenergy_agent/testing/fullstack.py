@@ -26,8 +26,8 @@ phase label switch happen between the same two counter updates: the simulator's 
 (node, step, phase) is exact and the agents' measured windows must match it.
 
 Before each step the trainer waits until the operator published the plan for that step and
-every agent holds it (``GET /v1/plan`` on the agent's ops port), so a run is reproducible; a
-real trainer never waits (agents apply whatever plan they hold).
+every agent holds it (``rlenergy_agent_plan_step`` on the agent's /metrics), so a run is
+reproducible; a real trainer never waits (agents apply whatever plan they hold).
 
 Callers: ``tests/e2e/test_full_stack.py`` and ``rlenergy_agent.testing.demo`` (``make demo``).
 Everything listens on and dials 127.0.0.1 only.
@@ -119,10 +119,13 @@ class NodeAgent:
 
     def plan_step(self) -> int:
         """The step of the plan the agent holds (-1: none)."""
-        url = f"http://127.0.0.1:{self.metrics_port}/v1/plan"
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback only
-            plan = json.loads(resp.read())
-        return int(plan["step"]) if plan else -1
+            text = resp.read().decode()
+        for line in text.splitlines():
+            if line.startswith("rlenergy_agent_plan_step{"):
+                return int(float(line.rsplit(" ", 1)[1]))
+        return -1
 
     def locked_mhz(self) -> int | None:
         """The SM clock the agent locked on this node's GPUs (None: default governor)."""

@@ -7,6 +7,7 @@ an owner reference to its policy, so deleting the policy garbage-collects its re
 
 from __future__ import annotations
 
+from rlenergy.api import naming
 from rlenergy.api.v1alpha1 import policy as api_policy
 
 GROUP = api_policy.GROUP
@@ -21,5 +22,5 @@ NODE_LABEL = "rlenergy.io/node"
 
 
 def report_name(policy_name: str, node_name: str) -> str:
-    """Object name of the report of ``policy_name`` on ``node_name`` (at most 253 characters)."""
-    return f"{policy_name}.{node_name}"[:253]
+    """Object name of the report of ``policy_name`` on ``node_name`` (``naming.report_name``)."""
+    return naming.report_name(policy_name, node_name)

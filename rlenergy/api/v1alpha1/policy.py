@@ -325,6 +325,11 @@ class ExpertsSpec(_Spec):
     bytes_per_expert: int = Field(ge=1, description="Memory of one expert over all layers, bytes.")
 
 
+DEFAULT_MAX_WORKERS = 64
+"""``spec.rollout.maxWorkers`` when a policy leaves it out, workers [MODEL: an MoE rollout of
+a few hundred GPUs at 4-8 GPUs a worker; a larger set names its bound]."""
+
+
 class RolloutSpec(_Spec):
     """How an MoE rollout worker set may shrink (FlexFloor)."""
 
@@ -343,6 +348,12 @@ class RolloutSpec(_Spec):
                     ".workerMemoryBytes",
                 ),
                 _cel(
+                    "!has(self.maxWorkers) || !has(self.minActiveWorkers) || "
+                    "self.maxWorkers >= self.minActiveWorkers",
+                    "maxWorkers must be at least minActiveWorkers",
+                    ".maxWorkers",
+                ),
+                _cel(
                     "!has(self.workerMemoryBytes) || self.workerMemoryBytes >= "
                     "(has(self.denseBytes) ? self.denseBytes : 0) + self.experts.bytesPerExpert",
                     "workerMemoryBytes must hold denseBytes plus one expert (bytesPerExpert)",
@@ -357,6 +368,17 @@ class RolloutSpec(_Spec):
     )
     experts: ExpertsSpec = Field(description="Experts that must stay available.")
     min_active_workers: int = Field(1, ge=1, le=4096, description="Never release below this.")
+    max_workers: int = Field(
+        DEFAULT_MAX_WORKERS,
+        ge=1,
+        le=4096,
+        description=(
+            "Most rollout workers the operator lets the worker set have (releaseAction scale): "
+            "a published nextStepWorkers above it is refused (AboveMaxWorkers) and the set "
+            "left as it is. The worker set's own annotation rlenergy.io/max-workers (or a "
+            "RayCluster group's maxReplicas) lowers it further."
+        ),
+    )
     worker_memory_bytes: int | None = Field(
         None,
         ge=1,
@@ -385,6 +407,8 @@ class RolloutSpec(_Spec):
 
     @pydantic.model_validator(mode="after")
     def _scale(self) -> RolloutSpec:
+        if self.max_workers < self.min_active_workers:
+            raise ValueError("maxWorkers must be at least minActiveWorkers")
         if self.release_action == "scale" and self.worker_set_ref is None:
             raise ValueError("releaseAction scale needs workerSetRef")
         if self.release_action == "scale" and self.worker_memory_bytes is None:

@@ -238,10 +238,11 @@ class ScaleStatus(_Status):
     )
     reason: str = Field(
         description=(
-            "AtTarget, ShrinkBetweenSteps, GrowBetweenSteps, ShrinkRejected, WorkerSetNotFound, "
-            "ScaleFailed, UnsupportedWorkerSet; for a RayCluster worker group also "
-            "WorkersUnknown (fewer released worker pods known than the shrink needs) and "
-            "OutsideWorkerGroupBounds (target outside minReplicas..maxReplicas)."
+            "AtTarget, ShrinkBetweenSteps, GrowBetweenSteps, ShrinkRejected, AboveMaxWorkers "
+            "(more than spec.rollout.maxWorkers or the workload's rlenergy.io/max-workers), "
+            "WorkerSetNotFound, ScaleFailed, UnsupportedWorkerSet; for a RayCluster worker "
+            "group also WorkersUnknown (fewer released worker pods known than the shrink "
+            "needs) and OutsideWorkerGroupBounds (target outside minReplicas..maxReplicas)."
         )
     )
     message: str = Field("", description="What happened, for humans.")

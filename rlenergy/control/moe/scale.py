@@ -78,7 +78,7 @@ class ScaleDecision:
         target: replicas after the action, workers (``current`` unless ``RESIZE``).
         floor: the floor used, workers.
         reason: CamelCase reason (``AtTarget``, ``ShrinkBetweenSteps``, ``GrowBetweenSteps``,
-            ``ShrinkRejected``; a RayCluster group also ``WorkersUnknown``,
+            ``ShrinkRejected``, ``AboveMaxWorkers``; a RayCluster group also ``WorkersUnknown``,
             ``OutsideWorkerGroupBounds``, ``UnsupportedWorkerSet``).
         message: for humans; a refusal says ``minimum is N`` and why.
     """
@@ -91,17 +91,23 @@ class ScaleDecision:
     message: str
 
 
-def decide_scale(current: int, desired: int, floor: int) -> ScaleDecision:
+def decide_scale(
+    current: int, desired: int, floor: int, ceiling: int | None = None
+) -> ScaleDecision:
     """Decide a between-steps resize of a worker set from ``current`` to ``desired`` workers.
 
     A shrink below ``floor`` is refused whole (never clamped: the dispatcher planned its step
     for ``desired`` workers, and a different size would surprise it); the set keeps
-    ``current`` workers. Growing is always allowed; ``desired == current`` does nothing.
+    ``current`` workers. Growing past ``ceiling`` is refused whole the same way
+    (``AboveMaxWorkers``): the dispatcher's count is a trainer's word, the ceiling the policy's
+    and the workload owner's. ``desired == current`` does nothing.
 
     Args:
         current: replicas of the worker set now, >= 0.
         desired: replicas the dispatcher asks for the next step, >= 1.
         floor: ``worker_set_floor`` of the policy, >= 1.
+        ceiling: most workers the set may have (``spec.rollout.maxWorkers``, lowered by the
+            workload's own bound), >= 1; ``None``: unbounded.
 
     Returns:
         The decision.
@@ -115,6 +121,18 @@ def decide_scale(current: int, desired: int, floor: int) -> ScaleDecision:
         raise errors.InvalidInputError("nextStepWorkers", f"must be >= 1, got {desired}")
     if floor < 1:
         raise errors.InvalidInputError("floor", f"must be >= 1, got {floor}")
+    if ceiling is not None and ceiling < 1:
+        raise errors.InvalidInputError("maxWorkers", f"must be >= 1, got {ceiling}")
+    if ceiling is not None and desired > ceiling and desired != current:
+        return ScaleDecision(
+            ScaleAction.REFUSED,
+            current,
+            current,
+            floor,
+            "AboveMaxWorkers",
+            f"cannot scale from {current} to {desired} workers: maximum is {ceiling}; "
+            f"the worker set stays at {current}",
+        )
     if desired < floor:
         return ScaleDecision(
             ScaleAction.REFUSED,
@@ -233,6 +251,7 @@ def decide_group_scale(
     desired: int,
     floor: int,
     gpus: Iterable[tuple[str | None, bool]],
+    ceiling: int | None = None,
 ) -> GroupScaleDecision:
     """Decide a between-steps resize of a RayCluster worker group, naming the pods to delete.
 
@@ -251,6 +270,7 @@ def decide_group_scale(
         desired: workers the dispatcher asks for the next step, >= 1.
         floor: ``worker_set_floor`` of the policy, >= 1.
         gpus: ``(pod "namespace/name" or None, parked)`` of every GPU in the newest reports.
+        ceiling: as ``decide_scale``'s (``spec.rollout.maxWorkers``).
 
     Returns:
         The decision; ``workers_to_delete`` is to be written only on ``RESIZE``.
@@ -259,7 +279,7 @@ def decide_group_scale(
         InvalidInputError: as ``decide_scale``.
     """
     current = group.replicas
-    d = decide_scale(current, desired, floor)
+    d = decide_scale(current, desired, floor, ceiling)
     unchanged = group.workers_to_delete
 
     def refused(reason: str, why: str) -> ScaleDecision:

@@ -407,8 +407,8 @@ def test_report_writer_creates_then_patches_with_backoff(make_driver: DriverFact
     sleeps: list[float] = []
     writer = kube.ReportWriter(api, "team-a", "pol", "node-1", sleep=sleeps.append)
     writer.write(agent.report())
-    key = ("rlenergy.io", "v1alpha1", "team-a", "rlenergynodereports", "pol-node-1")
-    assert api.calls == ["patch", "create"]
+    key = ("rlenergy.io", "v1alpha1", "team-a", "rlenergynodereports", "pol-node-1-71c16b01b4")
+    assert api.calls == ["patch", "create", "patch"]  # the last: the old-named report, retired
     obj = api.objects[key]
     assert obj["kind"] == "RLEnergyNodeReport" and obj["apiVersion"] == "rlenergy.io/v1alpha1"
     assert obj["spec"]["nodeName"] == "node-1" and obj["spec"]["policyName"] == "pol"
