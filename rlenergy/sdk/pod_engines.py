@@ -112,7 +112,8 @@ class PodEngines:
     tokens count from its first read on). Each engine keeps its own per-series tracking
     (``progress.HttpExposition``), and an engine whose process is gone (its entry no longer
     listed) keeps its last total counted: the pod's total never falls when an engine or one of
-    its ranks goes away.
+    its ranks goes away. The read that finds an engine gone raises ``progress.EngineLost``
+    once (the verl hook aborts the generation window on it); later reads go on without it.
 
     Args:
         directory: the engine folder (default :func:`engine_dir`).
@@ -121,6 +122,7 @@ class PodEngines:
         progress.ProgressUnavailable: no engine published, or one that is listed cannot be
             read (a partial sum would miss that engine's progress).
         progress.MetricsUnavailable: an engine serves none of its counter's known names.
+        progress.EngineLost: an engine read before is no longer listed (once per engine).
     """
 
     def __init__(self, directory: Path | None = None) -> None:
@@ -130,8 +132,14 @@ class PodEngines:
 
     def _engines(self) -> list[progress.HttpExposition]:
         listed = {(e.engine, e.url): e for e in published(self.directory)}
-        for key in [k for k in self._engines_by_url if k not in listed]:
+        lost = [k for k in self._engines_by_url if k not in listed]
+        for key in lost:
             self._gone += self._engines_by_url.pop(key).last_total or 0.0
+        if lost:
+            raise progress.EngineLost(
+                ", ".join(f"{engine} at {url}" for engine, url in lost)
+                + " stopped (its process ended)"
+            )
         for key, fresh in listed.items():
             self._engines_by_url.setdefault(key, fresh)
         if not listed:

@@ -70,6 +70,18 @@ class MetricsUnavailable(ProgressUnavailable):
         )
 
 
+class EngineLost(ProgressUnavailable):
+    """An inference engine that was being read has gone (its process ended) mid-phase.
+
+    Raised once per engine by ``rlenergy.sdk.pod_engines.PodEngines``; a
+    :class:`ProgressReporter` with ``on_lost`` hands it on (the verl hook aborts the phase).
+    """
+
+
+REPORTER_THREAD = "rlenergy-progress"
+"""The name of :class:`ProgressReporter`'s thread (a callback can tell it runs there)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineCounter:
     """One way an inference engine's metrics are named: its decoded-token counter and gauges.
@@ -594,7 +606,8 @@ class WithFallback:
     the counter is in no known naming) it reads ``fallback``; when both raise, the primary's
     error goes up (the reporter then sends nothing: never 0 tokens/s as if the engine idled).
     On a switch between them the total carries on from the last value sent, so the phase's
-    progress neither jumps nor falls.
+    progress neither jumps nor falls. An engine that went away (:class:`EngineLost`) is not
+    covered over: it goes up as it is.
 
     Args:
         primary: the engine source (``pod_engines.PodEngines``, :class:`HttpExposition`).
@@ -620,6 +633,8 @@ class WithFallback:
         try:
             value, used = self.primary.total(), self.primary
             self.last_error = None
+        except EngineLost:
+            raise
         except ProgressUnavailable as exc:
             self.last_error = str(exc)
             try:
@@ -701,13 +716,17 @@ class ProgressReporter:
     every ``period_s`` sends ``source.total() - zero`` through ``report`` (normally
     ``RLEnergyClient.progress_total``); ``stop`` sends one last value and ends the thread.
     A source that raises ``ProgressUnavailable`` is logged once per phase and nothing is sent
-    for it (the agent then reports the window without progress: whole-phase evidence).
+    for it (the agent then reports the window without progress: whole-phase evidence). A
+    source that raises :class:`EngineLost` on the thread calls ``on_lost`` with the reason
+    (once) and ends the thread; nothing more is sent for the phase, not even at ``stop``.
 
     Args:
         source: the counter.
         report: called with the phase's cumulative progress.
         period_s: read period, s.
         clock: monotonic clock (tests).
+        on_lost: called on the thread when the source's engine went away (``None``: it is
+            treated as any unreadable source).
     """
 
     def __init__(
@@ -717,6 +736,7 @@ class ProgressReporter:
         *,
         period_s: float = DEFAULT_PERIOD_S,
         clock: Callable[[], float] = time.monotonic,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         if not period_s > 0:
             raise ValueError(f"period_s must be > 0, got {period_s}")
@@ -728,14 +748,24 @@ class ProgressReporter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned = False
+        self.on_lost = on_lost
+        self.lost: str | None = None
+        """Why the source's engine went away this phase (``None``: it did not)."""
         self.reports = 0
         self.last_total: float | None = None
         """The newest value sent (``None``: nothing sent this phase)."""
         self.last_error: str | None = None
 
-    def _read(self) -> float | None:
+    def _read(self, *, watch_lost: bool = False) -> float | None:
         try:
             value = self.source.total()
+        except EngineLost as exc:
+            self.last_error = str(exc)
+            if watch_lost and self.on_lost is not None:
+                self.lost = str(exc)
+                self._stop.set()
+                self.on_lost(f"inference engine lost: {exc}")
+            return None
         except ProgressUnavailable as exc:
             self.last_error = str(exc)
             if not self._warned:
@@ -746,9 +776,11 @@ class ProgressReporter:
             self._zero = value
         return max(value - self._zero, 0.0)
 
-    def _send(self) -> None:
-        done = self._read()
-        if done is not None:
+    def _send(self, *, watch_lost: bool = False) -> None:
+        if self.lost is not None:
+            return
+        done = self._read(watch_lost=watch_lost)
+        if done is not None and self.lost is None:
             self.report(done)
             self.reports += 1
             self.last_total = done
@@ -759,6 +791,7 @@ class ProgressReporter:
         self._zero = None
         self._warned = False
         self.last_total = None
+        self.lost = None
         self._read()
         self._stop.clear()
 
@@ -769,9 +802,9 @@ class ProgressReporter:
                 self._stop.wait(max(nxt - self._clock(), 0.0))
                 if self._stop.is_set():
                     return
-                self._send()
+                self._send(watch_lost=True)
 
-        self._thread = threading.Thread(target=run, name="rlenergy-progress", daemon=True)
+        self._thread = threading.Thread(target=run, name=REPORTER_THREAD, daemon=True)
         self._thread.start()
 
     def stop(self, *, final: bool = True) -> None:
@@ -1011,13 +1044,19 @@ class PhaseProgress:
         make: builds the source from the worker; may raise ``ProgressUnavailable`` (then the
             phase has no progress and ``end`` returns ``None``).
         period_s: report period, s.
+        on_lost: the reporters' ``on_lost`` (the source's engine went away mid-phase).
     """
 
     def __init__(
-        self, make: Callable[[Any], ProgressSource], *, period_s: float = DEFAULT_PERIOD_S
+        self,
+        make: Callable[[Any], ProgressSource],
+        *,
+        period_s: float = DEFAULT_PERIOD_S,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self._make = make
         self.period_s = period_s
+        self.on_lost = on_lost
         self.source: ProgressSource | None = None
         self.reporter: ProgressReporter | None = None
         self.last_error: str | None = None
@@ -1033,7 +1072,11 @@ class PhaseProgress:
                 return
         else:
             self.watch(worker)
-        self.reporter = ProgressReporter(self.source, report, period_s=self.period_s)
+        if self.reporter is not None:  # a window left open by an abort: closed, nothing sent
+            self.reporter.stop(final=False)
+        self.reporter = ProgressReporter(
+            self.source, report, period_s=self.period_s, on_lost=self.on_lost
+        )
         self.reporter.start()
 
     def watch(self, worker: Any) -> None:
@@ -1052,10 +1095,18 @@ class PhaseProgress:
             log.warning("in-phase progress without this worker's modules (%s)", exc)
 
     def end(self) -> float | None:
-        """The phase ends: the last report goes out; returns the phase's total (or ``None``)."""
+        """The phase ends: the last report goes out; returns the phase's total (or ``None``).
+
+        A phase whose engine went away (``on_lost``) sends no last report.
+        """
         rep, self.reporter = self.reporter, None
         if rep is None:
             return None
         rep.stop()
         self.last_error = rep.last_error
         return rep.last_total
+
+    @property
+    def variant(self) -> str | None:
+        """The metric variant the source read last (``VARIANTS``; ``sdk``: reported tokens)."""
+        return getattr(self.source, "variant", None)

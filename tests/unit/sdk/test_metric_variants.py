@@ -176,7 +176,8 @@ def test_vllm_through_rays_metrics_agent() -> None:
     w = _vllm(lambda n: "ray_" + _ray(n))
     _fill_vllm(w)
     text = w.text()
-    assert "ray_vllm_generation_tokens_total{" in text and "vllm:" not in text
+    assert "ray_vllm_generation_tokens_total{" in text
+    assert not [ln for ln in text.splitlines() if ln.startswith("vllm:")]
     reading = progress.read_engine(progress._families(text), "vllm", busy=True)
     assert reading.variant.variant == "vllm-ray"
     assert (sum(reading.tokens.values()), reading.held) == (200.0, 6.0)
@@ -353,6 +354,8 @@ def test_an_engine_whose_process_is_gone_keeps_its_count_in_the_pods_sum(
         vllm.inc(10)
         assert engines.total() == 150.0
         gone.unlink()  # its process ended: the folder no longer lists it
+        with pytest.raises(progress.EngineLost, match=f"vllm at {other.url} stopped"):
+            engines.total()  # said once (the hook aborts the generation window on it)
         assert engines.total() == 150.0
         _rank(tokens, 0).inc(5)
         assert engines.total() == 155.0
