@@ -897,10 +897,29 @@ class RolloutPoolPhases:
                 self.step = step
                 self._new_step = self._busy
 
+    def abort(self, reason: str) -> None:
+        """The engine (or the pool's weight update) failed: an open window ends ``idle`` now.
+
+        The agent returns the pool's GPUs to the default governor at once; the next held
+        requests open a new window.
+        """
+        log.warning("rollout pool: %s; the GPUs go idle (default governor)", reason)
+        with self._lock:
+            if self._busy:
+                self.client.phase("idle", step=self.step)
+                self._busy = False
+
     def tick(self) -> None:
-        """Read the engine once and signal what changed (the thread's body; tests)."""
+        """Read the engine once and signal what changed (the thread's body; tests).
+
+        An engine that went away (:class:`EngineLost`) aborts an open window (:meth:`abort`).
+        """
         try:
             held, tokens = self.source.activity()
+        except EngineLost as exc:
+            self.last_error = str(exc)
+            self.abort(f"inference engine lost: {exc}")
+            return
         except ProgressUnavailable as exc:
             self.last_error = str(exc)
             return

@@ -679,7 +679,14 @@ def _weights(method: Callable[..., Any]) -> Callable[..., Any]:
 def _pool_weights(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def wrapper(self: Any, global_steps: int | None = None, **kwargs: Any) -> Any:
-        result = await method(self, global_steps, **kwargs)
+        try:
+            result = await method(self, global_steps, **kwargs)
+        except BaseException as exc:
+            pool = _POOL
+            why = f"verl's {WEIGHTS_METHOD} raised {type(exc).__name__}: {exc}"
+            if pool is not None:
+                safely("abort the rollout pool's window", lambda: pool.abort(why))
+            raise
 
         def follow() -> None:
             # The rollout pool now holds the weights of step ``global_steps``: what it generates

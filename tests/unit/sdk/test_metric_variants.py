@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -406,3 +408,82 @@ def test_a_switch_between_engine_and_sdk_tokens_neither_jumps_nor_falls(served: 
     assert source.total() == 5000.0 and source.variant == "sdk"
     sdk.add(60)
     assert source.total() == 5060.0
+
+
+class _Lost:
+    """A source whose engine goes away after ``alive`` reads."""
+
+    def __init__(self, alive: int) -> None:
+        self.alive = alive
+        self.reads = 0
+
+    def total(self) -> float:
+        self.reads += 1
+        if self.reads > self.alive:
+            raise progress.EngineLost("vllm at http://127.0.0.1:1/metrics stopped")
+        return 10.0 * self.reads
+
+
+def test_a_lost_engine_on_the_reporters_thread_calls_on_lost_once_and_sends_no_more() -> None:
+    lost: list[tuple[str, str]] = []
+    sent: list[float] = []
+    rep = progress.ProgressReporter(
+        _Lost(alive=3),
+        sent.append,
+        period_s=0.002,
+        on_lost=lambda why: lost.append((why, threading.current_thread().name)),
+    )
+    rep.start()
+    deadline = time.monotonic() + 5
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.005)
+    rep.stop()  # no final report after the loss
+    assert lost == [
+        (
+            "inference engine lost: vllm at http://127.0.0.1:1/metrics stopped",
+            progress.REPORTER_THREAD,
+        )
+    ]
+    assert sent == [10.0, 20.0]  # reads 2 and 3, from the zero of read 1
+    assert rep.lost is not None
+    early = progress.ProgressReporter(_Lost(alive=0), sent.append, on_lost=lost.append)
+    early.start()  # lost at the phase's zero read: not this phase's engine, no abort
+    early.stop(final=False)
+    assert len(lost) == 1
+
+
+def test_a_lost_engine_or_a_failed_weight_update_ends_the_rollout_pools_window() -> None:
+    class Signals:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, float]] = []
+
+        def phase(self, name: str, *, step: int) -> None:
+            self.sent.append((name, step))
+
+        def progress_total(self, total: float, *, in_flight: int | None = None) -> None:
+            self.sent.append(("progress", total))
+
+    class Engine:
+        def __init__(self) -> None:
+            self.lost = False
+
+        def activity(self) -> tuple[float, float]:
+            if self.lost:
+                raise progress.EngineLost("sglang at http://127.0.0.1:2/metrics stopped")
+            return 3.0, 100.0
+
+    sig, engine = Signals(), Engine()
+    pool = progress.RolloutPoolPhases(engine, sig, step=5)
+    pool.tick()
+    assert sig.sent == [("generation", 5), ("progress", 0.0)]
+    engine.lost = True
+    pool.tick()
+    assert sig.sent[-1] == ("idle", 5)  # at once, not after idle_after_s
+    assert pool.last_error == "sglang at http://127.0.0.1:2/metrics stopped"
+    pool.abort("again")  # nothing open: nothing sent
+    assert sig.sent.count(("idle", 5)) == 1
+    engine.lost = False
+    pool.tick()  # held requests again: a new window
+    assert sig.sent[-2:] == [("generation", 5), ("progress", 0.0)]
+    pool.abort("verl's update_weights raised RuntimeError: copy failed")
+    assert sig.sent[-1] == ("idle", 5)
