@@ -251,3 +251,58 @@ def test_rollout_pool_step_follows_verls_checkpoint_worker_update_weights(
         [gen] = steps[step].phases
         assert gen.phase == "generation"
         assert 0.5 * decoded[step] <= gen.progress <= decoded[step] * 1.001
+
+
+class FailingAdapter(KeepAdapter):
+    """The pool's server adapter whose engine dies while receiving weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+
+    async def update_weights(
+        self, weights: Any, global_steps: int | None = None, **kw: Any
+    ) -> None:
+        if self.fail:
+            raise ConnectionError("rollout server gone while receiving weights")
+        await super().update_weights(weights, global_steps, **kw)
+
+
+def test_a_failed_pool_weight_update_ends_its_generation_window_at_once(
+    hooked: None,
+    engine_dir: Path,
+    make_driver: DriverFactory,
+    short_tmp: Path,
+) -> None:
+    drv = make_driver(1)
+    gpus = list(drv.uuids)
+    agent = standin_agent({POD: gpus}, PLAN, time.monotonic)
+    sock = short_tmp / "agent.sock"
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
+    srv.start()
+    vllm = VllmServer()
+    verl_hook.patch_engine_server(VllmServer, "vllm")
+    asyncio.run(vllm.launch_server())
+    worker = object.__new__(CheckpointEngineWorker)
+    worker.checkpoint_engine = OneTensor()
+    worker.server_adapter = adapter = FailingAdapter()
+    try:
+        verl_hook._HOOK = verl_hook.VerlHook(reviews.client(sock, POD, short_tmp, strict=True))
+        asyncio.run(CheckpointEngineWorker.update_weights(worker, global_steps=0))
+        pool = verl_hook.pool_phases()
+        pool.idle_after_s = 60.0  # only the abort can end the window in this test
+        vllm.serve(6)
+        deadline = time.monotonic() + 5
+        while not drv.gpu(gpus[0]).locked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert drv.gpu(gpus[0]).lock_max_mhz == 1395  # the pool generates
+        vllm.serve(0)
+        adapter.fail = True
+        with pytest.raises(ConnectionError, match="rollout server gone"):
+            asyncio.run(CheckpointEngineWorker.update_weights(worker, global_steps=1))
+        assert not drv.gpu(gpus[0]).locked  # at once: no lease, no idle_after_s
+        pool.stop()
+    finally:
+        vllm.close()
+        srv.stop()

@@ -17,13 +17,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_support import DriverFactory
 from rlenergy_agent.testing import verlrank
 from test_verl_hook import _batch
-from test_verl_subphases import DEFAULT, Job, MakeJob, job  # noqa: F401 - the fixture
+from test_verl_subphases import DEFAULT, Job, MakeJob
 from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.utils.padding import left_right_2_no_padding
 
@@ -39,6 +41,22 @@ SYNC = api_node.ClockPlan(
         api_node.PhasePlan(phase="training", clockMHz=1500, state="locked"),
     ],
 )
+
+
+@pytest.fixture
+def make_job(
+    hooked: None, cpu_weight_sync: None, make_driver: DriverFactory, short_tmp: Path
+) -> Iterator[MakeJob]:
+    """One verl rank against a real agent (``test_verl_subphases.Job``), stopped after."""
+    made: list[Job] = []
+
+    def make(plan: api_node.ClockPlan) -> Job:
+        made.append(Job(make_driver(2), plan, short_tmp))
+        return made[-1]
+
+    yield make
+    for j in made:
+        j.stop()
 
 
 class PacedRollout(verlrank.KeepRollout):
@@ -80,8 +98,10 @@ def _sync(j: Job, step: int) -> None:
         j.call = "idle"
 
 
-def test_a_plan_listing_the_weight_sync_gives_it_a_window_then_generation(job: MakeJob) -> None:
-    j = job(SYNC)
+def test_a_plan_listing_the_weight_sync_gives_it_a_window_then_generation(
+    make_job: MakeJob,
+) -> None:
+    j = make_job(SYNC)
     rollout = j.worker.rollout = PacedRollout(j)
     j.step(1)  # the agent's plan is unknown before its first answer: no weight-sync window
     assert [w.phase for w in j.windows(1)] == ["generation", "training"]
@@ -97,8 +117,8 @@ def test_a_plan_listing_the_weight_sync_gives_it_a_window_then_generation(job: M
     assert sync.energy_joules == pytest.approx(j.truth("sync-2"), rel=0.02)
 
 
-def test_the_default_plan_leaves_the_weight_sync_idle(job: MakeJob) -> None:
-    j = job(DEFAULT)
+def test_the_default_plan_leaves_the_weight_sync_idle(make_job: MakeJob) -> None:
+    j = make_job(DEFAULT)
     j.worker.rollout = PacedRollout(j)
     j.step(1)
     _sync(j, 2)
@@ -108,9 +128,9 @@ def test_the_default_plan_leaves_the_weight_sync_idle(job: MakeJob) -> None:
 
 
 def test_an_update_that_raises_returns_the_gpus_to_the_default_governor_at_once(
-    job: MakeJob,
+    make_job: MakeJob,
 ) -> None:
-    j = job(SYNC)
+    j = make_job(SYNC)
     j.step(1)
     asyncio.run(verlrank.weights_done(j.worker, 1))
     batch, _, _ = _batch(2)
@@ -134,8 +154,8 @@ def test_an_update_that_raises_returns_the_gpus_to_the_default_governor_at_once(
     assert sorted(_phases(j, 2)) == ["generation", "training", "weight-sync"]
 
 
-def test_a_weight_sync_that_raises_returns_the_gpus_at_once(job: MakeJob) -> None:
-    j = job(SYNC)
+def test_a_weight_sync_that_raises_returns_the_gpus_at_once(make_job: MakeJob) -> None:
+    j = make_job(SYNC)
     rollout = j.worker.rollout = PacedRollout(j)
     j.step(1)
     rollout.fail_update = True
@@ -163,11 +183,11 @@ ENGINE = textwrap.dedent(
 
 
 def test_an_engine_server_dying_mid_generation_aborts_within_a_second(
-    job: MakeJob, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_job: MakeJob, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = tmp_path / "engines"
     monkeypatch.setenv(pod_engines.ENGINE_DIR_ENV, str(folder))
-    j = job(DEFAULT)  # its hook's default sources read the pod's published engines
+    j = make_job(DEFAULT)  # its hook's default sources read the pod's published engines
     env = {
         **os.environ,
         pod_engines.ENGINE_DIR_ENV: str(folder),
