@@ -302,7 +302,8 @@ def test_a_failed_pool_weight_update_ends_its_generation_window_at_once(
         with pytest.raises(ConnectionError, match="rollout server gone"):
             asyncio.run(CheckpointEngineWorker.update_weights(worker, global_steps=1))
         assert not drv.gpu(gpus[0]).locked  # at once: no lease, no idle_after_s
-        pool.stop()
     finally:
+        if verl_hook._POOL is not None:
+            verl_hook._POOL.stop()
         vllm.close()
         srv.stop()
