@@ -10,7 +10,11 @@ counters that the work itself advances, read on a thread of the worker process:
   Prometheus exposition (``HttpExposition``: the engine's ``/metrics`` URL in the pod) or from
   the process's prometheus-client registry when the engine runs in-process
   (``RegistryExposition``; verl's vLLM/SGLang rollout servers), parsed with prometheus-client's
-  own text parser;
+  own text parser, in whichever known naming the engine serves (``VARIANTS``: vLLM's own, Ray's,
+  a router's; SGLang's ``sglang:`` and ``sglang_``), each series (engine index, rank) tracked
+  as its own monotonic counter (``MonotonicSeries``: ranks that vanish or restart never make
+  progress fall); a counter in no known naming raises ``MetricsUnavailable``, and
+  ``WithFallback`` then counts the tokens the job reports itself (``ReportedTokens``);
 * training: ``ForwardTokenCounter``, a forward hook on the actor module counting the tokens and
   micro-batches its forward passes processed (on CUDA counted once the pass's kernels are done,
   through a CUDA event, so the count does not run ahead of the GPU).
@@ -18,9 +22,11 @@ counters that the work itself advances, read on a thread of the worker process:
 ``ProgressReporter`` reads a source every ``period_s`` (20 ms: 50 Hz, within the 50 ms the
 probes need) during a phase and sends the phase's total since its start to the agent
 (``RLEnergyClient.progress_total``), with one last report right before the phase ends. A source
-that cannot be read (no engine metrics, no counter) sends nothing: the agent then sees a window
-without progress and EE-RL falls back to whole-phase evidence and says so in status
-(``PhaseStatus.probeEvidence``); it never interpolates over a phase it did not hear.
+that cannot be read (no engine metrics, no counter) sends nothing (never a flat line that
+reads as an idle engine): the agent then sees a window without progress and EE-RL falls back
+to whole-phase evidence and says so in status (``PhaseStatus.probeEvidence``); it never
+interpolates over a phase it did not hear. An engine that goes away mid-phase
+(``EngineLost``) is handed to the reporter's ``on_lost`` (the verl hook aborts the phase).
 
 prometheus-client is imported only when a source is read: vLLM and SGLang both require it, so
 it is in every engine image. Callers: ``rlenergy.sdk.verl`` hooks, trainer code.

@@ -11,10 +11,12 @@ One setting turns it on for a verl job (verl 0.9.1's ``verl/trainer/main_ppo.py`
 (``docs/verl.md`` says what runs where):
 
 * in the GPU workers, ``verl.workers.engine_workers.ActorRolloutRefWorker``:
-  ``update_weights`` (colocated sync mode, checkpoint backend ``naive``: it ends with the
-  rollout woken up, so the next step's **generation** starts when it returns; its
-  ``global_steps`` argument names the step just trained; other backends send the weights to
-  rollout GPUs elsewhere and these GPUs go ``idle``), ``compute_log_prob`` /
+  ``update_weights`` (colocated sync mode, checkpoint backend ``naive``: it wakes the rollout's
+  weights, syncs them and wakes the KV cache, so the next step's **generation** starts when it
+  returns, the engine fully awake; the call itself is **weight-sync** where the plan lists it
+  (``rlenergy.api.phases.WEIGHT_SYNC``), else the GPUs stay ``idle``; its ``global_steps``
+  argument names the step just trained; other backends send the weights to rollout GPUs
+  elsewhere and these GPUs go ``idle``), ``compute_log_prob`` /
   ``compute_ref_log_prob`` / ``update_actor`` (**training**: the first of them ends
   generation; ``update_actor`` closes the step with its token workload and reads the step's
   energy back from the agent). Each of the three is a training sub-phase
@@ -51,6 +53,10 @@ generated tokens are the generation source's total; the critic's module (``engin
 its ``TrainingWorker``) joins the training counter at the critic's first call. In verl's async
 recipes the rollout pool's ``CheckpointEngineWorker.update_weights`` sets the pool's step
 (``RolloutPoolPhases``).
+
+A wrapped verl method that raises, and a published engine whose process ends during
+generation, abort the phase: the GPUs go ``idle`` at once (:meth:`VerlHook.abort`; the rollout
+pool's ``RolloutPoolPhases.abort``) and verl's error goes on unchanged.
 
 Nothing here imports torch or verl at module import: the SDK stays slim. Callers: Ray (the
 setup hook), ``tests/verl``.
