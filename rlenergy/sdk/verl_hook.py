@@ -279,6 +279,9 @@ class VerlHook:
         training sub-phase."""
         self.generated_tokens: float | None = None
         """Tokens the generation sources counted in the current step (``None``: no source)."""
+        self.generation_source: str | None = None
+        """Where the current step's generation progress was read (the sources' ``variant``:
+        the engine metric naming matched, ``sdk``; ``None``: not read)."""
         self.reported = progress.ReportedTokens()
         """Decoded tokens the job's own code reports (:meth:`report_tokens`): the generation
         source's fallback when the engines' metrics are missing."""
@@ -344,6 +347,7 @@ class VerlHook:
             self.phase, self.step = phase, step
             if phase == phases.GENERATION:
                 self.generated_tokens = None
+                self.generation_source = None
             if self.signals:
                 self.client.phase(phase, step=step)
             for src in self.sources.get(progress_kind(phase) or "", ()):
@@ -440,10 +444,13 @@ class VerlHook:
             self.client.progress_total(total)
 
     def _end_sources(self) -> None:
-        totals = [src.end() for src in self.sources.get(progress_kind(self.phase) or "", ())]
+        sources = self.sources.get(progress_kind(self.phase) or "", ())
+        totals = [src.end() for src in sources]
         known = [t for t in totals if t is not None]
         if self.phase == phases.GENERATION and known:
             self.generated_tokens = float(sum(known))
+            variants = [getattr(src, "variant", None) for src in sources]
+            self.generation_source = ",".join(v for v in variants if v) or None
 
     def end_step(self, workload: TrainedBatch | None) -> dict[str, float]:
         """Close the current step with ``workload``; returns its ``rlenergy/*`` metrics.
@@ -480,6 +487,7 @@ class VerlHook:
                     if workload.samples
                     else 0.0
                 ),
+                generation_progress_source=self.generation_source,
             )
         energy = answer.get("phaseEnergyJoules") or {}
         total = 0.0

@@ -161,12 +161,15 @@ def test_install_alone_gives_verl_in_phase_progress_and_whole_phase_without_an_e
             # Training: every token of the forward passes (log-prob and update) counted.
             assert trained > 0 and train.progress == trained
             if step == 1:
-                # Generation: the engine's own counter, read over its published /metrics.
+                # Generation: the engine's own counter, read over its published /metrics, in
+                # vLLM's own naming, which the node report keeps with the step's workload.
+                assert rec.workload.generation_progress_source == "vllm"
                 assert 0.9 * decoded <= gen.progress <= decoded * 1.001
                 assert metrics[1]["rlenergy/generated_tokens"] == pytest.approx(gen.progress)
                 assert gen.progress_mean_gap_seconds is not None
                 assert gen.progress_mean_gap_seconds <= 0.05
             else:
+                assert rec.workload.generation_progress_source is None
                 assert gen.progress == 0 and gen.progress_mean_gap_seconds is None
                 assert "rlenergy/generated_tokens" not in metrics[2]
             # EE-RL on this window: in-phase slices with the engine's counter, whole-phase
