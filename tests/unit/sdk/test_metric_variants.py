@@ -487,3 +487,26 @@ def test_a_lost_engine_or_a_failed_weight_update_ends_the_rollout_pools_window()
     assert sig.sent[-2:] == [("generation", 5), ("progress", 0.0)]
     pool.abort("verl's update_weights raised RuntimeError: copy failed")
     assert sig.sent[-1] == ("idle", 5)
+
+
+def test_vllm_v0s_swapped_requests_count_as_held_when_served() -> None:
+    # V0's vllm/engine/metrics.py (label model_name): swapped requests were held too; shown
+    # until 0.8, then only with --show-hidden-metrics-for-version=0.8, then removed.
+    reg = prometheus_client.CollectorRegistry()
+    for name, value in (
+        ("vllm:num_requests_running", 3),
+        ("vllm:num_requests_waiting", 2),
+        ("vllm:num_requests_swapped", 4),
+    ):
+        prometheus_client.Gauge(name, name, ["model_name"], registry=reg).labels("m").set(value)
+    prometheus_client.Counter("vllm:generation_tokens", "t", ["model_name"], registry=reg).labels(
+        "m"
+    ).inc(50)
+    text = prometheus_client.generate_latest(reg).decode()
+    assert progress.held_requests(text, "vllm") == 9.0
+    reading = progress.read_engine(progress._families(text), "vllm", busy=True)
+    assert (reading.variant.variant, reading.held, sum(reading.tokens.values())) == (
+        "vllm",
+        9.0,
+        50.0,
+    )
