@@ -110,6 +110,14 @@ class TokenWorkloadReport(_Input):
     mean_context_tokens: float = Field(
         ge=0, le=MAX_TOKENS, description="Mean prompt + response tokens per sample."
     )
+    generation_progress_source: str | None = Field(
+        None,
+        max_length=253,
+        description="Where the step's in-phase generation progress was read: the inference "
+        "engine's metric naming the SDK matched (vllm, vllm-ray, vllm-router, sglang, "
+        "sglang-underscore, sglang-ray; several engines comma-separated), sdk (tokens the job "
+        "reported itself, the engine's counter missing), or null (none, or not said).",
+    )
 
 
 class SliceReport(_Wire):

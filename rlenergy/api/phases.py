@@ -9,6 +9,9 @@ differently, so a policy may list any of them in ``spec.phases`` to get a clock 
 A sub-phase the policy does not name stays part of ``training``: the trainer signals the name
 :func:`signal_name` gives.
 
+Between two steps the colocated weight sync (``WEIGHT_SYNC``) may be a phase of its own the
+same way.
+
 Callers: ``rlenergy.sdk.verl_hook`` (which name to signal), ``rlenergy.sim.traces`` /
 ``rlenergy.sim.workload`` (sub-phase times of a trace), the operator's observe-mode prior.
 """
@@ -22,6 +25,14 @@ from typing import Literal
 GENERATION = "generation"
 TRAINING = "training"
 IDLE = "idle"
+WEIGHT_SYNC = "weight-sync"
+"""The colocated weight sync between two steps: verl's ``update_weights`` wakes the rollout's
+weights, copies the trained weights into the engine and wakes its KV cache
+(``verl/workers/engine_workers.py`` ``ActorRolloutRefWorker.update_weights``); generation
+starts when it returns, the engine fully awake. A policy that lists it in ``spec.phases`` gets
+it as a window (and clock) of its own; otherwise it stays part of ``idle`` (the default
+governor), as the trainer signals it (:func:`weight_sync_signal`). A custom phase for the GPU
+models (:func:`phase_kind` is ``None``): copying weights is neither decode nor training."""
 
 SubPhaseKind = Literal["forward", "training"]
 """``forward``: forward passes only (log-probabilities, values); ``training``: the update."""
@@ -80,6 +91,19 @@ def signal_name(subphase: str, policy_phases: Collection[str]) -> str:
         known = ", ".join(SUBPHASE_BY_NAME)
         raise ValueError(f"{subphase!r} is not a training sub-phase; known: {known}")
     return subphase if subphase in policy_phases else TRAINING
+
+
+def weight_sync_signal(policy_phases: Collection[str]) -> str | None:
+    """The phase a trainer signals for the weight sync (``WEIGHT_SYNC``).
+
+    Args:
+        policy_phases: the phase names of the policy's plan (empty: unknown yet).
+
+    Returns:
+        ``weight-sync`` where the policy names it, else ``None``: no signal, the GPUs stay in
+        the phase they are in (``idle`` after a step ends).
+    """
+    return WEIGHT_SYNC if WEIGHT_SYNC in policy_phases else None
 
 
 def phase_kind(name: str) -> Literal["generation", "forward", "training"] | None:

@@ -108,36 +108,63 @@ def published(directory: Path | None = None) -> list[progress.HttpExposition]:
 class PodEngines:
     """Decoded tokens and held requests summed over the pod's published engines.
 
-    Read on every call (a server that starts later is picked up at the next phase's zero).
+    The folder is read on every call (a server that starts later is picked up at once; its
+    tokens count from its first read on). Each engine keeps its own per-series tracking
+    (``progress.HttpExposition``), and an engine whose process is gone (its entry no longer
+    listed) keeps its last total counted: the pod's total never falls when an engine or one of
+    its ranks goes away. The read that finds an engine gone raises ``progress.EngineLost``
+    once (the verl hook aborts the generation window on it); later reads go on without it.
 
     Args:
         directory: the engine folder (default :func:`engine_dir`).
 
     Raises (from ``total`` / ``activity``):
-        progress.ProgressUnavailable: no engine published, or one cannot be read (a partial
-            sum would report the pod's progress falling).
+        progress.ProgressUnavailable: no engine published, or one that is listed cannot be
+            read (a partial sum would miss that engine's progress).
+        progress.MetricsUnavailable: an engine serves none of its counter's known names.
+        progress.EngineLost: an engine read before is no longer listed (once per engine).
     """
 
     def __init__(self, directory: Path | None = None) -> None:
         self.directory = directory
+        self._engines_by_url: dict[tuple[str, str], progress.HttpExposition] = {}
+        self._gone = 0.0
 
     def _engines(self) -> list[progress.HttpExposition]:
-        engines = published(self.directory)
-        if not engines:
+        listed = {(e.engine, e.url): e for e in published(self.directory)}
+        lost = [k for k in self._engines_by_url if k not in listed]
+        for key in lost:
+            self._gone += self._engines_by_url.pop(key).last_total or 0.0
+        if lost:
+            raise progress.EngineLost(
+                ", ".join(f"{engine} at {url}" for engine, url in lost)
+                + " stopped (its process ended)"
+            )
+        for key, fresh in listed.items():
+            self._engines_by_url.setdefault(key, fresh)
+        if not listed:
             raise progress.ProgressUnavailable(
                 f"no inference engine published in {self.directory or engine_dir()} (the "
                 "rollout servers publish there from rlenergy.sdk.verl_hook.install)"
             )
-        return engines
+        return [self._engines_by_url[k] for k in listed]
+
+    @property
+    def variant(self) -> str | None:
+        """The metric variants the engines matched (``progress.VARIANTS``), comma-joined."""
+        names = sorted({e.variant for e in self._engines_by_url.values() if e.variant})
+        return ",".join(names) or None
 
     def total(self) -> float:
         """Tokens the pod's engines decoded so far."""
-        return sum(e.total() for e in self._engines())
+        engines = self._engines()  # first: it books the engines that went away
+        return self._gone + sum(e.total() for e in engines)
 
     def activity(self) -> tuple[float, float]:
         """(requests the pod's engines hold now, tokens they decoded so far)."""
-        held = tokens = 0.0
-        for e in self._engines():
+        engines = self._engines()
+        held, tokens = 0.0, self._gone
+        for e in engines:
             h, t = e.activity()
             held, tokens = held + h, tokens + t
         return held, tokens

@@ -320,8 +320,13 @@ class RLEnergyClient:
         prompt_tokens: float,
         valid_tokens: float,
         mean_context_tokens: float = 0.0,
+        generation_progress_source: str | None = None,
     ) -> dict[str, Any]:
         """Close RL step ``step`` with its token workload (valid tokens: the objective's unit).
+
+        ``generation_progress_source``: where the step's generation progress was read (the
+        engine metric naming matched, ``rlenergy.sdk.progress.VARIANTS``; ``sdk``); the agent
+        keeps it with the workload in its node report.
 
         Returns:
             The agent's answer (``signals.StepAnswer``: ``phaseEnergyJoules``, the energy the
@@ -334,6 +339,7 @@ class RLEnergyClient:
             prompt_tokens=prompt_tokens,
             valid_tokens=valid_tokens,
             mean_context_tokens=mean_context_tokens,
+            generation_progress_source=generation_progress_source,
         )
         return self._signal("/v1/step", signals.StepRequest, step=step, workload=workload)
 

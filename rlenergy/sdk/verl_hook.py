@@ -11,10 +11,12 @@ One setting turns it on for a verl job (verl 0.9.1's ``verl/trainer/main_ppo.py`
 (``docs/verl.md`` says what runs where):
 
 * in the GPU workers, ``verl.workers.engine_workers.ActorRolloutRefWorker``:
-  ``update_weights`` (colocated sync mode, checkpoint backend ``naive``: it ends with the
-  rollout woken up, so the next step's **generation** starts when it returns; its
-  ``global_steps`` argument names the step just trained; other backends send the weights to
-  rollout GPUs elsewhere and these GPUs go ``idle``), ``compute_log_prob`` /
+  ``update_weights`` (colocated sync mode, checkpoint backend ``naive``: it wakes the rollout's
+  weights, syncs them and wakes the KV cache, so the next step's **generation** starts when it
+  returns, the engine fully awake; the call itself is **weight-sync** where the plan lists it
+  (``rlenergy.api.phases.WEIGHT_SYNC``), else the GPUs stay ``idle``; its ``global_steps``
+  argument names the step just trained; other backends send the weights to rollout GPUs
+  elsewhere and these GPUs go ``idle``), ``compute_log_prob`` /
   ``compute_ref_log_prob`` / ``update_actor`` (**training**: the first of them ends
   generation; ``update_actor`` closes the step with its token workload and reads the step's
   energy back from the agent). Each of the three is a training sub-phase
@@ -51,6 +53,10 @@ generated tokens are the generation source's total; the critic's module (``engin
 its ``TrainingWorker``) joins the training counter at the critic's first call. In verl's async
 recipes the rollout pool's ``CheckpointEngineWorker.update_weights`` sets the pool's step
 (``RolloutPoolPhases``).
+
+A wrapped verl method that raises, and a published engine whose process ends during
+generation, abort the phase: the GPUs go ``idle`` at once (:meth:`VerlHook.abort`; the rollout
+pool's ``RolloutPoolPhases.abort``) and verl's error goes on unchanged.
 
 Nothing here imports torch or verl at module import: the SDK stays slim. Callers: Ray (the
 setup hook), ``tests/verl``.
@@ -273,6 +279,14 @@ class VerlHook:
         training sub-phase."""
         self.generated_tokens: float | None = None
         """Tokens the generation sources counted in the current step (``None``: no source)."""
+        self.generation_source: str | None = None
+        """Where the current step's generation progress was read (the sources' ``variant``:
+        the engine metric naming matched, ``sdk``; ``None``: not read)."""
+        self.reported = progress.ReportedTokens()
+        """Decoded tokens the job's own code reports (:meth:`report_tokens`): the generation
+        source's fallback when the engines' metrics are missing."""
+        self.aborts: list[str] = []
+        """Why each abort of this process happened (:meth:`abort`), oldest first."""
         self._lock = threading.Lock()
 
     def add_default_sources(self) -> None:
@@ -280,7 +294,10 @@ class VerlHook:
 
         * generation: the decoded tokens of the pod's inference engines
           (``pod_engines.PodEngines``: the rollout servers' ``/metrics``, published by the
-          wrapped ``launch_server``);
+          wrapped ``launch_server``, in any naming of ``progress.VARIANTS``), else, where
+          their counter is missing (``progress.MetricsUnavailable``), the tokens the job's own
+          code reports (:meth:`report_tokens`; ``progress.WithFallback``); an engine whose
+          process ends during generation aborts the phase (:meth:`abort`);
         * training: the tokens of the forward passes of the actor's (and reference's) torch
           module (``progress.TrainingTokens`` on ``worker.actor.engine.module``) and, from the
           critic's first window on, of the critic's (its ``TrainingWorker``'s
@@ -291,7 +308,11 @@ class VerlHook:
         ``status.phases[].probeEvidence`` says.
         """
         self.add_progress_source(
-            "generation", progress.PhaseProgress(lambda worker: pod_engines.PodEngines())
+            "generation",
+            progress.PhaseProgress(
+                lambda worker: progress.WithFallback(pod_engines.PodEngines(), self.reported),
+                on_lost=self.abort,
+            ),
         )
         self.add_progress_source("training", progress.PhaseProgress(progress.TrainingTokens))
 
@@ -326,6 +347,7 @@ class VerlHook:
             self.phase, self.step = phase, step
             if phase == phases.GENERATION:
                 self.generated_tokens = None
+                self.generation_source = None
             if self.signals:
                 self.client.phase(phase, step=step)
             for src in self.sources.get(progress_kind(phase) or "", ()):
@@ -369,15 +391,66 @@ class VerlHook:
         self.enter(name, self.step, worker)
         return name
 
+    def report_tokens(self, tokens: float) -> None:
+        """``tokens`` more were decoded (the job's own count, e.g. from an agent loop).
+
+        Used for generation's progress only while the engines' counter cannot be read.
+
+        Raises:
+            ValueError: a negative count.
+        """
+        self.reported.add(tokens)
+
+    def enter_weight_sync(self, step: int, worker: Any = None) -> str | None:
+        """Enter the weight sync before step ``step``'s generation, if the plan lists it.
+
+        Returns:
+            ``weight-sync`` when entered (``rlenergy.api.phases.weight_sync_signal``), else
+            ``None``: nothing is signalled and the GPUs stay in their phase (``idle``).
+        """
+        name = phases.weight_sync_signal(self.client.plan_phases)
+        if name is not None:
+            self.enter(name, step, worker)
+        return name
+
+    def abort(self, reason: str) -> None:
+        """A wrapped verl call or an inference engine failed: these GPUs go ``idle`` now.
+
+        The ``idle`` signal reaches the agent at once (it returns the pod's GPUs to the default
+        governor; the agent's phase leases are only the backstop for a signal that never
+        comes). Safe from a progress source's own thread (:class:`progress.PhaseProgress`
+        ``on_lost``): the window's sources are then left to close at the next transition.
+        Already ``idle``: nothing is sent.
+        """
+        self.aborts.append(reason)
+        log.warning("rlenergy verl hook: %s; the GPUs go idle (default governor)", reason)
+        in_source = threading.current_thread().name == progress.REPORTER_THREAD
+        if not in_source:
+            self._lock.acquire()
+        try:
+            if self.phase == phases.IDLE:
+                return
+            if not in_source:
+                self._end_sources()
+            self.phase = phases.IDLE
+            if self.signals:
+                self.client.phase(phases.IDLE, step=self.step)
+        finally:
+            if not in_source:
+                self._lock.release()
+
     def _report(self, total: float) -> None:
         if self.signals:
             self.client.progress_total(total)
 
     def _end_sources(self) -> None:
-        totals = [src.end() for src in self.sources.get(progress_kind(self.phase) or "", ())]
+        sources = self.sources.get(progress_kind(self.phase) or "", ())
+        totals = [src.end() for src in sources]
         known = [t for t in totals if t is not None]
         if self.phase == phases.GENERATION and known:
             self.generated_tokens = float(sum(known))
+            variants = [getattr(src, "variant", None) for src in sources]
+            self.generation_source = ",".join(v for v in variants if v) or None
 
     def end_step(self, workload: TrainedBatch | None) -> dict[str, float]:
         """Close the current step with ``workload``; returns its ``rlenergy/*`` metrics.
@@ -414,6 +487,7 @@ class VerlHook:
                     if workload.samples
                     else 0.0
                 ),
+                generation_progress_source=self.generation_source,
             )
         energy = answer.get("phaseEnergyJoules") or {}
         total = 0.0
@@ -524,13 +598,27 @@ def _subphase_method(name: str, data: Any) -> str:
     return "compute_ref_log_prob" if tu.get(data, REF_IN_ACTOR_FLAG, False) else name
 
 
+def _aborting(site: str, error: BaseException) -> None:
+    """Abort this process's phase: verl's own call at ``site`` raised ``error`` (guarded)."""
+    h = _HOOK
+    if h is not None:
+        safely(
+            "abort the phase",
+            lambda: h.abort(f"verl's {site} raised {type(error).__name__}: {error}"),
+        )
+
+
 def _training(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapper(self: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
         h = safely("start the hook", hook)
         if h is not None:
             safely(f"signal {name}", lambda: h.enter_training(_subphase_method(name, data), self))
-        output = method(self, data, *args, **kwargs)
+        try:
+            output = method(self, data, *args, **kwargs)
+        except BaseException as exc:
+            _aborting(name, exc)
+            raise
         if name == "update_actor" and h is not None:
             workload = safely("count the step's workload", lambda: _workload_of(data))
             extra = safely("close the step", lambda: h.end_step(workload))
@@ -558,9 +646,15 @@ def _critic(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         # The actor's own calls reach the same methods on its inner TrainingWorker (keyword
         # ``data=``), inside the wrapped ActorRolloutRefWorker methods: they are not the critic's.
-        if safely("tell the critic", lambda: is_critic(self)):
+        critic = safely("tell the critic", lambda: is_critic(self))
+        if critic:
             safely(f"signal {name}", lambda: hook().enter_training(sub_method, self))
-        return method(self, *args, **kwargs)
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException as exc:
+            if critic:
+                _aborting(f"critic {name}", exc)
+            raise
 
     return wrapper
 
@@ -570,16 +664,25 @@ def _weights(method: Callable[..., Any]) -> Callable[..., Any]:
     async def wrapper(
         self: Any, global_steps: int | None = None, mode: str = "auto", **kwargs: Any
     ) -> Any:
-        result = await method(self, global_steps, mode, **kwargs)
+        step = (global_steps or 0) + 1
+        # The sync wakes the rollout's weights, copies them and wakes its KV cache: a window
+        # of its own where the plan lists it (else the GPUs stay idle until it returns).
+        safely("signal the weight sync", lambda: hook().enter_weight_sync(step, self))
+        try:
+            result = await method(self, global_steps, mode, **kwargs)
+        except BaseException as exc:
+            _aborting(WEIGHTS_METHOD, exc)
+            raise
 
         def enter() -> None:
             # verl resolves "auto" to the checkpoint engine's backend; "naive" is the colocated
-            # sync mode, where the call ends with the rollout on these GPUs woken up. Any other
-            # backend sends the weights to rollout GPUs elsewhere: these GPUs wait (idle).
+            # sync mode, where the call ends with the rollout on these GPUs woken up: the
+            # engine is fully awake, generation starts. Any other backend sends the weights to
+            # rollout GPUs elsewhere: these GPUs wait (idle).
             colocated = (
                 mode if mode != "auto" else self.config.rollout.checkpoint_engine.backend
             ) == "naive"
-            hook().enter("generation" if colocated else "idle", (global_steps or 0) + 1, self)
+            hook().enter("generation" if colocated else "idle", step, self)
 
         safely("signal generation after update_weights", enter)
         return result
@@ -590,7 +693,14 @@ def _weights(method: Callable[..., Any]) -> Callable[..., Any]:
 def _pool_weights(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def wrapper(self: Any, global_steps: int | None = None, **kwargs: Any) -> Any:
-        result = await method(self, global_steps, **kwargs)
+        try:
+            result = await method(self, global_steps, **kwargs)
+        except BaseException as exc:
+            pool = _POOL
+            why = f"verl's {WEIGHTS_METHOD} raised {type(exc).__name__}: {exc}"
+            if pool is not None:
+                safely("abort the rollout pool's window", lambda: pool.abort(why))
+            raise
 
         def follow() -> None:
             # The rollout pool now holds the weights of step ``global_steps``: what it generates

@@ -161,12 +161,15 @@ def test_install_alone_gives_verl_in_phase_progress_and_whole_phase_without_an_e
             # Training: every token of the forward passes (log-prob and update) counted.
             assert trained > 0 and train.progress == trained
             if step == 1:
-                # Generation: the engine's own counter, read over its published /metrics.
+                # Generation: the engine's own counter, read over its published /metrics, in
+                # vLLM's own naming, which the node report keeps with the step's workload.
+                assert rec.workload.generation_progress_source == "vllm"
                 assert 0.9 * decoded <= gen.progress <= decoded * 1.001
                 assert metrics[1]["rlenergy/generated_tokens"] == pytest.approx(gen.progress)
                 assert gen.progress_mean_gap_seconds is not None
                 assert gen.progress_mean_gap_seconds <= 0.05
             else:
+                assert rec.workload.generation_progress_source is None
                 assert gen.progress == 0 and gen.progress_mean_gap_seconds is None
                 assert "rlenergy/generated_tokens" not in metrics[2]
             # EE-RL on this window: in-phase slices with the engine's counter, whole-phase
@@ -251,3 +254,59 @@ def test_rollout_pool_step_follows_verls_checkpoint_worker_update_weights(
         [gen] = steps[step].phases
         assert gen.phase == "generation"
         assert 0.5 * decoded[step] <= gen.progress <= decoded[step] * 1.001
+
+
+class FailingAdapter(KeepAdapter):
+    """The pool's server adapter whose engine dies while receiving weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+
+    async def update_weights(
+        self, weights: Any, global_steps: int | None = None, **kw: Any
+    ) -> None:
+        if self.fail:
+            raise ConnectionError("rollout server gone while receiving weights")
+        await super().update_weights(weights, global_steps, **kw)
+
+
+def test_a_failed_pool_weight_update_ends_its_generation_window_at_once(
+    hooked: None,
+    engine_dir: Path,
+    make_driver: DriverFactory,
+    short_tmp: Path,
+) -> None:
+    drv = make_driver(1)
+    gpus = list(drv.uuids)
+    agent = standin_agent({POD: gpus}, PLAN, time.monotonic)
+    sock = short_tmp / "agent.sock"
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
+    srv.start()
+    vllm = VllmServer()
+    verl_hook.patch_engine_server(VllmServer, "vllm")
+    asyncio.run(vllm.launch_server())
+    worker = object.__new__(CheckpointEngineWorker)
+    worker.checkpoint_engine = OneTensor()
+    worker.server_adapter = adapter = FailingAdapter()
+    try:
+        verl_hook._HOOK = verl_hook.VerlHook(reviews.client(sock, POD, short_tmp, strict=True))
+        asyncio.run(CheckpointEngineWorker.update_weights(worker, global_steps=0))
+        pool = verl_hook.pool_phases()
+        pool.idle_after_s = 60.0  # only the abort can end the window in this test
+        vllm.serve(6)
+        deadline = time.monotonic() + 5
+        while not drv.gpu(gpus[0]).locked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert drv.gpu(gpus[0]).lock_max_mhz == 1395  # the pool generates
+        vllm.serve(0)
+        adapter.fail = True
+        with pytest.raises(ConnectionError, match="rollout server gone"):
+            asyncio.run(CheckpointEngineWorker.update_weights(worker, global_steps=1))
+        assert not drv.gpu(gpus[0]).locked  # at once: no lease, no idle_after_s
+    finally:
+        if verl_hook._POOL is not None:
+            verl_hook._POOL.stop()
+        vllm.close()
+        srv.stop()

@@ -112,7 +112,8 @@ class PhaseSpec(_Spec):
         description=(
             "Phase name: generation, training, a verl training sub-phase that gets a clock "
             "of its own (old-log-prob, ref, values, update-critic, update-actor; one the "
-            "policy does not list stays part of training), or a custom name the trainer SDK "
+            "policy does not list stays part of training), weight-sync (verl's weight sync "
+            "between two steps; unlisted, it stays idle), or a custom name the trainer SDK "
             "reports (lower case letters, digits and '-', at most 63 characters)."
         ),
     )

@@ -184,3 +184,32 @@ def test_training_tokens_count_the_critics_module_once_it_is_watched() -> None:
     critic.forward(5)
     assert pp.end() == 5.0
     assert isinstance(pp.source, progress.TrainingTokens) and len(pp.source.counters) == 2
+
+
+def test_the_weight_sync_is_a_phase_only_where_the_plan_lists_it() -> None:
+    assert phases.weight_sync_signal(("generation", "training")) is None
+    assert phases.weight_sync_signal(("generation", "weight-sync")) == "weight-sync"
+    assert phases.phase_kind(phases.WEIGHT_SYNC) is None  # no GPU model, no progress source
+    plain = _hook(("generation", "training"))
+    assert plain.enter_weight_sync(3) is None and plain.phase == "idle"
+    listed = _hook(("generation", "weight-sync", "training"))
+    assert listed.enter_weight_sync(3) == "weight-sync"
+    assert (listed.phase, listed.step) == ("weight-sync", 3)
+
+
+def test_an_abort_ends_the_window_and_goes_idle_once() -> None:
+    h = _hook(("generation", "training"))
+    gen = Recorder()
+    h.add_progress_source("generation", gen)
+    h.enter("generation", 2)
+    assert gen.open
+    h.abort("verl's update_actor raised RuntimeError: boom")
+    assert h.phase == "idle" and not gen.open
+    h.abort("again")  # already idle: nothing more
+    assert h.aborts == ["verl's update_actor raised RuntimeError: boom", "again"]
+    h.enter("generation", 2)  # the same step generates again: a new window
+    assert gen.windows == 2
+    h.report_tokens(5)
+    assert h.reported.total() == 5
+    with pytest.raises(ValueError, match=">= 0"):
+        h.report_tokens(-1)
