@@ -278,10 +278,12 @@ def _fold(
     if loop is None:
         loop = memo["loop"] = jobloop.JobLoop.restore(parsed, generation, current, reports)
         logger.info(
-            "job loop rebuilt: %d steps replayed from %d node reports, totals through step %d",
+            "job loop rebuilt: %d steps replayed from %d node reports, totals through step %d "
+            "(measured totals %s)",
             loop.replayed,
             len(reports),
             loop.account.through_step,
+            "recomputed from the reports" if loop.rebuilt else "from the status checkpoint",
         )
     folded = loop.advance(reports)
     memo["checkpoints"][key] = loop.account.through_step
