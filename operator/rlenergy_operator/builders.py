@@ -26,6 +26,9 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 CLOCK_SHORTFALL = "ClockShortfallUnexplained"
 """Node error and Degraded reason: a locked GPU runs below its lock with no clock-event reason
 (the agent re-reads locks while they hold, ``rlenergy_agent.caps``)."""
+NVML_UNAVAILABLE = "NVMLUnavailable"
+"""Node error and Degraded reason: the node's agent cannot load NVML (``NodeReport.nvmlError``
+says why and what to change, usually the agent pod's runtime class); it governs no GPU."""
 AGENT_SOCKET_MOUNT = "/var/run/rlenergy"
 """Where the agent container sees the socket folder (the SDK's default socket folder, so
 trainer pods mount the same hostPath at the same place)."""
@@ -105,6 +108,9 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             *cfg.agent_extra_env,
         ],
         "ports": [{"name": "metrics", "containerPort": cfg.agent_metrics_port}],
+        # An agent that cannot start (no NVML: the pod's runtime class) writes why, with the
+        # fix, to /dev/termination-log; a crash with no message falls back to the log's tail.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 10,
@@ -393,7 +399,13 @@ def node_summary(reports: Sequence[api_node.NodeReport]) -> api_status.NodesStat
                         "it does not run)",
                     )
                 )
-        if not aggregate.node_ready(rep):
+        if rep.nvml_error:
+            errors.append(
+                api_status.NodeError(
+                    node=rep.node_name, reason=NVML_UNAVAILABLE, message=rep.nvml_error
+                )
+            )
+        elif not aggregate.node_ready(rep):
             errors.append(
                 api_status.NodeError(
                     node=rep.node_name, reason="NoUsableGPU", message="no GPU measures energy"
@@ -452,6 +464,13 @@ def degraded_condition(
     nodes: api_status.NodesStatus, has_clock_table: bool, has_reports: bool
 ) -> tuple[bool, str, str]:
     """(status, reason, message) of Degraded."""
+    nvml = [e for e in nodes.errors if e.reason == NVML_UNAVAILABLE]
+    if nvml:
+        return (
+            True,
+            NVML_UNAVAILABLE,
+            f"{len(nvml)} node agent(s) cannot load NVML, first: {nvml[0].node}: {nvml[0].message}",
+        )
     if nodes.errors:
         first = nodes.errors[0]
         if all(e.reason == CLOCK_SHORTFALL for e in nodes.errors):

@@ -437,3 +437,9 @@ class NodeReport(_Wire):
         max_length=64,
         description="Governed pods that ended, newest last (bounded; FlexFloor's lost ranks).",
     )
+    nvml_error: str | None = Field(
+        None,
+        max_length=1024,
+        description="Why the agent cannot load NVML on this node, with the fix (the agent "
+        "pod's runtime class); null when NVML works. The node then lists no GPU.",
+    )
