@@ -68,10 +68,10 @@ def test_a_daemonset_written_before_apply_loses_the_unset_fields(
     apps = kubernetes.client.AppsV1Api(api)
     apps.create_namespaced_daemon_set(namespace, _ds(namespace, **FULL))  # the old create
     created = _live(namespace)["metadata"]["managedFields"]
-    assert {e["manager"] for e in created} <= builders.LEGACY_MANAGERS
+    assert {e["manager"] for e in created if not e.get("subresource")} <= builders.LEGACY_MANAGERS
     assert kube.ensure_daemonset(_ds(namespace, **UNSET)) == "updated"
     live = _live(namespace)
     pod = live["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "gpu"} and "runtimeClassName" not in pod
-    managers = {e["manager"] for e in live["metadata"]["managedFields"]}
-    assert managers == {"rlenergy-operator"}
+    entries = live["metadata"]["managedFields"]
+    assert {e["manager"] for e in entries if not e.get("subresource")} == {"rlenergy-operator"}
