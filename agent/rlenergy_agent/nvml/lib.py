@@ -45,8 +45,8 @@ CLOCK_MEM = pynvml.NVML_CLOCK_MEM
 MISSING_LIBRARY_HINT = (
     "libnvidia-ml.so.1 is not loadable in the agent's container: run the agent under the "
     "RuntimeClass that injects the host driver (chart value agent.runtimeClassName, default "
-    "nvidia: the RuntimeClass NVIDIA's GPU Operator and container toolkit create; empty where "
-    "nvidia is the node's default runtime); see docs/install.md"
+    "nvidia: the RuntimeClass of NVIDIA's GPU Operator and the NVIDIA container toolkit; empty "
+    "where nvidia is the node's default runtime); see docs/install.md"
 )
 
 
