@@ -124,6 +124,106 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
     return agent, dict(caps)
 
 
+TERMINATION_LOG = Path("/dev/termination-log")
+"""The kubelet's default ``terminationMessagePath``: what it writes there becomes the container's
+``state.terminated.message`` (``kubectl describe pod``)."""
+
+
+def nvml_unavailable(
+    settings: config.AgentSettings,
+    exc: lib.NvmlUnavailableError,
+    *,
+    discover: bool,
+    termination_log: Path = TERMINATION_LOG,
+    api: Any = None,
+    list_pods: Any = None,
+) -> str:
+    """Say why this node's GPUs are not governed: NVML cannot load (the fix is in ``exc``).
+
+    One log line; the same line as the pod's termination message (when the kubelet made
+    ``termination_log``); and, with the Kubernetes API, the ``nvmlError`` of the node report of
+    each policy that governs this node (the configured one, or the one governing the node's
+    pods that request ``nvidia.com/gpu``), so the operator sets the policy's ``Degraded``
+    condition (reason ``NVMLUnavailable``). An existing report keeps its step records and
+    lists no GPU. API failures are logged, never raised: the agent exits either way.
+
+    Args:
+        settings: the agent's settings.
+        exc: what ``nvml.lib.init`` raised.
+        discover: find the governing policy from the node's pods (no policy configured).
+        termination_log: the termination-message file.
+        api: a ``CustomObjectsApi`` (default: ``kube.load_api()`` when ``settings.kube``).
+        list_pods: lists the node's pods (default: ``kube.NodePods``).
+
+    Returns:
+        The line (at most 1,024 characters, the report field's bound).
+    """
+    line = f"NVML unavailable, this node's GPUs are not governed: {exc}"[:1024]
+    log.error("%s", line)
+    if termination_log.exists():
+        try:
+            termination_log.write_text(line)
+        except OSError as err:
+            log.warning("could not write the termination message: %s", err)
+    if settings.kube or api is not None:
+        try:
+            _report_nvml_error(settings, line, discover, api, list_pods)
+        except Exception as err:  # noqa: BLE001 - the agent exits either way
+            log.warning("could not report the NVML error to the policy: %s", err)
+    return line
+
+
+def _report_nvml_error(
+    settings: config.AgentSettings, line: str, discover: bool, api: Any, list_pods: Any
+) -> None:
+    from rlenergy_agent import kube
+
+    if api is None:
+        api = kube.load_api()
+    if not discover:
+        refs = [(settings.namespace, settings.policy_name)]
+    else:
+        listed = (list_pods or kube.NodePods(settings.node_name))()
+        gpu_pods = [
+            (str(p["metadata"]["namespace"]), str(p["metadata"]["name"]))
+            for p in listed
+            if _requests_gpu(p)
+        ]
+        finder = kube.PolicyDiscovery(api, settings.node_name, list_pods=lambda: listed)
+        found = finder.discover(gpu_pods).policy
+        refs = [] if found is None else [(found.namespace, found.name)]
+    for ns, name in refs:
+        writer = kube.ReportWriter(api, ns, name, settings.node_name)
+        try:
+            api.patch_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, ns, kube.REPORT_PLURAL, writer.name,
+                {"spec": {"gpus": [], "nvmlError": line}},
+            )  # fmt: skip
+        except kube.ApiException as err:
+            if err.status != 404:
+                raise
+            report = api_node.NodeReport(
+                policy_name=name, node_name=settings.node_name, nvml_error=line
+            )
+            api.create_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, ns, kube.REPORT_PLURAL, writer.body(report)
+            )
+        log.info("NVML error reported in %s/%s", ns, writer.name)
+
+
+def _requests_gpu(pod: Mapping[str, Any]) -> bool:
+    """Whether a running or pending pod asks for ``nvidia.com/gpu`` in a container."""
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    for c in (pod.get("spec") or {}).get("containers") or ():
+        res = c.get("resources") or {}
+        if "nvidia.com/gpu" in (res.get("limits") or {}) or "nvidia.com/gpu" in (
+            res.get("requests") or {}
+        ):
+            return True
+    return False
+
+
 def _no_api_review(token: str, audiences: Sequence[str]) -> identity.Review:
     """Without the Kubernetes API no caller can be checked: every signal gets 503."""
     raise identity.ReviewUnavailableError(
@@ -284,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         agent, _caps = build(settings)
     except lib.NvmlUnavailableError as exc:
-        log.error("NVML unavailable, clock control disabled: %s", exc)
+        nvml_unavailable(settings, exc, discover=discover)
         return 3
     if args.plan is not None:
         agent.set_plan(_plan_file(args.plan))

@@ -27,6 +27,9 @@ GPU_TAINT_KEY = "nvidia.com/gpu"
 CLOCK_SHORTFALL = "ClockShortfallUnexplained"
 """Node error and Degraded reason: a locked GPU runs below its lock with no clock-event reason
 (the agent re-reads locks while they hold, ``rlenergy_agent.caps``)."""
+NVML_UNAVAILABLE = "NVMLUnavailable"
+"""Node error and Degraded reason: the node's agent cannot load NVML (``NodeReport.nvmlError``
+says why and what to change, usually the agent pod's runtime class); it governs no GPU."""
 AGENT_SOCKET_MOUNT = "/var/run/rlenergy"
 """Where the agent container sees the socket folder (the SDK's default socket folder, so
 trainer pods mount the same hostPath at the same place)."""
@@ -106,6 +109,9 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             *cfg.agent_extra_env,
         ],
         "ports": [{"name": "metrics", "containerPort": cfg.agent_metrics_port}],
+        # An agent that cannot start (no NVML: the pod's runtime class) writes why, with the
+        # fix, to /dev/termination-log; a crash with no message falls back to the log's tail.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 10,
@@ -196,6 +202,100 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             "template": {"metadata": {"labels": dict(AGENT_LABELS)}, "spec": pod_spec},
         },
     }
+
+
+FIELD_MANAGER = "rlenergy-operator"
+"""The field manager of every server-side apply of the operator (``kube.apply_daemonset``)."""
+LEGACY_MANAGERS = frozenset({"OpenAPI-Generator"})
+"""Field managers of the operator's writes before it applied server-side: the Kubernetes Python
+client's default User-Agent up to its first ``/``, which the API server takes as the manager of
+a create or patch that names none."""
+
+
+def apply_body(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The server-side apply configuration of an object the operator owns.
+
+    The whole desired object as the builders give it (``apiVersion``, ``kind``, ``metadata``
+    name, namespace and labels, ``spec``): under server-side apply a field the operator applied
+    before and leaves out now (a nodeSelector key, ``runtimeClassName`` the user unset) is
+    removed, and fields other managers own are left alone. Server-owned metadata
+    (``resourceVersion``, ``uid``, ``managedFields``, ...) and ``status`` are dropped: an apply
+    configuration must not carry them.
+
+    Raises:
+        ValueError: ``obj`` lacks ``apiVersion``, ``kind`` or ``metadata.name``.
+    """
+    meta = dict(obj.get("metadata") or {})
+    if not (obj.get("apiVersion") and obj.get("kind") and meta.get("name")):
+        raise ValueError("an apply configuration needs apiVersion, kind and metadata.name")
+    kept_meta = {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta}
+    out = {k: copy.deepcopy(v) for k, v in obj.items() if k not in ("metadata", "status")}
+    out["metadata"] = copy.deepcopy(kept_meta)
+    return out
+
+
+def _union_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """The union of two ``fieldsV1`` sets (nested maps of ``f:``/``k:``/``v:``/``.`` keys)."""
+    out = {k: copy.deepcopy(v) for k, v in a.items()}
+    for k, v in b.items():
+        out[k] = _union_fields(out[k], v) if k in out else copy.deepcopy(v)
+    return out
+
+
+def upgraded_managed_fields(
+    entries: Sequence[Mapping[str, Any]], api_version: str
+) -> list[dict[str, Any]] | None:
+    """``metadata.managedFields`` with the operator's pre-apply writes owned by its apply.
+
+    The operator created and merge-patched its objects before it applied them server-side;
+    those fields belong to an ``Update`` entry of ``LEGACY_MANAGERS``, and a field the apply
+    leaves out stays while that entry owns it. As client-go's ``csaupgrade`` does, the legacy
+    entries' fields move into ``FIELD_MANAGER``'s ``Apply`` entry, so the next apply removes
+    what it no longer sets.
+
+    Args:
+        entries: the object's ``metadata.managedFields`` (wire form).
+        api_version: the object's ``apiVersion`` (for a new ``Apply`` entry).
+
+    Returns:
+        The new list (the legacy main-resource ``Update`` entries removed, their fields in the
+        ``Apply`` entry); None when there is no legacy entry to upgrade.
+    """
+
+    def legacy(e: Mapping[str, Any]) -> bool:
+        return (
+            e.get("manager") in LEGACY_MANAGERS
+            and e.get("operation") == "Update"
+            and not e.get("subresource")
+        )
+
+    old = [e for e in entries if legacy(e)]
+    if not old:
+        return None
+    fields: dict[str, Any] = {}
+    for e in old:
+        fields = _union_fields(fields, e.get("fieldsV1") or {})
+    out: list[dict[str, Any]] = []
+    applied = False
+    for e in entries:
+        if legacy(e):
+            continue
+        entry = copy.deepcopy(dict(e))
+        if e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply":
+            entry["fieldsV1"] = _union_fields(entry.get("fieldsV1") or {}, fields)
+            applied = True
+        out.append(entry)
+    if not applied:
+        out.append(
+            {
+                "manager": FIELD_MANAGER,
+                "operation": "Apply",
+                "apiVersion": api_version,
+                "fieldsType": "FieldsV1",
+                "fieldsV1": fields,
+            }
+        )
+    return out
 
 
 def condition(
@@ -300,7 +400,13 @@ def node_summary(reports: Sequence[api_node.NodeReport]) -> api_status.NodesStat
                         "it does not run)",
                     )
                 )
-        if not aggregate.node_ready(rep):
+        if rep.nvml_error:
+            errors.append(
+                api_status.NodeError(
+                    node=rep.node_name, reason=NVML_UNAVAILABLE, message=rep.nvml_error
+                )
+            )
+        elif not aggregate.node_ready(rep):
             errors.append(
                 api_status.NodeError(
                     node=rep.node_name, reason="NoUsableGPU", message="no GPU measures energy"
@@ -359,6 +465,13 @@ def degraded_condition(
     nodes: api_status.NodesStatus, has_clock_table: bool, has_reports: bool
 ) -> tuple[bool, str, str]:
     """(status, reason, message) of Degraded."""
+    nvml = [e for e in nodes.errors if e.reason == NVML_UNAVAILABLE]
+    if nvml:
+        return (
+            True,
+            NVML_UNAVAILABLE,
+            f"{len(nvml)} node agent(s) cannot load NVML, first: {nvml[0].node}: {nvml[0].message}",
+        )
     if nodes.errors:
         first = nodes.errors[0]
         if all(e.reason == CLOCK_SHORTFALL for e in nodes.errors):

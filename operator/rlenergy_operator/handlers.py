@@ -278,10 +278,13 @@ def _fold(
     if loop is None:
         loop = memo["loop"] = jobloop.JobLoop.restore(parsed, generation, current, reports)
         logger.info(
-            "job loop rebuilt: %d steps replayed from %d node reports, totals through step %d",
+            "job loop rebuilt: %d steps replayed from %d node reports (%d the index lacked so "
+            "far), totals through step %d (measured totals %s)",
             loop.replayed,
             len(reports),
+            memo["reports"].completed,
             loop.account.through_step,
+            "recomputed from the reports" if loop.rebuilt else "from the status checkpoint",
         )
     folded = loop.advance(reports)
     memo["checkpoints"][key] = loop.account.through_step

@@ -15,6 +15,10 @@ Accounting (``status.totals`` and each phase's joules and seconds) is folded onc
 and checkpointed in status together with ``totals.throughStep``: the status patch that adds
 step ``s`` to the totals also moves the checkpoint, so a restart neither loses nor double
 counts a step (steps ``<= throughStep`` only rebuild the controller, later ones are folded).
+A new leader recomputes the checkpoint's measured sums (``measuredJoules``, ``validTokens``,
+``steps`` ...) from the node reports' records where these still hold every counted step
+(``measured_from_reports``), so a checkpoint folded from a view that lacked a node's report
+is corrected, and after any failover the measured totals equal the sum of the records.
 
 Stalled rollouts (``rlenergy.control.freq.aggregate``): the phase windows come without their
 stalled time and energy; ``totals.stalledSeconds`` and ``stalledJoules`` carry them, the
@@ -123,6 +127,8 @@ class JobLoop:
         self.decisions: dict[int, base.Plan] = {}
         self.since: dict[str, tuple[int, int | None, str]] = {}
         self.replayed = 0
+        self.rebuilt = False
+        """Whether ``restore`` recomputed the measured totals from the node reports."""
         self.gpu_name: str | None = None
         self.last_workload: api_workload.TokenWorkload | None = None
 
@@ -146,8 +152,10 @@ class JobLoop:
     ) -> JobLoop:
         """A loop rebuilt after a restart (or a spec change).
 
-        Totals come from the status checkpoint; the controller is rebuilt by replaying the
-        complete steps up to the checkpoint from the node reports (the source of truth).
+        Totals come from the status checkpoint, their measured sums recomputed from the node
+        reports where these hold every step the checkpoint counted (``measured_from_reports``,
+        then ``rebuilt`` is True); the controller is rebuilt by replaying the complete steps up
+        to the checkpoint from the node reports (the source of truth).
         """
         loop = cls(spec, generation)
         if status is not None and status.totals is not None:
@@ -157,6 +165,13 @@ class JobLoop:
             for ph in status.phases:
                 if ph.name in loop.account.phases:
                     loop.account.phases[ph.name] = PhaseAccount(**_fields(ph, _PHASE_FIELDS))
+            rebuilt = measured_from_reports(status.totals, reports, pools=spec.mode == "async")
+            if rebuilt is not None:
+                loop.rebuilt = True
+                for name in MEASURED_TOTALS:
+                    setattr(loop.account, name, getattr(rebuilt, name))
+                for name, pa in loop.account.phases.items():
+                    pa.measured_joules = rebuilt.phases.get(name, PhaseAccount()).measured_joules
         for step in aggregate.known_steps(reports):
             if step > loop.account.through_step:
                 break
@@ -237,6 +252,7 @@ class JobLoop:
         acc = self.account
         valid = obs.workload.valid_tokens
         step_energy = job.energy_j
+        energy_known = _measure(acc, job)
         pred_energy: float | None = job.idle_energy_j
         pred_times: list[float] = []
         meas_times: list[float] = []
@@ -251,8 +267,6 @@ class JobLoop:
                 # Like with like: the default-governor side comes from the basis source (a
                 # counter vs integrated power disagreement would read as a saving).
                 p_e, p_t, other_source = None, None, True
-            if ph.energy_j is not None:
-                pa.measured_joules += ph.energy_j
             if ph.energy_j is not None and p_e is not None and p_t is not None:
                 pa.compared_measured_joules += ph.energy_j
                 pa.predicted_default_joules += p_e
@@ -274,19 +288,9 @@ class JobLoop:
             # as the slower pool's default time leaves it (base.async_default_idle_j).
             idle_j = job.idle_energy_j
             pred_energy += base.async_default_idle_j(idle_j, obs.pool_idle, times) - idle_j
-        acc.steps += 1
-        acc.through_step = obs.step
-        acc.valid_tokens += valid
         acc.source_mismatch_steps += other_source
-        # Stalled time (a hung rollout) is outside every phase figure (aggregate); it is
-        # measured energy all the same, never compared with a default prediction.
-        stalled_j = [ph.stalled_energy_j for ph in obs.phases.values() if ph.stalled_s > 0]
-        acc.stalled_seconds += max((ph.stalled_s for ph in obs.phases.values()), default=0.0)
-        acc.stalled_joules += sum(j for j in stalled_j if j is not None)
-        if step_energy is None or any(j is None for j in stalled_j):
-            acc.unknown_energy_steps += 1
-            return
-        acc.measured_joules += step_energy + sum(j for j in stalled_j if j is not None)
+        if step_energy is None or not energy_known:
+            return  # unknown energy: measured as unknown (``_measure``), never compared
         if pred_energy is None or len(pred_times) != len(obs.phases):
             return
         acc.compared_steps += 1
@@ -477,6 +481,106 @@ def reset_plan(
         ],
         issued_at=issued_at,
     )
+
+
+MEASURED_TOTALS = (
+    "through_step",
+    "steps",
+    "measured_joules",
+    "valid_tokens",
+    "unknown_energy_steps",
+    "missed_steps",
+    "stalled_seconds",
+    "stalled_joules",
+)
+"""The ``Account`` fields that are sums over the node reports' step records alone, with no
+controller or spec in them (with each phase's ``measured_joules``): what a rebuild recomputes
+from the reports (``JobLoop.restore``)."""
+
+
+def _measure(acc: Account, job: aggregate.JobStep) -> bool:
+    """Add one complete step's measured figures (``MEASURED_TOTALS``) to ``acc``.
+
+    Returns:
+        Whether the step's energy is known (every phase window, the idle energy and any stalled
+        time metered); an unknown one counts in ``unknown_energy_steps``, never as 0.
+    """
+    obs = job.observation
+    for name, ph in obs.phases.items():
+        pa = acc.phases.setdefault(name, PhaseAccount())
+        if ph.energy_j is not None:
+            pa.measured_joules += ph.energy_j
+    acc.steps += 1
+    acc.through_step = obs.step
+    acc.valid_tokens += obs.workload.valid_tokens
+    # Stalled time (a hung rollout) is outside every phase figure (aggregate); it is measured
+    # energy all the same, never compared with a default prediction.
+    stalled_j = [ph.stalled_energy_j for ph in obs.phases.values() if ph.stalled_s > 0]
+    acc.stalled_seconds += max((ph.stalled_s for ph in obs.phases.values()), default=0.0)
+    acc.stalled_joules += sum(j for j in stalled_j if j is not None)
+    step_energy = job.energy_j
+    if step_energy is None or any(j is None for j in stalled_j):
+        acc.unknown_energy_steps += 1
+        return False
+    acc.measured_joules += step_energy + sum(j for j in stalled_j if j is not None)
+    return True
+
+
+def measured_from_reports(
+    checkpoint: api_status.Totals, reports: Sequence[api_node.NodeReport], *, pools: bool
+) -> Account | None:
+    """The checkpoint's measured sums recomputed from the node reports, when they hold them.
+
+    The totals a leader checkpoints are only as exact as its view of the reports when it
+    folded each step: a step folded while a node's report was missing from that view (a
+    replica resumed by peering, ``reports.ReportCache._complete``) books the other nodes'
+    energy alone. A new leader recomputes the measured sums (``MEASURED_TOTALS``, each phase's
+    ``measured_joules``) of the checkpoint's steps from the records themselves, so after any
+    failover they equal the sum of the records; a record is counted once however often it was
+    read, as every step is folded once from the records of that step.
+
+    The checkpoint counted the steps ``first .. throughStep``, ``first = throughStep + 1 -
+    steps - missedSteps``. The reports hold them all when every report lists a GPU that
+    measures energy (``aggregate.node_ready``: a node whose GPUs were lost since would drop
+    out of every step) and has no record dropped before ``first`` (its oldest record at or
+    before ``first``: the agents keep a bounded window of records).
+
+    Args:
+        checkpoint: ``status.totals`` as the previous leader wrote it.
+        reports: every node report of the policy, untrimmed.
+        pools: async mode (``aggregate.job_step``).
+
+    Returns:
+        The recomputed sums (``MEASURED_TOTALS`` and ``phases[*].measured_joules``); None when
+        the reports do not hold every step the checkpoint counted, or fold them into another
+        count of steps or missed steps (the checkpoint then stands as written).
+    """
+    first = checkpoint.through_step + 1 - checkpoint.steps - checkpoint.missed_steps
+    if checkpoint.through_step < 0 or first < 0 or not reports:
+        return None
+    for rep in reports:
+        if not aggregate.node_ready(rep) or not rep.steps:
+            return None
+        if min(r.step for r in rep.steps) > first:
+            return None
+    acc = Account(through_step=first - 1)
+    for step in aggregate.known_steps(reports):
+        if step < first:
+            continue
+        if step > checkpoint.through_step:
+            break
+        state = aggregate.step_state(step, reports)
+        if state is aggregate.StepState.PENDING:
+            return None
+        if state is aggregate.StepState.LOST:
+            acc.missed_steps += 1
+            acc.through_step = step
+            continue
+        _measure(acc, aggregate.job_step(step, reports, pools=pools))
+    counted = (acc.through_step, acc.steps, acc.missed_steps)
+    if counted != (checkpoint.through_step, checkpoint.steps, checkpoint.missed_steps):
+        return None
+    return acc
 
 
 def _predict(

@@ -18,6 +18,7 @@ from kubernetes.client import exceptions as k8s_errors
 
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy.api.v1alpha1 import policy as api_policy
+from rlenergy_operator import builders
 
 ApiError = k8s_errors.ApiException
 """What every function here raises on an API failure (``.status``, ``.reason``); an API server
@@ -63,44 +64,67 @@ def _unless_missing(call: Callable[..., Any], *args: Any) -> Any:
         raise
 
 
+APPLY_PATCH = "application/apply-patch+yaml"
+"""Content type of a server-side apply (JSON is YAML, so the client sends the body as JSON)."""
+
+
 @_unreachable_is_api_error
 def ensure_daemonset(body: dict[str, Any]) -> str:
-    """Create or patch the DaemonSet to ``body``: ``created``, ``updated`` or ``unchanged``."""
+    """Server-side apply the DaemonSet ``body``: ``created``, ``updated`` or ``unchanged``.
+
+    Applied as ``builders.FIELD_MANAGER`` with ``force`` (the operator owns every field it
+    renders; a conflicting value another manager set is taken back): a field the operator set
+    before and ``body`` leaves out is removed, a field only another manager owns (a label
+    someone added) stays. A DaemonSet the operator wrote before it applied server-side first
+    has its legacy field manager's fields moved to the apply's (``upgrade_managed_fields``).
+    One GET before the apply tells created, updated and unchanged apart.
+    """
     apps = kubernetes.client.AppsV1Api(_api())
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    try:
-        current = apps.read_namespaced_daemon_set(name, ns)
-    except k8s_errors.ApiException as exc:
-        if exc.status != 404:
-            raise
-        try:
-            apps.create_namespaced_daemon_set(ns, cast(Any, body))  # a plain dict body
-        except k8s_errors.ApiException as exc2:
-            if exc2.status != 409:  # another pass created it meanwhile
-                raise
+    current = _unless_missing(apps.read_namespaced_daemon_set, name, ns)
+    before = None
+    if current is not None:
+        live = _api().sanitize_for_serialization(current)
+        before = str(live["metadata"].get("resourceVersion") or "")
+        upgrade_managed_fields(live)
+    applied = apps.patch_namespaced_daemon_set(
+        name,
+        ns,
+        cast(Any, builders.apply_body(body)),  # a plain dict body
+        field_manager=builders.FIELD_MANAGER,
+        force=True,
+        _content_type=APPLY_PATCH,
+    )
+    if before is None:
         return "created"
-    live = _api().sanitize_for_serialization(current)
-    want_tpl = body["spec"]["template"]
-    live_tpl = live.get("spec", {}).get("template", {})
-    if _subset(want_tpl, live_tpl) and _subset(
-        body["metadata"]["labels"], live["metadata"].get("labels", {})
-    ):
-        return "unchanged"
-    apps.patch_namespaced_daemon_set(name, ns, body)
-    return "updated"
+    after = str(_api().sanitize_for_serialization(applied)["metadata"].get("resourceVersion"))
+    return "unchanged" if after == before else "updated"
 
 
-def _subset(want: Any, live: Any) -> bool:
-    """Whether every field of ``want`` has the same value in ``live`` (server defaults ignored)."""
-    if isinstance(want, dict):
-        return isinstance(live, dict) and all(_subset(v, live.get(k)) for k, v in want.items())
-    if isinstance(want, list):
-        return (
-            isinstance(live, list)
-            and len(want) == len(live)
-            and all(_subset(w, v) for w, v in zip(want, live, strict=True))
-        )
-    return bool(want == live)
+def upgrade_managed_fields(live: dict[str, Any]) -> bool:
+    """Give the operator's apply the fields its pre-apply writes own (``builders``).
+
+    A JSON patch of ``metadata.managedFields`` that first tests the object's
+    ``resourceVersion``: an object changed since it was read is refused (an ``ApiError``, the
+    handler retries). Only the main resource is patched (apps/v1 DaemonSet).
+
+    Returns:
+        Whether a patch was sent (False: no legacy entry).
+    """
+    meta = live.get("metadata") or {}
+    upgraded = builders.upgraded_managed_fields(
+        meta.get("managedFields") or [], str(live.get("apiVersion") or "apps/v1")
+    )
+    if upgraded is None:
+        return False
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+        {"op": "replace", "path": "/metadata/managedFields", "value": upgraded},
+    ]
+    kubernetes.client.AppsV1Api(_api()).patch_namespaced_daemon_set(
+        meta["name"], meta["namespace"], ops, _content_type="application/json-patch+json"
+    )
+    return True
 
 
 @_unreachable_is_api_error

@@ -14,11 +14,14 @@ Where the reports come from: a watch (the kopf index ``handlers.policy_node_repo
 every report's latest version in memory as an ``IndexedReport`` (compressed JSON, trimmed to the
 policy's checkpoint when it was indexed), so a pass sends no read request; at 1,000 nodes the
 per-pass metadata LIST and the GETs were most of the operator's reads and each pass waited for
-them on a busy API server. kopf runs no handler before the first listing is indexed, so a pass
-never sees fewer reports than exist. A report whose indexed copy lacks records the pass needs
+them on a busy API server. kopf runs no handler before the first listing is indexed, but only
+at start-up: a replica resumed by peering runs passes while its index is still being refilled,
+so a rebuild, and a pass whose index dropped a report, compare the index with the API server's
+list (``ReportCache._complete``). A report whose indexed copy lacks records the pass needs
 (a restore after a new spec generation replays every record, ``after_step=-1``) is read from
 the API server; after an operator restart the index holds whole reports (no checkpoint known
-yet), so even the restore reads nothing.
+yet), so the restore reads only the reports' metadata: one list, which finds the reports the
+index does not hold yet (``ReportCache._complete``).
 """
 
 from __future__ import annotations
@@ -147,6 +150,8 @@ class ReportCache:
         self._entries: dict[str, _Entry] = {}
         self.fetched = 0
         """Reports fetched and parsed so far (for tests and logs)."""
+        self.completed = 0
+        """Reports the index lacked and the API server listed (``_complete``), so far."""
 
     def refresh(
         self,
@@ -175,10 +180,13 @@ class ReportCache:
         if indexed is not None:
             by_name = {e.name: e for e in indexed}
             versions = {n: e.resource_version for n, e in by_name.items()}
+            if after_step < 0 or any(n not in by_name for n in self._entries):
+                # The index may lack reports the API server has (``_complete``).
+                versions = self._complete(namespace, policy, by_name)
 
             def get_report(ns: str, name: str) -> tuple[str, Mapping[str, Any]] | None:
-                e = by_name[name]
-                if e.after_step > after_step:
+                e = by_name.get(name)
+                if e is None or e.after_step > after_step or e.resource_version != versions[name]:
                     return self._get_report(ns, name)
                 return e.resource_version, e.spec()
 
@@ -208,6 +216,29 @@ class ReportCache:
             if entry.report is not None:
                 out.append(entry.report)
         return out
+
+    def _complete(
+        self, namespace: str, policy: str, by_name: Mapping[str, IndexedReport]
+    ) -> dict[str, str]:
+        """The API server's report versions, where the index may not hold every report.
+
+        A job step is complete when every node report that exists has it (``aggregate``), so a
+        view that lacks a report folds the step over the other nodes alone and books less
+        energy than the nodes measured, for good. The index can lack one: a replica resumed by
+        peering lists each kind again, each in its own watch stream, and kopf holds handlers
+        back for the indexes only until they were filled once, at start-up (``watcher`` in
+        ``kopf/_core/reactor/queueing.py``), so the resumed replica's first passes run while the
+        reports' listing is still being indexed. So a rebuild (``after_step`` -1) and any pass
+        whose index dropped a report this cache holds list the reports' metadata (one
+        request); a report the index lacks, or holds at another version, is read from the API
+        server.
+
+        Returns:
+            Name -> ``resourceVersion`` of every report the API server lists.
+        """
+        listed = self._list_versions(namespace, policy)
+        self.completed += sum(1 for n in listed if n not in by_name)
+        return listed
 
     @staticmethod
     def _parse(

@@ -97,10 +97,13 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """More volumeMounts of the agent container (Kubernetes ``VolumeMount`` objects, JSON)."""
     agent_cpu_request: str = "10m"
     """CPU request of the agent container. Default 10m."""
-    agent_memory_request: str = "48Mi"
-    """Memory request of the agent container. Default 48Mi."""
-    agent_memory_limit: str = "96Mi"
-    """Memory limit of the agent container (the agent stays under 60 MB). Default 96Mi."""
+    agent_memory_request: str = "96Mi"
+    """Memory request of the agent container: the agent's resident set on eight GPUs (69 MiB on
+    the stand-in NVML, tests/integration/agent/test_agent_memory.py) with headroom. Default
+    96Mi."""
+    agent_memory_limit: str = "192Mi"
+    """Memory limit of the agent container: twice the request, room for a real driver's
+    libnvidia-ml and large listings. Default 192Mi."""
     agent_check_interval_s: float = pydantic.Field(10.0, gt=0)
     """Seconds between checks, per policy, that the node agents can schedule: one read of the
     DaemonSet; the GPU nodes' taints only when it schedules no agent. Default 10 s."""

@@ -535,3 +535,9 @@ class NodeReport(_Wire):
         max_length=8,
         description="The agent's conditions: its kubelet listing and its GPUs' lifecycle.",
     )
+    nvml_error: str | None = Field(
+        None,
+        max_length=1024,
+        description="Why the agent cannot load NVML on this node, with the fix (the agent "
+        "pod's runtime class); null when NVML works. The node then lists no GPU.",
+    )

@@ -39,7 +39,13 @@ from rlenergy.devcluster.binaries import K8S_VERSION, Binaries, default_bin_dir,
 from rlenergy.devcluster.certs import Pki, PkiPaths, client_cert, generate_pki, write_pki
 from rlenergy.devcluster.errors import DevClusterError
 from rlenergy.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
-from rlenergy.devcluster.nodes import DEFAULT_GPU_PRODUCT, GPU_TAINT, gpu_node_manifest, node_name
+from rlenergy.devcluster.nodes import (
+    DEFAULT_GPU_PRODUCT,
+    GPU_TAINT,
+    gpu_node_manifest,
+    node_name,
+    nvidia_runtime_class_manifest,
+)
 
 LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.0.0.0/24"  # a config value only: nothing dials a Service IP
@@ -305,6 +311,9 @@ class DevCluster:
     ) -> DevCluster:
         """Start the control plane and create ``nodes`` Ready fake GPU nodes.
 
+        The cluster gets the RuntimeClass ``nvidia`` a GPU Operator cluster has
+        (``nodes.nvidia_runtime_class_manifest``), the chart's default agent runtime class.
+
         Args:
             nodes: Number of fake GPU nodes.
             gpus_per_node: ``nvidia.com/gpu`` capacity of each node.
@@ -335,6 +344,10 @@ class DevCluster:
         _install_cleanup_hooks()
         try:
             self._start_control_plane(bins)
+            self.kubectl(
+                "apply", "--server-side", "-f", "-",
+                input=json.dumps(nvidia_runtime_class_manifest()),
+            )  # fmt: skip
             self._gpus_per_node, self._gpu_product = gpus_per_node, gpu_product
             self._write_state(ready=False)
             t0 = time.monotonic()

@@ -12,6 +12,25 @@ NODE_PREFIX = "kwok-gpu-"
 GPU_TAINT = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 
 
+NVIDIA_RUNTIME_CLASS = "nvidia"
+"""The RuntimeClass NVIDIA's GPU Operator (container toolkit) creates, handler ``nvidia``."""
+
+
+def nvidia_runtime_class_manifest() -> dict[str, Any]:
+    """The RuntimeClass ``nvidia`` of a GPU Operator cluster (the chart's default agent runtime).
+
+    The RuntimeClass admission plugin refuses a pod whose runtime class does not exist, so a
+    cluster without it would never run the agent pods the chart's defaults render. KWOK's fake
+    nodes run no container, so the handler is a name only there.
+    """
+    return {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": NVIDIA_RUNTIME_CLASS},
+        "handler": NVIDIA_RUNTIME_CLASS,
+    }
+
+
 def node_name(index: int) -> str:
     """Name of the ``index``-th fake node."""
     return f"{NODE_PREFIX}{index}"

@@ -82,8 +82,12 @@ def test_placement_settings_reach_the_agent_daemonset(monkeypatch: pytest.Monkey
 def test_defaults_render_no_empty_placement_fields(monkeypatch: pytest.MonkeyPatch):
     docs = chart_support.template()
     pod = _agent_pod(docs, monkeypatch)
-    for key in ("nodeSelector", "runtimeClassName", "imagePullSecrets"):
+    for key in ("nodeSelector", "imagePullSecrets"):
         assert key not in pod, key
+    # A GPU Operator node (v25.10+, CDI): the agent gets NVML only under the RuntimeClass nvidia.
+    assert pod["runtimeClassName"] == "nvidia"
+    unset = _agent_pod(chart_support.template("--set", "agent.runtimeClassName="), monkeypatch)
+    assert "runtimeClassName" not in unset
     assert pod["containers"][0]["image"] == "ghcr.io/rl-energy/rl-energy-agent:0.1.0"
     (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
     assert "imagePullSecrets" not in deploy["spec"]["template"]["spec"]

@@ -159,7 +159,7 @@ def test_agents_run_on_every_gpu_node_with_the_charts_settings(
     release.install(
         "--set", "agent.image.repository=registry.example/rl-agent", "--set", "agent.image.tag=9.9",
         "--set", "agent.metricsPort=9500", "--set", "agent.stateDir=/srv/rlenergy",
-        "--set", "agent.resources.limits.memory=80Mi", "--set", "agent.resources.requests.cpu=20m",
+        "--set", "agent.resources.limits.memory=160Mi", "--set", "agent.resources.requests.cpu=20m",
         "--set", f"agent.priorityClassName={priority_class}",
     )  # fmt: skip
     policy = _policy()
@@ -190,7 +190,7 @@ def test_agents_run_on_every_gpu_node_with_the_charts_settings(
         assert agent["image"] == "registry.example/rl-agent:9.9"
         assert agent["ports"][0]["containerPort"] == 9500
         assert {"name": "RLENERGY_AGENT_METRICS_PORT", "value": "9500"} in agent["env"]
-        assert agent["resources"]["limits"]["memory"] == "80Mi"
+        assert agent["resources"]["limits"]["memory"] == "160Mi"
         assert agent["resources"]["requests"]["cpu"] == "20m"
         assert pod["serviceAccountName"] == f"{release.name}-rl-energy-agent"
         paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}

@@ -160,7 +160,11 @@ def _values(
             "stateDir": str(work / "agent-state"),
             "socketDir": str(work / "agent-socket"),
             "podResourcesDir": str(node.pod_resources_dir),
-            # The NVIDIA container toolkit's part: the (stand-in) driver library and its state.
+            # This node runs no NVIDIA container toolkit yet (containerd has runc only, no
+            # `nvidia` handler), so the agent runs under the default runtime and the chart's
+            # extraVolumes bring what the toolkit would inject: the (stand-in) driver library
+            # and its state.
+            "runtimeClassName": "",
             "extraVolumes": [
                 {"name": "nvml-lib", "hostPath": {"path": str(lib_dir), "type": "Directory"}},
                 {

@@ -43,9 +43,10 @@ CLOCK_SM = pynvml.NVML_CLOCK_SM
 CLOCK_MEM = pynvml.NVML_CLOCK_MEM
 
 MISSING_LIBRARY_HINT = (
-    "libnvidia-ml.so.1 was not found or the driver is not loaded: run the agent in a container "
-    "started by the NVIDIA container toolkit (runtimeClassName: nvidia, or the GPU operator's "
-    "toolkit), which injects libnvidia-ml from the host driver; see docs/agent.md"
+    "libnvidia-ml.so.1 is not loadable in the agent's container: run the agent under the "
+    "RuntimeClass that injects the host driver (chart value agent.runtimeClassName, default "
+    "nvidia: the RuntimeClass of NVIDIA's GPU Operator and the NVIDIA container toolkit; empty "
+    "where nvidia is the node's default runtime); see docs/install.md"
 )
 
 

@@ -6,7 +6,10 @@ We test these aspects:
 * the cache fetches a report only when its resourceVersion changed, refetches everything for a
   restore, forgets deleted reports and skips a malformed one without failing the pass;
 * fed by the watch's index, a pass sends no request and sees what the API server would give;
-  a restore, and an indexed copy trimmed past the checkpoint, still read from the API server.
+  a restore, and an indexed copy trimmed past the checkpoint, still read from the API server;
+* a rebuild, and a pass whose index dropped a report, list the reports' metadata: a report a
+  refilling index lacks (a replica resumed by peering) or holds at an older version is read
+  from the API server, so no step is folded over fewer nodes than reported it.
 """
 
 from __future__ import annotations
@@ -147,10 +150,13 @@ def test_an_indexed_report_gives_what_the_api_server_gives(steps, indexed_after,
     entry = reports.IndexedReport.from_spec("p.a", "7", spec, indexed_after)
     assert entry.spec() == reports.trim_steps(spec, indexed_after)
 
-    def no_api(*_args):
-        raise AssertionError("a pass fed by the index must not call the API server")
+    def no_get(*_args):
+        raise AssertionError("a pass fed by the index must not read a report it holds")
 
-    from_index = reports.ReportCache(no_api, no_api).refresh("ns", "p", after, LOG, [entry])
+    def listed(namespace: str, policy: str) -> dict[str, str]:
+        return {"p.a": "7"}
+
+    from_index = reports.ReportCache(listed, no_get).refresh("ns", "p", after, LOG, [entry])
     api = FakeApi()
     api.put("p.a", spec)
     from_api = reports.ReportCache(api.versions, api.get).refresh("ns", "p", after, LOG)
@@ -167,17 +173,63 @@ def test_index_fed_passes_fall_back_to_the_api_server_where_the_index_cannot_ans
     assert api.gets == ["p.a"] and [r.step for r in got[0].steps] == [0, 1, 2, 3]
     # An untrimmed copy (indexed before any checkpoint: a restart) serves a restore as it is.
     whole = reports.IndexedReport.from_spec("p.b", "1", _spec("b", [0, 1]), -1)
-    api.gets.clear()
-    got = reports.ReportCache(api.versions, api.get).refresh("ns", "p", -1, LOG, [whole])
-    assert api.gets == [] and [r.step for r in got[0].steps] == [0, 1]
+    other = FakeApi()
+    other.put("p.b", _spec("b", [0, 1]))
+    got = reports.ReportCache(other.versions, other.get).refresh("ns", "p", -1, LOG, [whole])
+    assert other.gets == [] and [r.step for r in got[0].steps] == [0, 1]
     # An index copy trimmed past the checkpoint lacks records the loop needs: GET it.
     api.gets.clear()
     api.put("p.a", _spec("a", [0, 1, 2, 3, 4]))
     newer = reports.IndexedReport.from_spec("p.a", "2", _spec("a", [0, 1, 2, 3, 4]), 2)
     got = cache.refresh("ns", "p", 1, LOG, [newer])
     assert api.gets == ["p.a"] and [r.step for r in got[0].steps] == [0, 2, 3, 4]
-    # Reports the index no longer holds are gone (deleted): the cache forgets them.
+    # A report the index no longer holds is checked with the API server's list: deleted
+    # there too, the cache forgets it.
+    del api.objects["p.a"]
     assert cache.refresh("ns", "p", 1, LOG, []) == []
+
+
+def _counting(api: FakeApi) -> tuple[list[str], object]:
+    lists: list[str] = []
+
+    def versions(namespace: str, policy: str) -> dict[str, str]:
+        lists.append(policy)
+        return api.versions(namespace, policy)
+
+    return lists, versions
+
+
+def test_a_rebuild_reads_the_reports_a_refilling_index_lacks_and_keeps_them():
+    # A replica resumed by peering lists the reports again; its first passes run while only
+    # some are indexed. A step complete over the indexed reports alone would book only their
+    # energy: the rebuild lists the reports' metadata and reads the missing one, and later
+    # passes keep it until the index holds it.
+    api = FakeApi()
+    api.put("p.a", _spec("a", [0, 1, 2]))
+    api.put("p.b", _spec("b", [0, 1, 2]))
+    only_a = [reports.IndexedReport.from_spec("p.a", "1", _spec("a", [0, 1, 2]), -1)]
+    lists, versions = _counting(api)
+    cache = reports.ReportCache(versions, api.get)  # type: ignore[arg-type]
+    got = cache.refresh("ns", "p", -1, LOG, only_a)
+    assert [r.node_name for r in got] == ["a", "b"] and api.gets == ["p.b"]
+    assert cache.completed == 1 and len(lists) == 1
+    assert aggregate.job_step(2, got).energy_j == 2 * (2.0 + 2)  # both nodes' windows
+    api.gets.clear()
+    got = cache.refresh("ns", "p", 2, LOG, only_a)  # the index still lacks p.b
+    assert [r.node_name for r in got] == ["a", "b"] and api.gets == [] and len(lists) == 2
+    # Once the index holds every report the cache holds, a pass reads nothing at all.
+    both = [*only_a, reports.IndexedReport.from_spec("p.b", "1", _spec("b", [0, 1, 2]), 2)]
+    got = cache.refresh("ns", "p", 2, LOG, both)
+    assert [r.node_name for r in got] == ["a", "b"] and api.gets == [] and len(lists) == 2
+
+
+def test_a_rebuild_reads_a_report_the_index_holds_at_an_older_version():
+    api = FakeApi()
+    api.put("p.a", _spec("a", [0]))
+    stale = [reports.IndexedReport.from_spec("p.a", "1", _spec("a", [0]), -1)]
+    api.put("p.a", _spec("a", [0, 1]))  # version 2, not delivered by the watch yet
+    got = reports.ReportCache(api.versions, api.get).refresh("ns", "p", -1, LOG, stale)
+    assert api.gets == ["p.a"] and [r.step for r in got[0].steps] == [0, 1]
 
 
 def test_a_full_report_is_indexed_compressed():
