@@ -18,7 +18,8 @@ Prometheus). ``promtool check metrics`` passes on the exposition (tests/e2e/test
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -33,6 +34,312 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def _pod_labels(pod: service.PodRef | None) -> tuple[str, str]:
     return (pod.name, pod.namespace) if pod is not None else ("", "")
+
+
+GPU_PHASE_LABELS = ["gpu_uuid", "node", "policy", "pod", "namespace", "phase"]
+"""Labels of the per-GPU, per-phase families."""
+
+Family = CounterMetricFamily | GaugeMetricFamily
+Samples = Iterator[tuple[list[str], float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scrape:
+    """What every family's samples read: the agent (its lock held), its node and policy."""
+
+    agent: service.Agent
+    node: str
+    policy: str
+
+    def pod_labels(self, uuid: str) -> tuple[str, str]:
+        """(pod, namespace) holding the GPU (empty: none)."""
+        return _pod_labels(self.agent.pod_of.get(uuid))
+
+    def phase(self, uuid: str) -> str:
+        """The GPU's declared phase (``idle``: none)."""
+        return self.agent.phase_of.get(uuid, "idle")
+
+
+def _phase_energy(s: _Scrape) -> Samples:
+    for (u, phase), j in s.agent.phase_energy_j.items():
+        yield [u, s.node, s.policy, *s.pod_labels(u), phase], j
+
+
+def _phase_seconds(s: _Scrape) -> Samples:
+    for (u, phase), secs in s.agent.phase_seconds.items():
+        yield [u, s.node, s.policy, *s.pod_labels(u), phase], secs
+
+
+def _energy_total(s: _Scrape) -> Samples:
+    for u, st in s.agent.meter.state.items():
+        known = s.agent.meter.total_j(u)
+        if known is not None:
+            yield [u, s.node, st.source], known
+
+
+def _sm_clock(s: _Scrape) -> Samples:
+    for u, ctl in s.agent.actuator.controls.items():
+        if ctl.requested_mhz is not None:
+            yield [u, s.node, "requested"], ctl.requested_mhz * 1e6
+        if ctl.effective_mhz is not None:
+            yield [u, s.node, "effective"], ctl.effective_mhz * 1e6
+
+
+def _clock_locked(s: _Scrape) -> Samples:
+    for u, ctl in s.agent.actuator.controls.items():
+        yield [u, s.node], 0.0 if ctl.applied_mhz is None else 1.0
+
+
+def _clock_state(s: _Scrape) -> Samples:
+    for u in s.agent.actuator.controls:
+        cap = s.agent.actuator.caps.get(u)
+        yield [u, s.node, cap.state, cap.limit], 1.0
+
+
+def _shortfalls(s: _Scrape) -> Samples:
+    for u in s.agent.actuator.controls:
+        yield [u, s.node], s.agent.actuator.caps.get(u).shortfalls
+
+
+def _crosscheck_ratio(s: _Scrape) -> Samples:
+    for u in s.agent.actuator.controls:
+        chk = s.agent.crosscheck.gpus.get(u)
+        if chk is not None and chk.last is not None:
+            yield [u, s.node], chk.last.ratio
+
+
+def _crosscheck_mismatches(s: _Scrape) -> Samples:
+    for u in s.agent.actuator.controls:
+        chk = s.agent.crosscheck.gpus.get(u)
+        if chk is not None:
+            yield [u, s.node], chk.mismatches
+
+
+def _stalled(s: _Scrape) -> Samples:
+    for u in s.agent.actuator.controls:
+        labels = [u, s.node, s.policy, *s.pod_labels(u), s.phase(u)]
+        yield labels, 0.0 if s.agent.stalled_since_s(u) is None else 1.0
+
+
+def _stalled_seconds(s: _Scrape) -> Samples:
+    yield [s.node, s.policy], s.agent.stalled_s_total
+
+
+def _leases_expired(s: _Scrape) -> Samples:
+    yield [s.node, s.policy], s.agent.leases_expired_total
+
+
+def _assigned(s: _Scrape) -> Samples:
+    for u in s.agent.actuator.controls:
+        yield [u, s.node], 0.0 if s.agent.pod_of.get(u) is None else 1.0
+
+
+def _phase_info(s: _Scrape) -> Samples:
+    for u in s.agent.actuator.controls:
+        yield [u, s.node, s.policy, *s.pod_labels(u), s.phase(u)], 1.0
+
+
+def _condition(s: _Scrape) -> Samples:
+    for u, ctl in s.agent.actuator.controls.items():
+        yield [u, s.node, ctl.condition, ctl.reason], 1.0
+
+
+def _samples_rejected(s: _Scrape) -> Samples:
+    for u, st in s.agent.meter.state.items():
+        yield [u, s.node], st.rejected
+
+
+def _samples_missing(s: _Scrape) -> Samples:
+    for u, st in s.agent.meter.state.items():
+        yield [u, s.node], st.missing
+
+
+def _valid_tokens(s: _Scrape) -> Samples:
+    yield [s.node, s.policy], s.agent.valid_tokens_total
+
+
+def _phase_saving(s: _Scrape) -> Samples:
+    for phase, ratio in sorted(s.agent.saving_ratio.items()):
+        if phase:
+            yield [s.node, s.policy, phase], ratio
+
+
+def _job_saving(s: _Scrape) -> Samples:
+    for phase, ratio in sorted(s.agent.saving_ratio.items()):
+        if not phase:
+            yield [s.node, s.policy], ratio
+
+
+_SNAPSHOT_FAMILIES: tuple[tuple[Callable[[], Family], Callable[[_Scrape], Samples]], ...] = (
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_gpu_phase_energy_joules",
+            "GPU energy per phase from counter deltas at phase boundaries, J.",
+            labels=GPU_PHASE_LABELS,
+        ),
+        _phase_energy,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_gpu_phase_seconds",
+            "Time per phase, s.",
+            labels=GPU_PHASE_LABELS,
+        ),
+        _phase_seconds,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_gpu_energy_joules",
+            "GPU energy since the totals began (unknown GPUs are absent, never 0), J.",
+            labels=["gpu_uuid", "node", "energy_source"],
+        ),
+        _energy_total,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_gpu_sm_clock_hertz",
+            "SM clock requested by the plan and read back, Hz.",
+            labels=["gpu_uuid", "node", "kind"],
+        ),
+        _sm_clock,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_gpu_clock_locked",
+            "1 while the agent holds an SM clock lock on the GPU (a plan clock or a park), else 0.",
+            labels=["gpu_uuid", "node"],
+        ),
+        _clock_locked,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_gpu_clock_state",
+            "The lock against the clock the GPU runs (1 for the current state): unlocked, "
+            "settling, asRequested, capped (limit = the clock-event reasons), unexplained "
+            "(below the lock with no reason), idle.",
+            labels=["gpu_uuid", "node", "state", "limit"],
+        ),
+        _clock_state,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_gpu_clock_shortfalls_unexplained",
+            "Re-reads of a locked GPU that found it below the lock with no clock-event reason.",
+            labels=["gpu_uuid", "node"],
+        ),
+        _shortfalls,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_gpu_assigned",
+            "1 while a pod holds the GPU (kubelet pod-resources), else 0.",
+            labels=["gpu_uuid", "node"],
+        ),
+        _assigned,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_gpu_phase_info",
+            "Declared phase per GPU (1); lets idle-GPU watchdogs exempt intentional waits.",
+            labels=GPU_PHASE_LABELS,
+        ),
+        _phase_info,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_gpu_condition",
+            "GPU condition (1 for the current one): ok, measureOnly, degraded, lost.",
+            labels=["gpu_uuid", "node", "condition", "reason"],
+        ),
+        _condition,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_energy_crosscheck_ratio",
+            "Energy counter over integrated instant power in the last cross-check (30 s every "
+            "5 min; counter-metered GPUs), ratio.",
+            labels=["gpu_uuid", "node"],
+        ),
+        _crosscheck_ratio,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_energy_crosscheck_mismatches",
+            "Cross-checks where counter and integrated power disagreed by more than 15 %.",
+            labels=["gpu_uuid", "node"],
+        ),
+        _crosscheck_mismatches,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_rollout_stalled",
+            "1 while the pod's phase on the GPU is stalled: progress frozen with requests in "
+            "flight at power below the SKU's stall band (clocks held, time kept out of savings).",
+            labels=GPU_PHASE_LABELS,
+        ),
+        _stalled,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_stalled_seconds",
+            "Stalled time of closed phase windows, s (excluded from savings and trials).",
+            labels=["node", "policy"],
+        ),
+        _stalled_seconds,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_leases_expired",
+            "Phases whose trainer went silent past the lease; their GPUs went back to the "
+            "default governor (node report: expiredLeases).",
+            labels=["node", "policy"],
+        ),
+        _leases_expired,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_energy_samples_rejected",
+            "Energy samples rejected as implausible (counter jumps), count.",
+            labels=["gpu_uuid", "node"],
+        ),
+        _samples_rejected,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_energy_samples_missing",
+            "Energy samples that failed (counted as missing coverage), count.",
+            labels=["gpu_uuid", "node"],
+        ),
+        _samples_missing,
+    ),
+    (
+        lambda: CounterMetricFamily(
+            "rlenergy_agent_valid_tokens",
+            "Valid tokens of the steps ended here (each node reports its job's tokens), count.",
+            labels=["node", "policy"],
+        ),
+        _valid_tokens,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_saving_ratio",
+            "Saving vs the predicted default governor per phase, from the policy status (the "
+            "operator's figure; absent until computable), ratio.",
+            labels=["node", "policy", "phase"],
+        ),
+        _phase_saving,
+    ),
+    (
+        lambda: GaugeMetricFamily(
+            "rlenergy_agent_job_saving_ratio",
+            "The job's saving vs the predicted default governor, from the policy status, ratio.",
+            labels=["node", "policy"],
+        ),
+        _job_saving,
+    ),
+)
+"""The families read from the agent's snapshot, in exposition order: each row is the family
+(name, help, labels) and the function that yields its samples (labels, value)."""
 
 
 class AgentCollector(Collector):
@@ -51,168 +358,37 @@ class AgentCollector(Collector):
         """Yield every metric family from one consistent snapshot."""
         a = self.agent
         node = a.node_name
-        labels = ["gpu_uuid", "node", "policy", "pod", "namespace", "phase"]
-        energy = CounterMetricFamily(
-            "rlenergy_agent_gpu_phase_energy_joules",
-            "GPU energy per phase from counter deltas at phase boundaries, J.",
-            labels=labels,
-        )
-        seconds = CounterMetricFamily(
-            "rlenergy_agent_gpu_phase_seconds",
-            "Time per phase, s.",
-            labels=labels,
-        )
-        total = CounterMetricFamily(
-            "rlenergy_agent_gpu_energy_joules",
-            "GPU energy since the totals began (unknown GPUs are absent, never 0), J.",
-            labels=["gpu_uuid", "node", "energy_source"],
-        )
-        clock = GaugeMetricFamily(
-            "rlenergy_agent_gpu_sm_clock_hertz",
-            "SM clock requested by the plan and read back, Hz.",
-            labels=["gpu_uuid", "node", "kind"],
-        )
-        locked = GaugeMetricFamily(
-            "rlenergy_agent_gpu_clock_locked",
-            "1 while the agent holds an SM clock lock on the GPU (a plan clock or a park), else 0.",
-            labels=["gpu_uuid", "node"],
-        )
-        cap_state = GaugeMetricFamily(
-            "rlenergy_agent_gpu_clock_state",
-            "The lock against the clock the GPU runs (1 for the current state): unlocked, "
-            "settling, asRequested, capped (limit = the clock-event reasons), unexplained "
-            "(below the lock with no reason), idle.",
-            labels=["gpu_uuid", "node", "state", "limit"],
-        )
-        unexplained = CounterMetricFamily(
-            "rlenergy_agent_gpu_clock_shortfalls_unexplained",
-            "Re-reads of a locked GPU that found it below the lock with no clock-event reason.",
-            labels=["gpu_uuid", "node"],
-        )
-        xratio = GaugeMetricFamily(
-            "rlenergy_agent_energy_crosscheck_ratio",
-            "Energy counter over integrated instant power in the last cross-check (30 s every "
-            "5 min; counter-metered GPUs), ratio.",
-            labels=["gpu_uuid", "node"],
-        )
-        xmismatch = CounterMetricFamily(
-            "rlenergy_agent_energy_crosscheck_mismatches",
-            "Cross-checks where counter and integrated power disagreed by more than 15 %.",
-            labels=["gpu_uuid", "node"],
-        )
-        stalled = GaugeMetricFamily(
-            "rlenergy_agent_rollout_stalled",
-            "1 while the pod's phase on the GPU is stalled: progress frozen with requests in "
-            "flight at power below the SKU's stall band (clocks held, time kept out of savings).",
-            labels=labels,
-        )
-        stalled_s = CounterMetricFamily(
-            "rlenergy_agent_stalled_seconds",
-            "Stalled time of closed phase windows, s (excluded from savings and trials).",
-            labels=["node", "policy"],
-        )
-        leases = CounterMetricFamily(
-            "rlenergy_agent_leases_expired",
-            "Phases whose trainer went silent past the lease; their GPUs went back to the "
-            "default governor (node report: expiredLeases).",
-            labels=["node", "policy"],
-        )
-        assigned = GaugeMetricFamily(
-            "rlenergy_agent_gpu_assigned",
-            "1 while a pod holds the GPU (kubelet pod-resources), else 0.",
-            labels=["gpu_uuid", "node"],
-        )
-        info = GaugeMetricFamily(
-            "rlenergy_agent_gpu_phase_info",
-            "Declared phase per GPU (1); lets idle-GPU watchdogs exempt intentional waits.",
-            labels=labels,
-        )
-        condition = GaugeMetricFamily(
-            "rlenergy_agent_gpu_condition",
-            "GPU condition (1 for the current one): ok, measureOnly, degraded, lost.",
-            labels=["gpu_uuid", "node", "condition", "reason"],
-        )
-        rejected = CounterMetricFamily(
-            "rlenergy_agent_energy_samples_rejected",
-            "Energy samples rejected as implausible (counter jumps), count.",
-            labels=["gpu_uuid", "node"],
-        )
-        missing = CounterMetricFamily(
-            "rlenergy_agent_energy_samples_missing",
-            "Energy samples that failed (counted as missing coverage), count.",
-            labels=["gpu_uuid", "node"],
-        )
-        tokens = CounterMetricFamily(
-            "rlenergy_agent_valid_tokens",
-            "Valid tokens of the steps ended here (each node reports its job's tokens), count.",
-            labels=["node", "policy"],
-        )
-        saving = GaugeMetricFamily(
-            "rlenergy_agent_saving_ratio",
-            "Saving vs the predicted default governor per phase, from the policy status (the "
-            "operator's figure; absent until computable), ratio.",
-            labels=["node", "policy", "phase"],
-        )
-        job_saving = GaugeMetricFamily(
-            "rlenergy_agent_job_saving_ratio",
-            "The job's saving vs the predicted default governor, from the policy status, ratio.",
-            labels=["node", "policy"],
-        )
         lat = HistogramMetricFamily(
             "rlenergy_agent_phase_signal_latency_seconds",
             "Phase signal received to clocks applied, s.",
             labels=["node"],
         )
+        families: list[Family] = []
         with a._lock:  # noqa: SLF001 - one consistent snapshot
-            policy = a.policy_name
-            for (u, phase), j in a.phase_energy_j.items():
-                name, ns = _pod_labels(a.pod_of.get(u))
-                energy.add_metric([u, node, policy, name, ns, phase], j)
-            for (u, phase), s in a.phase_seconds.items():
-                name, ns = _pod_labels(a.pod_of.get(u))
-                seconds.add_metric([u, node, policy, name, ns, phase], s)
-            for u, st in a.meter.state.items():
-                known = a.meter.total_j(u)
-                if known is not None:
-                    total.add_metric([u, node, st.source], known)
-                rejected.add_metric([u, node], st.rejected)
-                missing.add_metric([u, node], st.missing)
-            for u, ctl in a.actuator.controls.items():
-                if ctl.requested_mhz is not None:
-                    clock.add_metric([u, node, "requested"], ctl.requested_mhz * 1e6)
-                if ctl.effective_mhz is not None:
-                    clock.add_metric([u, node, "effective"], ctl.effective_mhz * 1e6)
-                locked.add_metric([u, node], 0.0 if ctl.applied_mhz is None else 1.0)
-                cap = a.actuator.caps.get(u)
-                cap_state.add_metric([u, node, cap.state, cap.limit], 1.0)
-                unexplained.add_metric([u, node], cap.shortfalls)
-                chk = a.crosscheck.gpus.get(u)
-                if chk is not None:
-                    xmismatch.add_metric([u, node], chk.mismatches)
-                    if chk.last is not None:
-                        xratio.add_metric([u, node], chk.last.ratio)
-                pod = a.pod_of.get(u)
-                assigned.add_metric([u, node], 0.0 if pod is None else 1.0)
-                name, ns = _pod_labels(pod)
-                info.add_metric([u, node, policy, name, ns, a.phase_of.get(u, "idle")], 1.0)
-                stalled.add_metric(
-                    [u, node, policy, name, ns, a.phase_of.get(u, "idle")],
-                    0.0 if a.stalled_since_s(u) is None else 1.0,
-                )
-                condition.add_metric([u, node, ctl.condition, ctl.reason], 1.0)
-            tokens.add_metric([node, policy], a.valid_tokens_total)
-            stalled_s.add_metric([node, policy], a.stalled_s_total)
-            leases.add_metric([node, policy], a.leases_expired_total)
-            for phase, ratio in sorted(a.saving_ratio.items()):
-                if phase:
-                    saving.add_metric([node, policy, phase], ratio)
-                else:
-                    job_saving.add_metric([node, policy], ratio)
+            scrape = _Scrape(a, node, a.policy_name)
+            for make, samples in _SNAPSHOT_FAMILIES:
+                family = make()
+                for labels, value in samples(scrape):
+                    family.add_metric(labels, value)
+                families.append(family)
             hist = a.latency_hist
             lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
-        yield from (energy, seconds, total, clock, locked, cap_state, unexplained, assigned)
-        yield from (info, condition, xratio, xmismatch, stalled, stalled_s, leases)
-        yield from (rejected, missing, tokens, saving, job_saving, lat)
+        yield from families
+        yield lat
+        yield from self._nvml_calls()
+        up = GaugeMetricFamily(
+            "rlenergy_agent_nvml_up", "1 when NVML answers on some GPU.", labels=["node"]
+        )
+        up.add_metric([node], 1.0 if not callable(self.health) or self.health() else 0.0)
+        yield up
+        yield from self._discovery()
+        yield from self._lifecycle()
+        yield from self._podresources()
+        yield from self._released()
+
+    def _nvml_calls(self) -> Iterator[Metric]:
+        """NVML calls and the slowest call per entry point."""
+        node = self.agent.node_name
         calls = CounterMetricFamily(
             "rlenergy_agent_nvml_calls",
             "NVML calls per entry point, count.",
@@ -228,24 +404,21 @@ class AgentCollector(Collector):
             slowest.add_metric([node, fn], stat.max_s)
         yield calls
         yield slowest
-        up = GaugeMetricFamily(
-            "rlenergy_agent_nvml_up", "1 when NVML answers on some GPU.", labels=["node"]
+
+    def _discovery(self) -> Iterator[Metric]:
+        """Policy discovery's outcome, where no policy is configured (the DaemonSet's agent)."""
+        a = self.agent
+        if a.discovery is None:
+            return
+        reason, found_policy = a.discovery
+        found = GaugeMetricFamily(
+            "rlenergy_agent_policy_discovery",
+            "Policy discovery's outcome (1): reason Matched (policy = ns/name), NoGpuPods, "
+            "NoMatch or Conflict (two policies select this node's GPU pods; none governs).",
+            labels=["node", "reason", "policy"],
         )
-        up.add_metric([node], 1.0 if not callable(self.health) or self.health() else 0.0)
-        yield up
-        if a.discovery is not None:  # no policy configured: the DaemonSet's discovery
-            reason, found_policy = a.discovery
-            found = GaugeMetricFamily(
-                "rlenergy_agent_policy_discovery",
-                "Policy discovery's outcome (1): reason Matched (policy = ns/name), NoGpuPods, "
-                "NoMatch or Conflict (two policies select this node's GPU pods; none governs).",
-                labels=["node", "reason", "policy"],
-            )
-            found.add_metric([node, reason, found_policy], 1.0)
-            yield found
-        yield from self._lifecycle()
-        yield from self._podresources()
-        yield from self._released()
+        found.add_metric([a.node_name, reason, found_policy], 1.0)
+        yield found
 
     def _lifecycle(self) -> Iterator[Metric]:
         """GPU resets, lost GPUs and driver changes: events, and which GPUs are unsettled."""
