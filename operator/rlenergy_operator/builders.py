@@ -324,6 +324,15 @@ class Finding(NamedTuple):
     message: str
 
 
+class Event(NamedTuple):
+    """A Kubernetes Event a pure step asks the handler to post."""
+
+    type: str
+    """``Normal`` or ``Warning``."""
+    reason: str
+    message: str
+
+
 def stall_condition(reports: Sequence[api_node.NodeReport]) -> Finding:
     """(status, reason, message) of RolloutStalled from the agents' per-GPU stall state.
 

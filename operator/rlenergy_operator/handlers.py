@@ -491,8 +491,10 @@ def _after_pass(done: _PassResult, memo: kopf.Memo, body: kopf.Body, logger: kop
         kopf.event(body, type="Normal", reason="PlanChanged", message=message)
     deg = out.degraded
     for e in (done.ro.event, done.ro.fault_event):
-        if e is not None and not (out.degraded_now and (deg.reason, deg.message) == e[1:]):
-            kopf.event(body, type=e[0], reason=e[1], message=e[2])
+        if e is not None and not (
+            out.degraded_now and (deg.reason, deg.message) == (e.reason, e.message)
+        ):
+            kopf.event(body, type=e.type, reason=e.reason, message=e.message)
     _cross_check_events(memo, body, done.reports)
     if out.degraded_now:
         kopf.event(body, type="Warning", reason=deg.reason, message=deg.message)
