@@ -65,7 +65,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from rlenergy.api import workload as api_workload
 from rlenergy.control.freq import base, predictor, probe
@@ -274,6 +274,13 @@ class Fallback:
 Stage = Observe | Warmup | Trial | Locked | Fallback
 """Where a phase's selection stands, with the fields that stage needs (one class per
 ``base.PhaseState``)."""
+
+
+class DefaultEquivalent(NamedTuple):
+    """What the default governor would have needed for a phase window (None: unknown)."""
+
+    energy_j: float | None
+    time_s: float | None
 
 
 def _drift_feature(phase: str, workload: api_workload.TokenWorkload) -> float:
@@ -1145,8 +1152,8 @@ class PhaseController:
     # ----- reporting ---------------------------------------------------------------------
     def default_equivalent(
         self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
-    ) -> tuple[float | None, float | None]:
-        """(energy J, time s) the default governor would have needed for this phase window.
+    ) -> DefaultEquivalent:
+        """What the default governor would have needed for this phase window (energy J, time s).
 
         Default-governor windows are their own answer. Probed windows are measured: their
         paired default-governor slices give the default governor's rate and power on the same
@@ -1159,16 +1166,18 @@ class PhaseController:
         Returns (None, None) for windows with errors or when nothing is known yet.
         """
         if obs.error is not None:
-            return None, None
+            return DefaultEquivalent(None, None)
         if obs.requested_clock_mhz is None and not obs.slices:
-            return obs.energy_j, obs.duration_s
+            return DefaultEquivalent(obs.energy_j, obs.duration_s)
         fit = self.fit
         if obs.slices and obs.energy_j is not None:
             paired = probe.paired_default(obs.slices, fit)
             slice_s = sum(s.duration_s for s in obs.slices)
             slice_j = sum(s.energy_j or 0.0 for s in obs.slices)
             if paired is not None and slice_s > 0 and slice_j > 0:
-                return obs.energy_j * paired[1] / slice_j, obs.duration_s * paired[0] / slice_s
+                return DefaultEquivalent(
+                    obs.energy_j * paired[1] / slice_j, obs.duration_s * paired[0] / slice_s
+                )
         if fit is not None and fit.beta is not None and obs.energy_j is not None:
             if obs.slices:
                 ran = [base.ran_slice_clock_mhz(s) for s in obs.slices]  # caps credited
@@ -1184,16 +1193,18 @@ class PhaseController:
                 ]
                 mean_ratio = sum(w * e for w, e in weights) / max(total_slice_s, 1e-9)
                 scale = obs.duration_s / max(total_slice_s, 1e-9)
-                return obs.energy_j / mean_ratio, time_s * scale
+                return DefaultEquivalent(obs.energy_j / mean_ratio, time_s * scale)
             clock = base.ran_clock_mhz(obs)
             if clock is not None:
                 thr, e_ratio = self._locked_ratios(fit, clock)
                 if e_ratio:
-                    return obs.energy_j / e_ratio, obs.duration_s * thr
+                    return DefaultEquivalent(obs.energy_j / e_ratio, obs.duration_s * thr)
         if not self.default_model.ready:
-            return None, None
+            return DefaultEquivalent(None, None)
         tokens = workload.phase_tokens(self.settings.name)
-        return self.default_model.energy_fit()(tokens), self.default_model.time_fit()(tokens)
+        return DefaultEquivalent(
+            self.default_model.energy_fit()(tokens), self.default_model.time_fit()(tokens)
+        )
 
     def _locked_ratios(self, fit: probe.CorrectedFit, clock_mhz: int) -> tuple[float, float | None]:
         """(throughput ratio, energy-per-token ratio) vs default a locked window is judged by.

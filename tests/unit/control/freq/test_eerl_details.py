@@ -858,6 +858,7 @@ def test_whole_step_probes_make_a_block_over_eight_steps() -> None:
 def test_default_equivalent_of_default_and_failed_windows() -> None:
     pc = _fitted()
     assert pc.default_equivalent(_default_obs(1.2, 360.0), WL) == (360.0, 1.2)
+    assert pc.default_equivalent(_default_obs(1.2, 360.0), WL).time_s == 1.2  # named fields
     assert pc.default_equivalent(_default_obs(1.2, None), WL) == (None, 1.2)  # type: ignore[arg-type]
     failed = base.PhaseObservation("generation", 1.2, 360.0, None, error="x")
     assert pc.default_equivalent(failed, WL) == (None, None)
