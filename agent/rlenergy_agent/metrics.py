@@ -50,8 +50,16 @@ class AgentCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield every metric family from one consistent snapshot."""
-        a = self.agent
-        node = a.node_name
+        # Built from the snapshot, outside the agent's lock: a scrape never holds a signal up.
+        snap = _snapshot(self.agent)
+        yield from self._phase_families(snap)
+        yield from self._gpu_families(snap)
+        yield from self._job_families(snap)
+        yield from self._rest()
+
+    def _phase_families(self, snap: _Snapshot) -> Iterator[Metric]:
+        """Energy and time per GPU and phase."""
+        node, policy = self.agent.node_name, snap.policy
         labels = ["gpu_uuid", "node", "policy", "pod", "namespace", "phase"]
         energy = CounterMetricFamily(
             "rlenergy_agent_gpu_phase_energy_joules",
@@ -63,6 +71,19 @@ class AgentCollector(Collector):
             "Time per phase, s.",
             labels=labels,
         )
+        for (u, phase), j in snap.phase_energy_j:
+            name, ns = _pod_labels(snap.pod_of.get(u))
+            energy.add_metric([u, node, policy, name, ns, phase], j)
+        for (u, phase), s in snap.phase_seconds:
+            name, ns = _pod_labels(snap.pod_of.get(u))
+            seconds.add_metric([u, node, policy, name, ns, phase], s)
+        yield from (energy, seconds)
+
+    def _gpu_families(self, snap: _Snapshot) -> Iterator[Metric]:
+        """The per-GPU families: NVML-side state, read without the agent's lock."""
+        a = self.agent
+        node, policy = a.node_name, snap.policy
+        labels = ["gpu_uuid", "node", "policy", "pod", "namespace", "phase"]
         total = CounterMetricFamily(
             "rlenergy_agent_gpu_energy_joules",
             "GPU energy since the totals began (unknown GPUs are absent, never 0), J.",
@@ -107,17 +128,6 @@ class AgentCollector(Collector):
             "flight at power below the SKU's stall band (clocks held, time kept out of savings).",
             labels=labels,
         )
-        stalled_s = CounterMetricFamily(
-            "rlenergy_agent_stalled_seconds",
-            "Stalled time of closed phase windows, s (excluded from savings and trials).",
-            labels=["node", "policy"],
-        )
-        leases = CounterMetricFamily(
-            "rlenergy_agent_leases_expired",
-            "Phases whose trainer went silent past the lease; their GPUs went back to the "
-            "default governor (node report: expiredLeases).",
-            labels=["node", "policy"],
-        )
         assigned = GaugeMetricFamily(
             "rlenergy_agent_gpu_assigned",
             "1 while a pod holds the GPU (kubelet pod-resources), else 0.",
@@ -143,44 +153,6 @@ class AgentCollector(Collector):
             "Energy samples that failed (counted as missing coverage), count.",
             labels=["gpu_uuid", "node"],
         )
-        tokens = CounterMetricFamily(
-            "rlenergy_agent_valid_tokens",
-            "Valid tokens of the steps ended here (each node reports its job's tokens), count.",
-            labels=["node", "policy"],
-        )
-        saving = GaugeMetricFamily(
-            "rlenergy_agent_saving_ratio",
-            "Saving vs the predicted default governor per phase, from the policy status (the "
-            "operator's figure; absent until computable), ratio.",
-            labels=["node", "policy", "phase"],
-        )
-        job_saving = GaugeMetricFamily(
-            "rlenergy_agent_job_saving_ratio",
-            "The job's saving vs the predicted default governor, from the policy status, ratio.",
-            labels=["node", "policy"],
-        )
-        lat = HistogramMetricFamily(
-            "rlenergy_agent_phase_signal_latency_seconds",
-            "Phase signal received to clocks applied, s.",
-            labels=["node"],
-        )
-        plan_step = GaugeMetricFamily(
-            "rlenergy_agent_plan_step",
-            "First RL step of the plan the agent holds (absent: no plan).",
-            labels=["node", "policy"],
-        )
-        snap = _snapshot(a)
-        policy = snap.policy
-        if snap.plan_step is not None:
-            plan_step.add_metric([node, policy], snap.plan_step)
-        # Built from the snapshot, outside the agent's lock: a scrape never holds a signal up.
-        for (u, phase), j in snap.phase_energy_j:
-            name, ns = _pod_labels(snap.pod_of.get(u))
-            energy.add_metric([u, node, policy, name, ns, phase], j)
-        for (u, phase), s in snap.phase_seconds:
-            name, ns = _pod_labels(snap.pod_of.get(u))
-            seconds.add_metric([u, node, policy, name, ns, phase], s)
-        # The per-GPU families: NVML-side state, read without the agent's lock.
         for u, st in a.meter.state.items():
             known = a.meter.total_j(u)
             if known is not None:
@@ -210,6 +182,52 @@ class AgentCollector(Collector):
                 0.0 if u not in snap.stalled else 1.0,
             )
             condition.add_metric([u, node, ctl.condition, ctl.reason], 1.0)
+        yield from (total, clock, locked, cap_state, unexplained, assigned)
+        yield from (info, condition, xratio, xmismatch, stalled, rejected, missing)
+
+    def _job_families(self, snap: _Snapshot) -> Iterator[Metric]:
+        """The node's job-level families: tokens, stalls, leases, savings, signal latency."""
+        a = self.agent
+        node, policy = a.node_name, snap.policy
+        stalled_s = CounterMetricFamily(
+            "rlenergy_agent_stalled_seconds",
+            "Stalled time of closed phase windows, s (excluded from savings and trials).",
+            labels=["node", "policy"],
+        )
+        leases = CounterMetricFamily(
+            "rlenergy_agent_leases_expired",
+            "Phases whose trainer went silent past the lease; their GPUs went back to the "
+            "default governor (node report: expiredLeases).",
+            labels=["node", "policy"],
+        )
+        tokens = CounterMetricFamily(
+            "rlenergy_agent_valid_tokens",
+            "Valid tokens of the steps ended here (each node reports its job's tokens), count.",
+            labels=["node", "policy"],
+        )
+        saving = GaugeMetricFamily(
+            "rlenergy_agent_saving_ratio",
+            "Saving vs the predicted default governor per phase, from the policy status (the "
+            "operator's figure; absent until computable), ratio.",
+            labels=["node", "policy", "phase"],
+        )
+        job_saving = GaugeMetricFamily(
+            "rlenergy_agent_job_saving_ratio",
+            "The job's saving vs the predicted default governor, from the policy status, ratio.",
+            labels=["node", "policy"],
+        )
+        lat = HistogramMetricFamily(
+            "rlenergy_agent_phase_signal_latency_seconds",
+            "Phase signal received to clocks applied, s.",
+            labels=["node"],
+        )
+        plan_step = GaugeMetricFamily(
+            "rlenergy_agent_plan_step",
+            "First RL step of the plan the agent holds (absent: no plan).",
+            labels=["node", "policy"],
+        )
+        if snap.plan_step is not None:
+            plan_step.add_metric([node, policy], snap.plan_step)
         tokens.add_metric([node, policy], snap.valid_tokens_total)
         stalled_s.add_metric([node, policy], snap.stalled_s_total)
         leases.add_metric([node, policy], snap.leases_expired_total)
@@ -220,9 +238,12 @@ class AgentCollector(Collector):
                 job_saving.add_metric([node, policy], ratio)
         hist = a.latency_hist
         lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
-        yield from (energy, seconds, total, clock, locked, cap_state, unexplained, assigned)
-        yield from (info, condition, xratio, xmismatch, stalled, stalled_s, leases)
-        yield from (rejected, missing, tokens, saving, job_saving, lat, plan_step)
+        yield from (stalled_s, leases, tokens, saving, job_saving, lat, plan_step)
+
+    def _rest(self) -> Iterator[Metric]:
+        """NVML calls and health, discovery, releases, the pod map and the GPU lifecycle."""
+        a = self.agent
+        node = a.node_name
         calls = CounterMetricFamily(
             "rlenergy_agent_nvml_calls",
             "NVML calls per entry point, count.",

@@ -147,6 +147,16 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
         """Per step, the idle windows' time summed over their GPUs, GPU-s."""
         self.refused = 0
         self.probe_switches = 0
+        self._init_rollout()
+        self._init_callers()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._prober: threading.Thread | None = None
+        self._init_leases()
+        actuator.sharers = self.sharers_of
+
+    def _init_rollout(self) -> None:
+        """The FlexFloor state: parked GPUs, released time, dispatches, ended pods."""
         self.parked: dict[str, _Park] = {}
         """Parked GPUs (released rollout workers), by UUID."""
         self.released_gpu_s: dict[str, float] = {}
@@ -161,6 +171,9 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
         """Governed pods that ended (``pod_gone``), newest last, for the node report."""
         self.lost_workers: list[str] = []
         """Rollout worker pods the policy's status names lost (the plan watch sets it)."""
+
+    def _init_callers(self) -> None:
+        """Who may signal: the report flag, discovery's outcome and selection, the step window."""
         self.report_due = False
         """Park state or a dispatcher publication changed: the report writer should write."""
         self.discovery: tuple[str, str] | None = None
@@ -173,11 +186,6 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
         not known, nothing checked (``state.AgentState.check_selected``)."""
         self.discovery_due = False
         """A pod that no policy selects signalled: the node loop discovers again at once."""
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._prober: threading.Thread | None = None
-        self._init_leases()
-        actuator.sharers = self.sharers_of
 
     # ----- plan -----------------------------------------------------------------------------
     def set_plan(self, plan: api_node.ClockPlan | None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import pydantic
 
@@ -419,7 +419,28 @@ def node_summary(reports: Sequence[api_node.NodeReport]) -> api_status.NodesStat
     )
 
 
-def stall_condition(reports: Sequence[api_node.NodeReport]) -> tuple[bool, str, str]:
+class Finding(NamedTuple):
+    """A condition a check found: its status, reason (CamelCase) and message.
+
+    What the pure checks (``scheduling``, ``coverage``, ``rollout``, the condition builders
+    here) hand to the pass that sets the condition and posts the Event.
+    """
+
+    status: bool
+    reason: str
+    message: str
+
+
+class Event(NamedTuple):
+    """A Kubernetes Event a pure step asks the handler to post."""
+
+    type: str
+    """``Normal`` or ``Warning``."""
+    reason: str
+    message: str
+
+
+def stall_condition(reports: Sequence[api_node.NodeReport]) -> Finding:
     """(status, reason, message) of RolloutStalled from the agents' per-GPU stall state.
 
     True while some GPU's phase is stalled (``GpuStatus.stalledSeconds``: progress frozen with
@@ -434,11 +455,11 @@ def stall_condition(reports: Sequence[api_node.NodeReport]) -> tuple[bool, str, 
         if g.stalled_seconds is not None
     ]
     if not stalled:
-        return False, "Progressing", "no stalled rollout"
+        return Finding(False, "Progressing", "no stalled rollout")
     longest = max(g.stalled_seconds or 0.0 for _, g in stalled)
     where = sorted({f"{node} {g.pod or '?'} ({g.phase or '?'})" for node, g in stalled})
     gpus = ", ".join(f"{node}/{g.uuid}" for node, g in stalled[:8])
-    return (
+    return Finding(
         True,
         "ProgressFrozen",
         f"{len(stalled)} GPU(s) show requests in flight, no progress and power below the "
@@ -447,27 +468,27 @@ def stall_condition(reports: Sequence[api_node.NodeReport]) -> tuple[bool, str, 
     )
 
 
-def progress_condition(phases: Sequence[api_status.PhaseStatus]) -> tuple[bool, str, str]:
+def progress_condition(phases: Sequence[api_status.PhaseStatus]) -> Finding:
     """(status, reason, message) of Progressing from the phase states."""
     states = {p.name: p.state for p in phases}
     busy = sorted(n for n, s in states.items() if s in ("warmup", "trial"))
     if busy:
         which = ", ".join(f"{n} {states[n]}" for n in busy)
-        return True, "SelectingClocks", f"selecting clocks: {which}"
+        return Finding(True, "SelectingClocks", f"selecting clocks: {which}")
     if states and all(s == "observe" for s in states.values()):
-        return False, "Observing", "observe mode: measuring, clocks untouched"
+        return Finding(False, "Observing", "observe mode: measuring, clocks untouched")
     if any(s == "fallback" for s in states.values()):
-        return False, "Fallback", "a phase runs the default governor after an error"
-    return False, "ClocksLocked", "every phase runs its selected clock"
+        return Finding(False, "Fallback", "a phase runs the default governor after an error")
+    return Finding(False, "ClocksLocked", "every phase runs its selected clock")
 
 
 def degraded_condition(
     nodes: api_status.NodesStatus, has_clock_table: bool, has_reports: bool
-) -> tuple[bool, str, str]:
+) -> Finding:
     """(status, reason, message) of Degraded."""
     nvml = [e for e in nodes.errors if e.reason == NVML_UNAVAILABLE]
     if nvml:
-        return (
+        return Finding(
             True,
             NVML_UNAVAILABLE,
             f"{len(nvml)} node agent(s) cannot load NVML, first: {nvml[0].node}: {nvml[0].message}",
@@ -475,20 +496,20 @@ def degraded_condition(
     if nodes.errors:
         first = nodes.errors[0]
         if all(e.reason == CLOCK_SHORTFALL for e in nodes.errors):
-            return (
+            return Finding(
                 True,
                 CLOCK_SHORTFALL,
                 f"{len(nodes.errors)} GPU(s) run below their locked clock with no clock-event "
                 f"reason, first: {first.node} {first.gpu}: {first.message}",
             )
-        return (
+        return Finding(
             True,
             "NodeErrors",
             f"{len(nodes.errors)} node/GPU errors, first: {first.node} {first.reason}",
         )
     if has_reports and not has_clock_table:
-        return True, "NoClockTable", "no node reported the GPUs' supported clocks"
-    return False, "AsExpected", "no errors"
+        return Finding(True, "NoClockTable", "no node reported the GPUs' supported clocks")
+    return Finding(False, "AsExpected", "no errors")
 
 
 def unacknowledged_resets(items: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlenergy_operator import scheduling
+from rlenergy_operator import builders, scheduling
 
 REASON = "AgentsMissing"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -100,7 +100,7 @@ def check(
     return Coverage(count, unlabelled, blocked)
 
 
-def finding(cov: Coverage) -> tuple[bool, str, str] | None:
+def finding(cov: Coverage) -> builders.Finding | None:
     """The Degraded condition (status, reason, message) when some GPU nodes have no agent."""
     if cov.missing == 0:
         return None
@@ -113,7 +113,7 @@ def finding(cov: Coverage) -> tuple[bool, str, str] | None:
         hint.append("label the GPU nodes (GPU feature discovery) or set agent.gpuNodeLabel")
     if cov.blocked:
         hint.append("set agent.tolerations / agent.nodeSelector to cover them")
-    return (
+    return builders.Finding(
         True,
         REASON,
         f"{cov.missing} of {cov.gpu_nodes} GPU nodes have no node agent: {shown}{more}. "

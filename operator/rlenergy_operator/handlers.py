@@ -16,9 +16,11 @@ stores no handler results in status. Errors from the library become kopf errors 
 
 Each handler is I/O and kopf glue over pure modules: ``jobloop`` (plans, accounting),
 ``loopstatus`` (the loop's status), ``conditions`` (one pass's conditions), ``builders`` and
-``scheduling``. State lives in kopf's memo, none in this module: per policy the job loop and
-its report cache; operator-wide (set at start-up, shared by every object's memo copy) the
-checkpoints the report index trims by and the agent-scheduling finding.
+``scheduling``. State lives in kopf's memo, none in this module, as one typed object per scope:
+``OperatorMemo`` (set at start-up, shared by every object's memo copy: the checkpoints the
+report index trims by, the agent-scheduling check, the liveness trackers) under
+``memo["operator"]``, and ``PolicyMemo`` (per policy: the job loop, its report cache, the
+findings it last saw) under ``memo["policy"]``.
 """
 
 from __future__ import annotations
@@ -67,10 +69,86 @@ class AgentCheck:
     """
 
     at: float = float("-inf")
-    found: tuple[bool, str, str] | None = None
+    found: builders.Finding | None = None
     coverage_at: float = float("-inf")
-    missing: tuple[bool, str, str] | None = None
+    missing: builders.Finding | None = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+@dataclasses.dataclass
+class OperatorMemo:
+    """Operator-wide state: set at start-up, shared by every object's memo copy.
+
+    Attributes:
+        checkpoints: (namespace, policy) -> the loop's ``totals.throughStep`` (the report
+            index drops the records folded up to it).
+        agent_check: the last agent-scheduling and coverage findings.
+        echoes: status writes waiting for the policy watch to bring them back.
+        watch_lag: the API server's versions of the watched objects against the watches'.
+    """
+
+    checkpoints: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    agent_check: AgentCheck = dataclasses.field(default_factory=AgentCheck)
+    echoes: liveness.EchoTracker = dataclasses.field(default_factory=liveness.EchoTracker)
+    watch_lag: liveness.WatchLag = dataclasses.field(default_factory=liveness.WatchLag)
+
+
+@dataclasses.dataclass
+class PolicyMemo:
+    """One policy's state (in its own memo copy).
+
+    Attributes:
+        loop: the job loop (None: rebuilt by the next pass, after a restart or a new spec).
+        reports: the node-report cache the loop reads.
+        lagging: (generation, monotonic s of the first pass that saw it unrecorded).
+        cross_checks: (node, GPU) -> the energy cross-check mismatch count last posted.
+        agents_checked: whether ``policy_agents_check`` has run for this policy.
+        agents_unschedulable: its last finding that no agent can schedule.
+        agents_missing: its last finding of GPU nodes without an agent.
+    """
+
+    loop: jobloop.JobLoop | None = None
+    reports: node_reports.ReportCache | None = None
+    lagging: tuple[int, float] | None = None
+    cross_checks: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    agents_checked: bool = False
+    agents_unschedulable: builders.Finding | None = None
+    agents_missing: builders.Finding | None = None
+
+
+def _shared(memo: kopf.Memo) -> OperatorMemo:
+    """The operator-wide state (``operator_startup`` sets it)."""
+    return cast(OperatorMemo, memo["operator"])
+
+
+def _policy(memo: kopf.Memo) -> PolicyMemo:
+    """The policy's own state, made on its first use (kopf gives each object a memo copy)."""
+    return cast(PolicyMemo, memo.setdefault("policy", PolicyMemo()))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Object:
+    """The kopf arguments a pass over one policy object works on."""
+
+    spec: kopf.Spec
+    status: kopf.Status
+    meta: kopf.Meta
+    patch: kopf.Patch
+    memo: kopf.Memo
+    body: kopf.Body
+    logger: kopf.Logger
+
+
+@dataclasses.dataclass(frozen=True)
+class _PassResult:
+    """What one loop pass produced, for its log line, metrics and Events (``_after_pass``)."""
+
+    key: tuple[str, str]
+    loop: jobloop.JobLoop
+    reports: list[api_node.NodeReport]
+    folded: list[int]
+    out: loopstatus.LoopStatus
+    ro: rollout.Result
 
 
 def _now() -> str:
@@ -100,18 +178,16 @@ def _temporary(
 def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Apply the kopf settings (finalizer, status storage, peering, timeouts); serve metrics.
 
-    The global memo gets the operator-wide state; kopf gives each object a shallow copy, so
-    every policy and node report sees the same ``checkpoints``, ``agent_check``, ``echoes``
-    (status writes waiting for the policy watch) and ``watch_lag`` (the API server's versions
-    against the watches').
+    The global memo gets the operator-wide state (``OperatorMemo``); kopf gives each object a
+    shallow copy, so every policy and node report sees the same one.
     """
     op_settings.configure_kopf(settings, CFG)
     metrics.serve(CFG.metrics_port)
-    memo["checkpoints"] = {}  # (namespace, policy) -> the loop's totals.throughStep
-    memo["agent_check"] = AgentCheck()
-    memo["echoes"] = liveness.EchoTracker(CFG.watch_echo_bound_s)
     stale_s = 3 * CFG.watch_check_interval_s + 2 * CFG.request_timeout_s
-    memo["watch_lag"] = liveness.WatchLag(CFG.watch_echo_bound_s, stale_s)
+    memo["operator"] = OperatorMemo(
+        echoes=liveness.EchoTracker(CFG.watch_echo_bound_s),
+        watch_lag=liveness.WatchLag(CFG.watch_echo_bound_s, stale_s),
+    )
 
 
 def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
@@ -130,7 +206,7 @@ def policy_watch_probe(memo: kopf.Memo, **_: Any) -> str:
             longer than ``watch_echo_bound_s`` (``/healthz`` then answers 500 and the kubelet
             restarts the operator).
     """
-    overdue = memo["echoes"].overdue()
+    overdue = _shared(memo).echoes.overdue()
     if overdue:
         key, waited = max(overdue.items(), key=lambda kv: kv[1])
         ns, name = cast(tuple[str, str], key)
@@ -138,7 +214,7 @@ def policy_watch_probe(memo: kopf.Memo, **_: Any) -> str:
             f"policy watch silent: the status written to {ns}/{name} {waited:.0f} s ago never "
             f"came back ({len(overdue)} policies waiting)"
         )
-    silent = memo["watch_lag"].silent()
+    silent = _shared(memo).watch_lag.silent()
     if silent:
         (plural, ns, name), waited = max(silent.items(), key=lambda kv: kv[1])
         raise kopf.PermanentError(
@@ -155,7 +231,7 @@ def policy_watch_check(*, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> Non
     One metadata-only read per kind every ``watch_check_interval_s`` serves every policy, and
     never two at once (``WatchLag.due``); a failed read (API server unreachable) judges nothing.
     """
-    lag: liveness.WatchLag = memo["watch_lag"]
+    lag = _shared(memo).watch_lag
     if not lag.due(0.9 * CFG.watch_check_interval_s):
         return
     started_s = lag.now()
@@ -187,25 +263,18 @@ def policy_reconcile(
     **_: Any,
 ) -> None:
     """Validate, ensure the node agents, set observedGeneration, conditions, the first plan."""
-    _reconcile(spec, status, meta, patch, memo, body, logger)
+    _reconcile(_Object(spec, status, meta, patch, memo, body, logger))
 
 
-def _reconcile(
-    spec: kopf.Spec,
-    status: kopf.Status,
-    meta: kopf.Meta,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    body: kopf.Body,
-    logger: kopf.Logger,
-) -> None:
+def _reconcile(obj: _Object) -> None:
     """``policy_reconcile``'s work; also run by ``policy_loop`` when no change handler ran.
 
     Raises:
         kopf.TemporaryError: the node-agent DaemonSet could not be read or written.
     """
-    conds = _pass(meta, status)
-    memo["loop"] = None  # rebuilt by the next loop pass (restart or new spec)
+    spec, status, patch, body, logger = obj.spec, obj.status, obj.patch, obj.body, obj.logger
+    conds = _pass(obj.meta, status)
+    _policy(obj.memo).loop = None  # rebuilt by the next loop pass (restart or new spec)
     try:
         parsed = _parse(spec)
     except errors.InvalidInputError as exc:
@@ -240,12 +309,13 @@ def policy_node_reports(
     kopf calls no other handler before the first listing is indexed.
     """
     version = str(meta.get("resourceVersion") or "")
-    memo["watch_lag"].delivered((api_nodereport.PLURAL, str(namespace), name), version)
+    shared = _shared(memo)
+    shared.watch_lag.delivered((api_nodereport.PLURAL, str(namespace), name), version)
     policy = spec.get("policyName")
     if not policy:
         return None
     key = (str(namespace), str(policy))
-    after = memo["checkpoints"].get(key, -1)
+    after = shared.checkpoints.get(key, -1)
     return {key: node_reports.IndexedReport.from_spec(name, version, spec, after)}
 
 
@@ -264,37 +334,37 @@ def _fold(
     rebuild replays every record and GETs the reports whose indexed copies were trimmed.
     Returns the loop, the reports and the steps folded in this pass.
     """
-    loop: jobloop.JobLoop | None = memo.get("loop")
-    if loop is not None and loop.generation != generation:
-        loop = None
-    if memo.get("reports") is None:
-        memo["reports"] = node_reports.ReportCache(kube.node_report_versions, kube.node_report)
+    pm = _policy(memo)
+    loop = pm.loop if pm.loop is not None and pm.loop.generation == generation else None
+    if pm.reports is None:
+        pm.reports = node_reports.ReportCache(kube.node_report_versions, kube.node_report)
     after = -1 if loop is None else loop.account.through_step  # records after the checkpoint
     got = None if indexed is None else indexed.get(key, ())
     try:
-        reports = memo["reports"].refresh(*key, after, logger, got)
+        reports = pm.reports.refresh(*key, after, logger, got)
     except kube.ApiError as exc:
         raise _temporary("listing node reports", exc) from exc
     if loop is None:
-        loop = memo["loop"] = jobloop.JobLoop.restore(parsed, generation, current, reports)
+        loop = pm.loop = jobloop.JobLoop.restore(parsed, generation, current, reports)
         logger.info(
             "job loop rebuilt: %d steps replayed from %d node reports (%d the index lacked so "
             "far), totals through step %d (measured totals %s)",
             loop.replayed,
             len(reports),
-            memo["reports"].completed,
+            pm.reports.completed,
             loop.account.through_step,
             "recomputed from the reports" if loop.rebuilt else "from the status checkpoint",
         )
     folded = loop.advance(reports)
-    memo["checkpoints"][key] = loop.account.through_step
+    _shared(memo).checkpoints[key] = loop.account.through_step
     return loop, reports, folded
 
 
 def _delivered(memo: kopf.Memo, key: tuple[str, str], version: str) -> None:
     """The policy watch brought ``key`` at ``version`` (what the liveness probe compares)."""
-    memo["watch_lag"].delivered((api_policy.PLURAL, *key), version)
-    memo["echoes"].seen(key, version)
+    shared = _shared(memo)
+    shared.watch_lag.delivered((api_policy.PLURAL, *key), version)
+    shared.echoes.seen(key, version)
 
 
 @kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None)
@@ -323,7 +393,7 @@ def policy_loop(
     if meta.get("deletionTimestamp"):
         return
     conds = _pass(meta, status)
-    if not _recorded(spec, status, meta, patch, memo, body, logger):
+    if not _recorded(_Object(spec, status, meta, patch, memo, body, logger)):
         return
     try:
         parsed = _parse(spec)
@@ -337,63 +407,56 @@ def policy_loop(
     out = loopstatus.assemble(loop, reports, status.get("plan"), conds, *_findings(memo, conds, ro))
     new = dict(out.fields) | ({} if ro.status is None else {"rollout": _dump(ro.status)})
     if _write_status(patch, status, new):
-        memo["echoes"].wrote(key, version)
-    _after_pass(memo, key, loop, reports, folded, body, out, ro, logger)
+        _shared(memo).echoes.wrote(key, version)
+    _after_pass(_PassResult(key, loop, reports, folded, out, ro), memo, body, logger)
 
 
-def _recorded(
-    spec: kopf.Spec,
-    status: kopf.Status,
-    meta: kopf.Meta,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    body: kopf.Body,
-    logger: kopf.Logger,
-) -> bool:
+def _recorded(obj: _Object) -> bool:
     """True when status records this generation; else reconcile once it lagged long enough.
 
     A generation unrecorded for ``reconcile_catchup_s`` (monotonic) is reconciled here (the
-    pass then ends). The memo keeps ``lagging`` = (generation, first pass that saw it
-    unrecorded, s), per policy (kopf copies the memo); kopf runs timers beside change
-    handlers, so a shorter lag is a change handler at work.
+    pass then ends). ``PolicyMemo.lagging`` keeps (generation, first pass that saw it
+    unrecorded, s); kopf runs timers beside change handlers, so a shorter lag is a change
+    handler at work.
     """
-    generation = int(meta.get("generation") or 0)
-    if status.get("observedGeneration") == generation:
+    generation = int(obj.meta.get("generation") or 0)
+    if obj.status.get("observedGeneration") == generation:
         return True
     now_s = time.monotonic()
-    lagging = memo.get("lagging")
+    pm = _policy(obj.memo)
+    lagging = pm.lagging
     if lagging is None or lagging[0] != generation:
-        memo["lagging"] = (generation, now_s)
+        pm.lagging = (generation, now_s)
         return False
     waited_s = now_s - lagging[1]
     if waited_s < CFG.reconcile_catchup_s:
         return False
-    logger.warning(
+    obj.logger.warning(
         "generation %d not reconciled %.0f s after the loop first saw it (no change handler "
         "ran in this replica): reconciling it from the job loop",
         generation,
         waited_s,
     )
-    memo["lagging"] = (generation, now_s)
-    _reconcile(spec, status, meta, patch, memo, body, logger)
+    pm.lagging = (generation, now_s)
+    _reconcile(obj)
     return False
-
-
-Finding = tuple[bool, str, str]
 
 
 def _findings(
     memo: kopf.Memo, conds: conditions.PassConditions, ro: rollout.Result
-) -> tuple[Finding | None, Finding | None]:
+) -> tuple[builders.Finding | None, builders.Finding | None]:
     """(what no agent can do, GPU nodes without an agent) for the pass's Degraded.
 
     The first is ``policy_agents_check``'s scheduling finding (after a restart the last one
     stands until the first check: no flap), else a worker set that does not opt in to scaling
     (``rollout``, opt-in): both are what the policy's owner has to act on.
     """
-    unschedulable = memo.get("agents_unschedulable", scheduling.last_finding(conds.previous))
-    refused = None if ro.degraded is None else (True, *ro.degraded)
-    return unschedulable or refused, memo.get("agents_missing")
+    pm = _policy(memo)
+    unschedulable = (
+        pm.agents_unschedulable if pm.agents_checked else scheduling.last_finding(conds.previous)
+    )
+    refused = None if ro.degraded is None else builders.Finding(True, *ro.degraded)
+    return unschedulable or refused, pm.agents_missing
 
 
 def _write_status(patch: kopf.Patch, status: kopf.Status, new: dict[str, Any]) -> bool:
@@ -410,41 +473,35 @@ def _cross_check_events(
     memo: kopf.Memo, body: kopf.Body, reports: list[api_node.NodeReport]
 ) -> None:
     """A Warning per new energy cross-check finding (``findings``), once per GPU and count."""
-    posted = memo.setdefault("cross_checks", {})
+    posted = _policy(memo).cross_checks
     for (node, gpu, count), message in findings.cross_check_events(reports, posted):
         kopf.event(body, type="Warning", reason=findings.REASON, message=message)
         posted[(node, gpu)] = count
 
 
-def _after_pass(
-    memo: kopf.Memo,
-    key: tuple[str, str],
-    loop: jobloop.JobLoop,
-    reports: list[api_node.NodeReport],
-    folded: list[int],
-    body: kopf.Body,
-    out: loopstatus.LoopStatus,
-    ro: rollout.Result,
-    logger: kopf.Logger,
-) -> None:
+def _after_pass(done: _PassResult, memo: kopf.Memo, body: kopf.Body, logger: kopf.Logger) -> None:
     """The log line, metrics and Events of one pass (plan, rollout, Degraded, cross-checks)."""
-    if folded:
-        logger.info("accounted steps %s; totals through step %d", folded, loop.account.through_step)
-    newest = max((r.last_step for r in reports), default=-1)
-    nodes = out.nodes
-    metrics.policy_pass(*key, nodes.total, nodes.ready, newest, loop.account.through_step)
+    through = done.loop.account.through_step
+    if done.folded:
+        logger.info("accounted steps %s; totals through step %d", done.folded, through)
+    newest = max((r.last_step for r in done.reports), default=-1)
+    out = done.out
+    metrics.policy_pass(*done.key, out.nodes.total, out.nodes.ready, newest, through)
     if out.plan_changed:
         message = builders.describe_plan(out.plan)
         kopf.event(body, type="Normal", reason="PlanChanged", message=message)
-    for e in (ro.event, ro.fault_event):
-        if e is not None and not (out.degraded_now and out.degraded[1:] == e[1:]):
-            kopf.event(body, type=e[0], reason=e[1], message=e[2])
-    _cross_check_events(memo, body, reports)
+    deg = out.degraded
+    for e in (done.ro.event, done.ro.fault_event):
+        if e is not None and not (
+            out.degraded_now and (deg.reason, deg.message) == (e.reason, e.message)
+        ):
+            kopf.event(body, type=e.type, reason=e.reason, message=e.message)
+    _cross_check_events(memo, body, done.reports)
     if out.degraded_now:
-        kopf.event(body, type="Warning", reason=out.degraded[1], message=out.degraded[2])
+        kopf.event(body, type="Warning", reason=deg.reason, message=deg.message)
 
 
-def _agents_finding(check: AgentCheck, logger: kopf.Logger) -> tuple[bool, str, str] | None:
+def _agents_finding(check: AgentCheck, logger: kopf.Logger) -> builders.Finding | None:
     """Degraded from one read of the DaemonSet (``scheduling.agents_unschedulable``).
 
     The GPU nodes are read only when the controller has seen the template and placed nothing.
@@ -501,7 +558,7 @@ def policy_agents_check(*, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger
     """
     if meta.get("deletionTimestamp"):
         return
-    check: AgentCheck = memo["agent_check"]
+    check = _shared(memo).agent_check
     if check.lock.acquire(blocking=False):
         try:
             if time.monotonic() - check.at >= CFG.agent_check_interval_s:
@@ -513,13 +570,15 @@ def policy_agents_check(*, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger
                 check.at = time.monotonic()
         finally:
             check.lock.release()
-    for field, found, fine in (
-        ("agents_unschedulable", check.found, "agents schedule"),
-        ("agents_missing", check.missing, "agents cover"),
+    pm = _policy(memo)
+    for before, found, fine in (
+        (pm.agents_unschedulable, check.found, "agents schedule"),
+        (pm.agents_missing, check.missing, "agents cover"),
     ):
-        if found != memo.get(field):
+        if found != before:
             logger.log(logging.WARNING if found else logging.INFO, "%s", found or fine)
-        memo[field] = found
+    pm.agents_checked = True
+    pm.agents_unschedulable, pm.agents_missing = check.found, check.missing
 
 
 def _unacknowledged(namespace: str, name: str) -> list[str]:
@@ -558,9 +617,10 @@ def policy_delete(
     **_: Any,
 ) -> None:
     """Hold the finalizer until the GPUs are reset (or the deadline), then clean up."""
-    memo["checkpoints"].pop((str(namespace), name), None)
+    shared = _shared(memo)
+    shared.checkpoints.pop((str(namespace), name), None)
     metrics.policy_gone(str(namespace), name)
-    memo["echoes"].forget((str(namespace), name))
+    shared.echoes.forget((str(namespace), name))
     conds = _pass(meta, status)
     reset = jobloop.reset_plan(status.get("plan") or {}, conds.generation, conds.now)
     if reset is not None:

@@ -587,10 +587,10 @@ def _predict(
     pc: eerl.PhaseController | None,
     ph: base.PhaseObservation,
     workload: api_workload.TokenWorkload,
-) -> tuple[float | None, float | None]:
-    """(energy J, time s) the default governor would have needed for this phase window."""
+) -> eerl.DefaultEquivalent:
+    """What the default governor would have needed for this phase window (energy J, time s)."""
     if pc is None:
         if ph.error is None and ph.requested_clock_mhz is None and not ph.slices:
-            return ph.energy_j, ph.duration_s
-        return None, None
+            return eerl.DefaultEquivalent(ph.energy_j, ph.duration_s)
+        return eerl.DefaultEquivalent(None, None)
     return pc.default_equivalent(ph, workload)

@@ -34,7 +34,7 @@ class LoopStatus:
     fields: dict[str, Any]
     plan: api_node.ClockPlan
     plan_changed: bool
-    degraded: tuple[bool, str, str]
+    degraded: builders.Finding
     degraded_now: bool
     nodes: api_status.NodesStatus
 
@@ -48,8 +48,8 @@ def assemble(
     reports: Sequence[api_node.NodeReport],
     published_plan: Mapping[str, Any] | None,
     conds: conditions.PassConditions,
-    unschedulable: tuple[bool, str, str] | None,
-    missing: tuple[bool, str, str] | None = None,
+    unschedulable: builders.Finding | None,
+    missing: builders.Finding | None = None,
 ) -> LoopStatus:
     """The status of one pass after ``loop`` folded ``reports``.
 
@@ -74,10 +74,12 @@ def assemble(
     prog = (
         builders.progress_condition(phases)
         if has_table
-        else (True, "WaitingForReports", "no complete RL step with a clock table reported yet")
+        else builders.Finding(
+            True, "WaitingForReports", "no complete RL step with a clock table reported yet"
+        )
     )
     base = builders.degraded_condition(nodes, has_table, bool(reports))
-    deg = unschedulable or (base if base[0] else missing or base)
+    deg = unschedulable or (base if base.status else missing or base)
     conds.condition("Progressing", *prog)
     conds.condition("Degraded", *deg)
     conds.condition("RolloutStalled", *builders.stall_condition(reports))
@@ -91,5 +93,7 @@ def assemble(
     # A Warning Event when Degraded turns True, and when a True Degraded changes its reason
     # (AgentsMissing found first, then AgentsUnschedulable once the DaemonSet placed nothing).
     before = conds.previous_of("Degraded") or {}
-    degraded_now = deg[0] and (not conds.was_true("Degraded") or before.get("reason") != deg[1])
+    degraded_now = deg.status and (
+        not conds.was_true("Degraded") or before.get("reason") != deg.reason
+    )
     return LoopStatus(fields, plan, plan_changed, deg, degraded_now, nodes)

@@ -158,7 +158,7 @@ class ReportCache:
         namespace: str,
         policy: str,
         after_step: int,
-        logger: logging.Logger,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
         indexed: Iterable[IndexedReport] | None = None,
     ) -> list[api_node.NodeReport]:
         """The policy's reports, records after ``after_step`` (plus each report's oldest).
@@ -242,7 +242,10 @@ class ReportCache:
 
     @staticmethod
     def _parse(
-        name: str, spec: Mapping[str, Any], after_step: int, logger: logging.Logger
+        name: str,
+        spec: Mapping[str, Any],
+        after_step: int,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
     ) -> api_node.NodeReport | None:
         try:
             # Text a node agent wrote reaches conditions, Events and kubectl: printable only.

@@ -43,7 +43,7 @@ from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import aggregate
 from rlenergy.control.moe import base as moe_base
 from rlenergy.control.moe import scale
-from rlenergy_operator import kube, optin, rolloutfaults
+from rlenergy_operator import builders, kube, optin, rolloutfaults
 
 ROLLOUT_PHASE = "generation"
 """The phase whose windows are rollout (occupied GPU time)."""
@@ -157,9 +157,9 @@ class Result:
     """
 
     status: api_status.RolloutStatus | None
-    event: tuple[str, str, str] | None = None
+    event: builders.Event | None = None
     degraded: tuple[str, str] | None = None
-    fault_event: tuple[str, str, str] | None = None
+    fault_event: builders.Event | None = None
 
 
 def reconcile(
@@ -282,7 +282,7 @@ def resize(
         )
     if ref.kind not in kube.SCALE_RESOURCES:
         s = decided(0, 0, "UnsupportedWorkerSet", f"{what}: {ref.kind} cannot be resized")
-        return Result(_with_active(status, s), ("Warning", s.reason, s.message))
+        return Result(_with_active(status, s), builders.Event("Warning", s.reason, s.message))
     try:
         annotations = kube.worker_set_annotations(ref.kind, namespace, ref.name)
     except kube.ApiError as exc:
@@ -309,12 +309,12 @@ def resize(
                 "ScaleFailed",
                 f"{what}: patching /scale: {exc.status} {exc.reason}",
             )
-            return Result(_with_active(status, s), ("Warning", s.reason, s.message))
+            return Result(_with_active(status, s), builders.Event("Warning", s.reason, s.message))
     s = decided(d.current, d.target, d.reason, f"{what}: {d.message} for step {for_step}")
     if d.action is scale.ScaleAction.NONE:
         return Result(_with_active(status, s))
     kind = "Warning" if d.action is scale.ScaleAction.REFUSED else "Normal"
-    return Result(_with_active(status, s), (kind, s.reason, s.message))
+    return Result(_with_active(status, s), builders.Event(kind, s.reason, s.message))
 
 
 class _Decided(Protocol):
@@ -411,7 +411,7 @@ def _reconcile_ray_group(
                 "ScaleFailed",
                 f"{what}: patching: {exc.status} {exc.reason}",
             )
-            return Result(_with_active(status, s), ("Warning", s.reason, s.message))
+            return Result(_with_active(status, s), builders.Event("Warning", s.reason, s.message))
     s = decided(d.current, d.target, d.reason, f"{what}: {d.message} for step {for_step}", g.chosen)
     if d.action is scale.ScaleAction.NONE:
         return Result(_with_active(status, s))
@@ -422,7 +422,7 @@ def _reconcile_ray_group(
     ):  # the same WorkersUnknown refusal again: no second event, no new decidedAt
         return Result(_with_active(status, prev))
     kind = "Warning" if d.action is scale.ScaleAction.REFUSED else "Normal"
-    return Result(_with_active(status, s), (kind, s.reason, s.message))
+    return Result(_with_active(status, s), builders.Event(kind, s.reason, s.message))
 
 
 def _not_allowed(

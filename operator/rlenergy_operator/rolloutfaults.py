@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
+from rlenergy_operator import builders
 
 LOST = "RolloutWorkerLost"
 
@@ -46,7 +47,7 @@ class Assessment:
 
     failure: api_status.RolloutFailureStatus | None
     degraded: tuple[str, str] | None
-    event: tuple[str, str, str] | None
+    event: builders.Event | None
 
 
 def lost_workers(
@@ -121,5 +122,5 @@ def assess(
         lost_workers=pods,
         since=previous.since if same and previous is not None else now,
     )
-    event = None if same else ("Warning", reason, message)
+    event = None if same else builders.Event("Warning", reason, message)
     return Assessment(failure, (reason, message), event)

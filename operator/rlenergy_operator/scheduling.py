@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rlenergy_operator import builders
+
 REASON = "AgentsUnschedulable"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
@@ -62,7 +64,7 @@ def agents_unschedulable(
     daemonset: Mapping[str, Any] | None,
     tolerations: Sequence[Mapping[str, Any]],
     gpu_nodes: Sequence[Mapping[str, Any]],
-) -> tuple[bool, str, str] | None:
+) -> builders.Finding | None:
     """The Degraded condition (status, reason, message) when no node agent can schedule.
 
     Args:
@@ -111,10 +113,10 @@ def agents_unschedulable(
         )
     else:
         message += "; untaint the GPU nodes or let the agents tolerate these taints"
-    return True, REASON, message
+    return builders.Finding(True, REASON, message)
 
 
-def last_finding(conditions: Sequence[Mapping[str, Any]]) -> tuple[bool, str, str] | None:
+def last_finding(conditions: Sequence[Mapping[str, Any]]) -> builders.Finding | None:
     """The ``AgentsUnschedulable`` Degraded condition among ``conditions``, as a finding.
 
     After an operator restart the in-memory finding is gone until the first check: the policy
@@ -123,5 +125,5 @@ def last_finding(conditions: Sequence[Mapping[str, Any]]) -> tuple[bool, str, st
     """
     deg = next((c for c in conditions if c.get("type") == "Degraded"), None)
     if deg is not None and deg.get("status") == "True" and deg.get("reason") == REASON:
-        return True, REASON, str(deg.get("message") or "")
+        return builders.Finding(True, REASON, str(deg.get("message") or ""))
     return None

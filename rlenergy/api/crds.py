@@ -54,43 +54,10 @@ def _structural(node: Any, *, in_items: bool = False) -> Any:
         return [_structural(n) for n in node]
     if not isinstance(node, dict):
         return node
-    node = dict(node)
-    nullable = False
-    if "anyOf" in node:
-        options = [o for o in node["anyOf"] if o.get("type") != "null"]
-        nullable = len(options) < len(node["anyOf"])
-        if len(options) != 1:
-            raise ValueError(f"crdgen: unsupported union {node['anyOf']!r}")
-        merged = dict(options[0])
-        merged.update({k: v for k, v in node.items() if k != "anyOf"})
-        node = merged
+    node, nullable = _without_null_union(dict(node))
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if key in _DROP_KEYS:
-            continue
-        if key == "default" and value is None:
-            continue
-        if key == "additionalProperties" and value is False:
-            continue
-        if key == "additionalProperties" and value is True:
-            # Free-form: keep everything below (an empty value schema would prune it).
-            out["x-kubernetes-preserve-unknown-fields"] = True
-            continue
-        if key == "const":
-            out["enum"] = [value]
-            continue
-        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
-            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
-            out[key] = True
-            continue
-        if key == "properties":
-            out[key] = {name: _structural(sub) for name, sub in value.items()}
-        elif key == "items":
-            out[key] = _structural(value, in_items=True)
-        elif key == "additionalProperties":
-            out[key] = _structural(value)
-        else:
-            out[key] = value
+        _structural_key(out, key, value)
     if (
         out.get("type") == "object"
         and "properties" not in out
@@ -102,6 +69,47 @@ def _structural(node: Any, *, in_items: bool = False) -> Any:
     if out.get("x-kubernetes-preserve-unknown-fields") and "properties" not in out:
         out.setdefault("type", "object")
     return _order(out)
+
+
+def _without_null_union(node: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """``anyOf: [X, null]`` folded into X, and whether null was one of the options.
+
+    Raises:
+        ValueError: a union of more than one non-null type (no structural form).
+    """
+    if "anyOf" not in node:
+        return node, False
+    options = [o for o in node["anyOf"] if o.get("type") != "null"]
+    nullable = len(options) < len(node["anyOf"])
+    if len(options) != 1:
+        raise ValueError(f"crdgen: unsupported union {node['anyOf']!r}")
+    merged = dict(options[0])
+    merged.update({k: v for k, v in node.items() if k != "anyOf"})
+    return merged, nullable
+
+
+def _structural_key(out: dict[str, Any], key: str, value: Any) -> None:
+    """Write one key of a schema node into its structural node ``out`` (or drop it)."""
+    if key in _DROP_KEYS or (key == "default" and value is None):
+        return
+    if key == "additionalProperties" and isinstance(value, bool):
+        if value:
+            # Free-form: keep everything below (an empty value schema would prune it).
+            out["x-kubernetes-preserve-unknown-fields"] = True
+        return
+    if key == "const":
+        out["enum"] = [value]
+    elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+        out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+        out[key] = True
+    elif key == "properties":
+        out[key] = {name: _structural(sub) for name, sub in value.items()}
+    elif key == "items":
+        out[key] = _structural(value, in_items=True)
+    elif key == "additionalProperties":
+        out[key] = _structural(value)
+    else:
+        out[key] = value
 
 
 _ORDER = (

@@ -361,9 +361,7 @@ def run_job(
         on_start(gpus)
     for step in job.replay.steps:
         if faults and step.index in faults:
-            for g in gpus:
-                g.clear_faults()
-                g.inject(*faults[step.index])
+            _inject(gpus, faults[step.index])
         plan = policy.decide(step.index)
         t0 = max(g.now_s for g in gpus)
         for g in gpus:
@@ -405,16 +403,7 @@ def run_job(
         step_time, energy, _, _ = job._combine(step, times, energies, held)
         pool_idle: dict[str, base.PoolIdle] = {}
         if job.mode == "async":  # each pool's wait, metered like the agents' idle windows
-            for phase, members in pools.items():
-                pool_idle[phase] = base.PoolIdle(
-                    _window(
-                        [idle_start[i] for i in members],
-                        [idle_end[i] for i in members],
-                        max((idle_t[i] for i in members), default=0.0),
-                    ),
-                    sum(idle_t[i] for i in members),
-                    len(members),
-                )
+            pool_idle = _pool_idle(pools, idle_start, idle_end, idle_t)
         policy.observe(base.StepObservation(step.index, step.workload, phase_obs, pool_idle))
         known = [m for m in measured if m is not None]
         result = StepResult(
@@ -433,6 +422,81 @@ def run_job(
             on_step(result)
     agent.reset_all()
     return results, gpus
+
+
+def _inject(gpus: Sequence[sim_gpu.SimulatedGpu], faults: Sequence[sim_gpu.Fault]) -> None:
+    """Replace every GPU's faults by ``faults`` (an empty list clears them)."""
+    for g in gpus:
+        g.clear_faults()
+        g.inject(*faults)
+
+
+def _pool_idle(
+    pools: Mapping[str, Sequence[int]],
+    idle_start: Sequence[int | None],
+    idle_end: Sequence[int | None],
+    idle_t: Sequence[float],
+) -> dict[str, base.PoolIdle]:
+    """Each pool's idle window of a step (its GPUs' meters, idle GPU-s, GPUs)."""
+    return {
+        phase: base.PoolIdle(
+            _window(
+                [idle_start[i] for i in members],
+                [idle_end[i] for i in members],
+                max((idle_t[i] for i in members), default=0.0),
+            ),
+            sum(idle_t[i] for i in members),
+            len(members),
+        )
+        for phase, members in pools.items()
+    }
+
+
+@dataclasses.dataclass
+class _SliceMeter:
+    """A window's probe slices as the agent cuts them: time, tokens and energy accumulate.
+
+    Attributes:
+        rng: the window's noise (the trainer's token-rate noise per slice).
+        slices: the slices emitted so far.
+        dt: time of the open slice, s.
+        tokens: tokens of the open slice.
+        energy_j: energy of the open slice, J (None: a reading failed).
+    """
+
+    rng: np.random.Generator
+    slices: list[base.ProbeSlice] = dataclasses.field(default_factory=list)
+    dt: float = 0.0
+    tokens: float = 0.0
+    energy_j: float | None = 0.0
+
+    def add(self, dt: float, tokens: float, energy_j: float | None) -> None:
+        """Extend the open slice by ``dt`` s, ``tokens`` and ``energy_j`` J."""
+        self.tokens += tokens
+        self.energy_j = (
+            None if energy_j is None or self.energy_j is None else self.energy_j + energy_j
+        )
+        self.dt += dt
+
+    def emit(self, clock: int | None) -> None:
+        """Close the open slice at ``clock`` (tokens with the rate noise of its length)."""
+        sigma = min(TOKEN_RATE_SIGMA_1S / math.sqrt(max(self.dt, 1e-3)), 0.2)
+        tok = self.tokens * float(self.rng.lognormal(0.0, sigma))
+        self.slices.append(base.ProbeSlice(clock, self.dt, tok, self.energy_j))
+        self.dt = self.tokens = 0.0
+        self.energy_j = 0.0
+
+
+def _apply_all(
+    agent: _Agent, pool: Sequence[sim_gpu.SimulatedGpu], clock: int | None, error: str | None
+) -> str | None:
+    """Apply ``clock`` to every GPU of ``pool``; the first error (``error`` if already set)."""
+    for g in pool:
+        try:
+            agent.apply(g, clock)
+        except gpu_errors.GpuError as exc:
+            error = error or f"{type(exc).__name__}: {exc}"
+    return error
 
 
 def _run_phase(
@@ -462,21 +526,10 @@ def _run_phase(
     t_start = pool[0].now_s
     k = 0
     true_j = 0.0
-    slices: list[base.ProbeSlice] = []
+    acc = _SliceMeter(rng)
     applied: list[int] = []
     slowdown = False
     left = slice_s
-    acc_dt = acc_tok = 0.0
-    acc_j: float | None = 0.0
-
-    def emit(clock: int | None) -> None:
-        nonlocal acc_dt, acc_tok, acc_j
-        sigma = min(TOKEN_RATE_SIGMA_1S / math.sqrt(max(acc_dt, 1e-3)), 0.2)
-        tok = acc_tok * float(rng.lognormal(0.0, sigma))
-        slices.append(base.ProbeSlice(clock, acc_dt, tok, acc_j))
-        acc_dt = acc_tok = 0.0
-        acc_j = 0.0
-
     clock = schedule[0]
     for name in fine:
         pw = step.phase(name)
@@ -484,11 +537,7 @@ def _run_phase(
         x = 0.0
         while boost > 0 and x < 1.0 - 1e-12:
             clock = schedule[k % len(schedule)]
-            for g in pool:
-                try:
-                    agent.apply(g, clock)
-                except gpu_errors.GpuError as exc:
-                    error = error or f"{type(exc).__name__}: {exc}"
+            error = _apply_all(agent, pool, clock, error)
             f_eff = pool[0].effective_clock_mhz(pw.kind)
             duration_full = boost * sku.time_factor(
                 pw.kind, f_eff, step.workload.mean_context_tokens
@@ -498,12 +547,12 @@ def _run_phase(
             for g in pool:
                 true_j += g.execute(pw.kind, dt, noise.power[name])
             if probing:
-                acc_tok += tokens_share * (
-                    _progress(x + dx, pw.progress_shape) - _progress(x, pw.progress_shape)
+                acc.add(
+                    dt,
+                    tokens_share
+                    * (_progress(x + dx, pw.progress_shape) - _progress(x, pw.progress_shape)),
+                    _slice_energy(pool, dt),
                 )
-                part_j = _slice_energy(pool, dt)
-                acc_j = None if part_j is None or acc_j is None else acc_j + part_j
-                acc_dt += dt
             try:
                 applied.append(min(g.sm_clock_mhz() for g in pool))
                 slowdown = slowdown or any(
@@ -515,11 +564,11 @@ def _run_phase(
             left -= dt
             if left <= 0.0:
                 if probing:
-                    emit(clock)
+                    acc.emit(clock)
                 k += 1
                 left = slice_s
-    if probing and acc_dt > 0.0:
-        emit(clock)
+    if probing and acc.dt > 0.0:
+        acc.emit(clock)
     duration = pool[0].now_s - t_start
     end_counters = [_Agent.read(g) for g in pool]
     energy = _window(start_counters, end_counters, duration)
@@ -530,7 +579,7 @@ def _run_phase(
         requested_clock_mhz=decision.clock_mhz,
         applied_clock_mhz=min(applied) if applied else None,
         slowdown=slowdown,
-        slices=tuple(slices),
+        slices=tuple(acc.slices),
         error=error,
     )
     return obs, duration, true_j

@@ -8,23 +8,8 @@ experts and back through two all-to-alls per MoE layer, so a worker with no resp
 steps (a dummy batch) while its experts are needed. That idle-but-occupied time is what
 FlexFloor removes.
 
-Per decode step (time in s, every term [MODEL] unless sourced in ``MoeModel``/``Fabric``):
-
-* worker time ``t_w = max(memory_w / HBM bandwidth, flops_w / (peak x MFU))`` with
-  ``memory_w = dense + context_tokens_w x kv_bytes_per_token + touched_experts_w x expert``
-  (decode is memory bound: weights and KV are read once per step) and ``flops_w = 2 x active
-  params x running_w``; ``touched_experts_w = experts_w x (1 - (1 - k / E) ** tokens)`` with
-  uniform top-``k`` routing of the group's ``tokens`` running responses;
-* all-to-all: ``2 x layers x (latency(n) + max_w running_w x k x hidden x 2 B / bw(n))`` over
-  the ``n`` active workers (NVLink inside a node of 8, RDMA across nodes), 0 when ``n == 1``;
-* step time ``max_w t_w + all-to-all``; an engine admits queued responses while their prompt's
-  KV fits beside the running responses' growth and preempts (recompute, as vLLM V1) the newest
-  running response when growth would overflow memory (``KV_HEADROOM_STEPS``).
-
-``RolloutConfig.step_model = "kernels"`` replaces this roofline by the measured H200 kernel
-tables (``moe_kernels``: survivors of a shrink get slower, idle ranks padded as vLLM does);
-``tensor_parallel`` makes a worker a TP engine of that many GPUs (a dense model is an MoE
-shape with one weightless expert, ``qwen2-vl-72b``).
+The cost of a decode step is ``rlenergy.sim.moe_cost``'s (the model shapes are
+``rlenergy.sim.moe_models``'); this module is the event loop that runs a batch on it.
 
 Policies: ``baseline`` places with ``placement.place_even`` (verl ``DataProto.chunk``) and keeps
 every worker until the last response ends; ``flexfloor`` predicts lengths
@@ -48,305 +33,51 @@ simulated ``ElasticEngine`` in ``rlenergy.sim.moe_engine``.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
+import enum
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import numpy.typing as npt
 
 from rlenergy import errors
 from rlenergy.control.moe import base, placement, predictor, protocol, release
-from rlenergy.gpu import models
-from rlenergy.sim import moe_kernels
+from rlenergy.sim.moe_cost import (
+    DECODE_MFU,
+    MAX_RUNNING_PER_WORKER,
+    DecodeStepModel,
+    Fabric,
+    FloatArray,
+    IntArray,
+    RolloutConfig,
+    StepModel,
+    fluid_model,
+    step_model_for,
+)
+from rlenergy.sim.moe_models import GPU_MEMORY_GB, GPU_MEMORY_UTILIZATION, MOE_MODELS, MoeModel
 
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-
-
-@dataclasses.dataclass(frozen=True)
-class MoeModel:
-    """An MoE model's shape as the rollout simulator needs it.
-
-    Attributes:
-        key: CLI name.
-        num_experts: routed experts per MoE layer.
-        experts_per_token: routed experts per token (top-k).
-        num_layers: transformer layers (all MoE in Qwen3 MoE).
-        hidden_size: model width (all-to-all payload per token and expert is ``hidden`` BF16).
-        expert_params: parameters of one expert index over all layers.
-        dense_params: non-expert parameters (attention, embeddings, norms, router).
-        active_params: parameters used per token (dense + top-k experts).
-        kv_bytes_per_token: KV cache per context token, bytes (BF16).
-        bytes_per_param: weight dtype bytes (BF16: 2).
-    """
-
-    key: str
-    num_experts: int
-    experts_per_token: int
-    num_layers: int
-    hidden_size: int
-    expert_params: float
-    dense_params: float
-    active_params: float
-    kv_bytes_per_token: int
-    bytes_per_param: int = 2
-
-    @property
-    def expert_bytes(self) -> int:
-        """One expert index over all layers, bytes."""
-        return int(self.expert_params * self.bytes_per_param)
-
-    @property
-    def dense_bytes(self) -> int:
-        """Non-expert weights, bytes."""
-        return int(self.dense_params * self.bytes_per_param)
-
-
-def _qwen3_moe(
-    key: str,
-    *,
-    layers: int,
-    hidden: int,
-    moe_intermediate: int,
-    total_params: float,
-    active_params: float,
-    kv_heads: int,
-    head_dim: int,
-) -> MoeModel:
-    expert = 3 * hidden * moe_intermediate * layers  # gate, up, down projections
-    return MoeModel(
-        key=key,
-        num_experts=128,
-        experts_per_token=8,
-        num_layers=layers,
-        hidden_size=hidden,
-        expert_params=float(expert),
-        dense_params=total_params - 128 * expert,
-        active_params=active_params,
-        kv_bytes_per_token=layers * kv_heads * head_dim * 2 * 2,
-    )
-
-
-def _dense(
-    key: str, *, layers: int, hidden: int, params: float, kv_heads: int, head_dim: int
-) -> MoeModel:
-    """A dense model in the MoE shape: one routed expert of no weight, every parameter dense."""
-    return MoeModel(
-        key=key,
-        num_experts=1,
-        experts_per_token=1,
-        num_layers=layers,
-        hidden_size=hidden,
-        expert_params=0.0,
-        dense_params=params,
-        active_params=params,
-        kv_bytes_per_token=layers * kv_heads * head_dim * 2 * 2,
-    )
-
-
-MOE_MODELS: Mapping[str, MoeModel] = {
-    # Hugging Face Qwen/Qwen3-30B-A3B config.json: 48 layers, hidden 2048, 128 experts, top-8,
-    # moe_intermediate_size 768, 4 KV heads x 128; model card: 30.5B total, 3.3B active.
-    "qwen3-30b-a3b": _qwen3_moe(
-        "qwen3-30b-a3b",
-        layers=48,
-        hidden=2048,
-        moe_intermediate=768,
-        total_params=30.5e9,
-        active_params=3.3e9,
-        kv_heads=4,
-        head_dim=128,
-    ),
-    # Hugging Face Qwen/Qwen3-235B-A22B config.json: 94 layers, hidden 4096, 128 experts, top-8,
-    # moe_intermediate_size 1536, 4 KV heads x 128; model card: 235B total, 22B active.
-    "qwen3-235b-a22b": _qwen3_moe(
-        "qwen3-235b-a22b",
-        layers=94,
-        hidden=4096,
-        moe_intermediate=1536,
-        total_params=235e9,
-        active_params=22e9,
-        kv_heads=4,
-        head_dim=128,
-    ),
-    # Hugging Face Qwen/Qwen2-VL-72B-Instruct config.json: 80 layers, hidden 8192, 8 KV heads
-    # x 128 (64 attention heads); model card: 72B parameters, dense (Seer's dense workload).
-    "qwen2-vl-72b": _dense(
-        "qwen2-vl-72b", layers=80, hidden=8192, params=72e9, kv_heads=8, head_dim=128
-    ),
-}
-
-GPU_MEMORY_GB: Mapping[str, float] = {
-    "h100-sxm": 80.0,  # NVIDIA H100 SXM datasheet
-    "h200": 141.0,  # NVIDIA H200 datasheet
-    "b200": 180.0,  # NVIDIA HGX B200 datasheet (per GPU)
-}
-"""HBM per GPU, GB (1e9 bytes)."""
-
-GPU_MEMORY_UTILIZATION = 0.9
-"""Share of HBM the engine may use: vLLM's ``gpu_memory_utilization`` default."""
-
-DECODE_MFU = 0.5
-"""Share of dense BF16 peak a decode GEMM reaches when compute bound [MODEL]."""
-
-MAX_RUNNING_PER_WORKER = 1024
-"""Running responses per engine (vLLM ``max_num_seqs``; 256 to 1024 by version and GPU) [MODEL]."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Fabric:
-    """All-to-all cost model between EP workers.
-
-    Attributes:
-        gpus_per_node: GPUs joined by NVLink (HGX: 8).
-        nvlink_bytes_per_s: per-GPU NVLink bandwidth one way, bytes/s (H100/H200 NVLink 4:
-            900 GB/s bidirectional, NVIDIA datasheet).
-        rdma_bytes_per_s: per-GPU network bandwidth, bytes/s (one 400 Gb/s ConnectX-7 NIC per
-            GPU, as on HGX H100 systems).
-        latency_s: fixed cost of one all-to-all (dispatch or combine) of one layer, s; DeepEP's
-            low-latency kernels take 77-194 us per dispatch at 128 tokens per rank over 8-256
-            ranks (deepseek-ai/DeepEP README), of which this is the size-independent part
-            [MODEL].
-    """
-
-    gpus_per_node: int = 8
-    nvlink_bytes_per_s: float = 450e9
-    rdma_bytes_per_s: float = 50e9
-    latency_s: float = 20e-6
-
-    def all_to_all_s(
-        self, active_workers: int, max_tokens_per_worker: int, payload_bytes: int
-    ) -> float:
-        """One all-to-all of one layer across ``active_workers``, s (0 for one worker).
-
-        ``payload_bytes`` is what one token sends (top-k copies of the hidden state); the
-        share ``(n - 1) / n`` leaves the worker, the part leaving its node goes at RDMA speed.
-        """
-        n = active_workers
-        if n <= 1:
-            return 0.0
-        out_bytes = max_tokens_per_worker * payload_bytes * (n - 1) / n
-        in_node = min(n, self.gpus_per_node)
-        off_node_share = (n - in_node) / (n - 1)
-        seconds = out_bytes * (
-            (1.0 - off_node_share) / self.nvlink_bytes_per_s
-            + off_node_share / self.rdma_bytes_per_s
-        )
-        latency = self.latency_s * (1.0 + math.log2(n) / 8.0)  # DeepEP: slow growth with ranks
-        return latency + seconds
-
-    def copy_s(self, nbytes: int, same_node: bool) -> float:
-        """Point-to-point copy of ``nbytes`` (an expert's weights), s."""
-        return nbytes / (self.nvlink_bytes_per_s if same_node else self.rdma_bytes_per_s)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """One EP rollout group.
-
-    Attributes:
-        model: the MoE model.
-        gpu: GPU SKU key (``rlenergy.gpu.models``; memory from ``GPU_MEMORY_GB``).
-        workers: rollout workers in the EP group (one GPU each).
-        num_experts: experts (default: the model's); the model's expert weights are split
-            evenly over them, so the weight footprint stays the model's.
-        min_active_workers: ``minActiveWorkers``.
-        fabric: all-to-all cost model.
-        timing: release-round deadlines.
-        tensor_parallel: GPUs per worker (a TP engine rank): its memory, bandwidth and
-            compute are that many GPUs', and it occupies that many GPUs.
-        step_model: ``roofline`` (``DecodeStepModel``) or ``kernels`` (the measured H200
-            kernel tables, ``moe_kernels.KernelTableStepModel``; qwen3-30b-a3b on h200 only).
-        padded: ``kernels`` only: idle EP ranks push dummy tokens (vLLM with CUDA graphs).
-        resize_s: ``kernels`` only: stall of the group per committed shrink, s.
-    """
-
-    model: MoeModel
-    gpu: str = "h100-sxm"
-    workers: int = 8
-    num_experts: int | None = None
-    min_active_workers: int = 1
-    fabric: Fabric = Fabric()
-    timing: protocol.ProtocolTiming = protocol.ProtocolTiming()
-    tensor_parallel: int = 1
-    step_model: str = "roofline"
-    padded: bool = True
-    resize_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.gpu not in GPU_MEMORY_GB:
-            raise errors.InvalidInputError(
-                "--gpu", f"unknown GPU {self.gpu!r}; known: {', '.join(GPU_MEMORY_GB)}"
-            )
-        if self.workers < 1:
-            raise errors.InvalidInputError("--workers", f"need >= 1 worker, got {self.workers}")
-        if self.experts < self.workers:
-            raise errors.InvalidInputError(
-                "--experts",
-                f"{self.experts} experts cannot be sharded over {self.workers} EP workers: "
-                "need at least one expert per worker",
-            )
-        if self.min_active_workers > self.workers:
-            raise errors.InvalidInputError(
-                "--min-active-workers", f"{self.min_active_workers} > --workers {self.workers}"
-            )
-        if self.tensor_parallel < 1:
-            raise errors.InvalidInputError("--tensor-parallel", "must be >= 1")
-        if self.step_model not in ("roofline", "kernels"):
-            raise errors.InvalidInputError(
-                "step_model", f"unknown step model {self.step_model!r}: roofline or kernels"
-            )
-        if self.step_model == "kernels" and (
-            self.model.key != "qwen3-30b-a3b" or self.gpu != "h200" or self.tensor_parallel != 1
-        ):
-            raise errors.InvalidInputError(
-                "step_model",
-                "the kernel tables are measured for qwen3-30b-a3b on one h200 per rank only",
-            )
-        self.layout()  # validates that the weights fit
-
-    @property
-    def experts(self) -> int:
-        """Experts per MoE layer."""
-        return self.num_experts or self.model.num_experts
-
-    @property
-    def expert_bytes(self) -> int:
-        """One expert over all layers, bytes (model expert weights / experts)."""
-        return int(self.model.expert_bytes * self.model.num_experts / self.experts)
-
-    def layout(self) -> base.MoeLayout:
-        """The planner's view of the group's memory.
-
-        Raises:
-            InvalidInputError: the initial expert shard and dense weights do not fit a worker.
-        """
-        memory = int(GPU_MEMORY_GB[self.gpu] * 1e9 * GPU_MEMORY_UTILIZATION * self.tensor_parallel)
-        layout = base.MoeLayout(
-            num_experts=self.experts,
-            expert_bytes=self.expert_bytes,
-            dense_bytes=self.model.dense_bytes,
-            kv_bytes_per_token=self.model.kv_bytes_per_token,
-            worker_memory_bytes=memory,
-            min_active_workers=self.min_active_workers,
-        )
-        shard = math.ceil(self.experts / self.workers)
-        if layout.dense_bytes + shard * layout.expert_bytes > memory:
-            raise errors.InvalidInputError(
-                "--workers",
-                f"{self.model.key} does not fit on {self.workers} x {self.gpu}: each worker "
-                f"needs {(layout.dense_bytes + shard * layout.expert_bytes) / 1e9:.0f} GB of "
-                f"weights, {memory / 1e9:.0f} GB usable; use more workers or a larger GPU",
-            )
-        return layout
-
-    def initial_experts(self) -> list[set[int]]:
-        """Even contiguous expert shards, as EP places them at start-up."""
-        shard = math.ceil(self.experts / self.workers)
-        return [
-            set(range(w * shard, min((w + 1) * shard, self.experts))) for w in range(self.workers)
-        ]
+__all__ = [
+    "DECODE_MFU",
+    "GPU_MEMORY_GB",
+    "GPU_MEMORY_UTILIZATION",
+    "KV_HEADROOM_STEPS",
+    "MAX_RUNNING_PER_WORKER",
+    "MOE_MODELS",
+    "PLAN_RETRY_STEPS",
+    "RELEASE_MAX_SLOWDOWN",
+    "DecodeStepModel",
+    "Fabric",
+    "MoeModel",
+    "Placement",
+    "Policy",
+    "RolloutBatch",
+    "RolloutConfig",
+    "RolloutResult",
+    "StepModel",
+    "fluid_model",
+    "predictor_for",
+    "simulate_pool",
+    "simulate_rollout",
+    "step_model_for",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,158 +138,6 @@ class RolloutResult:
     active_workers_min: int
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeStepModel:
-    """The simulator's decode-step time model (implements ``base.StepCostModel``).
-
-    One function gives the time of a decode step from each active worker's attention batch
-    (running responses, context tokens) and resident experts, so the simulated truth and the
-    cost-aware release guard agree by construction: the guard's only error is its length
-    prediction (a deployment would fit this model to measured step times instead).
-
-    Worker time ``max(memory_w / HBM bandwidth, 2 x active params x running_w / (peak x
-    DECODE_MFU))`` with ``memory_w = dense + context_w x kv_bytes_per_token + experts_w x
-    touched x expert_bytes`` and ``touched = 1 - (1 - k / E) ** tokens`` (uniform top-k routing
-    of the group's running tokens); step time ``max_w`` of it plus ``2 x layers`` all-to-alls
-    over the active workers (``Fabric.all_to_all_s``). Every term is [MODEL] unless sourced in
-    ``MoeModel`` / ``Fabric``.
-
-    Attributes:
-        config: the EP group (model, GPU, experts, fabric).
-    """
-
-    config: RolloutConfig
-
-    @functools.cached_property
-    def _bandwidth(self) -> float:
-        tp = self.config.tensor_parallel
-        return models.get_sku(self.config.gpu).memory_bandwidth_tbps * 1e12 * tp
-
-    @functools.cached_property
-    def _flops(self) -> float:
-        tp = self.config.tensor_parallel
-        return models.get_sku(self.config.gpu).dense_bf16_tflops * 1e12 * DECODE_MFU * tp
-
-    def steps_s(
-        self,
-        running: IntArray,
-        context_tokens: FloatArray,
-        experts: IntArray,
-        growth_steps: int = 1,
-    ) -> FloatArray:
-        """Times of ``growth_steps`` consecutive decode steps of a fixed batch, s.
-
-        Between two completion (or admission, preemption, release) events the batch is
-        constant and every running response's context grows by one token per step, so step
-        ``j`` (0-based) sees ``context_w + j x running_w`` context tokens on worker ``w``.
-
-        Args:
-            running: running responses per active worker, shape ``(n_active,)``.
-            context_tokens: context tokens (prompt + generated) of those responses per active
-                worker at the first step, tokens, shape ``(n_active,)``.
-            experts: experts resident per active worker, shape ``(n_active,)``.
-            growth_steps: consecutive steps to time (>= 1).
-
-        Returns:
-            Step times, s, shape ``(growth_steps,)``.
-        """
-        cfg = self.config
-        model = cfg.model
-        tokens = int(running.sum())
-        touched = 1.0 - (1.0 - model.experts_per_token / cfg.experts) ** tokens
-        fixed = model.dense_bytes + experts.astype(np.float64) * (touched * cfg.expert_bytes)
-        kvb = float(model.kv_bytes_per_token)
-        j = np.arange(growth_steps, dtype=np.float64)[:, None]
-        mem = fixed[None, :] + (context_tokens[None, :] + j * running[None, :]) * kvb
-        compute = 2.0 * model.active_params * running.astype(np.float64) / self._flops
-        worker_t = np.maximum(mem / self._bandwidth, compute[None, :]).max(axis=1)
-        payload = model.experts_per_token * model.hidden_size * 2
-        a2a = (
-            2
-            * model.num_layers
-            * cfg.fabric.all_to_all_s(len(running), int(running.max(initial=0)), payload)
-        )
-        out: FloatArray = worker_t + a2a
-        return out
-
-    def decode_step_s(self, workers: Sequence[base.WorkerState]) -> float:
-        """One decode step taken by exactly ``workers`` (``base.StepCostModel``), s."""
-        kvb = self.config.model.kv_bytes_per_token
-        running = np.asarray([w.running for w in workers], dtype=np.int64)
-        ctx = np.asarray([w.kv_bytes / kvb for w in workers], dtype=np.float64)
-        experts = np.asarray([len(w.experts) for w in workers], dtype=np.int64)
-        return float(self.steps_s(running, ctx, experts)[0])
-
-    def copy_s(self, moves: Sequence[base.ExpertMove]) -> float:
-        """Expert copies done one after the other, s (NVLink inside a node, RDMA across)."""
-        fabric = self.config.fabric
-        return sum(
-            fabric.copy_s(
-                self.config.expert_bytes,
-                m.source // fabric.gpus_per_node == m.target // fabric.gpus_per_node,
-            )
-            for m in moves
-        )
-
-
-StepModel = DecodeStepModel | moe_kernels.KernelTableStepModel
-"""A decode-step time model the simulator can run (both implement ``base.StepCostModel``)."""
-
-
-def step_model_for(config: RolloutConfig) -> StepModel:
-    """The decode-step model ``config.step_model`` names."""
-    if config.step_model == "kernels":
-        return moe_kernels.KernelTableStepModel(
-            padded=config.padded,
-            resize_s=config.resize_s,
-            kv_bytes_per_token=config.model.kv_bytes_per_token,
-        )
-    return DecodeStepModel(config)
-
-
-def fluid_model(config: RolloutConfig, *, per_rank: bool) -> placement.FluidFinishModel:
-    """``placement.FluidFinishModel`` fitted to the group's step model by two probes.
-
-    The step time with one running response per rank at no context and at a full KV cache
-    gives ``step_fixed_s`` and ``kv_s_per_byte`` (as a deployment would fit it to two measured
-    step times). ``per_rank``: one DP rank of the group (its KV budget, 1,024 running);
-    else the whole replica (the ranks' KV together, each reading its own share).
-    """
-    layout = config.layout()
-    model = step_model_for(config)
-    w = config.workers
-    shard = math.ceil(config.experts / w)
-    capacity = layout.worker_memory_bytes - layout.dense_bytes - shard * layout.expert_bytes
-    kvb = layout.kv_bytes_per_token
-    ones = np.ones(w, dtype=np.int64)
-    experts = np.full(w, shard, dtype=np.int64)
-    t0 = float(model.steps_s(ones, np.zeros(w), experts)[0])
-    t1 = float(model.steps_s(ones, np.full(w, capacity / kvb), experts)[0])
-    per_byte = max(t1 - t0, 0.0) / capacity
-    compute = 0.0
-    if isinstance(model, DecodeStepModel):
-        sku = models.get_sku(config.gpu)
-        flops = sku.dense_bf16_tflops * 1e12 * DECODE_MFU * config.tensor_parallel
-        compute = 2.0 * config.model.active_params / flops
-    if per_rank:
-        return placement.FluidFinishModel(
-            step_fixed_s=t0,
-            kv_s_per_byte=per_byte,
-            kv_capacity_bytes=float(capacity),
-            kv_bytes_per_token=kvb,
-            max_running=MAX_RUNNING_PER_WORKER,
-            compute_s_per_token=compute,
-        )
-    return placement.FluidFinishModel(
-        step_fixed_s=t0,
-        kv_s_per_byte=per_byte / w,
-        kv_capacity_bytes=float(capacity * w),
-        kv_bytes_per_token=kvb,
-        max_running=MAX_RUNNING_PER_WORKER * w,
-        compute_s_per_token=compute / w,
-    )
-
-
 class _Round:
     """A release round in flight in the simulator (ack arrival per rank)."""
 
@@ -584,6 +163,27 @@ PLAN_RETRY_STEPS = 64
 """Decode steps before the planner is asked again after it released nobody [MODEL]."""
 
 
+class Policy(enum.StrEnum):
+    """Which rollout policy a simulation runs."""
+
+    BASELINE = "baseline"
+    """verl: even placement (``placement.place_even``), every worker kept to the end."""
+    FLEXFLOOR = "flexfloor"
+    """Predicted-length placement and releases of workers whose responses are done."""
+
+
+class Placement(enum.StrEnum):
+    """How FlexFloor places the responses on the ranks of one EP group."""
+
+    LOCKSTEP = "lockstep"
+    """``placement.place_lockstep_within``: equal loads on the lock-stepped ranks at every
+    step, longest first, kept within each rank's KV budget (the policy; the trainer SDK's
+    planner calls the same rule)."""
+    LENGTH = "length"
+    """``placement.place_by_length``: concentrate long responses on few ranks (kept for
+    comparison: tests drive early finishes with it)."""
+
+
 def simulate_rollout(
     config: RolloutConfig,
     batch: RolloutBatch,
@@ -597,7 +197,7 @@ def simulate_rollout(
     residual: predictor.ResidualLength | None = None,
     prediction_log_sigma: Sequence[float] | None = None,
     max_length_tokens: float | None = None,
-    placement_mode: str = "lockstep",
+    placement_mode: str = Placement.LOCKSTEP,
 ) -> RolloutResult:
     """Decode one batch under ``policy`` and check the invariants at every decode step.
 
@@ -613,7 +213,7 @@ def simulate_rollout(
     Args:
         config: the EP group.
         batch: the responses; both policies must get the same batch.
-        policy: ``baseline`` or ``flexfloor``.
+        policy: ``baseline`` or ``flexfloor`` (``Policy``).
         predictions: predicted response length per response, tokens (FlexFloor placement,
             memory reservation and the guard's horizon); ``None``: every response predicted at
             the batch median.
@@ -621,8 +221,7 @@ def simulate_rollout(
             round must abort at its deadline and the group stay whole).
         check_every_step: run the invariant checks on every decode step (tests, bench).
         guard: FlexFloor only: give the planner the cost-aware guard (``DecodeStepModel``);
-            ``False`` releases whenever the rule allows (the previous behaviour, for
-            comparison).
+            ``False`` releases whenever the rule allows (for comparison).
         coarse: advance quiet decode steps together (see above).
         residual: remaining-length model for responses past their prediction (the guard's
             horizon); ``None``: such a response is expected to end at the next step.
@@ -630,155 +229,336 @@ def simulate_rollout(
             (``LengthPredictor.log_error_sigma``): the placement guard forecasts over it
             (``placement.expected_occupied_gpu_s``); ``None``: point predictions.
         max_length_tokens: the run's ``max_response_length`` (caps the forecast's draws).
-        placement_mode: FlexFloor only: ``lockstep`` (``placement.place_lockstep``: equal
-            loads on the lock-stepped ranks at every step, longest first; the policy),
-            ``balanced`` (``placement.place_balanced``: equal predicted finish times per rank,
-            as for independent engines; inside a group it measured x0.994 tokens per occupied
-            GPU-s on ``verl-ppo-qwen25-7b-gsm8k-16gpu`` where ``lockstep`` gives x1.000) or
-            ``length`` (the earlier ``placement.place_by_length``: concentrate long
-            responses on few ranks). ``lockstep`` is ``placement.place_lockstep_within``, the
-            rule the trainer SDK's planner calls too: dealt longest first, then kept within
-            each rank's KV budget.
+        placement_mode: FlexFloor only: ``lockstep`` or ``length`` (``Placement``).
 
     Returns:
         The result, with its invariant-violation counters.
 
     Raises:
-        InvalidInputError: unknown policy, inputs of different lengths, or a response whose
-            prompt alone does not fit its worker.
+        InvalidInputError: unknown policy or placement, inputs of different lengths, or a
+            response whose prompt alone does not fit its worker.
     """
-    if policy not in ("baseline", "flexfloor"):
+    if policy not in tuple(Policy):
         raise errors.InvalidInputError("policy", f"unknown policy {policy!r}")
-    if placement_mode not in ("balanced", "length", "lockstep"):
+    if placement_mode not in tuple(Placement):
         raise errors.InvalidInputError("placement", f"unknown placement {placement_mode!r}")
     n = len(batch.lengths_tokens)
     if len(batch.prompt_tokens) != n or len(batch.prompt_ids) != n:
         raise errors.InvalidInputError("batch", "prompt ids, prompt tokens and lengths differ")
-    layout = config.layout()
-    step_model = step_model_for(config)
-    kvb = layout.kv_bytes_per_token
-    workers = config.workers
-    experts_of = config.initial_experts()
-    lengths = np.asarray(batch.lengths_tokens, dtype=np.int64)
-    prompts = np.asarray(batch.prompt_tokens, dtype=np.int64)
-    if predictions is None:
-        median = float(np.median(lengths)) if n else 1.0
-        predicted = np.full(n, median)
-    else:
-        predicted = np.asarray(predictions, dtype=np.float64)
-
-    budgets = [
-        layout.worker_memory_bytes - layout.dense_bytes - len(e) * layout.expert_bytes
-        for e in experts_of
-    ]
-    if policy == "baseline":
-        worker_of = np.asarray(placement.place_even(n, workers), dtype=np.int64)
-    else:
-        pred_list = [float(x) for x in predicted]
-        if placement_mode == "length":
-            candidate: Sequence[int] = placement.place_by_length(
-                pred_list, list(batch.prompt_tokens), budgets, kvb
-            ).worker_of
-        elif placement_mode == "lockstep":
-            candidate = placement.place_lockstep_within(
-                pred_list, list(batch.prompt_tokens), budgets, kvb
-            ).worker_of
-        else:
-            candidate = placement.place_balanced(
-                pred_list, batch.prompt_tokens, workers, fluid_model(config, per_rank=True)
-            )
-        worker_of = np.asarray(candidate, dtype=np.int64)
-        if guard and workers > 1:
-            # Placement half of the guard: keep verl's even placement (releases still allowed)
-            # when the candidate is forecast not to pay. Both are forecast over the
-            # predictions' error (common draws), so a worker holding many responses predicted
-            # alike is charged for the longest it will likely hold.
-            even = placement.place_even(n, workers)
-            shards = [frozenset(e) for e in experts_of]
-            sigma = list(prediction_log_sigma) if prediction_log_sigma is not None else [0.0] * n
-            placed_cost, spread = (
-                placement.expected_occupied_gpu_s(
-                    option,
-                    pred_list,
-                    sigma,
-                    batch.prompt_tokens,
-                    shards,
-                    layout,
-                    step_model,
-                    elastic=True,
-                    max_tokens=max_length_tokens,
-                )
-                for option in (candidate, even)
-            )
-            if spread <= placed_cost:
-                # verl's chunks, kept within each rank's KV budget like the candidate.
-                kept = placement.fit_kv_budget(even, pred_list, batch.prompt_tokens, budgets, kvb)
-                worker_of = np.asarray(kept.worker_of, dtype=np.int64)
-
-    queued = np.ones(n, dtype=bool)
-    running = np.zeros(n, dtype=bool)
-    done = np.zeros(n, dtype=bool)
-    lost = np.zeros(n, dtype=bool)  # on a worker released before they finished: never complete
-    generated = np.zeros(n, dtype=np.int64)
-    admit_seq = np.zeros(n, dtype=np.int64)  # admission order (preempt the newest first)
-    seq = 0
-    active = [True] * workers
-    finish_s = [0.0] * workers
-    release_s = [-1.0] * workers
-    worker_done = [False] * workers
-    planner = release.FlexFloorPlanner(
-        layout, step_model if guard else None, max_slowdown=RELEASE_MAX_SLOWDOWN
+    rollout = _Rollout(
+        config,
+        batch,
+        Policy(policy),
+        predictions=predictions,
+        dropped_acks=dropped_acks or {},
+        guard=guard,
     )
-    rounds: _Round | None = None
-    decision_id = 0
-    retry_at_step = 0
-    time_s = 0.0
-    step = 0
-    occupied = 0.0
-    idle_after = 0.0
-    unavailable = overflow = 0
-    committed = aborted = moves_made = preemptions = 0
-    min_active = workers
-    all_experts = set(range(config.experts))
-    drop = dropped_acks or {}
-    order = np.argsort(worker_of, kind="stable")  # queue order: placement order per worker
+    if rollout.policy is Policy.FLEXFLOOR:
+        rollout.place_flexfloor(Placement(placement_mode), prediction_log_sigma, max_length_tokens)
+    rollout.start(residual)
+    return rollout.run(check_every_step=check_every_step, coarse=coarse)
 
-    def kv_bytes_per_worker() -> FloatArray:
-        ctx = (prompts + generated).astype(np.float64)
+
+class _Rollout:
+    """One batch decoded by one EP group under one policy: the event loop's state and steps.
+
+    Responses move ``queued -> running -> done`` (or back to ``queued`` when preempted, or to
+    ``lost`` when their worker is released); ``generated`` counts each one's tokens.
+    """
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        batch: RolloutBatch,
+        policy: Policy,
+        *,
+        predictions: Sequence[float] | None,
+        dropped_acks: Mapping[int, frozenset[int]],
+        guard: bool,
+    ) -> None:
+        n = len(batch.lengths_tokens)
+        self.config = config
+        self.batch = batch
+        self.policy = policy
+        self.guard = guard
+        self.drop = dropped_acks
+        self.layout = config.layout()
+        self.step_model = step_model_for(config)
+        self.kvb = self.layout.kv_bytes_per_token
+        self.workers = config.workers
+        self.experts_of = config.initial_experts()
+        self.lengths = np.asarray(batch.lengths_tokens, dtype=np.int64)
+        self.prompts = np.asarray(batch.prompt_tokens, dtype=np.int64)
+        if predictions is None:
+            median = float(np.median(self.lengths)) if n else 1.0
+            self.predicted = np.full(n, median)
+        else:
+            self.predicted = np.asarray(predictions, dtype=np.float64)
+        self.worker_of = np.asarray(placement.place_even(n, self.workers), dtype=np.int64)
+
+    def place_flexfloor(
+        self,
+        mode: Placement,
+        prediction_log_sigma: Sequence[float] | None,
+        max_length_tokens: float | None,
+    ) -> None:
+        """FlexFloor's placement, kept only where the guard forecasts it to pay."""
+        layout, kvb, workers, n = self.layout, self.kvb, self.workers, len(self.lengths)
+        prompt_tokens = self.batch.prompt_tokens
+        budgets = [
+            layout.worker_memory_bytes - layout.dense_bytes - len(e) * layout.expert_bytes
+            for e in self.experts_of
+        ]
+        pred_list = [float(x) for x in self.predicted]
+        rule = (
+            placement.place_by_length
+            if mode is Placement.LENGTH
+            else placement.place_lockstep_within
+        )
+        candidate: Sequence[int] = rule(pred_list, list(prompt_tokens), budgets, kvb).worker_of
+        self.worker_of = np.asarray(candidate, dtype=np.int64)
+        if not self.guard or workers <= 1:
+            return
+        # Placement half of the guard: keep verl's even placement (releases still allowed)
+        # when the candidate is forecast not to pay. Both are forecast over the
+        # predictions' error (common draws), so a worker holding many responses predicted
+        # alike is charged for the longest it will likely hold.
+        even = placement.place_even(n, workers)
+        shards = [frozenset(e) for e in self.experts_of]
+        sigma = list(prediction_log_sigma) if prediction_log_sigma is not None else [0.0] * n
+        placed_cost, spread = (
+            placement.expected_occupied_gpu_s(
+                option,
+                pred_list,
+                sigma,
+                prompt_tokens,
+                shards,
+                layout,
+                self.step_model,
+                elastic=True,
+                max_tokens=max_length_tokens,
+            )
+            for option in (candidate, even)
+        )
+        if spread <= placed_cost:
+            # verl's chunks, kept within each rank's KV budget like the candidate.
+            kept = placement.fit_kv_budget(even, pred_list, prompt_tokens, budgets, kvb)
+            self.worker_of = np.asarray(kept.worker_of, dtype=np.int64)
+
+    def start(self, residual: predictor.ResidualLength | None) -> None:
+        """Every response queued, every worker active, the release planner ready."""
+        n, workers = len(self.lengths), self.workers
+        self.residual = residual
+        self.queued = np.ones(n, dtype=bool)
+        self.running = np.zeros(n, dtype=bool)
+        self.done = np.zeros(n, dtype=bool)
+        self.lost = np.zeros(n, dtype=bool)  # on a released worker: never complete
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.admit_seq = np.zeros(n, dtype=np.int64)  # admission order (preempt the newest)
+        self.seq = 0
+        self.active = [True] * workers
+        self.finish_s = [0.0] * workers
+        self.release_s = [-1.0] * workers
+        self.worker_done = [False] * workers
+        self.planner = release.FlexFloorPlanner(
+            self.layout, self.step_model if self.guard else None, max_slowdown=RELEASE_MAX_SLOWDOWN
+        )
+        self.rounds: _Round | None = None
+        self.decision_id = 0
+        self.retry_at_step = 0
+        self.time_s = 0.0
+        self.step = 0
+        self.occupied = 0.0
+        self.idle_after = 0.0
+        self.unavailable = self.overflow = 0
+        self.committed = self.aborted = self.moves_made = self.preemptions = 0
+        self.min_active = workers
+        self.all_experts = set(range(self.config.experts))
+        self.order = np.argsort(self.worker_of, kind="stable")  # queue order per worker
+        for w in range(workers):
+            if not (self.worker_of == w).any():
+                self.worker_done[w] = True  # nothing placed on it: finished from the start
+
+    # ----- the loop ------------------------------------------------------------------------
+    def run(self, *, check_every_step: bool, coarse: bool) -> RolloutResult:
+        """Decode until every response is done or lost; the result."""
+        while not self.finished():
+            active_ranks = self.schedule()
+            if check_every_step:
+                self.check_invariants(active_ranks, 1)
+            self.decode_step(active_ranks)
+            if self.policy is Policy.FLEXFLOOR:
+                self.advance_round()
+                self.ask_planner()
+            if not coarse or self.finished():
+                continue
+            self.quiet_run(check_every_step)
+        return self.result()
+
+    def finished(self) -> bool:
+        """Every response done or lost."""
+        return bool((self.done | self.lost).all())
+
+    def active_ranks(self) -> list[int]:
+        """The workers still in the group."""
+        return [w for w in range(self.workers) if self.active[w]]
+
+    def schedule(self) -> list[int]:
+        """Admit and preempt as the engines would before a decode step; the active ranks.
+
+        Raises:
+            InvalidInputError: nothing runs (a prompt does not fit its worker).
+        """
+        if self.queued.any():
+            self.admit()
+        self.preempt_for_growth()
+        active_ranks = self.active_ranks()
+        self.min_active = min(self.min_active, len(active_ranks))
+        if not self.running.any():
+            raise errors.InvalidInputError(
+                "batch", "a response cannot be admitted on its worker (prompt larger than memory)"
+            )
+        return active_ranks
+
+    def decode_step(self, active_ranks: list[int]) -> None:
+        """One decode step of the running batch: time, tokens, finishes."""
+        workers, worker_of, done = self.workers, self.worker_of, self.done
+        run_idx = np.flatnonzero(self.running)
+        dt = float(self.step_model.steps_s(*self.batch_shape(active_ranks))[0])
+        self.generated[run_idx] += 1
+        finished = run_idx[self.generated[run_idx] >= self.lengths[run_idx]]
+        self.running[finished] = False
+        done[finished] = True
+        self.time_s += dt
+        self.step += 1
+        self.occupied += dt * len(active_ranks)
+        if finished.size:
+            left = np.bincount(worker_of[~done], minlength=workers)
+            for w in set(worker_of[finished].tolist()):
+                if left[w] == 0 and not self.worker_done[w]:
+                    self.worker_done[w] = True
+                    self.finish_s[w] = self.time_s
+        self.idle_after += dt * sum(1 for w in active_ranks if self.worker_done[w])
+
+    def quiet_run(self, check_every_step: bool) -> None:
+        """The quiet steps until the next event, all at once (``simulate_rollout``)."""
+        active_ranks = self.active_ranks()
+        quiet = self.quiet_steps(active_ranks)
+        if quiet <= 0:
+            return
+        if check_every_step:
+            self.check_invariants(active_ranks, quiet)
+        dts = self.step_model.steps_s(*self.batch_shape(active_ranks), growth_steps=quiet)
+        span = float(dts.sum())
+        self.generated[self.running] += quiet
+        self.time_s += span
+        self.step += quiet
+        self.occupied += span * len(active_ranks)
+        self.idle_after += span * sum(1 for w in active_ranks if self.worker_done[w])
+
+    # ----- FlexFloor releases ----------------------------------------------------------------
+    def advance_round(self) -> None:
+        """Deliver the acks due, then commit (apply the moves, release) or abort the round."""
+        if self.rounds is None:
+            return
+        step = self.step
+        r = self.rounds.round
+        for rank, at in self.rounds.ack_at_step.items():
+            if step >= at and rank not in self.drop.get(r.decision.decision_id, frozenset()):
+                r.ack(rank, r.decision.decision_id)
+        status = r.advance(step)
+        if status is protocol.RoundStatus.ABORTED:
+            self.aborted += 1
+            self.rounds = None
+            self.retry_at_step = step + self.config.timing.ack_window_steps
+        elif status is protocol.RoundStatus.COMMITTED and step >= r.decision.apply_at_step:
+            self.commit(r.decision)
+            self.rounds = None
+
+    def commit(self, decision: base.ReleaseDecision) -> None:
+        """Apply a committed release: copy the experts, release the workers."""
+        active_ranks = self.active_ranks()
+        for move in decision.moves:
+            self.experts_of[move.target].add(move.expert)
+        self.moves_made += len(decision.moves)
+        # The copies run before the apply step; conservatively charge them as a
+        # stall of the whole group (they share HBM and links with decoding) [MODEL].
+        stall = self.step_model.copy_s(decision.moves)
+        self.time_s += stall
+        self.occupied += stall * len(active_ranks)
+        for w in decision.release:
+            self.active[w] = False
+            self.release_s[w] = self.time_s
+        # A released worker stops decoding: what it still held is lost.
+        gone = ~self.done & np.isin(self.worker_of, decision.release)
+        self.lost |= gone
+        self.queued[gone] = self.running[gone] = False
+        self.committed += 1
+
+    def ask_planner(self) -> None:
+        """Ask the planner for a release while a finished worker is in the group."""
+        step, workers = self.step, self.workers
+        if self.rounds is not None or step < self.retry_at_step:
+            return
+        candidates = [w for w in range(workers) if self.active[w] and self.worker_done[w]]
+        if not candidates or self.finished():
+            return
+        plan = self.planner.plan(self.worker_states(), step)
+        if not plan.release:
+            self.retry_at_step = step + PLAN_RETRY_STEPS  # wait for the batch to change
+            return
+        decision = protocol.make_decision(
+            plan,
+            decision_id=self.decision_id,
+            active_before=tuple(w for w in range(workers) if self.active[w]),
+            step=step,
+            timing=self.config.timing,
+        )
+        self.decision_id += 1
+        self.rounds = _Round(decision, {w: step + 1 for w in decision.active_before})
+
+    # ----- the engines' memory ------------------------------------------------------------
+    def kv_bytes_per_worker(self) -> FloatArray:
+        """KV cache bytes of the running responses per worker."""
+        running = self.running
+        ctx = (self.prompts + self.generated).astype(np.float64)
         out: FloatArray = np.bincount(
-            worker_of[running], weights=ctx[running] * kvb, minlength=workers
+            self.worker_of[running], weights=ctx[running] * self.kvb, minlength=self.workers
         ).astype(np.float64)
         return out
 
-    def kv_capacity(w: int) -> int:
+    def kv_capacity(self, w: int) -> int:
+        """Bytes worker ``w`` has for KV beside its dense weights and resident experts."""
+        layout = self.layout
         return (
             layout.worker_memory_bytes
             - layout.dense_bytes
-            - len(experts_of[w]) * layout.expert_bytes
+            - len(self.experts_of[w]) * layout.expert_bytes
         )
 
-    def fits(kv_w: float, need: float, count: int, w: int) -> bool:
+    def fits(self, kv_w: float, need: float, count: int, w: int) -> bool:
+        """Whether an admission of ``need`` bytes leaves ``KV_HEADROOM_STEPS`` of growth."""
         # vLLM V1 schedules the running requests' next token first and admits a waiting one
         # only into the blocks left after that, so an admission never forces a preemption
-        # in the same step (before: the admitted response was preempted at once, a ping-pong
-        # that cost an event per step under KV pressure).
-        return kv_w + need + (count + 1) * kvb * KV_HEADROOM_STEPS <= kv_capacity(w)
+        # in the same step.
+        return kv_w + need + (count + 1) * self.kvb * KV_HEADROOM_STEPS <= self.kv_capacity(w)
 
-    def admit() -> None:
-        nonlocal seq
-        kv = kv_bytes_per_worker()
-        counts = np.bincount(worker_of[running], minlength=workers)
+    def admit(self) -> None:
+        """Admit queued responses, FIFO per worker, while they fit."""
+        worker_of, queued, workers = self.worker_of, self.queued, self.workers
+        kv = self.kv_bytes_per_worker()
+        counts = np.bincount(worker_of[self.running], minlength=workers)
         blocked: set[int] = set()  # FIFO per worker: the head waits, so does the rest
-        for i in order[queued[order]]:
+        for i in self.order[queued[self.order]]:
             w = int(worker_of[i])
             if w in blocked:
                 continue
-            need = float((prompts[i] + 1) * kvb)
-            if counts[w] < MAX_RUNNING_PER_WORKER and fits(kv[w], need, counts[w], w):
+            need = float((self.prompts[i] + 1) * self.kvb)
+            if counts[w] < MAX_RUNNING_PER_WORKER and self.fits(kv[w], need, counts[w], w):
                 queued[i] = False
-                running[i] = True
-                admit_seq[i] = seq
-                seq += 1
+                self.running[i] = True
+                self.admit_seq[i] = self.seq
+                self.seq += 1
                 kv[w] += need
                 counts[w] += 1
             else:
@@ -786,53 +566,59 @@ def simulate_rollout(
                 if len(blocked) == workers:
                     break  # every worker's queue head waits: nothing more can be admitted
 
-    def admissible() -> bool:
+    def admissible(self) -> bool:
         """Would ``admit`` admit anything now (the head of some worker's queue fits)?"""
+        worker_of, queued, workers = self.worker_of, self.queued, self.workers
         if not queued.any():
             return False
-        kv = kv_bytes_per_worker()
-        counts = np.bincount(worker_of[running], minlength=workers)
+        kv = self.kv_bytes_per_worker()
+        counts = np.bincount(worker_of[self.running], minlength=workers)
         seen: set[int] = set()
-        for i in order[queued[order]]:
+        for i in self.order[queued[self.order]]:
             w = int(worker_of[i])
             if w in seen:
                 continue
             seen.add(w)
-            need = float((prompts[i] + 1) * kvb)
-            if counts[w] < MAX_RUNNING_PER_WORKER and fits(kv[w], need, counts[w], w):
+            need = float((self.prompts[i] + 1) * self.kvb)
+            if counts[w] < MAX_RUNNING_PER_WORKER and self.fits(kv[w], need, counts[w], w):
                 return True
             if len(seen) == workers:
                 break
         return False
 
-    def preempt_for_growth() -> None:
-        nonlocal preemptions
-        kv = kv_bytes_per_worker()
-        counts = np.bincount(worker_of[running], minlength=workers)
-        for w in range(workers):
-            cap = kv_capacity(w)
+    def preempt_for_growth(self) -> None:
+        """Preempt (newest first) where the running responses' growth would overflow memory."""
+        worker_of, running, kvb = self.worker_of, self.running, self.kvb
+        kv = self.kv_bytes_per_worker()
+        counts = np.bincount(worker_of[running], minlength=self.workers)
+        for w in range(self.workers):
+            cap = self.kv_capacity(w)
             if counts[w] == 0 or kv[w] + counts[w] * kvb <= cap:
                 continue
             # Preempt (newest first) until the rest can grow KV_HEADROOM_STEPS more steps.
             while counts[w] > 0 and kv[w] + counts[w] * kvb * KV_HEADROOM_STEPS > cap:
                 on_w = np.flatnonzero(running & (worker_of == w))
-                victim = int(on_w[np.argmax(admit_seq[on_w])])
-                kv[w] -= float((prompts[victim] + generated[victim]) * kvb)
+                victim = int(on_w[np.argmax(self.admit_seq[on_w])])
+                kv[w] -= float((self.prompts[victim] + self.generated[victim]) * kvb)
                 counts[w] -= 1
                 running[victim] = False
-                queued[victim] = True
-                generated[victim] = 0  # recompute from the prompt (vLLM V1 preemption)
-                preemptions += 1
+                self.queued[victim] = True
+                self.generated[victim] = 0  # recompute from the prompt (vLLM V1 preemption)
+                self.preemptions += 1
 
-    def worker_states() -> list[base.WorkerState]:
-        kv = kv_bytes_per_worker()
+    # ----- views ----------------------------------------------------------------------------
+    def worker_states(self) -> list[base.WorkerState]:
+        """The planner's view of every active worker."""
+        worker_of, done, workers, kvb = self.worker_of, self.done, self.workers, self.kvb
+        predicted, generated = self.predicted, self.generated
+        kv = self.kv_bytes_per_worker()
         unfinished = np.bincount(worker_of[~done], minlength=workers)
-        n_running = np.bincount(worker_of[running], minlength=workers)
+        n_running = np.bincount(worker_of[self.running], minlength=workers)
         remaining = np.clip(predicted - generated, 1.0, None)
-        if residual is not None:
+        if self.residual is not None:
             over = np.flatnonzero(~done & (generated >= predicted))
             for i in over:
-                remaining[i] = residual.remaining(float(predicted[i]), float(generated[i]))
+                remaining[i] = self.residual.remaining(float(predicted[i]), float(generated[i]))
         remaining_kv = np.bincount(
             worker_of[~done], weights=remaining[~done] * kvb, minlength=workers
         )
@@ -845,7 +631,7 @@ def simulate_rollout(
         return [
             base.WorkerState(
                 worker=w,
-                experts=frozenset(experts_of[w]),
+                experts=frozenset(self.experts_of[w]),
                 unfinished=int(unfinished[w]),
                 kv_bytes=int(kv[w]),
                 kv_reserved_bytes=int(remaining_kv[w]),
@@ -854,172 +640,86 @@ def simulate_rollout(
                 remaining_profile=tuple(profile[w]),
             )
             for w in range(workers)
-            if active[w]
+            if self.active[w]
         ]
 
-    def batch_shape(active_ranks: list[int]) -> tuple[IntArray, FloatArray, IntArray]:
-        run_idx = np.flatnonzero(running)
+    def batch_shape(self, active_ranks: list[int]) -> tuple[IntArray, FloatArray, IntArray]:
+        """(running, context tokens, resident experts) per active rank: the step model's input."""
+        worker_of, workers = self.worker_of, self.workers
+        run_idx = np.flatnonzero(self.running)
         n_w = np.bincount(worker_of[run_idx], minlength=workers)
         ctx_w = np.bincount(
-            worker_of[run_idx], weights=(prompts[run_idx] + generated[run_idx]), minlength=workers
+            worker_of[run_idx],
+            weights=(self.prompts[run_idx] + self.generated[run_idx]),
+            minlength=workers,
         )
-        experts_w = np.asarray([len(experts_of[w]) for w in active_ranks], dtype=np.int64)
+        experts_w = np.asarray([len(self.experts_of[w]) for w in active_ranks], dtype=np.int64)
         return n_w[active_ranks], ctx_w[active_ranks].astype(np.float64), experts_w
 
-    def quiet_steps(active_ranks: list[int]) -> int:
-        """Decode steps from now on which nothing discrete can happen (see docstring)."""
-        if rounds is not None or not running.any():
+    def quiet_steps(self, active_ranks: list[int]) -> int:
+        """Decode steps from now on which nothing discrete can happen (``simulate_rollout``)."""
+        running, worker_of, workers = self.running, self.worker_of, self.workers
+        if self.rounds is not None or not running.any():
             return 0
         run_idx = np.flatnonzero(running)
-        quiet = int((lengths[run_idx] - generated[run_idx]).min()) - 1  # next finish: singly
-        if policy == "flexfloor" and any(active[w] and worker_done[w] for w in range(workers)):
-            quiet = min(quiet, retry_at_step - step - 1)  # the planner is asked at retry
-        if quiet <= 0 or admissible():
+        quiet = int((self.lengths[run_idx] - self.generated[run_idx]).min()) - 1  # next finish
+        if self.policy is Policy.FLEXFLOOR and any(
+            self.active[w] and self.worker_done[w] for w in range(workers)
+        ):
+            quiet = min(quiet, self.retry_at_step - self.step - 1)  # the planner is asked then
+        if quiet <= 0 or self.admissible():
             return 0
-        kv = kv_bytes_per_worker()
+        kv = self.kv_bytes_per_worker()
         n_w = np.bincount(worker_of[run_idx], minlength=workers)
         for w in range(workers):
             if n_w[w]:
                 # Preemption check of quiet step j: kv + j x running x kvb > capacity.
-                quiet = min(quiet, int((kv_capacity(w) - kv[w]) // (n_w[w] * kvb)))
+                quiet = min(quiet, int((self.kv_capacity(w) - kv[w]) // (n_w[w] * self.kvb)))
         return max(quiet, 0)
 
-    def check_invariants(active_ranks: list[int], count: int) -> None:
+    def check_invariants(self, active_ranks: list[int], count: int) -> None:
         """Count violations over ``count`` steps with this batch (contexts growing)."""
-        nonlocal unavailable, overflow
         hosted: set[int] = set()
         for w in active_ranks:
-            hosted |= experts_of[w]
-        if hosted != all_experts:
-            unavailable += count
-        kv = kv_bytes_per_worker()
-        n_w = np.bincount(worker_of[running], minlength=workers)
+            hosted |= self.experts_of[w]
+        if hosted != self.all_experts:
+            self.unavailable += count
+        kv = self.kv_bytes_per_worker()
+        n_w = np.bincount(self.worker_of[self.running], minlength=self.workers)
         first_bad = count  # first 0-based step of the run with some worker over memory
         for w in active_ranks:
-            cap = kv_capacity(w)
+            cap = self.kv_capacity(w)
             if kv[w] > cap:
                 first_bad = 0
             elif n_w[w]:
-                first_bad = min(first_bad, int((cap - kv[w]) // (n_w[w] * kvb)) + 1)
-        overflow += max(count - first_bad, 0)
+                first_bad = min(first_bad, int((cap - kv[w]) // (n_w[w] * self.kvb)) + 1)
+        self.overflow += max(count - first_bad, 0)
 
-    for w in range(workers):
-        if not (worker_of == w).any():
-            worker_done[w] = True  # nothing placed on it: finished from the start
-
-    while not (done | lost).all():
-        if queued.any():
-            admit()
-        preempt_for_growth()
-        active_ranks = [w for w in range(workers) if active[w]]
-        min_active = min(min_active, len(active_ranks))
-        if not running.any():
-            raise errors.InvalidInputError(
-                "batch", "a response cannot be admitted on its worker (prompt larger than memory)"
-            )
-        if check_every_step:
-            check_invariants(active_ranks, 1)
-        # --- time of this decode step -------------------------------------------------------
-        run_idx = np.flatnonzero(running)
-        dt = float(step_model.steps_s(*batch_shape(active_ranks))[0])
-        # --- advance -----------------------------------------------------------------------
-        generated[run_idx] += 1
-        finished = run_idx[generated[run_idx] >= lengths[run_idx]]
-        running[finished] = False
-        done[finished] = True
-        time_s += dt
-        step += 1
-        occupied += dt * len(active_ranks)
-        if finished.size:
-            left = np.bincount(worker_of[~done], minlength=workers)
-            for w in set(worker_of[finished].tolist()):
-                if left[w] == 0 and not worker_done[w]:
-                    worker_done[w] = True
-                    finish_s[w] = time_s
-        idle_after += dt * sum(1 for w in active_ranks if worker_done[w])
-        if policy == "flexfloor":
-            # --- FlexFloor release ----------------------------------------------------------
-            if rounds is not None:
-                r = rounds.round
-                for rank, at in rounds.ack_at_step.items():
-                    if step >= at and rank not in drop.get(r.decision.decision_id, frozenset()):
-                        r.ack(rank, r.decision.decision_id)
-                status = r.advance(step)
-                if status is protocol.RoundStatus.ABORTED:
-                    aborted += 1
-                    rounds = None
-                    retry_at_step = step + config.timing.ack_window_steps
-                elif status is protocol.RoundStatus.COMMITTED and step >= r.decision.apply_at_step:
-                    for move in r.decision.moves:
-                        experts_of[move.target].add(move.expert)
-                    moves_made += len(r.decision.moves)
-                    # The copies run before the apply step; conservatively charge them as a
-                    # stall of the whole group (they share HBM and links with decoding) [MODEL].
-                    stall = step_model.copy_s(r.decision.moves)
-                    time_s += stall
-                    occupied += stall * len(active_ranks)
-                    for w in r.decision.release:
-                        active[w] = False
-                        release_s[w] = time_s
-                    # A released worker stops decoding: what it still held is lost.
-                    gone = ~done & np.isin(worker_of, r.decision.release)
-                    lost |= gone
-                    queued[gone] = running[gone] = False
-                    committed += 1
-                    rounds = None
-            if rounds is None and step >= retry_at_step:
-                candidates = [w for w in range(workers) if active[w] and worker_done[w]]
-                if candidates and not (done | lost).all():
-                    plan = planner.plan(worker_states(), step)
-                    if plan.release:
-                        decision = protocol.make_decision(
-                            plan,
-                            decision_id=decision_id,
-                            active_before=tuple(w for w in range(workers) if active[w]),
-                            step=step,
-                            timing=config.timing,
-                        )
-                        decision_id += 1
-                        rounds = _Round(decision, {w: step + 1 for w in decision.active_before})
-                    else:
-                        retry_at_step = step + PLAN_RETRY_STEPS  # wait for the batch to change
-        if not coarse or (done | lost).all():
-            continue
-        # --- quiet steps until the next event, all at once --------------------------------
-        active_ranks = [w for w in range(workers) if active[w]]
-        quiet = quiet_steps(active_ranks)
-        if quiet <= 0:
-            continue
-        if check_every_step:
-            check_invariants(active_ranks, quiet)
-        dts = step_model.steps_s(*batch_shape(active_ranks), growth_steps=quiet)
-        span = float(dts.sum())
-        generated[running] += quiet
-        time_s += span
-        step += quiet
-        occupied += span * len(active_ranks)
-        idle_after += span * sum(1 for w in active_ranks if worker_done[w])
-    wall = time_s
-    rel = tuple(wall if r < 0 else r for r in release_s)
-    tp = config.tensor_parallel  # a worker occupies this many GPUs
-    return RolloutResult(
-        policy=policy,
-        wall_s=wall,
-        decode_steps=step,
-        tokens=int(lengths.sum()),
-        occupied_gpu_s=occupied * tp,
-        idle_after_finish_gpu_s=idle_after * tp,
-        finish_s=tuple(finish_s),
-        release_s=rel,
-        expert_unavailable_steps=unavailable,
-        memory_overflow_steps=overflow,
-        incomplete_responses=int((~done).sum()) + int((generated[done] < lengths[done]).sum()),
-        releases_committed=committed,
-        releases_aborted=aborted,
-        expert_moves=moves_made,
-        preemptions=preemptions,
-        active_workers_min=min_active,
-    )
+    def result(self) -> RolloutResult:
+        """The finished rollout's figures (GPU-s count a worker's ``tensor_parallel`` GPUs)."""
+        wall = self.time_s
+        rel = tuple(wall if r < 0 else r for r in self.release_s)
+        tp = self.config.tensor_parallel  # a worker occupies this many GPUs
+        done, lengths = self.done, self.lengths
+        return RolloutResult(
+            policy=self.policy.value,
+            wall_s=wall,
+            decode_steps=self.step,
+            tokens=int(lengths.sum()),
+            occupied_gpu_s=self.occupied * tp,
+            idle_after_finish_gpu_s=self.idle_after * tp,
+            finish_s=tuple(self.finish_s),
+            release_s=rel,
+            expert_unavailable_steps=self.unavailable,
+            memory_overflow_steps=self.overflow,
+            incomplete_responses=int((~done).sum())
+            + int((self.generated[done] < lengths[done]).sum()),
+            releases_committed=self.committed,
+            releases_aborted=self.aborted,
+            expert_moves=self.moves_made,
+            preemptions=self.preemptions,
+            active_workers_min=self.min_active,
+        )
 
 
 def predictor_for(max_response_length: int) -> predictor.LengthPredictor:
@@ -1043,7 +743,7 @@ def simulate_pool(
     residual: predictor.ResidualLength | None = None,
     prediction_log_sigma: Sequence[float] | None = None,
     max_length_tokens: float | None = None,
-    placement_mode: str = "lockstep",
+    placement_mode: str = Placement.LOCKSTEP,
 ) -> RolloutResult:
     """Decode one batch on ``replicas`` independent EP groups of ``config.workers`` ranks each.
 
@@ -1079,7 +779,7 @@ def simulate_pool(
     """
     if replicas < 1:
         raise errors.InvalidInputError("--replicas", f"need >= 1 replica, got {replicas}")
-    if policy not in ("baseline", "flexfloor"):
+    if policy not in tuple(Policy):
         raise errors.InvalidInputError("policy", f"unknown policy {policy!r}")
 
     def run(part: RolloutBatch, idx: Sequence[int] | None) -> RolloutResult:
@@ -1103,7 +803,7 @@ def simulate_pool(
         return run(batch, None)
     n = len(batch.lengths_tokens)
     replica_of = list(placement.place_even(n, replicas))
-    if policy == "flexfloor" and predictions is not None:
+    if policy == Policy.FLEXFLOOR and predictions is not None:
         # Balance the replicas' predicted finish times (longest first); the guard keeps the
         # even split unless the balanced one is predicted to end no later.
         model = fluid_model(config, per_rank=False)
@@ -1129,7 +829,7 @@ def simulate_pool(
         results.append(run(sub, idx))
     wall = max(r.wall_s for r in results)
     g = config.workers * config.tensor_parallel
-    barrier = policy == "baseline"
+    barrier = policy == Policy.BASELINE
     wait = sum(g * (wall - r.wall_s) for r in results) if barrier else 0.0
     return RolloutResult(
         policy=policy,

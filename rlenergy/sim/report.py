@@ -10,7 +10,7 @@ steps count in every figure. Callers: ``rlenergy.cli`` (``rlenergy simulate``) a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlenergy import errors
@@ -211,6 +211,66 @@ def _timeline(
     return tuple(out)
 
 
+def _checked_sku(gpu: str, steps: int, oracle_margins: Sequence[float]) -> models.GpuSku:
+    """The SKU ``gpu`` names, once the step count and oracle margins are valid.
+
+    Raises:
+        InvalidInputError: unknown GPU, ``steps < 1`` or a negative margin.
+    """
+    if steps < 1:
+        raise errors.InvalidInputError("--steps", f"must be >= 1, got {steps}")
+    for margin in oracle_margins:
+        if not margin >= 0:
+            raise errors.InvalidInputError("oracle_margins", f"must be >= 0, got {margin}")
+    try:
+        return models.get_sku(gpu)
+    except KeyError:
+        raise errors.InvalidInputError(
+            "--gpu", f"unknown GPU {gpu!r}; known: {', '.join(models.sku_names())}"
+        ) from None
+
+
+def _checked_phases(spec: api_policy.RLEnergyPolicySpec, mode: sim_job.Mode) -> list[str]:
+    """The training sub-phases the policy names, once every phase can be simulated.
+
+    Raises:
+        InvalidInputError: a phase with no simulated work, or sub-phases in async mode.
+    """
+    known = (*workload.PHASES, *api_phases.SUBPHASE_BY_NAME)
+    for i, ph in enumerate(spec.phases):
+        if ph.name not in known:
+            raise errors.InvalidInputError(
+                f"spec.phases[{i}].name",
+                f"the simulator runs phases {', '.join(known)}; {ph.name!r} has no simulated work",
+            )
+    named_subphases = [p.name for p in spec.phases if p.name in api_phases.SUBPHASE_BY_NAME]
+    if named_subphases and mode == "async":
+        raise errors.InvalidInputError(
+            "spec.phases",
+            f"training sub-phases ({', '.join(named_subphases)}) are simulated in sync mode "
+            "only; use --mode sync or the phases generation and training",
+        )
+    return named_subphases
+
+
+def _check_logged_subphases(
+    spec: api_policy.RLEnergyPolicySpec, replay: workload.Replay, trace_name: str
+) -> None:
+    """Every training sub-phase the policy names is one the trace logs.
+
+    Raises:
+        InvalidInputError: a named sub-phase the trace has no time for.
+    """
+    for i, ph in enumerate(spec.phases):
+        if ph.name in api_phases.SUBPHASE_BY_NAME and ph.name not in replay.phase_names:
+            logged = [n for n in replay.phase_names if n in api_phases.SUBPHASE_BY_NAME]
+            raise errors.InvalidInputError(
+                f"spec.phases[{i}].name",
+                f"trace {trace_name} logs no {api_phases.SUBPHASE_BY_NAME[ph.name].timing_key} "
+                f"time; its training sub-phases: {', '.join(logged) or 'none'}",
+            )
+
+
 def simulate(
     trace: str,
     gpu: str = "h100-sxm",
@@ -251,45 +311,15 @@ def simulate(
             cannot run (a custom name, a sub-phase the trace does not log, sub-phases in async
             mode), or clocks the GPU does not support.
     """
-    if steps < 1:
-        raise errors.InvalidInputError("--steps", f"must be >= 1, got {steps}")
-    for margin in oracle_margins:
-        if not margin >= 0:
-            raise errors.InvalidInputError("oracle_margins", f"must be >= 0, got {margin}")
-    try:
-        sku = models.get_sku(gpu)
-    except KeyError:
-        raise errors.InvalidInputError(
-            "--gpu", f"unknown GPU {gpu!r}; known: {', '.join(models.sku_names())}"
-        ) from None
+    sku = _checked_sku(gpu, steps, oracle_margins)
     spec = policy or api_policy.RLEnergyPolicySpec()
     spec = spec.model_copy(update={"mode": mode})
-    known = (*workload.PHASES, *api_phases.SUBPHASE_BY_NAME)
-    for i, ph in enumerate(spec.phases):
-        if ph.name not in known:
-            raise errors.InvalidInputError(
-                f"spec.phases[{i}].name",
-                f"the simulator runs phases {', '.join(known)}; {ph.name!r} has no simulated work",
-            )
-    named_subphases = [p.name for p in spec.phases if p.name in api_phases.SUBPHASE_BY_NAME]
-    if named_subphases and mode == "async":
-        raise errors.InvalidInputError(
-            "spec.phases",
-            f"training sub-phases ({', '.join(named_subphases)}) are simulated in sync mode "
-            "only; use --mode sync or the phases generation and training",
-        )
+    named_subphases = _checked_phases(spec, mode)
     parsed = traces.load_trace(trace)
     replay = workload.from_trace(
         parsed, sku, steps, split=bool(named_subphases) if split is None else split
     )
-    for i, ph in enumerate(spec.phases):
-        if ph.name in api_phases.SUBPHASE_BY_NAME and ph.name not in replay.phase_names:
-            logged = [n for n in replay.phase_names if n in api_phases.SUBPHASE_BY_NAME]
-            raise errors.InvalidInputError(
-                f"spec.phases[{i}].name",
-                f"trace {parsed.name} logs no {api_phases.SUBPHASE_BY_NAME[ph.name].timing_key} "
-                f"time; its training sub-phases: {', '.join(logged) or 'none'}",
-            )
+    _check_logged_subphases(spec, replay, parsed.name)
     try:
         job = sim_job.Job(replay, sku, mode, seed=seed, phases=[p.name for p in spec.phases])
     except ValueError as exc:

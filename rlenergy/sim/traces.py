@@ -265,6 +265,59 @@ def _metric(row: Mapping[str, float], quantity: str) -> float | None:
     return None if found is None else found[1]
 
 
+def _train_parts(
+    row: Mapping[str, float], used_keys: dict[str, set[str]]
+) -> tuple[list[tuple[str, float]], float]:
+    """(training parts logged, in ``TRAIN_TIME_PARTS`` order, s; their sum, s) of one row."""
+    parts: list[tuple[str, float]] = []
+    for part in TRAIN_TIME_PARTS:
+        found = _first(row, (f"timing_s/{part}", f"timing/{part}"))
+        if found is not None:
+            parts.append((part, found[1]))
+            used_keys.setdefault("training time", set()).add(found[0])
+    logged = dict(parts)
+    train_time = 0.0
+    for part in _SUM_ORDER:  # the order the sum always had: identical replays
+        train_time += logged.get(part, 0.0)
+    return parts, train_time
+
+
+def _samples(
+    row: Mapping[str, float],
+    name: str,
+    meta_samples: int | None,
+    seq_tokens: float,
+    used_keys: dict[str, set[str]],
+) -> tuple[int, int]:
+    """(samples per step, samples generated) of one row.
+
+    From the meta's batch x rollout_n, else the row's tokens over its mean sequence length
+    (``seq_tokens``: prompt + response tokens), else its sample count.
+
+    Raises:
+        InvalidInputError: none of these is known.
+    """
+    samples = meta_samples
+    generated = _metric(row, "total_num_samples")
+    if samples is None:
+        total_tokens = _metric(row, "total_num_tokens")
+        if total_tokens is not None and seq_tokens > 0:
+            samples = int(round(total_tokens / seq_tokens))
+            used_keys.setdefault("samples", set()).add("perf/total_num_tokens / seq length")
+        elif generated is not None:
+            samples = int(generated)
+        else:
+            raise errors.InvalidInputError(
+                "--trace",
+                f"{name}: cannot derive samples per step: give train_batch_size and "
+                "rollout_n in the .meta.json or log perf/total_num_tokens",
+            )
+    else:
+        used_keys.setdefault("samples", {"meta train_batch_size x rollout_n"})
+    generated_samples = max(int(generated), samples) if generated is not None else samples
+    return samples, generated_samples
+
+
 def build_trace(name: str, rows: list[dict[str, float]], meta: Mapping[str, Any]) -> Trace:
     """Turn metric rows into ``StepRecord``s, recording every mapping and gap in ``notes``.
 
@@ -284,16 +337,7 @@ def build_trace(name: str, rows: list[dict[str, float]], meta: Mapping[str, Any]
             skipped["no generation time"] = skipped.get("no generation time", 0) + 1
             continue
         used_keys.setdefault("generation time", set()).add(gen[0])
-        parts: list[tuple[str, float]] = []
-        for part in TRAIN_TIME_PARTS:
-            found = _first(row, (f"timing_s/{part}", f"timing/{part}"))
-            if found is not None:
-                parts.append((part, found[1]))
-                used_keys.setdefault("training time", set()).add(found[0])
-        logged = dict(parts)
-        train_time = 0.0
-        for part in _SUM_ORDER:  # the order the sum always had: identical replays
-            train_time += logged.get(part, 0.0)
+        parts, train_time = _train_parts(row, used_keys)
         resp_mean = _metric(row, "response_length_mean")
         if resp_mean is None or train_time <= 0:
             reason = "no response_length/mean" if resp_mean is None else "no training timings"
@@ -316,24 +360,9 @@ def build_trace(name: str, rows: list[dict[str, float]], meta: Mapping[str, Any]
             skipped["no step time: other time 0"] = skipped.get("no step time: other time 0", 0) + 1
         else:
             other = max(step_time[1] - excluded - gen[1] - train_time, 0.0)
-        samples = meta_samples
-        generated = _metric(row, "total_num_samples")
-        if samples is None:
-            total_tokens = _metric(row, "total_num_tokens")
-            if total_tokens is not None and resp_mean + prompt_mean > 0:
-                samples = int(round(total_tokens / (resp_mean + prompt_mean)))
-                used_keys.setdefault("samples", set()).add("perf/total_num_tokens / seq length")
-            elif generated is not None:
-                samples = int(generated)
-            else:
-                raise errors.InvalidInputError(
-                    "--trace",
-                    f"{name}: cannot derive samples per step: give train_batch_size and "
-                    "rollout_n in the .meta.json or log perf/total_num_tokens",
-                )
-        else:
-            used_keys.setdefault("samples", {"meta train_batch_size x rollout_n"})
-        generated_samples = max(int(generated), samples) if generated is not None else samples
+        samples, generated_samples = _samples(
+            row, name, meta_samples, resp_mean + prompt_mean, used_keys
+        )
         steps.append(
             StepRecord(
                 step=int(row["step"]),

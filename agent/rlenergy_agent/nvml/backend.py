@@ -86,6 +86,16 @@ def _nvml_reads(fn: Callable[_P, _T]) -> Callable[_P, _T]:
     return wrapper
 
 
+def _unless_unsupported(read: Callable[[], _T]) -> _T | None:
+    """``read()``, or None where the GPU cannot answer it (a lost GPU still raises)."""
+    try:
+        return read()
+    except errors.GpuLostError:
+        raise
+    except errors.GpuError:
+        return None
+
+
 Support = bool | None
 """``True`` supported, ``False`` not supported, ``None`` unknown (not probed or failed)."""
 
@@ -183,37 +193,10 @@ class NvmlGpu:
                 return False
             return True
 
-        persistence: Support
-        try:
-            persistence = self._persistence()
-        except errors.GpuLostError:
-            raise
-        except errors.GpuError:
-            persistence = None
-        try:
-            arch: int | None = self._architecture()
-        except errors.GpuLostError:
-            raise
-        except errors.GpuError:
-            arch = None
-        try:
-            mig = self._mig()
-            if mig:
-                found = self._mig_devices()
-                self.mig_uuids = tuple(found)
-                self.mig_slices = {m: n for m, n in found.items() if n is not None}
-        except errors.GpuLostError:
-            raise
-        except errors.GpuError:
-            mig = False
-        mem: int | None
-        try:
-            mem = self._memory_clock()
-            clock_list = len(self.supported_sm_clocks_mhz()) > 1
-        except errors.GpuLostError:
-            raise
-        except errors.GpuError:
-            mem, clock_list = None, False
+        persistence: Support = _unless_unsupported(self._persistence)
+        arch = _unless_unsupported(self._architecture)
+        mig = self._probe_mig()
+        mem, clock_list = self._probe_clocks()
         caps = Capabilities(
             energy_counter=works(self.total_energy_mj),
             instant_power=works(self.instant_power_mw),
@@ -239,6 +222,29 @@ class NvmlGpu:
             )
         self._capabilities = caps
         return caps
+
+    def _probe_mig(self) -> bool:
+        """Whether MIG is on; when it is, records the MIG devices and their slices."""
+        try:
+            mig = self._mig()
+            if mig:
+                found = self._mig_devices()
+                self.mig_uuids = tuple(found)
+                self.mig_slices = {m: n for m, n in found.items() if n is not None}
+        except errors.GpuLostError:
+            raise
+        except errors.GpuError:
+            return False
+        return mig
+
+    def _probe_clocks(self) -> tuple[int | None, bool]:
+        """(memory clock MHz, more than one SM clock supported); (None, False) on error."""
+        try:
+            return self._memory_clock(), len(self.supported_sm_clocks_mhz()) > 1
+        except errors.GpuLostError:
+            raise
+        except errors.GpuError:
+            return None, False
 
     @property
     def capabilities(self) -> Capabilities | None:

@@ -46,6 +46,13 @@ default governor on error; trials measure inside a phase, because measurements a
 
 Trial cost counts in every reported figure: probe slices run at the candidate clocks.
 
+Each phase's selection is in one stage (``PhaseController.stage``, one class per
+``base.PhaseState``: ``Observe``, ``Warmup``, ``Trial``, ``Locked``, ``Fallback``), and each stage
+holds the fields only it uses. What outlives a stage stays on the ``PhaseController``: the
+round's evidence (probe blocks and their fit, which a lock keeps refining), the newest lock's
+clock and monitor blocks (reported, and pooled for windows at that clock), the run ledger, the
+floor and the threshold.
+
 Async mode (pools run at once; a step takes as long as the slower pool): the bottleneck pool
 keeps its threshold plus a margin, and the other pools relax to the slack the joint history of
 pool times shows (``EERLController._update_async_thresholds``). A relaxed pool's slowdown fills
@@ -58,6 +65,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import ClassVar, NamedTuple
 
 from rlenergy.api import workload as api_workload
 from rlenergy.control.freq import base, predictor, probe
@@ -185,6 +193,96 @@ class ControllerSettings:
     in_phase_probes: bool = True
 
 
+@dataclasses.dataclass
+class Observe:
+    """Observe-only policy: the phase never touches clocks, only measures."""
+
+    state: ClassVar[base.PhaseState] = base.PhaseState.OBSERVE
+
+
+@dataclasses.dataclass
+class Warmup:
+    """Default governor while the default-governor model is fitted.
+
+    Attributes:
+        steps: clean windows observed in warm-up.
+    """
+
+    state: ClassVar[base.PhaseState] = base.PhaseState.WARMUP
+    steps: int = 0
+
+
+@dataclasses.dataclass
+class Trial:
+    """A selection round probing candidate clocks against the default governor.
+
+    The round's evidence (``PhaseController.blocks``, ``stats``, ``fit``) outlives the trial:
+    the lock it chooses keeps refining it.
+
+    Attributes:
+        round_steps: trial steps spent in this round (a whole-step probe counts
+            ``1 / probe.BLOCK``).
+        step_probe: the rest of a whole-step block's schedule (None: default governor), one
+            entry per step; empty when no whole-step block is running.
+        step_probe_clock: the clock of the whole-step block (None: none running).
+        pending: whole-step slices observed that do not complete a block yet.
+    """
+
+    state: ClassVar[base.PhaseState] = base.PhaseState.TRIAL
+    round_steps: float = 0.0
+    step_probe: list[int | None] = dataclasses.field(default_factory=list)
+    step_probe_clock: int | None = None
+    pending: list[base.ProbeSlice] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Locked:
+    """Running the selected clock (``PhaseController.locked_clock_mhz``) and monitoring it.
+
+    Attributes:
+        threshold: the phase's threshold when the lock's target was last set.
+        target: the lock target the held clock was last shown to meet (``lock_target``).
+        feature: drift feature of the step that locked (``_drift_feature``).
+        slowdown: whether that step showed clock-event reasons (power or thermal).
+        round_steps: trial steps the round spent before this lock.
+        steps: windows observed since the lock.
+        slowdowns: consecutive windows with new clock-event reasons.
+    """
+
+    state: ClassVar[base.PhaseState] = base.PhaseState.LOCKED
+    threshold: float
+    target: float
+    feature: float = 0.0
+    slowdown: bool = False
+    round_steps: float = 0.0
+    steps: int = 0
+    slowdowns: int = 0
+
+
+@dataclasses.dataclass
+class Fallback:
+    """Default governor after an error until ``recovery_steps`` clean windows.
+
+    Attributes:
+        clean_steps: clean windows since the last error.
+    """
+
+    state: ClassVar[base.PhaseState] = base.PhaseState.FALLBACK
+    clean_steps: int = 0
+
+
+Stage = Observe | Warmup | Trial | Locked | Fallback
+"""Where a phase's selection stands, with the fields that stage needs (one class per
+``base.PhaseState``)."""
+
+
+class DefaultEquivalent(NamedTuple):
+    """What the default governor would have needed for a phase window (None: unknown)."""
+
+    energy_j: float | None
+    time_s: float | None
+
+
 def _drift_feature(phase: str, workload: api_workload.TokenWorkload) -> float:
     if phase == "generation":
         return workload.mean_context_tokens
@@ -197,7 +295,7 @@ class PhaseController:
     def __init__(self, settings: PhaseSettings, ctl: ControllerSettings) -> None:
         self.settings = settings
         self.ctl = ctl
-        self.state = base.PhaseState.WARMUP if ctl.enforce else base.PhaseState.OBSERVE
+        self.stage: Stage = Warmup() if ctl.enforce else Observe()
         self.default_model = predictor.DefaultModel()
         self.default_clock_mhz: int | None = None
         self.locked_clock_mhz: int | None = None
@@ -206,27 +304,21 @@ class PhaseController:
         self.retrial_reasons: list[str] = []
         self.fit: probe.CorrectedFit | None = None
         self.floor_mhz = 0
-        self._warm = 0
         self._last_time_s = 0.0
         self._last_default_time_s = 0.0
         self._last_feature = 0.0
         self._last_slowdown = False
         self._previous_lock_mhz: int | None = None
-        self._was_step_probe = False
-        self._lock_threshold = settings.min_throughput_ratio
-        self._lock_target = settings.min_throughput_ratio + LOCK_MARGIN
+        """The clock the newest round locked (a trial's interim clock before its fit)."""
         self.ledger_default_s = 0.0
         self.ledger_actual_s = 0.0
         self.ledger_windows = 0
-        self._lock_feature = 0.0
         self._trial_features: tuple[float, float] | None = None
         """(lowest, highest) drift feature of the steps whose trials chose the lock
         (``_drift_range``)."""
-        self._lock_slowdown = False
-        self._slowdowns = 0
         self._monitor = probe.RatioStats()
-        self._since_lock = 0
-        self._clean = 0
+        """Monitor blocks at ``locked_clock_mhz`` since it was set; kept after the lock ends
+        (``_locked_ratios`` pools them for windows at that clock)."""
         self.progress_gap_s = 0.0
         self.idle_credit = 0.0
         """Async mode, a pool that does not set the step time: its idle power over its phase's
@@ -243,16 +335,12 @@ class PhaseController:
         self.blocks: list[tuple[int, float, float | None]] = []
         self.stats: dict[int, probe.RatioStats] = {}
         self.fit = None
-        self._round_steps = 0.0
-        self._step_probe: list[int | None] = []
-        self._step_probe_clock: int | None = None
-        self._pending: list[base.ProbeSlice] = []
 
     def _retrial(
         self, reason: str, *, keep_floor: bool = False, carry: bool = False, keep_all: bool = False
     ) -> None:
         self.retrial_reasons.append(reason)
-        self.state = base.PhaseState.TRIAL
+        self.stage = Trial()
         if not keep_floor:
             self.floor_mhz = 0
         carried = list(self.blocks) if keep_all else self.blocks[-CARRY_BLOCKS:] if carry else []
@@ -268,9 +356,25 @@ class PhaseController:
             )
 
     @property
+    def state(self) -> base.PhaseState:
+        """Where the phase's selection stands (``stage``'s kind)."""
+        return self.stage.state
+
+    @property
     def round_steps(self) -> float:
-        """Trial steps spent in the current selection round (whole-step probes count 1/8)."""
-        return self._round_steps
+        """Trial steps spent in the current selection round (whole-step probes count 1/8).
+
+        While locked, the steps the round spent before the lock; 0 in other stages.
+        """
+        if isinstance(self.stage, Trial | Locked):
+            return self.stage.round_steps
+        return 0.0
+
+    def _locked(self) -> Locked:
+        """The ``Locked`` stage (raises RuntimeError in any other stage: a caller's bug)."""
+        if not isinstance(self.stage, Locked):
+            raise RuntimeError(f"{self.settings.name}: {self.state.value}, not locked")
+        return self.stage
 
     @property
     def f_default_mhz(self) -> int:
@@ -387,51 +491,64 @@ class PhaseController:
             allow_probe: False when the job's trial budget is spent.
             allow_extra: False when trials past ``trial_steps`` would crowd out other phases.
         """
-        state = self.state
-        if state in (base.PhaseState.OBSERVE, base.PhaseState.WARMUP, base.PhaseState.FALLBACK):
-            return base.PhaseDecision(None, state, reason=state.value)
+        stage = self.stage
+        if isinstance(stage, Trial):
+            return self._decide_trial(stage, allow_probe, allow_extra)
+        if isinstance(stage, Locked):
+            return self._decide_locked(stage, allow_probe)
+        return base.PhaseDecision(None, stage.state, reason=stage.state.value)
+
+    def _slice_plan(self) -> tuple[int, float]:
+        """(probe slices that fit in the phase, each slice's length s; 0 and 0.0: none)."""
         n_slices = self._slices_in_phase()
-        slice_s = self._last_time_s / n_slices if n_slices else 0.0
-        if state is base.PhaseState.TRIAL:
-            if self._step_probe:
-                # Whole-step slices: finish the current block before anything else.
-                return base.PhaseDecision(
-                    self._step_probe[0],
-                    state,
-                    reason=f"step trial {self._step_probe_clock} MHz",
-                    step_probe=True,
-                )
-            active = self._probe_clocks(max(n_slices // probe.BLOCK, 1))
-            extending = self._round_steps >= self.trial_step_limit
-            if extending and not allow_extra and self.fit is not None:
-                # No budget to extend the trial: lock the safest choice the data supports.
-                self._lock(
-                    self._choose(self.lock_target)[0], self._last_feature, self._last_slowdown
-                )
-                return self.decide(allow_probe, allow_extra)
-            if not allow_probe or not active:
-                # Waiting for trial budget: run the safest choice so far, else the previous lock.
-                interim = self._choose()[0] if self.fit is not None else self._previous_lock_mhz
-                return base.PhaseDecision(
-                    interim, state, reason="trial budget spent: interim clock"
-                )
-            if n_slices == 0:
-                self._step_probe_clock = active[0]
-                self._step_probe = list(probe.block_schedule(active[:1]))
-                return base.PhaseDecision(
-                    self._step_probe[0],
-                    state,
-                    reason=f"step trial {active[0]} MHz",
-                    step_probe=True,
-                )
-            schedule = probe.block_schedule(active)
+        return n_slices, self._last_time_s / n_slices if n_slices else 0.0
+
+    def _decide_trial(
+        self, trial: Trial, allow_probe: bool, allow_extra: bool
+    ) -> base.PhaseDecision:
+        """A trial's decision: the running whole-step block, a new probe, or the interim clock."""
+        state = trial.state
+        if trial.step_probe:
+            # Whole-step slices: finish the current block before anything else.
             return base.PhaseDecision(
-                None,
+                trial.step_probe[0],
                 state,
-                probe_clocks_mhz=schedule,
-                probe_slice_s=slice_s,
-                reason=f"trial {', '.join(map(str, active))} MHz vs default",
+                reason=f"step trial {trial.step_probe_clock} MHz",
+                step_probe=True,
             )
+        n_slices, slice_s = self._slice_plan()
+        active = self._probe_clocks(max(n_slices // probe.BLOCK, 1))
+        extending = trial.round_steps >= self.trial_step_limit
+        if extending and not allow_extra and self.fit is not None:
+            # No budget to extend the trial: lock the safest choice the data supports.
+            self._lock(self._choose(self.lock_target)[0], self._last_feature, self._last_slowdown)
+            return self.decide(allow_probe, allow_extra)
+        if not allow_probe or not active:
+            # Waiting for trial budget: run the safest choice so far, else the previous lock.
+            interim = self._choose()[0] if self.fit is not None else self._previous_lock_mhz
+            return base.PhaseDecision(interim, state, reason="trial budget spent: interim clock")
+        if n_slices == 0:
+            trial.step_probe_clock = active[0]
+            trial.step_probe = list(probe.block_schedule(active[:1]))
+            return base.PhaseDecision(
+                trial.step_probe[0],
+                state,
+                reason=f"step trial {active[0]} MHz",
+                step_probe=True,
+            )
+        schedule = probe.block_schedule(active)
+        return base.PhaseDecision(
+            None,
+            state,
+            probe_clocks_mhz=schedule,
+            probe_slice_s=slice_s,
+            reason=f"trial {', '.join(map(str, active))} MHz vs default",
+        )
+
+    def _decide_locked(self, lock: Locked, allow_probe: bool) -> base.PhaseDecision:
+        """A lock's decision: its clock, with a monitor check when one is due."""
+        state = lock.state
+        n_slices, slice_s = self._slice_plan()
         clock = self.locked_clock_mhz
         # Lever-arm checks cost throughput (a quarter of their slices run the lever-arm clock,
         # and they come twice as often): not while the run owes its threshold some
@@ -442,7 +559,7 @@ class PhaseController:
             if unsure
             else self.ctl.monitor_interval_steps
         )
-        due = self._since_lock > 0 and self._since_lock % interval == 0
+        due = lock.steps > 0 and lock.steps % interval == 0
         if clock is not None and allow_probe and due and n_slices:
             # While the lock is held up by uncertainty, the check also probes the lowest clock
             # (the largest lever arm on the model) so the lock can move down when proven.
@@ -524,7 +641,7 @@ class PhaseController:
         check = self._model_check_clock()
         if check is not None:
             return [check]
-        if guess is not None and self._round_steps == 0 and self.blocks:
+        if guess is not None and self.round_steps == 0 and self.blocks:
             return [guess]  # drift re-trial with carried blocks: check the guess first
         return [min(cands[-1], self._lever_clock() or cands[-1])]
 
@@ -628,18 +745,41 @@ class PhaseController:
     def observe(self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload) -> None:
         """Feed one phase window of one step."""
         if obs.error is not None:
-            if self.state is not base.PhaseState.OBSERVE:
-                self.state = base.PhaseState.FALLBACK
+            if not isinstance(self.stage, Observe):
+                self.stage = Fallback()
                 self.retrial_reasons.append(f"error: {obs.error}")
-            self._clean = 0
             return
+        tokens = workload.phase_tokens(self.settings.name)
+        self._observe_window(obs, workload, tokens)
+        stage = self.stage
+        if isinstance(stage, Fallback):
+            stage.clean_steps += 1
+            if stage.clean_steps >= self.ctl.recovery_steps:
+                self._retrial("recovered from error")
+        elif isinstance(stage, Warmup):
+            stage.steps += 1
+            if stage.steps >= self.ctl.warmup_steps and self.default_model.ready:
+                self._retrial("warm-up done")
+        elif isinstance(stage, Trial):
+            whole_step = not obs.slices and bool(stage.step_probe)
+            blocks = self._blocks(obs, tokens)
+            f = self._last_feature
+            lo, hi = self._trial_features or (f, f)
+            self._trial_features = (min(lo, f), max(hi, f))
+            self._observe_trial(stage, obs, blocks, whole_step=whole_step)
+        elif isinstance(stage, Locked):
+            self._observe_locked(stage, obs, workload, self._blocks(obs, tokens))
+
+    def _observe_window(
+        self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload, tokens: float
+    ) -> None:
+        """Book a clean window in every stage: ledger, slicing inputs, default-governor model."""
         self._last_time_s = obs.duration_s
         self.progress_gap_s = obs.progress_gap_s
         self._last_default_time_s = self._default_time_s(obs, workload)
         self._ledger_add(obs)
         self._last_feature = _drift_feature(self.settings.name, workload)
         self._last_slowdown = obs.slowdown
-        tokens = workload.phase_tokens(self.settings.name)
         if obs.requested_clock_mhz is None and not obs.slices:
             self.default_model.add(tokens, obs.duration_s, obs.energy_j)
             if obs.energy_j is not None and obs.duration_s > 0:
@@ -647,32 +787,24 @@ class PhaseController:
                 self.default_s += obs.duration_s
             if obs.applied_clock_mhz is not None:
                 self.default_clock_mhz = max(self.default_clock_mhz or 0, obs.applied_clock_mhz)
-        if self.state is base.PhaseState.FALLBACK:
-            self._clean += 1
-            if self._clean >= self.ctl.recovery_steps:
-                self._retrial("recovered from error")
-            return
-        if self.state is base.PhaseState.WARMUP:
-            self._warm += 1
-            if self._warm >= self.ctl.warmup_steps and self.default_model.ready:
-                self._retrial("warm-up done")
-            return
-        blocks = self._blocks(obs, tokens)
-        if self.state is base.PhaseState.TRIAL:
-            f = self._last_feature
-            lo, hi = self._trial_features or (f, f)
-            self._trial_features = (min(lo, f), max(hi, f))
-            self._observe_trial(obs, workload, blocks)
-        elif self.state is base.PhaseState.LOCKED:
-            self._since_lock += 1
-            for clock, thr, power in blocks:
-                if clock == self.locked_clock_mhz:
-                    self._monitor.add(thr, power)
-                self.blocks.append((clock, thr, power))
-            if blocks:
-                self._refine_locked()
-            if self.state is base.PhaseState.LOCKED:
-                self._check_locked(obs, workload)
+
+    def _observe_locked(
+        self,
+        lock: Locked,
+        obs: base.PhaseObservation,
+        workload: api_workload.TokenWorkload,
+        blocks: list[tuple[int, float, float | None]],
+    ) -> None:
+        """A locked window: monitor blocks refine the fit, then the lock is checked."""
+        lock.steps += 1
+        for clock, thr, power in blocks:
+            if clock == self.locked_clock_mhz:
+                self._monitor.add(thr, power)
+            self.blocks.append((clock, thr, power))
+        if blocks:
+            self._refine_locked()
+        if self.stage is lock:
+            self._check_locked(obs, workload)
 
     def _default_time_s(
         self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
@@ -686,35 +818,42 @@ class PhaseController:
     def _blocks(
         self, obs: base.PhaseObservation, tokens: float
     ) -> list[tuple[int, float, float | None]]:
+        """Probe blocks a window completes: its in-phase slices, or a whole-step block's last."""
         if obs.slices:
             planned = max(s.duration_s for s in obs.slices)
             if SLICE_PER_PROGRESS_GAP * obs.progress_gap_s > planned:
                 return []  # the reports cannot resolve these slices: no in-phase evidence
             return probe.blocks_from_slices(obs.slices)[0]
-        self._was_step_probe = self.state is base.PhaseState.TRIAL and bool(self._step_probe)
-        if self._was_step_probe:
+        trial = self.stage
+        if isinstance(trial, Trial) and trial.step_probe:
             # Whole-step probe: this phase is one slice (rates) of a block spanning steps.
-            self._step_probe.pop(0)
+            trial.step_probe.pop(0)
             duration = max(obs.duration_s, 1e-9)
             power = None if obs.energy_j is None else obs.energy_j / duration
-            self._pending.append(
+            trial.pending.append(
                 base.ProbeSlice(obs.requested_clock_mhz, 1.0, tokens / duration, power)
             )
-            blocks, used = probe.blocks_from_slices(self._pending)
-            del self._pending[:used]
+            blocks, used = probe.blocks_from_slices(trial.pending)
+            del trial.pending[:used]
             return blocks
         return []
 
     def _observe_trial(
         self,
+        trial: Trial,
         obs: base.PhaseObservation,
-        workload: api_workload.TokenWorkload,
         blocks: list[tuple[int, float, float | None]],
+        *,
+        whole_step: bool,
     ) -> None:
+        """A trial window: book its blocks, raise the floor, lock once the choice is decided.
+
+        ``whole_step``: the window was one step of a whole-step block.
+        """
         if obs.slices:
-            self._round_steps += 1
-        elif self._was_step_probe:
-            self._round_steps += 1 / probe.BLOCK
+            trial.round_steps += 1
+        elif whole_step:
+            trial.round_steps += 1 / probe.BLOCK
         for clock, thr, power in blocks:
             self.blocks.append((clock, thr, power))
             self.stats.setdefault(clock, probe.RatioStats()).add(thr, power)
@@ -727,27 +866,31 @@ class PhaseController:
             return
         self.fit = probe.fit_corrected(self.blocks, self.settings.max_clock_mhz, self.f_default_mhz)
         if self.fit is None:
-            if self._round_steps >= self.trial_step_limit:
+            if trial.round_steps >= self.trial_step_limit:
                 self._lock(None, self._last_feature, obs.slowdown)
             return
+        if self._trial_decided(trial, self.fit):
+            self._lock(self._choose(self.lock_target)[0], self._last_feature, obs.slowdown)
+
+    def _trial_decided(self, trial: Trial, fit: probe.CorrectedFit) -> bool:
+        """Whether the round may lock: its choice is precise, or its steps are spent."""
         choice, stderr = self._choose()
-        z_eff = probe.student_t_factor(self.fit.blocks - 1, self.ctl.confidence_z)
+        z_eff = probe.student_t_factor(fit.blocks - 1, self.ctl.confidence_z)
         precise = (
             choice is not None
-            and self.fit.blocks >= self.ctl.min_blocks
+            and fit.blocks >= self.ctl.min_blocks
             and z_eff * stderr <= INDIFFERENCE
         )
         limit = self.trial_step_limit
-        if self.fit.misfit:
+        if fit.misfit:
             # The model does not fit: lock once the bracketing search has closed.
             precise = choice is not None and self._search_clock() is None
-        elif self._model_check_clock() is not None and self._round_steps < 3 * limit:
+        elif self._model_check_clock() is not None and trial.round_steps < 3 * limit:
             precise = False  # the model's shape is not tested yet
-        done = self._round_steps >= limit and (
-            self._round_steps >= 3 * limit or self._uncertainty_cost() < INFO_GAIN
+        done = trial.round_steps >= limit and (
+            trial.round_steps >= 3 * limit or self._uncertainty_cost() < INFO_GAIN
         )
-        if precise or done:
-            self._lock(self._choose(self.lock_target)[0], self._last_feature, obs.slowdown)
+        return precise or done
 
     def _uncertainty_cost(self) -> float:
         """Energy-per-token ratio given up by the conservative choice vs the point estimate.
@@ -871,22 +1014,30 @@ class PhaseController:
 
     def _drift_range(self) -> tuple[float, float]:
         """(lowest, highest) drift feature of the lock's step and its round's trial steps."""
-        f = self._lock_feature
+        f = self._locked().feature
         lo, hi = self._trial_features or (f, f)
         return min(lo, f), max(hi, f)
 
     def _lock(self, clock: int | None, feature: float, slowdown: bool) -> None:
+        round_steps = self.round_steps
         self.locked_clock_mhz = clock
-        self._lock_threshold = self.threshold
-        self._lock_target = self.lock_target
         self._previous_lock_mhz = clock
-        self.state = base.PhaseState.LOCKED
+        self.stage = Locked(
+            threshold=self.threshold,
+            target=self.lock_target,
+            feature=feature,
+            slowdown=slowdown,
+            round_steps=round_steps,
+        )
         self.selections += 1
-        self._lock_feature = feature
-        self._lock_slowdown = slowdown
-        self._slowdowns = 0
         self._monitor = probe.RatioStats()
-        self._since_lock = 0
+
+    def _set_lock_clock(self, clock: int | None, reason: str) -> None:
+        """Move the held lock to ``clock`` (its monitor starts again); ``reason`` is recorded."""
+        self.retrial_reasons.append(reason)
+        self.locked_clock_mhz = clock
+        self._monitor = probe.RatioStats()
+        self.selections += 1
 
     def _refine_locked(self) -> None:
         """Monitor blocks also sharpen the model: move to a lower clock once it is proven.
@@ -911,83 +1062,98 @@ class PhaseController:
     def _check_locked(
         self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
     ) -> None:
-        fit, clock = self.fit, self.locked_clock_mhz
-        if fit is not None and clock is None:
-            # Held at the default governor while the run's deficit is repaid: lock once a clock
-            # meets the (falling) target.
-            choice, _ = self._choose(self.lock_target)
-            if choice is not None:
-                self.retrial_reasons.append(
-                    f"target {self.lock_target:.3f}: default governor -> {choice} MHz"
-                )
-                self.locked_clock_mhz = choice
-                self._lock_target = self.lock_target
-                self._monitor = probe.RatioStats()
-                self.selections += 1
-                return
-        if fit is not None and clock is not None:
-            target = self.lock_target
-            threshold_moved = abs(self.threshold - self._lock_threshold) > 1e-9
-            moved = threshold_moved or target > self._lock_target + 1e-9
-            self._lock_target = min(self._lock_target, target)
-            choice = None
-            short = moved and not self._meets(clock, target)
-            if short:
-                choice, _ = self._choose(target)
-            if choice is None and moved and not threshold_moved:
-                # Only the run's deficit grew and no clock is shown to repay it: keep the
-                # lock (the monitor still steps it up on its own blocks' evidence).
-                self._lock_target = max(self._lock_target, target)
-            elif short:
-                # The threshold rose (async slack shrank) or the run's deficit grew (monitor
-                # slices): step up to what the model supports.
-                self.retrial_reasons.append(
-                    f"target {target:.3f} (threshold {self.threshold:.3f}): {clock} -> {choice} MHz"
-                )
-                self.locked_clock_mhz = choice
-                self._lock_threshold = self.threshold
-                self._lock_target = target
-                self._monitor = probe.RatioStats()
-                self.selections += 1
-                return
-            if self.threshold < self.settings.min_throughput_ratio:
-                self._refine_locked()  # async slack grew: the model may allow a lower clock
-                if self.state is not base.PhaseState.LOCKED:
-                    return
-        mon = self._monitor
-        if mon.n >= self.ctl.min_blocks and self._upper(mon) < self.threshold:
-            failed = self.locked_clock_mhz or 0
-            self.floor_mhz = max(self.floor_mhz, failed)
-            reason = (
-                f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f} "
-                f"at {failed} MHz"
-            )
-            choice, _ = self._choose(self.lock_target)
-            if choice is not None:
-                # Step up at once to the next clock the model supports; no default-governor gap.
-                self.retrial_reasons.append(f"{reason}: stepped up to {choice} MHz")
-                self.locked_clock_mhz = choice
-                self._monitor = probe.RatioStats()
-                self.selections += 1
-            else:
-                self._retrial(reason, keep_floor=True)
+        """Check a held lock after a window: its target, its monitor, the workload, slowdowns.
+
+        Each check may move the lock or start a re-trial; the first that does ends the check.
+        """
+        lock = self._locked()
+        if self._check_target(lock) or self.stage is not lock:
+            return
+        if self._check_monitor():
             return
         drift = self._drift(_drift_feature(self.settings.name, workload))
         if drift is not None:
             self._retrial(f"workload drift {drift:+.0%}", carry=True)
             return
-        if obs.slowdown and not self._lock_slowdown and self.locked_clock_mhz is not None:
-            self._slowdowns += 1
-            if self._slowdowns >= 2:
+        if obs.slowdown and not lock.slowdown and self.locked_clock_mhz is not None:
+            lock.slowdowns += 1
+            if lock.slowdowns >= 2:
                 self._retrial("clock-event reasons (power or thermal slowdown)")
         else:
-            self._slowdowns = 0
+            lock.slowdowns = 0
+
+    def _check_target(self, lock: Locked) -> bool:
+        """Follow the lock target (threshold or the run's deficit) as it moves.
+
+        Returns True when the lock's clock moved (the check ends there). Where the async slack
+        grew, the model may allow a lower clock (``_refine_locked``, which may start a
+        re-trial).
+        """
+        fit, clock = self.fit, self.locked_clock_mhz
+        if fit is None:
+            return False
+        if clock is None:
+            # Held at the default governor while the run's deficit is repaid: lock once a clock
+            # meets the (falling) target.
+            choice, _ = self._choose(self.lock_target)
+            if choice is not None:
+                reason = f"target {self.lock_target:.3f}: default governor -> {choice} MHz"
+                self._set_lock_clock(choice, reason)
+                lock.target = self.lock_target
+                return True
+            return False
+        target = self.lock_target
+        threshold_moved = abs(self.threshold - lock.threshold) > 1e-9
+        moved = threshold_moved or target > lock.target + 1e-9
+        lock.target = min(lock.target, target)
+        choice = None
+        short = moved and not self._meets(clock, target)
+        if short:
+            choice, _ = self._choose(target)
+        if choice is None and moved and not threshold_moved:
+            # Only the run's deficit grew and no clock is shown to repay it: keep the
+            # lock (the monitor still steps it up on its own blocks' evidence).
+            lock.target = max(lock.target, target)
+        elif short:
+            # The threshold rose (async slack shrank) or the run's deficit grew (monitor
+            # slices): step up to what the model supports.
+            reason = (
+                f"target {target:.3f} (threshold {self.threshold:.3f}): {clock} -> {choice} MHz"
+            )
+            self._set_lock_clock(choice, reason)
+            lock.threshold = self.threshold
+            lock.target = target
+            return True
+        if self.threshold < self.settings.min_throughput_ratio:
+            self._refine_locked()  # async slack grew: the model may allow a lower clock
+        return False
+
+    def _check_monitor(self) -> bool:
+        """Step the lock up (or re-trial) when its monitor blocks miss the threshold.
+
+        Returns True when they did (the check ends there).
+        """
+        mon = self._monitor
+        if not (mon.n >= self.ctl.min_blocks and self._upper(mon) < self.threshold):
+            return False
+        failed = self.locked_clock_mhz or 0
+        self.floor_mhz = max(self.floor_mhz, failed)
+        reason = (
+            f"throughput ratio {mon.throughput_mean:.3f} below {self.threshold:.3f} at {failed} MHz"
+        )
+        choice, _ = self._choose(self.lock_target)
+        if choice is not None:
+            # Step up at once to the next clock the model supports; no default-governor gap.
+            self._set_lock_clock(choice, f"{reason}: stepped up to {choice} MHz")
+        else:
+            self._retrial(reason, keep_floor=True)
+        return True
 
     # ----- reporting ---------------------------------------------------------------------
     def default_equivalent(
         self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
-    ) -> tuple[float | None, float | None]:
-        """(energy J, time s) the default governor would have needed for this phase window.
+    ) -> DefaultEquivalent:
+        """What the default governor would have needed for this phase window (energy J, time s).
 
         Default-governor windows are their own answer. Probed windows are measured: their
         paired default-governor slices give the default governor's rate and power on the same
@@ -1000,16 +1166,18 @@ class PhaseController:
         Returns (None, None) for windows with errors or when nothing is known yet.
         """
         if obs.error is not None:
-            return None, None
+            return DefaultEquivalent(None, None)
         if obs.requested_clock_mhz is None and not obs.slices:
-            return obs.energy_j, obs.duration_s
+            return DefaultEquivalent(obs.energy_j, obs.duration_s)
         fit = self.fit
         if obs.slices and obs.energy_j is not None:
             paired = probe.paired_default(obs.slices, fit)
             slice_s = sum(s.duration_s for s in obs.slices)
             slice_j = sum(s.energy_j or 0.0 for s in obs.slices)
             if paired is not None and slice_s > 0 and slice_j > 0:
-                return obs.energy_j * paired[1] / slice_j, obs.duration_s * paired[0] / slice_s
+                return DefaultEquivalent(
+                    obs.energy_j * paired[1] / slice_j, obs.duration_s * paired[0] / slice_s
+                )
         if fit is not None and fit.beta is not None and obs.energy_j is not None:
             if obs.slices:
                 ran = [base.ran_slice_clock_mhz(s) for s in obs.slices]  # caps credited
@@ -1025,16 +1193,18 @@ class PhaseController:
                 ]
                 mean_ratio = sum(w * e for w, e in weights) / max(total_slice_s, 1e-9)
                 scale = obs.duration_s / max(total_slice_s, 1e-9)
-                return obs.energy_j / mean_ratio, time_s * scale
+                return DefaultEquivalent(obs.energy_j / mean_ratio, time_s * scale)
             clock = base.ran_clock_mhz(obs)
             if clock is not None:
                 thr, e_ratio = self._locked_ratios(fit, clock)
                 if e_ratio:
-                    return obs.energy_j / e_ratio, obs.duration_s * thr
+                    return DefaultEquivalent(obs.energy_j / e_ratio, obs.duration_s * thr)
         if not self.default_model.ready:
-            return None, None
+            return DefaultEquivalent(None, None)
         tokens = workload.phase_tokens(self.settings.name)
-        return self.default_model.energy_fit()(tokens), self.default_model.time_fit()(tokens)
+        return DefaultEquivalent(
+            self.default_model.energy_fit()(tokens), self.default_model.time_fit()(tokens)
+        )
 
     def _locked_ratios(self, fit: probe.CorrectedFit, clock_mhz: int) -> tuple[float, float | None]:
         """(throughput ratio, energy-per-token ratio) vs default a locked window is judged by.

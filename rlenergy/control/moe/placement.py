@@ -369,28 +369,11 @@ def forecast_occupied_gpu_s(
                 running[w] = math.ceil(running[w] / stretch[w])
                 context[w] /= stretch[w]
                 peak[w] /= stretch[w]
-        group = list(range(workers))
-        held: dict[int, set[int]] = {w: set(experts_of[w]) for w in group}
         if elastic:
-            busy = [w for w in range(workers) if running[w]]
-            idle = [w for w in range(workers) if not running[w]]
-            kept = busy + idle[: max(floor - len(busy), 0)]
-            spare = idle[max(floor - len(busy), 0) :]
-            # The release rule copies experts only into memory the survivors' predicted KV
-            # leaves free: keep the fewest further idle workers (lowest ranks first) whose
-            # room, with that of the busy ones, holds the experts of those that leave; as
-            # the planner does, part of the idle workers may leave when not all can.
-            while True:
-                gone = [e for w in spare for e in sorted(experts_of[w])]
-                free = sum(budget[w] - peak[w] * kvb for w in kept)
-                if free >= len(gone) * layout.expert_bytes or not spare:
-                    break
-                kept.append(spare.pop(0))
-            if spare:
-                group = sorted(kept)
-                held = {w: set(experts_of[w]) for w in group}
-                for k, expert in enumerate(gone):
-                    held[group[k % len(group)]].add(expert)
+            group, held = _elastic_group(running, peak, budget, experts_of, floor, layout)
+        else:
+            group = list(range(workers))
+            held = {w: set(experts_of[w]) for w in group}
         states = [
             base.WorkerState(
                 worker=w,
@@ -404,6 +387,45 @@ def forecast_occupied_gpu_s(
         total += (cut - start) * len(group) * cost_model.decode_step_s(states)
         start = cut
     return total
+
+
+def _elastic_group(
+    running: Sequence[int],
+    peak: Sequence[float],
+    budget: Sequence[int],
+    experts_of: Sequence[frozenset[int]],
+    floor: int,
+    layout: base.MoeLayout,
+) -> tuple[list[int], dict[int, set[int]]]:
+    """The workers an elastic group keeps in a forecast segment, and the experts each holds.
+
+    Busy workers (``running > 0``) stay, topped up to ``floor`` by the lowest idle ranks. The
+    release rule copies experts only into memory the survivors' predicted KV leaves free
+    (``budget - peak x kv_bytes_per_token``, ``peak`` in tokens): keep the fewest further idle
+    workers (lowest ranks first) whose room, with that of the busy ones, holds the experts of
+    those that leave; as the planner does, part of the idle workers may leave when not all
+    can. The leavers' experts go to the kept workers round-robin.
+    """
+    workers = len(experts_of)
+    kvb = layout.kv_bytes_per_token
+    busy = [w for w in range(workers) if running[w]]
+    idle = [w for w in range(workers) if not running[w]]
+    kept = busy + idle[: max(floor - len(busy), 0)]
+    spare = idle[max(floor - len(busy), 0) :]
+    while True:
+        gone = [e for w in spare for e in sorted(experts_of[w])]
+        free = sum(budget[w] - peak[w] * kvb for w in kept)
+        if free >= len(gone) * layout.expert_bytes or not spare:
+            break
+        kept.append(spare.pop(0))
+    if not spare:
+        group = list(range(workers))
+        return group, {w: set(experts_of[w]) for w in group}
+    group = sorted(kept)
+    held = {w: set(experts_of[w]) for w in group}
+    for k, expert in enumerate(gone):
+        held[group[k % len(group)]].add(expert)
+    return group, held
 
 
 FORECAST_DRAWS = 4

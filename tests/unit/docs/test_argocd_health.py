@@ -6,7 +6,7 @@ Argo CD runs health checks in gopher-lua (Lua 5.1); the test runs the shipped fi
 We test these aspects:
 * every condition (type, status, reason) the operator can write is read out of its source
   (``builders.condition`` calls with literal arguments, and the ``*_condition`` builders'
-  returned tuples); Degraded=True and Ready=False are Degraded whatever the reason, and each
+  returned findings); Degraded=True and Ready=False are Degraded whatever the reason, and each
   Progressing=True reason has a decided health here: a new one fails this test until someone
   decides it;
 * for each of them, on an otherwise healthy policy, the script returns the expected health,
@@ -64,19 +64,28 @@ _BUILDER_TYPES = {
 def _builder_type(fn: ast.FunctionDef) -> str | None:
     """Condition type a ``(status, reason, message)`` builder produces, or None if it is none.
 
-    Builders are named ``<type>_condition`` or annotated ``tuple[bool, str, str]`` with the
-    type named in the first docstring line (e.g. ``scheduling.agents_unschedulable``).
+    Builders are named ``<type>_condition`` or annotated ``builders.Finding`` with the type
+    named in the first docstring line (e.g. ``scheduling.agents_unschedulable``).
     """
     if fn.name.endswith("_condition"):
         prefix = fn.name.split("_")[0]
         assert prefix in _BUILDER_TYPES, f"{fn.name}: which condition type?"
         return _BUILDER_TYPES[prefix]
-    if fn.returns is None or "tuple[bool, str, str]" not in ast.unparse(fn.returns):
+    if fn.returns is None or "Finding" not in ast.unparse(fn.returns):
         return None
     first = (ast.get_docstring(fn) or "").split("\n")[0]
     named = [t for t in _TYPES if t in first]
     assert len(named) == 1, f"{fn.name}: name its condition type in the docstring's first line"
     return named[0]
+
+
+def _finding_fields(node: ast.expr | None) -> list[ast.expr]:
+    """The ``(status, reason, message)`` a builder returns: a ``Finding(...)`` or a tuple."""
+    if isinstance(node, ast.Tuple):
+        return list(node.elts)
+    if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "Finding":
+        return list(node.args)
+    return []
 
 
 def _literal(node: ast.expr, consts: dict[str, str]) -> object:
@@ -92,8 +101,8 @@ def operator_conditions() -> set[tuple[str, str, str]]:
     """(type, status, reason) the operator's source can write.
 
     From ``builders.condition(...)`` calls with literal arguments and from the returned
-    ``(status, reason, message)`` tuples of condition builders; a reason may be a module-level
-    string constant.
+    ``(status, reason, message)`` findings of condition builders; a reason may be a
+    module-level string constant.
     """
     found: set[tuple[str, str, str]] = set()
     for path in sorted(OPERATOR.glob("*.py")):
@@ -120,8 +129,9 @@ def operator_conditions() -> set[tuple[str, str, str]]:
                     found.add((type_, "True" if status else "False", reason))
             if isinstance(node, ast.FunctionDef) and (kind := _builder_type(node)):
                 for ret in ast.walk(node):
-                    if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Tuple):
-                        status, reason = (_literal(e, consts) for e in ret.value.elts[:2])
+                    fields = _finding_fields(ret.value) if isinstance(ret, ast.Return) else []
+                    if len(fields) >= 2:
+                        status, reason = (_literal(e, consts) for e in fields[:2])
                         if isinstance(status, bool) and isinstance(reason, str):
                             found.add((kind, "True" if status else "False", reason))
     return found

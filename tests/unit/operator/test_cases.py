@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from rlenergy_operator import builders, handlers, jobloop, kube, liveness, settings
+from rlenergy_operator import builders, handlers, jobloop, kube, settings
 from sim_nodes import SimNodes
 
 from rlenergy.api import crds as api_crds
@@ -87,7 +87,7 @@ def test_case18_timer_ignores_objects_being_deleted_and_deletion_has_a_deadline(
         meta={"deletionTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
         status={},
         patch=_Patch(),
-        memo={"watch_lag": liveness.WatchLag(), "echoes": liveness.EchoTracker()},
+        memo={"operator": handlers.OperatorMemo()},
         body={},
         namespace="ns",
         name="p",

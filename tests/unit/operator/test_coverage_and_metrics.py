@@ -139,7 +139,7 @@ def test_a_policy_timer_never_waits_for_another_policys_agent_check(monkeypatch)
         warning = log
 
     check = handlers.AgentCheck()
-    memos = [{"agent_check": check} for _ in range(3)]
+    memos = [{"operator": handlers.OperatorMemo(agent_check=check)} for _ in range(3)]
     first = threading.Thread(
         target=handlers.policy_agents_check, kwargs={"meta": {}, "memo": memos[0], "logger": _Log()}
     )
@@ -148,10 +148,10 @@ def test_a_policy_timer_never_waits_for_another_policys_agent_check(monkeypatch)
     t0 = time.monotonic()
     for memo in memos[1:]:  # the other policies' timers while the read waits
         handlers.policy_agents_check(meta={}, memo=memo, logger=_Log())
-        assert memo["agents_unschedulable"] is None  # the last finding: none yet
+        assert memo["policy"].agents_unschedulable is None  # the last finding: none yet
     assert time.monotonic() - t0 < 1.0
     release.set()
     first.join(5)
-    assert memos[0]["agents_unschedulable"] == blocked and reads == ["read"]
+    assert memos[0]["policy"].agents_unschedulable == blocked and reads == ["read"]
     handlers.policy_agents_check(meta={}, memo=memos[1], logger=_Log())  # not due: no read
-    assert memos[1]["agents_unschedulable"] == blocked and reads == ["read"]
+    assert memos[1]["policy"].agents_unschedulable == blocked and reads == ["read"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from hand_reports import STEPS, report
-from rlenergy_operator import handlers, jobloop, kube, liveness
+from rlenergy_operator import handlers, jobloop, kube
 from rlenergy_operator import reports as node_reports
 
 from rlenergy.api import node as api_node
@@ -91,11 +91,7 @@ def test_a_new_leader_folds_over_every_report_while_its_index_refills(monkeypatc
     indexed = {
         ("ns", "p"): [node_reports.IndexedReport.from_spec("p.gpu-node-0", "9", _wire(now[0]), -1)]
     }
-    memo: dict[str, Any] = {
-        "watch_lag": liveness.WatchLag(),
-        "echoes": liveness.EchoTracker(),
-        "checkpoints": {},
-    }
+    memo: dict[str, Any] = {"operator": handlers.OperatorMemo()}
     patch = _Patch()
     handlers.policy_loop(
         spec=SPEC,

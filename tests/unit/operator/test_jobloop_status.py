@@ -14,7 +14,7 @@ from rlenergy_operator import jobloop
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
-from rlenergy.control.freq import base
+from rlenergy.control.freq import eerl
 from rlenergy.gpu import models
 
 AT = "2026-12-02T05:00:00Z"
@@ -76,7 +76,8 @@ def test_the_status_reads_the_controller_state_of_each_phase() -> None:
     assert loop.controller is not None
     gen, train = loop.controller.phases["generation"], loop.controller.phases["training"]
     gen.locked_clock_mhz, gen.selections, gen.threshold = 1500, 2, 0.93
-    train.state, train.locked_clock_mhz, train.selections = base.PhaseState.LOCKED, 1700, 1
+    train.stage = eerl.Locked(threshold=train.threshold, target=train.lock_target)
+    train.locked_clock_mhz, train.selections = 1700, 1
     status = {p.name: p for p in loop.phase_status()}
     g, t = status["generation"], status["training"]
     assert (g.state, g.clock_mhz, g.selections, g.min_throughput_ratio) == (

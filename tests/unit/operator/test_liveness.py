@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,16 +35,17 @@ class _Clock:
 
 
 def _memo(clock: _Clock, bound_s: float = 60.0) -> dict[str, Any]:
-    return {
-        "echoes": liveness.EchoTracker(bound_s=bound_s, clock=clock),
-        "watch_lag": liveness.WatchLag(bound_s=bound_s, stale_s=100.0, clock=clock),
-    }
+    shared = handlers.OperatorMemo(
+        echoes=liveness.EchoTracker(bound_s=bound_s, clock=clock),
+        watch_lag=liveness.WatchLag(bound_s=bound_s, stale_s=100.0, clock=clock),
+    )
+    return {"operator": shared}
 
 
 def test_a_write_the_watch_never_brings_back_fails_the_probe():
     clock = _Clock()
     memo = _memo(clock)
-    echoes: liveness.EchoTracker = memo["echoes"]
+    echoes: liveness.EchoTracker = memo["operator"].echoes
     assert handlers.policy_watch_probe(memo=memo) == "ok"  # nothing written: a quiet cluster
     echoes.wrote(("team-a", "grpo"), "100")
     clock.t += 30
@@ -64,7 +66,7 @@ def test_a_write_the_watch_never_brings_back_fails_the_probe():
 def test_all_watches_silent_fails_the_probe_within_the_bound():
     clock = _Clock()
     memo = _memo(clock)
-    lag: liveness.WatchLag = memo["watch_lag"]
+    lag: liveness.WatchLag = memo["operator"].watch_lag
     rep, pol = (R, "ns", "node-1"), (P, "ns", "grpo")
     lag.delivered(rep, "10")
     lag.delivered(pol, "11")
@@ -193,7 +195,7 @@ class _Log:
 
 def test_the_index_and_the_job_loop_record_what_the_watch_delivered():
     clock = _Clock()
-    memo = _memo(clock) | {"checkpoints": {}}
+    memo = _memo(clock)
     handlers.policy_node_reports(
         namespace="ns", name="n1", meta={"resourceVersion": "8"}, spec={}, memo=memo
     )
@@ -212,7 +214,7 @@ def test_the_index_and_the_job_loop_record_what_the_watch_delivered():
         name="p",
         logger=None,
     )
-    lag: liveness.WatchLag = memo["watch_lag"]
+    lag: liveness.WatchLag = memo["operator"].watch_lag
     lag.listed({(R, "ns", "n1"): "8", (P, "ns", "p"): "9"}, lag.now())
     clock.t += 90
     lag.listed({(R, "ns", "n1"): "8", (P, "ns", "p"): "9"}, lag.now())
@@ -256,8 +258,23 @@ def test_watch_timeouts_stay_set_and_the_bound_is_above_kopfs_own_reconnect():
     assert cfg.watch_echo_bound_s > 2 * cfg.watch_check_interval_s
     memo: dict[str, Any] = {}
     handlers.operator_startup(settings=kopf.OperatorSettings(), memo=memo)
-    assert memo["echoes"].bound_s == memo["watch_lag"].bound_s == cfg.watch_echo_bound_s
-    assert memo["watch_lag"].stale_s > cfg.watch_check_interval_s
+    assert (
+        memo["operator"].echoes.bound_s
+        == memo["operator"].watch_lag.bound_s
+        == cfg.watch_echo_bound_s
+    )
+    assert memo["operator"].watch_lag.stale_s > cfg.watch_check_interval_s
+
+
+def test_each_policy_memo_copy_shares_the_operator_state_and_keeps_its_own():
+    memo: dict[str, Any] = {}
+    handlers.operator_startup(settings=kopf.OperatorSettings(), memo=memo)
+    first, second = copy.copy(memo), copy.copy(memo)  # kopf's per-object memo copies
+    assert handlers._shared(first) is handlers._shared(second) is memo["operator"]
+    handlers._policy(first).lagging = (3, 10.0)
+    assert handlers._policy(first) is handlers._policy(first)  # made once, then kept
+    assert handlers._policy(second).lagging is None
+    assert "policy" not in memo  # never in the operator-wide memo
 
 
 def test_kopf_relists_after_410_gone(monkeypatch: pytest.MonkeyPatch):

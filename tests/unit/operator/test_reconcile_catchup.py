@@ -69,7 +69,8 @@ def _pass(memo: dict[str, Any], status: dict[str, Any], log: _Log, generation: i
 
 
 def _memo() -> dict[str, Any]:
-    return {"watch_lag": liveness.WatchLag(), "echoes": liveness.EchoTracker(), "checkpoints": {}}
+    shared = handlers.OperatorMemo(watch_lag=liveness.WatchLag(), echoes=liveness.EchoTracker())
+    return {"operator": shared}
 
 
 def test_the_loop_reconciles_a_generation_no_change_handler_recorded(clock, daemonsets):

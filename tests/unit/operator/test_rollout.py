@@ -171,6 +171,7 @@ def test_reconcile_resizes_once_per_published_step_and_refuses_below_the_floor(
     assert (r.status.scale.for_step, r.status.scale.reason) == (1, "ShrinkBetweenSteps")
     assert r.status.active == 2 and r.status.floor == 2
     assert r.event is not None and r.event[:2] == ("Normal", "ShrinkBetweenSteps")
+    assert (r.event.type, r.event.reason) == ("Normal", "ShrinkBetweenSteps")  # named fields
     # the same publication again: decided already, no second patch, even if someone rescaled
     ws.replicas = 5
     r2 = rollout.reconcile(spec, r.status, _published(0, 2), "ns", "t", policy="p")

@@ -464,3 +464,19 @@ def test_tensor_parallel_worker_occupies_its_gpus():
     assert r.occupied_gpu_s == pytest.approx(8 * r.wall_s)
     with pytest.raises(moe.errors.InvalidInputError):
         moe.RolloutConfig(model=dense, gpu="h100-sxm", workers=1)  # 144 GB on one 80 GB GPU
+
+
+def test_modes_are_enums_and_an_unknown_one_says_which():
+    config = moe.RolloutConfig(model=MODEL, workers=4)
+    lengths = [40, 10, 10, 10, 30, 20]
+    as_enum = moe.simulate_rollout(
+        config, batch(lengths), policy=moe.Policy.FLEXFLOOR, placement_mode=moe.Placement.LENGTH
+    )
+    as_text = moe.simulate_rollout(
+        config, batch(lengths), policy="flexfloor", placement_mode="length"
+    )
+    assert as_enum == as_text and as_enum.policy == "flexfloor"
+    with pytest.raises(moe.errors.InvalidInputError, match="unknown placement 'balanced'"):
+        moe.simulate_rollout(config, batch(lengths), policy="flexfloor", placement_mode="balanced")
+    with pytest.raises(moe.errors.InvalidInputError, match="unknown policy 'elastic'"):
+        moe.simulate_rollout(config, batch(lengths), policy="elastic")

@@ -53,7 +53,7 @@ def _exact_blocks(*clocks: int, n: int = 3) -> list[tuple[int, float, float | No
 
 def _fitted(ctl: eerl.ControllerSettings | None = None) -> eerl.PhaseController:
     pc = _pc(ctl)
-    pc.state = base.PhaseState.TRIAL
+    pc.stage = eerl.Trial()
     pc.blocks = _exact_blocks(1080, 1380)
     pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
     assert pc.fit is not None and not pc.fit.misfit
@@ -246,13 +246,13 @@ def test_choose_without_power_prefers_the_lowest_clock_meeting_the_target() -> N
 def test_lock_records_the_selection() -> None:
     pc = _fitted()
     pc._monitor.add(0.9, 0.9)
-    pc._since_lock, pc._slowdowns = 5, 1
+    pc.stage.steps, pc.stage.slowdowns = 5, 1
     pc._lock(1680, 150.0, slowdown=True)
     assert pc.state is base.PhaseState.LOCKED
     assert (pc.locked_clock_mhz, pc._previous_lock_mhz, pc.selections) == (1680, 1680, 1)
-    assert pc._lock_feature == 150.0 and pc._lock_slowdown is True
-    assert pc._lock_threshold == 0.95 and pc._lock_target == pytest.approx(0.952)
-    assert pc._monitor.n == 0 and pc._since_lock == 0 and pc._slowdowns == 0
+    assert pc.stage.feature == 150.0 and pc.stage.slowdown is True
+    assert pc.stage.threshold == 0.95 and pc.stage.target == pytest.approx(0.952)
+    assert pc._monitor.n == 0 and pc.stage.steps == 0 and pc.stage.slowdowns == 0
 
 
 def test_estimate_by_state_monitor_and_fit() -> None:
@@ -275,11 +275,12 @@ def test_estimate_by_state_monitor_and_fit() -> None:
 
 # ----- decisions outside trials ----------------------------------------------------------------
 @pytest.mark.parametrize(
-    "state", [base.PhaseState.OBSERVE, base.PhaseState.WARMUP, base.PhaseState.FALLBACK]
+    "stage", [eerl.Observe(), eerl.Warmup(), eerl.Fallback()], ids=lambda s: s.state.value
 )
-def test_warmup_observe_and_fallback_run_the_default_governor(state: base.PhaseState) -> None:
+def test_warmup_observe_and_fallback_run_the_default_governor(stage: eerl.Stage) -> None:
     pc = _fitted()
-    pc.state = state
+    pc.stage = stage
+    state = stage.state
     assert pc.decide(True) == base.PhaseDecision(None, state, reason=state.value)
 
 
@@ -301,7 +302,7 @@ def test_monitor_checks_come_every_interval_at_the_lock() -> None:
     assert not pc._uncertain()
     seen = []
     for since in range(0, 9):
-        pc._since_lock = since
+        pc.stage.steps = since
         d = pc.decide(True)
         seen.append(bool(d.probe_clocks_mhz))
         if d.probe_clocks_mhz:
@@ -309,7 +310,7 @@ def test_monitor_checks_come_every_interval_at_the_lock() -> None:
             assert d.probe_clocks_mhz == probe.block_schedule([1680]) + (1680,) * probe.BLOCK
             assert d.probe_slice_s == pytest.approx(1.25 / 48)
     assert seen == [False, False, False, False, True, False, False, False, True]
-    pc._since_lock = 4
+    pc.stage.steps = 4
     assert not pc.decide(False).probe_clocks_mhz  # no trial budget: no check
 
 
@@ -324,7 +325,7 @@ def test_lever_arm_checks_wait_while_the_run_owes_throughput() -> None:
     pc.threshold = 0.90
     pc._lock(1830, 150.0, slowdown=False)
     assert pc._uncertain()
-    pc._since_lock = 2
+    pc.stage.steps = 2
     unsure = pc.decide(True)
     lever = pc._lever_clock()
     assert lever is not None and lever < 1830
@@ -338,7 +339,7 @@ def test_lever_arm_checks_wait_while_the_run_owes_throughput() -> None:
     assert pc.repay_ratio == pytest.approx(0.93) and pc.repay_ratio > pc.threshold
     assert pc._uncertain()  # still unsure, but the run cannot pay for lever-arm slices
     assert not pc.decide(True).probe_clocks_mhz  # not due at 2 of 4
-    pc._since_lock = 4
+    pc.stage.steps = 4
     owed = pc.decide(True)
     assert owed.probe_clocks_mhz == probe.block_schedule([1830]) + (1830,) * probe.BLOCK
 
@@ -407,7 +408,7 @@ def test_trial_budget_is_a_fraction_of_at_least_forty_steps() -> None:
 def test_a_lost_phase_observation_and_an_agent_error_fall_back() -> None:
     ctl = eerl.EERLController([_settings(), _settings("training", 0.97)])
     for pc in ctl.phases.values():
-        pc.state = base.PhaseState.LOCKED
+        pc.stage = eerl.Locked(threshold=pc.threshold, target=pc.lock_target)
     obs = base.StepObservation(0, WL, {"generation": _default_obs()})
     ctl.observe(obs)
     assert ctl.steps_seen == 1
@@ -624,7 +625,7 @@ def test_a_probing_plan_spends_one_trial_step() -> None:
     ctl = eerl.EERLController([_settings(), _settings("training", 0.97)])
     gen = ctl.phases["generation"]
     fitted = _fitted()
-    gen.state, gen.blocks, gen.fit = base.PhaseState.TRIAL, fitted.blocks, fitted.fit
+    gen.stage, gen.blocks, gen.fit = eerl.Trial(), fitted.blocks, fitted.fit
     gen._last_time_s = gen._last_default_time_s = 1.25
     plan = ctl.decide(0)
     assert plan.step == 0
@@ -636,7 +637,7 @@ def test_a_probing_plan_spends_one_trial_step() -> None:
     assert not plan.phases["generation"].probing
     assert plan.phases["generation"].reason == "trial budget spent: interim clock"
     assert ctl.trial_steps == 10
-    gen.state = base.PhaseState.WARMUP
+    gen.stage = eerl.Warmup()
     ctl.trial_steps = 0
     ctl.decide(2)
     assert ctl.trial_steps == 0  # nothing probed
@@ -685,7 +686,7 @@ def test_a_trial_first_checks_the_guess_of_carried_blocks_then_the_lever() -> No
         probe_slice_s=pytest.approx(1.25 / 48),
         reason="trial 1680 MHz vs default",
     )
-    pc._round_steps = 1.0
+    pc.stage.round_steps = 1.0
     assert pc._lever_clock() == 1080  # r(1080) = 0.857 >= PROBE_MIN_RATIO
     assert pc.decide(True).probe_clocks_mhz == probe.block_schedule([1080])
     assert pc.decide(True).reason == "trial 1080 MHz vs default"
@@ -707,7 +708,7 @@ def test_a_trial_without_budget_runs_the_interim_clock() -> None:
 
 def test_an_extended_trial_without_budget_locks_the_safest_choice() -> None:
     pc = _trial()
-    pc._round_steps = pc.trial_step_limit
+    pc.stage.round_steps = pc.trial_step_limit
     assert pc.decide(True, allow_extra=True).probe_clocks_mhz  # may extend: probes on
     d = pc.decide(True, allow_extra=False)
     assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz == 1680
@@ -723,8 +724,8 @@ def test_a_phase_too_short_to_slice_trials_whole_steps() -> None:
     assert d == base.PhaseDecision(
         schedule[0], base.PhaseState.TRIAL, reason="step trial 1680 MHz", step_probe=True
     )
-    assert pc._step_probe == list(schedule) and pc._step_probe_clock == 1680
-    pc._step_probe.pop(0)
+    assert pc.stage.step_probe == list(schedule) and pc.stage.step_probe_clock == 1680
+    pc.stage.step_probe.pop(0)
     d = pc.decide(True)
     assert d == base.PhaseDecision(
         schedule[1], base.PhaseState.TRIAL, reason="step trial 1680 MHz", step_probe=True
@@ -736,16 +737,16 @@ def test_a_monitor_check_while_unsure_probes_the_lever_twice() -> None:
     pc.threshold = 0.90
     pc._lock(1830, 150.0, slowdown=False)
     assert pc._uncertain()
-    pc._since_lock = 5  # half of monitor_interval_steps while unsure
+    pc.stage.steps = 5  # half of monitor_interval_steps while unsure
     d = pc.decide(True)
     lever = pc._lever_clock()
     assert lever == 1080
     assert d.probe_clocks_mhz == probe.block_schedule([1080, 1080, 1830]) + (1830,) * 8
     assert d.clock_mhz == 1830 and d.reason == "monitor 1830 MHz"
-    pc._since_lock = 4
+    pc.stage.steps = 4
     assert not pc.decide(True).probe_clocks_mhz
     pc._last_time_s = 0.1  # no slices fit: no in-phase check
-    pc._since_lock = 5
+    pc.stage.steps = 5
     assert not pc.decide(True).probe_clocks_mhz
 
 
@@ -819,7 +820,7 @@ def test_locked_monitor_blocks_feed_the_monitor_at_the_lock_only() -> None:
     n = len(pc.blocks)
     slices = (*_block(1680), *_block(1080))
     pc.observe(base.PhaseObservation("generation", 1.25, 300.0, 1680, slices=slices), WL)
-    assert pc._since_lock == 1
+    assert pc.stage.steps == 1
     assert len(pc.blocks) == n + 2
     assert pc._monitor.n == 1 and pc._monitor.throughput_mean == pytest.approx(_r(1680))
 
@@ -835,18 +836,18 @@ def test_slices_the_reports_cannot_resolve_give_no_blocks() -> None:
 
 def test_whole_step_probes_make_a_block_over_eight_steps() -> None:
     pc = _pc()
-    pc.state = base.PhaseState.TRIAL
+    pc.stage = eerl.Trial()
     pc._last_time_s = pc._last_default_time_s = 0.1
     assert pc.decide(True).reason == "step trial 1830 MHz"  # no fit: the highest candidate
-    schedule = list(pc._step_probe)
+    schedule = list(pc.stage.step_probe)
     assert len(schedule) == probe.BLOCK
     for i, clock in enumerate(schedule):
         rate = _r(1830) if clock else 1.0
         power = _p(1830) if clock else 1.0
         obs = base.PhaseObservation("generation", 0.1 / rate, 30.0 * power / rate, clock)
         pc.observe(obs, WL)
-        assert pc._round_steps == pytest.approx((i + 1) / probe.BLOCK)
-    assert pc._step_probe == [] and pc._pending == []
+        assert pc.stage.round_steps == pytest.approx((i + 1) / probe.BLOCK)
+    assert pc.stage.step_probe == [] and pc.stage.pending == []
     assert pc.stats[1830].n == 1
     assert pc.stats[1830].throughput_mean == pytest.approx(_r(1830))
     assert pc.blocks == [(1830, pytest.approx(_r(1830)), pytest.approx(_p(1830)))]
@@ -857,6 +858,7 @@ def test_whole_step_probes_make_a_block_over_eight_steps() -> None:
 def test_default_equivalent_of_default_and_failed_windows() -> None:
     pc = _fitted()
     assert pc.default_equivalent(_default_obs(1.2, 360.0), WL) == (360.0, 1.2)
+    assert pc.default_equivalent(_default_obs(1.2, 360.0), WL).time_s == 1.2  # named fields
     assert pc.default_equivalent(_default_obs(1.2, None), WL) == (None, 1.2)  # type: ignore[arg-type]
     failed = base.PhaseObservation("generation", 1.2, 360.0, None, error="x")
     assert pc.default_equivalent(failed, WL) == (None, None)
@@ -1037,9 +1039,9 @@ def test_a_phase_held_at_default_locks_once_a_clock_meets_the_target() -> None:
     pc._check_locked(_plain(None), WL)
     assert pc.locked_clock_mhz == 1680 and pc.selections == 2
     assert pc.retrial_reasons[-1] == "target 0.952: default governor -> 1680 MHz"
-    assert pc._lock_target == pytest.approx(0.952)
+    assert pc.stage.target == pytest.approx(0.952)
     held = _locked_at(None)
-    held.threshold = held._lock_threshold = 0.99  # no clock meets it: stays at default
+    held.threshold = held.stage.threshold = 0.99  # no clock meets it: stays at default
     held._check_locked(_plain(None), WL)
     assert held.locked_clock_mhz is None and held.selections == 1
 
@@ -1050,7 +1052,7 @@ def test_a_risen_threshold_steps_the_lock_up() -> None:
     pc._check_locked(_plain(), WL)
     assert pc.locked_clock_mhz == 1830 and pc.selections == 2
     assert pc.retrial_reasons[-1] == "target 0.972 (threshold 0.970): 1680 -> 1830 MHz"
-    assert pc._lock_threshold == 0.97 and pc._lock_target == pytest.approx(0.972)
+    assert pc.stage.threshold == 0.97 and pc.stage.target == pytest.approx(0.972)
 
 
 def test_a_grown_deficit_steps_up_only_to_a_clock_that_repays_it() -> None:
@@ -1065,14 +1067,14 @@ def test_a_grown_deficit_steps_up_only_to_a_clock_that_repays_it() -> None:
     target = short.lock_target
     short._check_locked(_plain(), WL)
     assert short.locked_clock_mhz == 1680 and short.selections == 1  # the lock stays
-    assert short._lock_target == pytest.approx(target)
+    assert short.stage.target == pytest.approx(target)
 
 
 def test_a_lock_target_that_falls_is_remembered() -> None:
     pc = _locked_at(1680)
-    pc._lock_target = 0.99
+    pc.stage.target = 0.99
     pc._check_locked(_plain(), WL)
-    assert pc._lock_target == pytest.approx(0.952)
+    assert pc.stage.target == pytest.approx(0.952)
     assert pc.locked_clock_mhz == 1680
 
 
@@ -1123,7 +1125,7 @@ def test_drift_is_measured_against_the_features_the_trials_spanned() -> None:
         pc._check_locked(_plain(), api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, context))
         return pc
 
-    assert _locked_at(1680)._lock_feature == mean_context
+    assert _locked_at(1680).stage.feature == mean_context
     assert check(230.0).state is base.PhaseState.LOCKED  # +53 % on the lock, +21 % on 190
     assert check(95.0).state is base.PhaseState.LOCKED  # -37 % on the lock, -21 % on 120
     up = check(240.0)  # +26 % on 190
@@ -1186,7 +1188,7 @@ def test_no_clock_left_locks_the_default_governor() -> None:
 
 def test_a_round_without_a_fit_ends_at_the_default_governor_after_its_steps() -> None:
     pc = _warm()
-    pc._round_steps = 3 * pc.trial_step_limit
+    pc.stage.round_steps = 3 * pc.trial_step_limit
     one = _slices_obs(1080)
     pc.observe(dataclasses.replace(one, slices=one.slices[:8]), WL)
     assert pc.fit is None  # one block: no fit
@@ -1319,9 +1321,9 @@ def test_the_job_plan_lets_a_trial_extend_only_within_budget() -> None:
     ctl = eerl.EERLController([_settings()])
     pc = ctl.phases["generation"]
     fitted = _trial()
-    pc.state, pc.blocks, pc.fit = base.PhaseState.TRIAL, fitted.blocks, fitted.fit
+    pc.stage, pc.blocks, pc.fit = eerl.Trial(), fitted.blocks, fitted.fit
     pc._last_time_s = pc._last_default_time_s = 1.25
-    pc._round_steps = pc.trial_step_limit
+    pc.stage.round_steps = pc.trial_step_limit
     ctl.trial_steps = 5
     plan = ctl.decide(0)  # budget left: the trial may extend
     assert plan.phases["generation"].probing and pc.state is base.PhaseState.TRIAL
@@ -1370,7 +1372,7 @@ def test_async_slack_keeps_the_step_ratio_margin_exactly() -> None:
 def test_a_monitor_miss_steps_up_to_what_also_repays_the_deficit() -> None:
     pc = _locked_at(1530)
     _owe(pc, repay=0.97)  # lock target 0.972
-    pc._lock_target = pc.lock_target
+    pc.stage.target = pc.lock_target
     for thr in (0.90, 0.91, 0.92):
         pc._monitor.add(thr, 0.8)
     pc._check_locked(_plain(1530), WL)
@@ -1447,7 +1449,7 @@ def test_a_retrial_forgets_the_floor_unless_told_to_keep_it() -> None:
 
 def test_decide_extends_a_trial_by_default() -> None:
     pc = _trial()
-    pc._round_steps = pc.trial_step_limit
+    pc.stage.round_steps = pc.trial_step_limit
     assert pc.decide(True).probing  # allow_extra defaults to True
     assert pc.state is base.PhaseState.TRIAL
 
@@ -1455,7 +1457,7 @@ def test_decide_extends_a_trial_by_default() -> None:
 def test_the_step_probe_in_progress_comes_first() -> None:
     pc = _trial(last_time_s=0.1)
     pc.decide(True)
-    del pc._step_probe[:3]  # three steps of the block done: the fourth is the candidate's
+    del pc.stage.step_probe[:3]  # three steps of the block done: the fourth is the candidate's
     assert pc.decide(True).clock_mhz == 1680
 
 
@@ -1509,12 +1511,12 @@ def test_drift_feature_of_a_one_sample_step() -> None:
 
 def test_an_extension_lock_carries_the_feature_and_the_deficit() -> None:
     pc = _trial()
-    pc._round_steps = pc.trial_step_limit
+    pc.stage.round_steps = pc.trial_step_limit
     pc._last_feature = 150.0
     _owe(pc, repay=0.97)
     pc.decide(True, allow_extra=False)
     assert pc.locked_clock_mhz == 1830  # the lock target repays the deficit
-    assert pc._lock_feature == 150.0
+    assert pc.stage.feature == 150.0
     pc._check_locked(_plain(1830), api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 200.0))
     assert pc.retrial_reasons[-1] == "workload drift +33%"
 
@@ -1535,7 +1537,7 @@ def test_a_search_probes_its_clock_in_up_to_four_blocks() -> None:
 
 def test_a_one_block_phase_probes_the_lever_not_the_guess() -> None:
     pc = _trial(last_time_s=0.3)
-    pc._round_steps = 1.0
+    pc.stage.round_steps = 1.0
     assert pc._slices_in_phase() == 8
     assert pc.decide(True).probe_clocks_mhz == probe.block_schedule([1080])
 
@@ -1544,7 +1546,7 @@ def test_the_model_check_is_probed_before_the_lever() -> None:
     pc = _trial()
     pc.blocks = _exact_blocks(1080)
     pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
-    pc._round_steps = 1.0
+    pc.stage.round_steps = 1.0
     assert pc.decide(True).probe_clocks_mhz == probe.block_schedule([1380])
 
 
@@ -1555,7 +1557,7 @@ def test_odd_and_short_monitor_intervals() -> None:
         pc.threshold = 0.90
         pc._lock(1830, 150.0, slowdown=False)
         assert pc._uncertain()
-        pc._since_lock = due
+        pc.stage.steps = due
         assert pc.decide(True).probe_clocks_mhz, interval
 
 
@@ -1564,7 +1566,7 @@ def _with_grid(
 ) -> eerl.PhaseController:
     settings = eerl.PhaseSettings("generation", 0.95, candidates, supported, F_MAX, allowed)
     pc = eerl.PhaseController(settings, eerl.ControllerSettings())
-    pc.state = base.PhaseState.TRIAL
+    pc.stage = eerl.Trial()
     return pc
 
 
@@ -1579,7 +1581,7 @@ def test_the_lever_may_lie_below_the_lowest_candidate() -> None:
     pc = _with_grid(SUPPORTED, (1830, 1680, 1530, 1380), (1830, 1680, 1530, 1380, 1230, 1080))
     pc.blocks = _exact_blocks(1080, 1380)
     pc.fit = probe.fit_corrected(pc.blocks, F_MAX, F_MAX)
-    pc._round_steps = 1.0
+    pc.stage.round_steps = 1.0
     assert pc._probe_clocks(6) == [1080]
 
 
@@ -1627,10 +1629,10 @@ def test_slices_at_exactly_four_report_gaps_are_resolved() -> None:
 
 def test_a_whole_step_probe_without_energy_still_counts_its_rate() -> None:
     pc = _pc()
-    pc.state = base.PhaseState.TRIAL
+    pc.stage = eerl.Trial()
     pc._last_time_s = pc._last_default_time_s = 0.1
     pc.decide(True)
-    for clock in list(pc._step_probe):
+    for clock in list(pc.stage.step_probe):
         rate = _r(1830) if clock else 1.0
         pc.observe(base.PhaseObservation("generation", 0.1 / rate, None, clock), WL)
     assert pc.stats[1830].n == 1 and pc.stats[1830].power_ratio is None
@@ -1646,9 +1648,9 @@ def _noisy(threshold: float, noise: float = 0.02) -> eerl.PhaseController:
 
 
 def _round_end(pc: eerl.PhaseController, round_steps_before: float) -> None:
-    pc._round_steps = round_steps_before
+    pc.stage.round_steps = round_steps_before
     obs = base.PhaseObservation("generation", 1.25, 300.0, None, slices=_block(1680))
-    pc._observe_trial(obs, WL, [])  # one more probed step, no new block
+    pc._observe_trial(pc.stage, obs, [], whole_step=False)  # one more probed step, no new block
 
 
 def test_an_imprecise_round_locks_at_its_step_limit_when_the_margin_is_cheap() -> None:
@@ -1708,15 +1710,15 @@ def test_a_round_that_runs_out_of_clocks_or_fit_keeps_its_feature() -> None:
     pc = _warm()
     pc.floor_mhz = 1680
     pc.observe(_slices_obs(1830, 1830, 1830, ratio={1830: 0.5}), WL)
-    assert pc.locked_clock_mhz is None and pc._lock_feature == 150.0
+    assert pc.locked_clock_mhz is None and pc.stage.feature == 150.0
     pc = _warm()
-    pc._round_steps = pc.trial_step_limit - 1
+    pc.stage.round_steps = pc.trial_step_limit - 1
     pc._last_default_time_s = 2.0  # long phase: the limit stays at trial_steps
     one = _slices_obs(1080)
-    pc._observe_trial(one, WL, [])
+    pc._observe_trial(pc.stage, one, [], whole_step=False)
     assert pc.fit is None
     assert pc.state is base.PhaseState.LOCKED and pc.locked_clock_mhz is None
-    assert pc._lock_feature == 150.0
+    assert pc.stage.feature == 150.0
 
 
 # ----- written against the third control-freq-eerl survivors ----------------------------------
@@ -1761,7 +1763,7 @@ def test_a_lock_made_under_a_slowdown_does_not_retrial_on_it() -> None:
     pc.observe(_slices_obs(1080, 1080, 1080), WL)
     slowed = dataclasses.replace(_slices_obs(1380, 1380, 1380), slowdown=True)
     pc.observe(slowed, WL)  # the round locks in this window, under a power cap
-    assert pc.state is base.PhaseState.LOCKED and pc._lock_slowdown is True
+    assert pc.state is base.PhaseState.LOCKED and pc.stage.slowdown is True
     for _ in range(3):
         pc._check_locked(_plain(slowdown=True), WL)
     assert pc.state is base.PhaseState.LOCKED  # the cap was there when it locked
@@ -1769,20 +1771,20 @@ def test_a_lock_made_under_a_slowdown_does_not_retrial_on_it() -> None:
 
 def test_an_extension_lock_remembers_the_slowdown_it_saw() -> None:
     pc = _trial()
-    pc._round_steps = 3 * pc.trial_step_limit
+    pc.stage.round_steps = 3 * pc.trial_step_limit
     pc._last_slowdown = True  # the newest window ran under a power or thermal cap
     pc.decide(True, allow_extra=False)
-    assert pc.state is base.PhaseState.LOCKED and pc._lock_slowdown is True
+    assert pc.state is base.PhaseState.LOCKED and pc.stage.slowdown is True
 
 
 def test_the_newest_window_s_slowdown_goes_into_an_extension_lock() -> None:
     pc = _noisy(0.94)  # imprecise, and the margin costs: the round goes on past its limit
-    pc._round_steps = pc.trial_step_limit
+    pc.stage.round_steps = pc.trial_step_limit
     slowed = dataclasses.replace(_slices_obs(1680), slowdown=True)
     pc.observe(slowed, WL)
     assert pc.state is base.PhaseState.TRIAL and pc._last_slowdown is True
     pc.decide(True, allow_extra=False)
-    assert pc.state is base.PhaseState.LOCKED and pc._lock_slowdown is True
+    assert pc.state is base.PhaseState.LOCKED and pc.stage.slowdown is True
 
 
 def test_a_default_governor_lock_keeps_the_slowdown_of_its_window() -> None:
@@ -1790,12 +1792,14 @@ def test_a_default_governor_lock_keeps_the_slowdown_of_its_window() -> None:
     pc.floor_mhz = 1680
     slowed = dataclasses.replace(_slices_obs(1830, 1830, 1830, ratio={1830: 0.5}), slowdown=True)
     pc.observe(slowed, WL)
-    assert pc.locked_clock_mhz is None and pc._lock_slowdown is True
+    assert pc.locked_clock_mhz is None and pc.stage.slowdown is True
     pc = _warm()
-    pc._round_steps = pc.trial_step_limit - 1
+    pc.stage.round_steps = pc.trial_step_limit - 1
     pc._last_default_time_s = 2.0
-    pc._observe_trial(dataclasses.replace(_slices_obs(1080), slowdown=True), WL, [])
-    assert pc.fit is None and pc.locked_clock_mhz is None and pc._lock_slowdown is True
+    pc._observe_trial(
+        pc.stage, dataclasses.replace(_slices_obs(1080), slowdown=True), [], whole_step=False
+    )
+    assert pc.fit is None and pc.locked_clock_mhz is None and pc.stage.slowdown is True
 
 
 def test_a_probed_clock_bounds_every_higher_clock_from_below() -> None:
@@ -1873,7 +1877,7 @@ def test_a_held_lock_is_checked_by_the_evidence_it_was_chosen_by() -> None:
         misfit=True,
     )
     assert pc._lower_bound(1380, pc.ctl.confidence_z) < 0.952 and pc._meets(1380, 0.952)
-    pc._lock_threshold = 0.951  # the async slack moved the threshold back to 0.95
+    pc.stage.threshold = 0.951  # the async slack moved the threshold back to 0.95
     selections, reasons = pc.selections, list(pc.retrial_reasons)
     pc._check_locked(_plain(1380), WL)
     assert pc.locked_clock_mhz == 1380
