@@ -9,7 +9,7 @@
 * a simulated trainer, one rank per node, replaying a real verl trace through the trainer SDK
   (``rlenergy.sdk.verl.RLEnergyVerlCallback``) to the agents' Unix sockets. Each rank is a
   real pod object on its KWOK node (``trainer-<node>``) and signals with a token the API
-  server bound to that pod (``rlenergy.devcluster.trainers``); the agents check it by
+  server bound to that pod (``rlenergy_dev.devcluster.trainers``); the agents check it by
   TokenReview, as on a real node.
 
 The trainer closes the loop the way ``rlenergy.sim.job`` runs a phase: each rank's work
@@ -29,7 +29,7 @@ Before each step the trainer waits until the operator published the plan for tha
 every agent holds it (``GET /v1/plan`` on the agent's ops port), so a run is reproducible; a
 real trainer never waits (agents apply whatever plan they hold).
 
-Callers: ``tests/e2e/test_full_stack.py`` and ``rlenergy_agent.testing.demo`` (``make demo``).
+Callers: ``tests/e2e/test_full_stack.py`` and ``rlenergy_dev.demo`` (``make demo``).
 Everything listens on and dials 127.0.0.1 only.
 """
 
@@ -47,18 +47,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from rlenergy_agent import kube
+
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, probe
-from rlenergy.devcluster import trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer as sdk_trainer
 from rlenergy.sdk import verl as sdk_verl
 from rlenergy.sdk import verl_hook
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import traces, workload
-from rlenergy_agent import kube
-from rlenergy_agent.testing import standin
-from rlenergy_agent.testing.podtrainer import tail_label
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import trainers
+from rlenergy_dev.podtrainer import tail_label
 
 DEFAULT_TRACE = "verl-gpg-qwen2-7b-fsdp-8gpu"
 PHASES = ("generation", "training")

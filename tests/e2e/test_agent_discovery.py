@@ -35,12 +35,12 @@ from typing import Any
 import pytest
 from e2e_support import get_json, wait_until
 from rlenergy_agent import podmap
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import DevCluster, trainers
 
 from rlenergy.api import node as api_node
 from rlenergy.api import selector
 from rlenergy.api.v1alpha1 import policy as api_policy
-from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
 

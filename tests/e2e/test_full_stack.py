@@ -1,6 +1,6 @@
 """The whole loop on the real control plane: operator, 3 node agents, stand-in NVML, SDK.
 
-What runs (``rlenergy_agent.testing.fullstack``): the CRDs applied to the dev cluster, the
+What runs (``rlenergy_dev.fullstack``): the CRDs applied to the dev cluster, the
 operator as a local process, one agent per fake GPU node as a local process on the stand-in
 ``libnvidia-ml.so.1`` (pynvml loads it through ``LD_LIBRARY_PATH``; 8 simulated H100 GPUs per
 node), and a simulated trainer, one rank per node, replaying a real verl trace
@@ -37,10 +37,10 @@ from typing import Any
 import pytest
 import yaml
 from e2e_support import get_json, wait_until
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import DevCluster
 
 from rlenergy.api import node as api_node
-from rlenergy.devcluster import DevCluster
 from rlenergy.sim import job as sim_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,9 +29,8 @@ from typing import Any
 import pytest
 import yaml
 from e2e_support import get_json, wait_until
-from rlenergy_agent.testing import fullstack, standin
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import DevCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"

@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 import yaml
+from rlenergy_dev.devcluster import DevCluster
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
-from rlenergy.devcluster import DevCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

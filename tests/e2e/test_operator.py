@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 from e2e_support import get_json, wait_until
+from rlenergy_dev.devcluster import DevCluster
 
 from rlenergy.api import node as api_node
-from rlenergy.devcluster import DevCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"

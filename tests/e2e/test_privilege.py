@@ -36,10 +36,10 @@ import yaml
 from e2e_support import get_json, wait_until
 from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import kube as agent_kube
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import K8S_VERSION, DevCluster
 
 from rlenergy.api import node as api_node
-from rlenergy.devcluster import K8S_VERSION, DevCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"

@@ -44,9 +44,8 @@ import yaml
 from e2e_support import wait_until
 from prometheus_support import PrometheusServer
 from rlenergy_agent import service
-from rlenergy_agent.testing import fullstack, standin
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import DevCluster
 
 pytestmark = pytest.mark.field
 

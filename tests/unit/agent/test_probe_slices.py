@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from agent_support import DriverFactory, FakeReviews, probe_plan, standin_agent
 from rlenergy_agent import probes, server, service
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, probe
