@@ -43,10 +43,9 @@ from rlenergy.api import selector
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
+from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
-CRDS = ROOT / "crds"
-SAMPLE = CRDS / "samples" / "sync-job.yaml"
 POD = "trainer-0"
 LOCK_MHZ = 1395
 
@@ -54,12 +53,7 @@ LOCK_MHZ = 1395
 
 
 def _policy(name: str, sel: dict[str, Any]) -> str:
-    import yaml
-
-    body = yaml.safe_load(SAMPLE.read_text())
-    body["metadata"] = {"name": name}
-    body["spec"]["selector"] = sel
-    return json.dumps(body)
+    return json.dumps(factories.sample_policy(name=name, selector=sel))
 
 
 @pytest.fixture

@@ -44,6 +44,8 @@ sys.path.insert(0, str(ROOT / "tests" / "unit" / "api"))
 from api_invalid_specs import invalid_cases  # noqa: E402
 from sim_nodes import SimNodes  # noqa: E402
 
+from tests import factories  # noqa: E402
+
 RESET_DEADLINE_S = 8
 
 
@@ -357,11 +359,8 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
 
 # ----- deletion ---------------------------------------------------------------------------------
 def _report(policy: str, node: str, ack: bool) -> api_node.NodeReport:
-    return api_node.NodeReport(
-        policy_name=policy,
-        node_name=node,
-        gpus=[api_node.GpuStatus(uuid=f"GPU-{node}-0", reset_acknowledged=ack)],
-    )
+    gpu = api_node.GpuStatus(uuid=f"GPU-{node}-0", reset_acknowledged=ack)
+    return factories.node_report(node, policy=policy, gpus=[gpu])
 
 
 @pytest.mark.timeout(420)
