@@ -49,6 +49,7 @@ from typing import IO, Any
 
 from rlenergy_agent import kube
 
+import rlenergy_dev
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, probe
 from rlenergy.gpu import models
@@ -220,7 +221,7 @@ class FullStack:
     def start_operator(self) -> None:
         """Start the operator (standalone, cluster-wide) as a local process."""
         env = {
-            **os.environ,
+            **rlenergy_dev.source_env(os.environ),
             "KUBECONFIG": str(self.kubeconfig),
             "RLENERGY_OPERATOR_NAMESPACE": self.namespace,
             "RLENERGY_OPERATOR_RECONCILE_INTERVAL_S": "0.5",
@@ -247,7 +248,7 @@ class FullStack:
                     kubectl, self.namespace, f"trainer-{a.node}", a.node, self.workdir / "tokens"
                 )
             env = {
-                **os.environ,
+                **rlenergy_dev.source_env(os.environ),
                 **a.driver.env(self.lib_dir),
                 "KUBECONFIG": str(self.kubeconfig),
                 "RLENERGY_AGENT_NAMESPACE": self.namespace,
