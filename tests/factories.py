@@ -70,27 +70,14 @@ def node_report(
 
 
 def report_object(
-    policy: str,
-    node: str,
-    gpus: list[dict[str, Any]],
-    last_step: int,
-    joules: float,
-    *,
-    namespace: str | None = None,
+    policy: str, node: str, *, namespace: str | None = None, **spec: Any
 ) -> dict[str, Any]:
     """An RLEnergyNodeReport object as the API server returns it (``kubectl get -o json``).
 
-    Named ``<policy>.<node>`` as the agent names it; ``gpus`` are the spec's camelCase dicts.
+    Named ``<policy>.<node>`` as the agent names it; ``spec`` holds the other spec fields in
+    camelCase (``gpus``, ``lastStep``, ``measuredJoulesTotal``, ...), validated by the model.
     """
-    spec = api_node.NodeReport.model_validate(
-        {
-            "policyName": policy,
-            "nodeName": node,
-            "gpus": gpus,
-            "lastStep": last_step,
-            "measuredJoulesTotal": joules,
-        }
-    ).model_dump(by_alias=True, exclude_none=True)
+    body = api_node.NodeReport.model_validate({"policyName": policy, "nodeName": node, **spec})
     metadata = {"name": f"{policy}.{node}"}
     if namespace is not None:
         metadata["namespace"] = namespace
@@ -98,5 +85,5 @@ def report_object(
         "apiVersion": "rlenergy.io/v1alpha1",
         "kind": "RLEnergyNodeReport",
         "metadata": metadata,
-        "spec": spec,
+        "spec": body.model_dump(by_alias=True, exclude_none=True),
     }

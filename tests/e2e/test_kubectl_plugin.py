@@ -128,8 +128,12 @@ def policy(dev_cluster: DevCluster, crds: None, namespace: str) -> str:
     ok = [{"uuid": f"GPU-ok-{i}", "condition": "ok", "lockedClockMHz": 1335} for i in range(8)]
     dead = [{"uuid": "GPU-dead", "condition": "lost", "reason": "GPU_IS_LOST"}]
     items = [
-        factories.report_object(POLICY, "fake-gpu-0", ok, 30, 256000.0),
-        factories.report_object(POLICY, "fake-gpu-1", dead, 17, 4200.0),
+        factories.report_object(
+            POLICY, "fake-gpu-0", gpus=ok, lastStep=30, measuredJoulesTotal=256000.0
+        ),
+        factories.report_object(
+            POLICY, "fake-gpu-1", gpus=dead, lastStep=17, measuredJoulesTotal=4200.0
+        ),
     ]
     dev_cluster.kubectl(
         "apply",

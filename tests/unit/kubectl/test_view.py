@@ -137,7 +137,15 @@ def _gpu(uuid: str, condition: str = "ok", lock: int | None = 1395, reason: str 
 
 
 def _report(node: str, gpus: list[dict], last_step: int = 23, joules: float = 270000.0) -> dict:
-    return factories.report_object("grpo-qwen-7b", node, gpus, last_step, joules, namespace="rl")
+    return factories.report_object(
+        "grpo-qwen-7b",
+        node,
+        namespace="rl",
+        gpus=gpus,
+        lastStep=last_step,
+        measuredJoulesTotal=joules,
+        unattributedJoulesTotal=0.0,
+    )
 
 
 def _reports() -> view.ReportsView:
