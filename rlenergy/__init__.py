@@ -9,13 +9,10 @@ from importlib import metadata as _metadata
 
 def _installed_version() -> str:
     """The version of the installed distribution: ``project.version`` of ``pyproject.toml``."""
-    # The full package, or the slim trainer SDK built from the same files (sdk/pyproject.toml).
-    for dist in ("rl-energy-operator", "rlenergy-trainer-sdk"):
-        try:
-            return _metadata.version(dist)
-        except _metadata.PackageNotFoundError:
-            continue
-    return "0+unknown"  # a source tree on the path without an install
+    try:
+        return _metadata.version("rl-energy-operator")
+    except _metadata.PackageNotFoundError:
+        return "0+unknown"  # a source tree on the path without an install
 
 
 __version__ = _installed_version()

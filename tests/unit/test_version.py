@@ -1,11 +1,10 @@
 """One version source: ``project.version`` of pyproject.toml. The chart, its image tags, the
-image build, the trainer SDK's distribution and the installed package agree with it."""
+image build and the installed package agree with it."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-import tomllib
 from pathlib import Path
 
 import rlenergy_dev
@@ -37,11 +36,9 @@ def test_the_chart_and_its_image_tags_carry_the_project_version() -> None:
     assert values["agent"]["image"]["tag"] == version
 
 
-def test_the_images_sdk_and_package_carry_the_project_version() -> None:
+def test_the_images_and_package_carry_the_project_version() -> None:
     version = rlenergy_dev.project_version()
     assert _load_build().project_version() == version  # type: ignore[attr-defined]
-    with (ROOT / "sdk" / "pyproject.toml").open("rb") as f:
-        assert tomllib.load(f)["project"]["version"] == version
     assert rlenergy.__version__ == version  # the installed metadata (re-install after a bump)
     default_image = settings.OperatorConfig.model_fields["agent_image"].default
     assert default_image == f"ghcr.io/rl-energy/rl-energy-agent:{version}"
