@@ -55,7 +55,7 @@ demo: demo-sim
 else
 demo: $(STAMP) $(VERL_STAMP)
 	@mkdir -p out
-	$(PY) -m rlenergy_agent.testing.demo --trace $(TRACE) --plot out/demo.png
+	$(PY) -m rlenergy_dev.demo --trace $(TRACE) --plot out/demo.png
 endif
 
 ## The main job on the embedded simulator only (no cluster, no GPU).
@@ -78,7 +78,7 @@ engine-wheels: $(STAMP)
 
 ## Ruff, mypy (strict), import-linter contracts and the docs site (mkdocs build --strict).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rlenergy operator agent tests bench
+	$(VENV)/bin/ruff check rlenergy operator agent dev tests bench hack
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site

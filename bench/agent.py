@@ -40,10 +40,10 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from rlenergy_agent import identity, kube
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import DevCluster, trainers
 
 from rlenergy.api import signals
-from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
 

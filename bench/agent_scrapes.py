@@ -34,7 +34,7 @@ def main() -> int:
     sys.path[:0] = [str(tree / p) for p in (".", "agent", "operator", "tests/unit/agent")]
     from agent_support import LOCKED_PLAN, FakeReviews, make_uuids, standin_agent
     from rlenergy_agent import server, service
-    from rlenergy_agent.testing import standin
+    from rlenergy_dev import standin
 
     from rlenergy.gpu import models
 

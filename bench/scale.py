@@ -44,10 +44,10 @@ from typing import Any
 
 import kubernetes
 from rlenergy_agent import kube as agent_kube
+from rlenergy_dev.devcluster import DevCluster
 
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, base
-from rlenergy.devcluster import DevCluster
 from rlenergy.gpu import models
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import workload

@@ -26,7 +26,7 @@ import zeus.optimizer.power_limit as zeus_pl
 from zeus.device.gpu.common import GPU, GPUs, ZeusGPUNotSupportedError
 
 from rlenergy.control.freq import base
-from rlenergy.sim import gpu as sim_gpu
+from rlenergy.gpu import simulated as sim_gpu
 
 ZEUS_VERSION = "0.16.0"
 

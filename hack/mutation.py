@@ -148,7 +148,8 @@ COPIED = {
     "agent/rlenergy_agent": "rlenergy_agent",
     "operator/rlenergy_operator": "rlenergy_operator",
     "operator/rlenergy_kubectl": "rlenergy_kubectl",
-    "agent/testing": "testing",
+    "dev/rlenergy_dev": "rlenergy_dev",
+    "dev/nvml_standin": "nvml_standin",
     "tests": "tests",
     "pyproject.toml": "pyproject.toml",
 }
@@ -226,7 +227,7 @@ def prepare(key: str, *, keep: bool = False) -> Path:
         "\n[tool.mutmut]\n"
         f"source_paths = {_toml_list(PACKAGES)}\n"
         f"only_mutate = {_toml_list([_scratch(f) for f in files])}\n"
-        f"also_copy = {_toml_list(['testing'])}\n"
+        f"also_copy = {_toml_list(['rlenergy_dev', 'nvml_standin'])}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
         f"pytest_add_cli_args = {_toml_list(['-p', 'no:cacheprovider', '-m', 'not e2e'])}\n"
     )

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build/install what the dev cluster's one *real* node needs (`rlenergy dev-cluster up --real-node`,
+# Build/install what the dev cluster's one *real* node needs (`python -m rlenergy_dev.devcluster up --real-node`,
 # docs/dev-cluster.md "Real node"); called by `make bins` after hack/controlplane-bins.sh.
 #
 #   kubelet           k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION from the Go module proxy, through

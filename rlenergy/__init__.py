@@ -4,4 +4,15 @@ Nothing in this package imports kopf, pynvml, prometheus_client or the Kubernete
 import-linter contracts in pyproject.toml enforce it.
 """
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+
+def _installed_version() -> str:
+    """The version of the installed distribution: ``project.version`` of ``pyproject.toml``."""
+    try:
+        return _metadata.version("rl-energy-operator")
+    except _metadata.PackageNotFoundError:
+        return "0+unknown"  # a source tree on the path without an install
+
+
+__version__ = _installed_version()

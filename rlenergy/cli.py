@@ -1,12 +1,16 @@
-"""``rlenergy`` command line: the main job (``simulate``), trace listing, and the dev cluster.
+"""``rlenergy`` command line: the main job (``simulate``), the MoE rollout and trace listing.
 
 Bad input exits with code 2 and one line naming the field and the allowed values, never a
-traceback.
+traceback. The commands run the simulator (``rlenergy.sim``), whose numpy, matplotlib and rich
+come with the ``sim`` extra; without it a command says in one line what to install. The dev
+cluster is development tooling outside the package: ``python -m rlenergy_dev.devcluster`` in a
+source checkout (docs/dev-cluster.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -16,6 +20,18 @@ from typing import Any
 import yaml
 
 from rlenergy import __version__, errors
+
+SIM_EXTRA_MODULES = ("numpy", "matplotlib", "rich")
+"""What the simulator commands import beyond the core dependencies (the ``sim`` extra in
+``pyproject.toml``)."""
+SIM_INSTALL = "pip install 'rl-energy-operator[sim]'"
+SIM_COMMANDS = ("simulate", "rollout-sim", "traces")
+"""The commands that run the simulator: every command but ``--version`` and ``--help``."""
+
+
+def missing_sim_modules() -> list[str]:
+    """The modules of the ``sim`` extra that are not installed (empty when it is)."""
+    return [m for m in SIM_EXTRA_MODULES if importlib.util.find_spec(m) is None]
 
 
 def _fail(message: str) -> int:
@@ -198,29 +214,27 @@ def build_parser() -> argparse.ArgumentParser:
         "physics (the default when the policy lists a sub-phase)",
     )
     sim.set_defaults(func=cmd_simulate)
-    from rlenergy.sim import rollout_report
-
     ro = sub.add_parser("rollout-sim", help="MoE rollout: verl-style baseline vs FlexFloor")
-    rollout_report.add_arguments(ro)
+    if not missing_sim_modules():  # its options live in the simulator, which needs numpy
+        from rlenergy.sim import rollout_report
+
+        rollout_report.add_arguments(ro)
     ro.set_defaults(func=cmd_rollout_sim)
     tr = sub.add_parser("traces", help="list the shipped traces")
     tr.set_defaults(func=cmd_traces)
-    dc = sub.add_parser(
-        "dev-cluster", help="local control plane with fake GPU nodes (up/down/kubeconfig/status)"
-    )
-    dc.add_argument("rest", nargs=argparse.REMAINDER)
-    dc.set_defaults(func=None)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlenergy`` script; returns the exit code."""
     raw = list(sys.argv[1:] if argv is None else argv)
-    if raw[:1] == ["dev-cluster"]:
-        from rlenergy.devcluster import cli as devcluster_cli
-
-        return devcluster_cli.main(raw[1:])
     parser = build_parser()
+    missing = missing_sim_modules()
+    if missing and raw[:1] and raw[0] in SIM_COMMANDS:
+        return _fail(
+            f"`rlenergy {raw[0]}` runs the simulator, which needs {', '.join(missing)}: "
+            f"{SIM_INSTALL}"
+        )
     args = parser.parse_args(raw)
     try:
         result: int = args.func(args)

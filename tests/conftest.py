@@ -12,8 +12,7 @@ import importlib.util
 from collections.abc import Iterator
 
 import pytest
-
-from rlenergy.devcluster import DevCluster, MissingBinaryError
+from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
 
 # tests/verl run in .venv-verl, which has the pinned verl (`make test-verl`, part of `make
 # test`); the main venv has no verl or torch by design.

@@ -41,6 +41,7 @@ def test_component_packages_import_from_this_checkout() -> None:
         "rlenergy": ROOT / "rlenergy",
         "rlenergy_operator": ROOT / "operator" / "rlenergy_operator",
         "rlenergy_agent": ROOT / "agent" / "rlenergy_agent",
+        "rlenergy_dev": ROOT / "dev" / "rlenergy_dev",
     }
     for name, home in homes.items():
         module = importlib.import_module(name)

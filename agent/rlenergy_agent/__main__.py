@@ -65,9 +65,9 @@ def _gpus(
     settings: config.AgentSettings,
 ) -> tuple[dict[str, base.Gpu], dict[str, object], backend.NvmlSession | None]:
     if settings.backend == "sim":
-        from rlenergy_agent.testing import simgpus
+        from rlenergy_agent import simulated
 
-        gpus = simgpus.simulated_gpus(settings.node_name, settings.sim_sku, settings.sim_gpus)
+        gpus = simulated.simulated_gpus(settings.node_name, settings.sim_sku, settings.sim_gpus)
         return gpus, {}, None
     found = backend.discover()
     for index, why in found.lost.items():

@@ -19,7 +19,9 @@ class AgentSettings(BaseSettings):
 
     node_name: str = Field("", description="This node (downward API NODE_NAME); required.")
     backend: Literal["nvml", "sim"] = Field(
-        "nvml", description="nvml: real GPUs through pynvml; sim: simulated GPUs (demos)."
+        "nvml",
+        description="nvml: real GPUs through pynvml (rlenergy_agent.nvml); sim: simulated GPUs "
+        "(rlenergy_agent.simulated: demos, benchmarks, the image smoke test).",
     )
     policy_name: str = Field(
         "",
@@ -96,4 +98,4 @@ class AgentSettings(BaseSettings):
         "SKU's stall band, is a stalled rollout, s (rlenergy_agent.stalls).",
     )
     sim_gpus: int = Field(8, ge=1, le=16, description="GPUs of the sim backend.")
-    sim_sku: str = Field("h100-sxm", description="SKU of the sim backend (rlenergy.sim).")
+    sim_sku: str = Field("h100-sxm", description="SKU of the sim backend (rlenergy.gpu.models).")

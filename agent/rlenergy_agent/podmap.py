@@ -57,7 +57,7 @@ def add_message(
 
     ``type``/``label`` are ``FieldDescriptorProto`` enums; ``type_name`` is the fully qualified
     message type (``.pkg.Msg``) of a message field, ``""`` otherwise. Shared with the stand-in
-    device plugin (``rlenergy_agent.testing.deviceplugin``), which builds its API the same way.
+    device plugin (``rlenergy_dev.deviceplugin``), which builds its API the same way.
     """
     m = f.message_type.add(name=name)
     for fname, number, ftype, label, type_name in fields:

@@ -5,7 +5,7 @@ The dev cluster's real node has no registry to pull ``registry.k8s.io/pause`` fr
 hack/node-bins.sh compiles hack/images/pause.c and this script packs it: layer = ``/pause``
 (mode 0755, owner 0:0, mtime 0), config = entry point ``/pause``, user 65535, linux/amd64; the
 ``index.json`` names it ``rlenergy.local/pause:1`` (``io.containerd.image.name``), which is the
-``sandbox_image`` of the containerd config that ``rlenergy.devcluster.realnode`` writes.
+``sandbox_image`` of the containerd config that ``rlenergy_dev.devcluster.realnode`` writes.
 Reproducible: fixed times and owners, sorted entries, so the same binary gives the same digest.
 
 Usage: ``python3 hack/images/pause.py PAUSE_BINARY OUT.oci.tar``
@@ -22,7 +22,7 @@ import tarfile
 from pathlib import Path
 
 IMAGE_NAME = "rlenergy.local/pause:1"
-"""Keep in sync with rlenergy/devcluster/realnode.py (PAUSE_IMAGE)."""
+"""Keep in sync with dev/rlenergy_dev/devcluster/realnode.py (PAUSE_IMAGE)."""
 
 
 def _tar(entries: list[tuple[str, bytes, int]]) -> bytes:

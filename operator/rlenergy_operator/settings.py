@@ -17,6 +17,7 @@ import kopf
 import pydantic
 import pydantic_settings
 
+from rlenergy import __version__
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 
 FINALIZER = "rlenergy.io/reset-clocks"
@@ -34,8 +35,9 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """Namespace of the node-agent DaemonSet (the operator's own). Default rl-energy-system."""
     agent_daemonset_name: str = pydantic.Field("rlenergy-node-agent", min_length=1)
     """Name of the single node-agent DaemonSet of the cluster. Default rlenergy-node-agent."""
-    agent_image: str = "ghcr.io/rl-energy/rl-energy-agent:0.1.0"
-    """Node-agent container image (the Helm chart passes its own). Default the 0.1.0 image."""
+    agent_image: str = f"ghcr.io/rl-energy/rl-energy-agent:{__version__}"
+    """Node-agent container image (the Helm chart passes its own). Default the image of this
+    version (``rlenergy.__version__``)."""
     agent_image_pull_policy: str = "IfNotPresent"
     """imagePullPolicy of the agent container. Default IfNotPresent."""
     agent_service_account: str = "rlenergy-node-agent"

@@ -1,9 +1,9 @@
 """The GPU protocol: what the agent and the simulator need from one physical GPU.
 
-Two implementations satisfy it: ``rlenergy.sim.gpu.SimulatedGpu`` (tests, demo, benchmarks)
-and the agent's NVML backend (``rlenergy_agent.nvml.backend``). Every method documents its
-unit; every failure is one of ``rlenergy.gpu.errors``. GPUs are keyed by UUID, never by index
-(CUDA, NVML and nvidia-smi indices differ).
+Two implementations satisfy it: ``rlenergy.gpu.simulated.SimulatedGpu`` (the simulator, the
+agent's ``--backend sim``) and the agent's NVML backend (``rlenergy_agent.nvml.backend``).
+Every method documents its unit; every failure is one of ``rlenergy.gpu.errors``. GPUs are
+keyed by UUID, never by index (CUDA, NVML and nvidia-smi indices differ).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPU performance and power models per SKU, loaded from ``data/gpus.yaml``.
 
-Callers: ``rlenergy.sim.gpu`` (the simulated device), ``rlenergy.sim.workload`` (rescaling
+Callers: ``rlenergy.gpu.simulated`` (the simulated device), ``rlenergy.sim.workload`` (rescaling
 trace phase times to a SKU) and ``rlenergy.sim.job`` (ground truth and the oracle).
 
 Model (docs/simulator.md, "GPU model", [MODEL]): at SM clock ``f`` with boost clock ``f0``

@@ -13,7 +13,7 @@ calls the same steps itself::
 (``rlenergy.sdk.verl_hook.trained_batch``: valid tokens are the response tokens under
 ``response_mask`` of its samples) and returns the step's ``rlenergy/*`` metrics (tokens, and
 the energy per phase the agent metered). Callers: trainer code, the demo's trainers
-(``rlenergy_agent.testing.fullstack``, ``podtrainer``).
+(``rlenergy_dev.fullstack``, ``podtrainer``).
 """
 
 from __future__ import annotations

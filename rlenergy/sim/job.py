@@ -33,7 +33,7 @@ from rlenergy.gpu import base as gpu_base
 from rlenergy.gpu import energy as gpu_energy
 from rlenergy.gpu import errors as gpu_errors
 from rlenergy.gpu import models
-from rlenergy.sim import gpu as sim_gpu
+from rlenergy.gpu import simulated as sim_gpu
 from rlenergy.sim import workload
 
 Mode = Literal["sync", "async"]

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import DevCluster, trainers
+from rlenergy_dev.devcluster import process as dc_process
 
-from rlenergy.devcluster import DevCluster, trainers
-from rlenergy.devcluster import process as dc_process
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
 

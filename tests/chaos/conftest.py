@@ -14,9 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from chaos_support import CRDS, Restarts, wait_until  # noqa: E402
-from rlenergy_agent.testing import standin  # noqa: E402
-
-from rlenergy.devcluster import DevCluster, MissingBinaryError  # noqa: E402
+from rlenergy_dev import standin  # noqa: E402
+from rlenergy_dev.devcluster import DevCluster, MissingBinaryError  # noqa: E402
 
 CHAOS_DIR = Path(__file__).resolve().parent
 DEFAULT_TIMEOUT = 300

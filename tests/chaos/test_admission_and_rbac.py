@@ -12,8 +12,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster
 
 VALID: dict[str, Any] = {
     "selector": {"matchLabels": {"app": "fuzz"}},

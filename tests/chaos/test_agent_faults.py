@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 from chaos_support import stack, wait_until
-from rlenergy_agent.testing import standin
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import DevCluster
 
 
 def test_agent_sigkill_mid_phase_then_restart_resets_clocks(

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 from chaos_support import Restarts, stack, wait_until
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster
 
 
 @pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])

@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from rlenergy.devcluster.binaries import default_bin_dir
+from rlenergy_dev.devcluster.binaries import default_bin_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"

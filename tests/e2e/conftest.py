@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import wait_until
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster
 
 E2E_DIR = Path(__file__).resolve().parent
 DEFAULT_TIMEOUT = 300  # seconds per test, including a cold cluster start on 2 cores

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 NODES = 3

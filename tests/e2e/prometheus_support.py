@@ -23,10 +23,9 @@ from typing import IO, Any
 
 import pytest
 import yaml
-
-from rlenergy.devcluster import process
-from rlenergy.devcluster.binaries import default_bin_dir
-from rlenergy.devcluster.cluster import free_port
+from rlenergy_dev.devcluster import process
+from rlenergy_dev.devcluster.binaries import default_bin_dir
+from rlenergy_dev.devcluster.cluster import free_port
 
 SCRAPE_INTERVAL_S = 1.0
 

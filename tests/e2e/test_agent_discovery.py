@@ -35,29 +35,23 @@ from typing import Any
 import pytest
 from e2e_support import get_json, wait_until
 from rlenergy_agent import podmap
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import DevCluster, trainers
 
 from rlenergy.api import naming, selector
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy as api_policy
-from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
+from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
-CRDS = ROOT / "crds"
-SAMPLE = CRDS / "samples" / "sync-job.yaml"
 POD = "trainer-0"
 LOCK_MHZ = 1395
 
 
 def _policy(name: str, sel: dict[str, Any]) -> str:
-    import yaml
-
-    body = yaml.safe_load(SAMPLE.read_text())
-    body["metadata"] = {"name": name}
-    body["spec"]["selector"] = sel
-    return json.dumps(body)
+    return json.dumps(factories.sample_policy(name=name, selector=sel))
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from typing import Any
 
 import chart_support
 import pytest
+import rlenergy_dev
 import yaml
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster
 
 pytestmark = pytest.mark.field
 
@@ -88,7 +88,8 @@ def test_defaults_render_no_empty_placement_fields(monkeypatch: pytest.MonkeyPat
     assert pod["runtimeClassName"] == "nvidia"
     unset = _agent_pod(chart_support.template("--set", "agent.runtimeClassName="), monkeypatch)
     assert "runtimeClassName" not in unset
-    assert pod["containers"][0]["image"] == "ghcr.io/rl-energy/rl-energy-agent:0.1.0"
+    version = rlenergy_dev.project_version()
+    assert pod["containers"][0]["image"] == f"ghcr.io/rl-energy/rl-energy-agent:{version}"
     (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
     assert "imagePullSecrets" not in deploy["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
@@ -107,7 +108,11 @@ def _umbrella(tmp_path: Path) -> Path:
                 "name": "platform",
                 "version": "1.0.0",
                 "dependencies": [
-                    {"name": "rl-energy", "version": "0.1.0", "repository": "file://charts/rl-energy"}
+                    {
+                        "name": "rl-energy",
+                        "version": rlenergy_dev.project_version(),
+                        "repository": "file://charts/rl-energy",
+                    }
                 ],
             }
         )

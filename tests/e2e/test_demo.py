@@ -1,6 +1,6 @@
 """``make demo`` as a user runs it, shortened to 6 steps: the verl ranks, the agents, the truth.
 
-``rlenergy_agent.testing.demo.main``: its own dev cluster, ``helm install``, the operator and 3
+``rlenergy_dev.demo.main``: its own dev cluster, ``helm install``, the operator and 3
 node agents on the stand-in NVML, 3 verl ranks (``.venv-verl``: verl 0.9.1's real methods
 through ``rlenergy.sdk.verl_hook.install``). What the user reads must hold: every step in the
 policy status (the demo waits for it), each phase window's measured energy within 1 % of the
@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from rlenergy_agent.testing import demo
+from rlenergy_dev import demo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

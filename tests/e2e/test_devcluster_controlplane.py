@@ -10,8 +10,7 @@ import subprocess
 from pathlib import Path
 
 from e2e_support import GPU_PRODUCT, GPUS_PER_NODE, NODES, get_json, wait_until
-
-from rlenergy.devcluster import K8S_VERSION, DevCluster
+from rlenergy_dev.devcluster import K8S_VERSION, DevCluster
 
 
 def test_server_version_equals_the_pin(dev_cluster: DevCluster):

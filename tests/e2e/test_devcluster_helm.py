@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-
-from rlenergy.devcluster import K8S_VERSION, DevCluster
+from rlenergy_dev.devcluster import K8S_VERSION, DevCluster
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "rl-energy"
 

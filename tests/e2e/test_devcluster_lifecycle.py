@@ -14,25 +14,22 @@ import sys
 from pathlib import Path
 
 import pytest
+import rlenergy_dev
 from e2e_support import wait_until
-
-from rlenergy.devcluster import process
-from rlenergy.devcluster.binaries import find_kubectl
-from rlenergy.devcluster.cluster import ClusterState
-
-REPO = Path(__file__).resolve().parents[2]
+from rlenergy_dev.devcluster import process
+from rlenergy_dev.devcluster.binaries import find_kubectl
+from rlenergy_dev.devcluster.cluster import ClusterState
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    env = rlenergy_dev.source_env(os.environ)
     env["RLENERGY_DEVCLUSTER_DIR"] = str(tmp_path / "dev-cluster")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return env
 
 
 def _cli(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rlenergy.devcluster", *args],
+        [sys.executable, "-m", "rlenergy_dev.devcluster", *args],
         capture_output=True,
         text=True,
         env=_env(tmp_path),
@@ -92,7 +89,7 @@ def test_cli_up_kubeconfig_status_down(tmp_path: Path):
 
 _SCRIPT = """
 import json, sys, time
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster
 cluster = DevCluster(startup_timeout=120)
 cluster.start(nodes=1, gpus_per_node=4, gpu_product="NVIDIA-A100-SXM4-80GB")
 added = cluster.add_nodes(1, gpus_per_node=2)
@@ -147,8 +144,8 @@ def test_add_nodes_and_cleanup_on_sigterm(tmp_path: Path):
 
 @pytest.mark.timeout(180)
 def test_port_taken_between_choice_and_bind_is_retried(monkeypatch):
-    from rlenergy.devcluster import DevCluster
-    from rlenergy.devcluster import cluster as cluster_mod
+    from rlenergy_dev.devcluster import DevCluster
+    from rlenergy_dev.devcluster import cluster as cluster_mod
 
     squatter = socket.create_server(("127.0.0.1", 0))
     taken = squatter.getsockname()[1]
@@ -173,7 +170,7 @@ def test_port_taken_between_choice_and_bind_is_retried(monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_failed_start_reports_the_log_and_leaves_nothing(tmp_path: Path, monkeypatch):
-    from rlenergy.devcluster import DevCluster, DevClusterError, resolve_binaries
+    from rlenergy_dev.devcluster import DevCluster, DevClusterError, resolve_binaries
 
     real = resolve_binaries()
     bin_dir = tmp_path / "bin"
@@ -202,7 +199,7 @@ def test_failed_start_reports_the_log_and_leaves_nothing(tmp_path: Path, monkeyp
 
 @pytest.mark.timeout(180)
 def test_an_existing_workdir_keeps_foreign_files(tmp_path: Path):
-    from rlenergy.devcluster import DevCluster
+    from rlenergy_dev.devcluster import DevCluster
 
     workdir = tmp_path / "mine"
     workdir.mkdir()

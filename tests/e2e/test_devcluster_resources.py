@@ -7,8 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from e2e_support import MANIFESTS, get_json, wait_until
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster
 
 CRD = "gpuwidgets.e2e.rlenergy.dev"
 

@@ -1,6 +1,6 @@
 """The whole loop on the real control plane: operator, 3 node agents, stand-in NVML, SDK.
 
-What runs (``rlenergy_agent.testing.fullstack``): the CRDs applied to the dev cluster, the
+What runs (``rlenergy_dev.fullstack``): the CRDs applied to the dev cluster, the
 operator as a local process, one agent per fake GPU node as a local process on the stand-in
 ``libnvidia-ml.so.1`` (pynvml loads it through ``LD_LIBRARY_PATH``; 8 simulated H100 GPUs per
 node), and a simulated trainer, one rank per node, replaying a real verl trace
@@ -35,17 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from e2e_support import get_json, wait_until
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import DevCluster
 
 from rlenergy.api import node as api_node
-from rlenergy.devcluster import DevCluster
 from rlenergy.sim import job as sim_job
+from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
-CRDS = ROOT / "crds"
-SAMPLE = CRDS / "samples" / "sync-job.yaml"
 RESULTS = ROOT / "build" / "fullstack-e2e.json"
 """Every node report's step records, the simulator's truth per step and the final status of the
 last run, for replaying a run's accounting offline (``_write_results``)."""
@@ -197,12 +195,6 @@ def _write_results(
     )
 
 
-def _policy() -> dict[str, Any]:
-    body = yaml.safe_load(SAMPLE.read_text())
-    body["spec"]["controller"] = {"warmupSteps": 4, "trialSteps": 4}
-    return dict(body)
-
-
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
 
@@ -245,7 +237,7 @@ def test_full_stack_savings_run(
 ):
     t0 = time.monotonic()
     lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
-    policy = _policy()
+    policy = factories.sample_policy(warmupSteps=4, trialSteps=4)
     name = policy["metadata"]["name"]
     stack = fullstack.FullStack(
         dev_cluster.kubeconfig, namespace, name, dev_cluster.nodes, tmp_path / "stack", lib_dir

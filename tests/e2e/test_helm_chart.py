@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from rlenergy.devcluster import K8S_VERSION, DevCluster
+from rlenergy_dev.devcluster import K8S_VERSION, DevCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"

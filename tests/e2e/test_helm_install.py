@@ -27,15 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from e2e_support import get_json, wait_until
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import DevCluster
 
-from rlenergy.devcluster import DevCluster
+from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"
-SAMPLE = ROOT / "crds" / "samples" / "sync-job.yaml"
 AGENT_SELECTOR = "app.kubernetes.io/name=rlenergy-node-agent"
 DAEMONSET = "rlenergy-node-agent"
 FAST = {
@@ -45,13 +44,6 @@ FAST = {
 }
 """Shorter operator periods than the chart's (same code paths, a shorter test)."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-def _policy(**controller: int) -> dict[str, Any]:
-    body = yaml.safe_load(SAMPLE.read_text())
-    if controller:
-        body["spec"]["controller"] = controller
-    return dict(body)
 
 
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -162,7 +154,7 @@ def test_agents_run_on_every_gpu_node_with_the_charts_settings(
         "--set", "agent.resources.limits.memory=160Mi", "--set", "agent.resources.requests.cpu=20m",
         "--set", f"agent.priorityClassName={priority_class}",
     )  # fmt: skip
-    policy = _policy()
+    policy = factories.sample_policy()
     name = policy["metadata"]["name"]
     with release.stack(name, lib_dir, "stack") as stack:
         stack.start_operator()
@@ -220,7 +212,7 @@ def test_missing_gpu_toleration_degrades_the_policy_and_the_documented_fix_works
 ):
     release.install("--set", "agent.tolerateGpuTaint=false")
     assert "WARNING: agent.tolerateGpuTaint=false" in release.notes
-    policy = _policy()
+    policy = factories.sample_policy()
     name = policy["metadata"]["name"]
     with release.stack(name, lib_dir, "untolerated") as stack:
         stack.start_operator()
@@ -284,7 +276,7 @@ def test_delete_policies_then_helm_uninstall_leaves_no_locked_clock_or_finalizer
 ):
     release.install()
     warmup = 2
-    policy = _policy(warmupSteps=warmup, trialSteps=2)
+    policy = factories.sample_policy(warmupSteps=warmup, trialSteps=2)
     name = policy["metadata"]["name"]
     with release.stack(name, lib_dir, "stack") as stack:
         stack.start_operator()

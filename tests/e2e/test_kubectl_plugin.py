@@ -28,10 +28,10 @@ from typing import Any
 
 import pytest
 import yaml
+from rlenergy_dev.devcluster import DevCluster
 
-from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
-from rlenergy.devcluster import DevCluster
+from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -105,24 +105,6 @@ def _status() -> dict[str, Any]:
     return st.model_dump(by_alias=True, exclude_none=True)
 
 
-def _report(node: str, gpus: list[dict[str, Any]], last_step: int, joules: float) -> dict:
-    spec = api_node.NodeReport.model_validate(
-        {
-            "policyName": POLICY,
-            "nodeName": node,
-            "gpus": gpus,
-            "lastStep": last_step,
-            "measuredJoulesTotal": joules,
-        }
-    ).model_dump(by_alias=True, exclude_none=True)
-    return {
-        "apiVersion": "rlenergy.io/v1alpha1",
-        "kind": "RLEnergyNodeReport",
-        "metadata": {"name": f"{POLICY}.{node}"},
-        "spec": spec,
-    }
-
-
 @pytest.fixture
 def policy(dev_cluster: DevCluster, crds: None, namespace: str) -> str:
     manifest = {
@@ -146,8 +128,12 @@ def policy(dev_cluster: DevCluster, crds: None, namespace: str) -> str:
     ok = [{"uuid": f"GPU-ok-{i}", "condition": "ok", "lockedClockMHz": 1335} for i in range(8)]
     dead = [{"uuid": "GPU-dead", "condition": "lost", "reason": "GPU_IS_LOST"}]
     items = [
-        _report("fake-gpu-0", ok, 30, 256000.0),
-        _report("fake-gpu-1", dead, 17, 4200.0),
+        factories.report_object(
+            POLICY, "fake-gpu-0", gpus=ok, lastStep=30, measuredJoulesTotal=256000.0
+        ),
+        factories.report_object(
+            POLICY, "fake-gpu-1", gpus=dead, lastStep=17, measuredJoulesTotal=4200.0
+        ),
     ]
     dev_cluster.kubectl(
         "apply",

@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 from e2e_support import get_json, wait_until
+from rlenergy_dev.devcluster import DevCluster
 
 from rlenergy.api import node as api_node
-from rlenergy.devcluster import DevCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"
@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT / "tests" / "unit" / "api"))
 
 from api_invalid_specs import invalid_cases  # noqa: E402
 from sim_nodes import SimNodes  # noqa: E402
+
+from tests import factories  # noqa: E402
 
 RESET_DEADLINE_S = 8
 
@@ -357,11 +359,8 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
 
 # ----- deletion ---------------------------------------------------------------------------------
 def _report(policy: str, node: str, ack: bool) -> api_node.NodeReport:
-    return api_node.NodeReport(
-        policy_name=policy,
-        node_name=node,
-        gpus=[api_node.GpuStatus(uuid=f"GPU-{node}-0", reset_acknowledged=ack)],
-    )
+    gpu = api_node.GpuStatus(uuid=f"GPU-{node}-0", reset_acknowledged=ack)
+    return factories.node_report(node, policy=policy, gpus=[gpu])
 
 
 @pytest.mark.timeout(420)

@@ -29,8 +29,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from e2e_support import get_json, wait_until
-
-from rlenergy.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster
 
 pytestmark = pytest.mark.field
 

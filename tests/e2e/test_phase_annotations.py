@@ -42,12 +42,12 @@ import pytest
 import yaml
 from e2e_support import get_json, wait_until
 from rlenergy_agent import podmap
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import DevCluster, trainers
 
 from rlenergy import errors
 from rlenergy.api import naming
 from rlenergy.api import node as api_node
-from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import annotate, trainer
 

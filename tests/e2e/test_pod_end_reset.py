@@ -32,9 +32,9 @@ from pathlib import Path
 import pytest
 from e2e_support import wait_until
 from rlenergy_agent import podmap
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import DevCluster, trainers
 
-from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
 

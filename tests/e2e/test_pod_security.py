@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rlenergy_dev.devcluster import DevCluster
 from rlenergy_operator import builders, settings
-
-from rlenergy.devcluster import DevCluster
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 LEVEL_LABEL = "pod-security.kubernetes.io/enforce"

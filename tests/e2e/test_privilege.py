@@ -36,10 +36,11 @@ import yaml
 from e2e_support import get_json, wait_until
 from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import kube as agent_kube
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import K8S_VERSION, DevCluster
 
 from rlenergy.api import node as api_node
-from rlenergy.devcluster import K8S_VERSION, DevCluster
+from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"
@@ -197,9 +198,7 @@ def _api(cluster: DevCluster, token: str, tmp_path: Path) -> Any:
 
 
 def _report(node: str) -> api_node.NodeReport:
-    return api_node.NodeReport.model_validate(
-        {"policyName": "p", "nodeName": node, "gpus": [{"uuid": f"GPU-{node}-00"}]}
-    )
+    return factories.node_report(node, policy="p", gpus=[api_node.GpuStatus(uuid=f"GPU-{node}-00")])
 
 
 def _refused(exc: pytest.ExceptionInfo[ApiException], text: str) -> None:

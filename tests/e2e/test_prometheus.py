@@ -40,18 +40,17 @@ from typing import Any
 
 import chart_support
 import pytest
-import yaml
 from e2e_support import wait_until
 from prometheus_support import PrometheusServer
 from rlenergy_agent import service
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import DevCluster
 
-from rlenergy.devcluster import DevCluster
+from tests import factories
 
 pytestmark = pytest.mark.field
 
 ROOT = Path(__file__).resolve().parents[2]
-CRDS = ROOT / "crds"
 STEPS = service.MAX_STEPS_KEPT + 4
 """More steps than an agent's report keeps: counters must not follow the trimmed records."""
 REL_TOLERANCE = 1e-9
@@ -89,12 +88,6 @@ def _honor_labels() -> bool:
     return bool(monitor["spec"]["endpoints"][0]["honorLabels"])
 
 
-def _policy() -> dict[str, Any]:
-    body = yaml.safe_load((CRDS / "samples" / "sync-job.yaml").read_text())
-    body["spec"]["controller"] = {"warmupSteps": 4, "trialSteps": 4}
-    return dict(body)
-
-
 def _settled(stack: fullstack.FullStack) -> dict[str, Any] | None:
     s = stack.policy_status()
     return s if s.get("totals", {}).get("throughStep") == STEPS - 1 else None
@@ -110,7 +103,7 @@ def test_prometheus_scrapes_agents_matching_the_policy_status(
 ):
     t0 = time.monotonic()
     lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
-    policy = _policy()
+    policy = factories.sample_policy(warmupSteps=4, trialSteps=4)
     name = policy["metadata"]["name"]
     stack = fullstack.FullStack(
         dev_cluster.kubeconfig, namespace, name, dev_cluster.nodes, tmp_path / "stack", lib_dir

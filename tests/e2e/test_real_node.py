@@ -4,15 +4,15 @@ The dev cluster runs with its real node (``DevCluster.start(real_node=True)``: c
 Debian, a kubelet built from k8s v1.36.3, no KWOK node). The project's operator and agent
 images (``make images``) are imported into containerd. Eight stand-in GPUs (the stand-in
 ``libnvidia-ml.so.1`` over a state file the test's ``StandinDriver`` owns) are advertised by
-the device plugin (``rlenergy_agent.testing.deviceplugin``) as ``nvidia.com/gpu`` with their
+the device plugin (``rlenergy_dev.deviceplugin``) as ``nvidia.com/gpu`` with their
 UUIDs as device IDs, so the kubelet allocates them and its PodResources API reports them.
 
 The user's steps, in order: ``helm install`` the chart (hostNetwork, the API server at
 127.0.0.1, the stand-in library mounted into the agent as the NVIDIA toolkit would mount the
 driver's) -> operator pod Ready -> apply a policy -> the operator's agent DaemonSet runs its pod
 on the real node -> a trainer pod (``nvidia.com/gpu: 2``, the agent image running
-``rlenergy_agent.testing.podtrainer`` with the pinned verl and torch mounted from
-``.venv-verl``: verl 0.9.1's real worker and driver methods under ``verl_hook.install``,
+``rlenergy_dev.podtrainer``, mounted from the checkout's ``dev/`` as the image ships no dev
+tooling, with the pinned verl and torch mounted from ``.venv-verl``: verl 0.9.1's real worker and driver methods under ``verl_hook.install``,
 replaying a verl trace time-compressed, with the projected service-account token for the
 agent) -> each step's ``rlenergy/*`` keys in verl's metrics dict (``_check_verl_metrics``) ->
 its GPUs' clocks change per phase (read from
@@ -38,16 +38,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rlenergy_dev
 import yaml
 from e2e_support import get_json, wait_until
 from rlenergy_agent.actuator import snap_clock_mhz
 from rlenergy_agent.kube import report_name
-from rlenergy_agent.testing import deviceplugin, fullstack, podtrainer, standin
+from rlenergy_dev import deviceplugin, fullstack, podtrainer, standin
+from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
+from rlenergy_dev.devcluster.cluster import free_port
+from rlenergy_dev.devcluster.realnode import RealNode
 
 from rlenergy.control.freq.eerl import INDIFFERENCE
-from rlenergy.devcluster import DevCluster, MissingBinaryError
-from rlenergy.devcluster.cluster import free_port
-from rlenergy.devcluster.realnode import RealNode
 from rlenergy.gpu import models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,8 +58,10 @@ IMAGES = Path(os.environ.get("RLENERGY_IMAGES_DIR", ROOT / "build" / "images"))
 VERL_SITE = ROOT / ".venv-verl" / "lib" / "python3.11" / "site-packages"
 """The pinned verl and torch (``make venv-verl``) the trainer pod runs (cp311, as the image's
 Debian python3)."""
+DEV_DIR = ROOT / "dev"
+"""The folder that holds ``rlenergy_dev`` (the trainer pod's ``podtrainer``)."""
 IMAGE_REPO = "ghcr.io/rl-energy"
-TAG = "0.1.0"
+TAG = rlenergy_dev.project_version()
 RELEASE = "rl"
 SYSTEM_NS = "rl-energy-system"
 GPUS = 8
@@ -196,7 +199,8 @@ def _trainer_pod(
     verl: bool = False,
 ) -> dict[str, Any]:
     """A pod of the agent image; with ``verl``, the pinned verl and torch (``VERL_SITE``,
-    read-only) on its ``PYTHONPATH`` and a pod-wide folder for its rollout servers."""
+    read-only) and the checkout's dev package (``DEV_DIR``, read-only: the image ships no dev
+    tooling) on its ``PYTHONPATH`` and a pod-wide folder for its rollout servers."""
     resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
     mounts, volumes, env = [], [], []
     if verl:
@@ -204,14 +208,16 @@ def _trainer_pod(
             pytest.fail(f"{VERL_SITE} missing: build it with `make venv-verl`", pytrace=False)
         mounts = [
             {"name": "verl-site", "mountPath": "/opt/verl/site-packages", "readOnly": True},
+            {"name": "rlenergy-dev", "mountPath": "/opt/rlenergy-dev", "readOnly": True},
             {"name": "engines", "mountPath": "/var/run/rlenergy-engines"},
         ]
         volumes = [
             {"name": "verl-site", "hostPath": {"path": str(VERL_SITE), "type": "Directory"}},
+            {"name": "rlenergy-dev", "hostPath": {"path": str(DEV_DIR), "type": "Directory"}},
             {"name": "engines", "emptyDir": {}},
         ]
         env = [
-            {"name": "PYTHONPATH", "value": "/opt/verl/site-packages"},
+            {"name": "PYTHONPATH", "value": "/opt/verl/site-packages:/opt/rlenergy-dev"},
             {"name": "RLENERGY_ENGINE_DIR", "value": "/var/run/rlenergy-engines"},
             {"name": "HOME", "value": "/var/run/rlenergy-engines"},
         ]
@@ -411,7 +417,7 @@ def _user_day(
         [
             "python3",
             "-m",
-            "rlenergy_agent.testing.podtrainer",
+            "rlenergy_dev.podtrainer",
             "--replay",
             "/etc/rlenergy-replay/replay.json",
             "--work-file",

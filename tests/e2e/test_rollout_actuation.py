@@ -1,7 +1,7 @@
 """FlexFloor actuation on the real control plane: parked GPUs and a resized rollout pool.
 
 What runs: the CRDs, the operator as a local process, three node agents on the stand-in NVML
-(``rlenergy_agent.testing.fullstack``), a StatefulSet ``rollout-pool`` of 4 rollout workers
+(``rlenergy_dev.fullstack``), a StatefulSet ``rollout-pool`` of 4 rollout workers
 (2 GPUs each, scheduled on the KWOK GPU nodes and run by the real StatefulSet controller), and
 a policy with ``rollout.releaseAction: scale`` whose expert floor is 2 workers (16 experts of
 1 GB, 10 GB per worker with 2 GB of dense weights: 8 experts per worker).
@@ -39,9 +39,9 @@ from typing import Any
 
 import pytest
 from e2e_support import get_json, wait_until
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import DevCluster
 
-from rlenergy.devcluster import DevCluster
 from rlenergy.sdk import trainer
 
 ROOT = Path(__file__).resolve().parents[2]

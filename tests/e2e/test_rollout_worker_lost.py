@@ -1,7 +1,7 @@
 """A rollout worker pod deleted mid-rollout, on the real control plane (issue 20, item 5).
 
 What runs: the CRDs, the operator as a local process, two node agents on the stand-in NVML
-(``rlenergy_agent.testing.fullstack``: a real trainer pod object per KWOK node, tokens checked
+(``rlenergy_dev.fullstack``: a real trainer pod object per KWOK node, tokens checked
 by TokenReview, the API's pod-end check every 3 s), and a policy with a ``rollout`` section
 (16 experts). The test plays the rollout dispatcher through the SDK: node 0's pod hosts rank
 0 (and the dispatcher), node 1's pod hosts ranks 1 and 2 (4 GPUs each).
@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 from e2e_support import wait_until
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
+from rlenergy_dev.devcluster import DevCluster
 
 from rlenergy.api import rollout as api_rollout
 from rlenergy.control.moe import base, placement
-from rlenergy.devcluster import DevCluster
 from rlenergy.sdk import planner, trainer
 from rlenergy.sdk import rollout as sdk_rollout
 

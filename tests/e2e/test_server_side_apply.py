@@ -13,9 +13,8 @@ from typing import Any
 
 import kubernetes
 import pytest
+from rlenergy_dev.devcluster import DevCluster
 from rlenergy_operator import builders, kube, settings
-
-from rlenergy.devcluster import DevCluster
 
 NAME = "ssa-node-agent"
 

@@ -3,7 +3,7 @@
 The real ``SignalServer`` over a Unix socket in front of a real ``service.Agent`` on simulated
 GPUs (``rlenergy_agent.__main__.build`` with the sim backend). The caller is one pod holding
 two of the node's GPUs: a real pod object on a KWOK node of the dev cluster, whose token the
-API server bound to it (``rlenergy.devcluster.trainers``); the server checks it by a real
+API server bound to it (``rlenergy_dev.devcluster.trainers``); the server checks it by a real
 TokenReview (``rlenergy_agent.kube.TokenReviewer``, cached). Properties:
 
 * random JSON bodies, malformed bytes, wrong types, wrong step order, unknown paths: the server
@@ -33,10 +33,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from rlenergy_agent import __main__ as agent_main
 from rlenergy_agent import config, identity, kube, server, service
+from rlenergy_dev.devcluster import DevCluster, nodes, trainers
 
 from rlenergy.api import node as api_node
 from rlenergy.api import signals
-from rlenergy.devcluster import DevCluster, nodes, trainers
 
 pytestmark = pytest.mark.e2e  # needs the control plane (the trainer's token, TokenReview)
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+import rlenergy_dev
 
 pytestmark = pytest.mark.images
 
@@ -32,7 +33,7 @@ ENTRYPOINT = {
     "agent": ["/usr/local/bin/rlenergy-agent"],
 }
 USER = {"operator": "65532:65532", "agent": "0:0"}
-VERSION = "0.1.0"
+VERSION = rlenergy_dev.project_version()
 
 
 @dataclasses.dataclass
@@ -239,7 +240,7 @@ def test_agent_standin_nvml(images: dict[str, Unpacked], tmp_path: Path) -> None
     """The stand-in libnvidia-ml copied where the toolkit would inject the real one."""
     if shutil.which("gcc") is None:
         pytest.fail("gcc missing: cannot build the stand-in libnvidia-ml; run `apt-get install -y gcc`")
-    from rlenergy_agent.testing import standin
+    from rlenergy_dev import standin
 
     from rlenergy.gpu import models
 

@@ -78,7 +78,7 @@ def hooked(monkeypatch: pytest.MonkeyPatch) -> None:
 def cpu_weight_sync(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The GPU-only calls of the colocated weight sync made CPU no-ops; a 1-process gloo group
     for its real ``torch.distributed.barrier``."""
-    from rlenergy_agent.testing import verlrank
+    from rlenergy_dev import verlrank
     from verl.workers import engine_workers
 
     for name, value in verlrank.CPU_DEVICE.items():

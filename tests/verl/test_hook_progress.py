@@ -26,8 +26,8 @@ import torch
 import verl
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server
-from rlenergy_agent.testing import verlrank
-from rlenergy_agent.testing.verlrank import VllmServer
+from rlenergy_dev import verlrank
+from rlenergy_dev.verlrank import VllmServer
 from test_verl_hook import PLAN, POD, _batch
 from verl.checkpoint_engine.base import CheckpointEngineWorker
 from verl.workers.engine_workers import ActorRolloutRefWorker

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server, service
-from rlenergy_agent.testing import verlrank
+from rlenergy_dev import verlrank
 from verl import DataProto
 from verl.single_controller.base import decorator
 from verl.trainer.ppo import metric_utils

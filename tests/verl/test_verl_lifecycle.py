@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from agent_support import DriverFactory
-from rlenergy_agent.testing import verlrank
+from rlenergy_dev import verlrank
 from test_verl_hook import _batch
 from test_verl_subphases import DEFAULT, Job, MakeJob
 from verl.workers.engine_workers import ActorRolloutRefWorker
@@ -169,7 +169,7 @@ def test_a_weight_sync_that_raises_returns_the_gpus_at_once(make_job: MakeJob) -
 ENGINE = textwrap.dedent(
     """
     import asyncio, time
-    from rlenergy_agent.testing.vllmserver import VllmServer
+    from rlenergy_dev.vllmserver import VllmServer
     from rlenergy.sdk import verl_hook
 
     verl_hook.patch_engine_server(VllmServer, "vllm")  # what install() does in its process

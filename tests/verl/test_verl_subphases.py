@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server
-from rlenergy_agent.testing import standin, verlrank
+from rlenergy_dev import standin, verlrank
 from test_verl_hook import POD, _batch
 from verl.single_controller.base import decorator
 from verl.utils import tensordict_utils as tu

@@ -20,7 +20,7 @@ import pytest
 import v1_support as v1
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server, service
-from rlenergy_agent.testing import verlrank
+from rlenergy_dev import verlrank
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker

@@ -7,7 +7,7 @@ TransferQueue's controller and storage on a local Ray (loopback), the trainer's
 ``prepare_step`` (prompt registration), its ``ReplayBuffer`` / ``ReplayBufferAsync`` (with DAPO's
 ``filter_groups``), its ``_update_actor``, verl's ``tqbridge`` and the
 ``ActorRolloutRefWorker`` methods the hook wraps. The fakes are the GPU parts, as in
-``rlenergy_agent.testing.verlrank``: the engine (``CpuEngine``), the rollout (an agent loop that
+``rlenergy_dev.verlrank``: the engine (``CpuEngine``), the rollout (an agent loop that
 writes each trajectory to TransferQueue the way ``AgentLoopWorkerTQ`` does, with scripted
 lengths and rewards) and, for separate-async, the checkpoint engine's transport.
 """

@@ -5,7 +5,7 @@ call into ``CALL_STATS`` (NVML latency is a symptom of persistence mode off, cas
 ``pynvml.NVMLError`` into ``NvmlCallError`` carrying the NVML return code, so nothing above this
 module knows pynvml. Callers: ``rlenergy_agent.nvml.backend`` only. Tests may replace this seam
 with a mock (mocks replace the seam, not the logic) or, better, run it unchanged on the
-stand-in ``libnvidia-ml.so.1`` (agent/testing/nvml_standin/standin.c).
+stand-in ``libnvidia-ml.so.1`` (dev/nvml_standin/standin.c).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.gpu import models
 

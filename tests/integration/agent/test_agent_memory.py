@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.gpu import models
 

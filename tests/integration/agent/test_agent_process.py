@@ -2,7 +2,7 @@
 SIGKILL mid-phase then restart resets the stale lock; SIGTERM resets every lock.
 
 The trainer is a pod object on a KWOK node of the dev cluster and signals with a token the API
-server bound to it; the agent checks it by TokenReview (``rlenergy.devcluster.trainers``)."""
+server bound to it; the agent checks it by TokenReview (``rlenergy_dev.devcluster.trainers``)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import DevCluster, trainers
 
-from rlenergy.devcluster import DevCluster, trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
 

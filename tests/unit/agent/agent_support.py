@@ -11,7 +11,7 @@ from typing import Any
 
 from rlenergy_agent import actuator, energy, identity, service
 from rlenergy_agent.nvml import backend
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node
 from rlenergy.sdk import trainer

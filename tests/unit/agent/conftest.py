@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from agent_support import DriverFactory, make_uuids
 from rlenergy_agent.nvml import lib
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.gpu import models
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from agent_support import DriverFactory, standin_actuator
 from rlenergy_agent import actuator
 from rlenergy_agent.nvml import lib
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 
 def test_apply_is_idempotent_and_reads_back(make_driver: DriverFactory) -> None:

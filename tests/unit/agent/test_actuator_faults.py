@@ -16,7 +16,7 @@ import pytest
 from agent_support import DriverFactory, standin_actuator
 from rlenergy_agent import actuator
 from rlenergy_agent.nvml import backend, lib
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 LOGGER = "rlenergy_agent.actuator"
 

@@ -5,7 +5,7 @@ GPU pool while the trainer pool trains. Here the rollout pool's worker runs
 ``rlenergy.sdk.progress.RolloutPoolPhases`` over its engine's exposition (vLLM 0.33.0's
 ``vllm:num_requests_running`` / ``vllm:num_requests_waiting`` gauges and
 ``vllm:generation_tokens`` counter, served on 127.0.0.1 by
-``rlenergy_agent.testing.vllmserver.VllmServer``) and signals the node agent of its own
+``rlenergy_dev.vllmserver.VllmServer``) and signals the node agent of its own
 node; the trainer pool's worker signals training and closes each step on the other node's
 agent. The operator's async fold takes each phase from its own pool's node, and the async
 policy's job loop accounts both pools' steps.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server, service
-from rlenergy_agent.testing.vllmserver import VllmServer
+from rlenergy_dev.vllmserver import VllmServer
 from rlenergy_operator import jobloop
 
 from rlenergy.api import node as api_node

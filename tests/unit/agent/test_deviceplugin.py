@@ -10,8 +10,8 @@ from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 import pytest
-from rlenergy_agent.testing import deviceplugin as dp
-from rlenergy_agent.testing import standin
+from rlenergy_dev import deviceplugin as dp
+from rlenergy_dev import standin
 
 from rlenergy.gpu import models
 

@@ -17,7 +17,7 @@ import pytest
 from agent_support import DriverFactory, discovered_meter, energy_sources
 from rlenergy_agent import energy
 from rlenergy_agent.nvml import backend
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 LOGGER = "rlenergy_agent.energy"
 

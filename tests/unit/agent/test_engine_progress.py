@@ -21,7 +21,7 @@ import prometheus_client
 import pytest
 from agent_support import DriverFactory, FakeReviews, probe_plan, standin_agent
 from rlenergy_agent import server, service
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node
 from rlenergy.api import workload as api_workload

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.gpu import models
 

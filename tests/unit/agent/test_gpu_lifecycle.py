@@ -18,7 +18,7 @@ from agent_support import LOCKED_PLAN as PLAN
 from agent_support import POD_A, POD_B, DriverFactory, standin_agent
 from rlenergy_agent import actuator, metrics, service
 from rlenergy_agent.nvml import backend, lib
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 
 def _agent(drv: standin.StandinDriver, pods: dict[service.PodRef, list[str]]) -> service.Agent:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from agent_support import LOCKED_PLAN as PLAN
 from agent_support import POD_A, POD_B, DriverFactory, standin_agent
 from rlenergy_agent import leases, metrics, service
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 
 def _run(

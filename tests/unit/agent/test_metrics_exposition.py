@@ -18,9 +18,9 @@ import pytest
 from agent_support import DriverFactory, standin_agent
 from prometheus_client.parser import text_string_to_metric_families
 from rlenergy_agent import histogram, metrics, service
+from rlenergy_dev.devcluster.binaries import default_bin_dir
 
 from rlenergy.api import node as api_node
-from rlenergy.devcluster.binaries import default_bin_dir
 
 pytestmark = pytest.mark.field
 

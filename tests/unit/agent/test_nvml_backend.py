@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from agent_support import DriverFactory
 from rlenergy_agent.nvml import backend, lib
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.gpu import base, errors, models
 

@@ -17,7 +17,7 @@ import pydantic
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import metrics, server, service
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node
 from rlenergy.sdk import trainer

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from agent_support import DriverFactory, FakeReviews, probe_plan, standin_agent
 from rlenergy_agent import probes, server, service
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, probe
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer
+from tests import factories
 
 POD = service.PodRef("team-a", "trainer-0", "11111111-2222-3333-4444-555555555555")
 H100 = models.get_sku("h100-sxm")
@@ -220,24 +221,11 @@ def _window(node_slices: list[tuple[int | None, float, float]]) -> api_node.Phas
 
 
 def _report(node: str, window: api_node.PhaseWindowReport) -> api_node.NodeReport:
-    return api_node.NodeReport(
-        policyName="pol",
-        nodeName=node,
-        gpus=[api_node.GpuStatus(uuid=f"GPU-{node}")],
-        lastStep=0,
-        steps=[
-            api_node.StepRecord(
-                step=0,
-                workload=api_node.TokenWorkloadReport(
-                    samples=1,
-                    responseTokens=1,
-                    promptTokens=1,
-                    validTokens=1,
-                    meanContextTokens=1,
-                ),
-                phases=[window],
-            )
-        ],
+    workload = api_node.TokenWorkloadReport(
+        samples=1, responseTokens=1, promptTokens=1, validTokens=1, meanContextTokens=1
+    )
+    return factories.node_report(
+        node, [api_node.StepRecord(step=0, workload=workload, phases=[window])]
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from agent_support import DriverFactory, standin_agent
 from rlenergy_agent import service
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node
 

@@ -12,7 +12,7 @@ import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import identity, kube, metrics, podmap, pods, server, service
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node
 from rlenergy.sdk import trainer, verl, verl_hook

@@ -14,6 +14,7 @@ from rlenergy_agent import service
 
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, base, probe
+from tests import factories
 
 pytestmark = pytest.mark.field
 
@@ -83,12 +84,9 @@ def test_an_idle_gpu_is_no_cap(make_driver: DriverFactory, cap_mhz: int):
 
 
 def _report(win: api_node.PhaseWindowReport) -> api_node.NodeReport:
-    return api_node.NodeReport(
-        policy_name="pol",
-        node_name="gpu-a",
-        gpus=[api_node.GpuStatus(uuid="GPU-1")],
+    return factories.node_report(
         steps=[api_node.StepRecord(step=0, workload=WORKLOAD, phases=[win])],
-        last_step=0,
+        gpus=[api_node.GpuStatus(uuid="GPU-1")],
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 from agent_support import DriverFactory, probe_plan, standin_agent
 from prometheus_client.parser import text_string_to_metric_families
 from rlenergy_agent import metrics, service, stalls
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 from rlenergy_operator import builders, conditions, jobloop, loopstatus
 
 from rlenergy.api import node as api_node

@@ -44,7 +44,7 @@ import pytest
 import yaml
 from agent_support import DriverFactory, standin_agent
 from rlenergy_agent import service
-from rlenergy_agent.testing import fullstack, standin
+from rlenergy_dev import fullstack, standin
 from rlenergy_operator import jobloop
 
 from rlenergy.api import node as api_node

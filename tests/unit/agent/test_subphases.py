@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server, service
-from rlenergy_agent.testing import standin
+from rlenergy_dev import standin
 from rlenergy_operator import jobloop
 
 from rlenergy.api import node as api_node

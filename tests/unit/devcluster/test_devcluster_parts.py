@@ -12,18 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
-
-from rlenergy.devcluster import binaries, process
-from rlenergy.devcluster.cli import main
-from rlenergy.devcluster.cluster import (
+import rlenergy_dev
+from rlenergy_dev.devcluster import binaries, process
+from rlenergy_dev.devcluster.cli import main
+from rlenergy_dev.devcluster.cluster import (
     ClusterState,
     DevCluster,
     stop_from_state,
     sweep_stale_workdirs,
     terminate_in_order,
 )
-from rlenergy.devcluster.errors import MissingBinaryError
-from rlenergy.devcluster.nodes import gpu_node_manifest
+from rlenergy_dev.devcluster.errors import MissingBinaryError
+from rlenergy_dev.devcluster.nodes import gpu_node_manifest
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -143,13 +143,13 @@ def test_children_die_with_their_parent(tmp_path: Path):
     code = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from rlenergy.devcluster import process\n"
+        "from rlenergy_dev.devcluster import process\n"
         f"p, r = process.spawn('s', ['sleep', '300'], Path({str(tmp_path / 'c.log')!r}))\n"
         f"Path({str(tmp_path / 'pid')!r}).write_text(str(p.pid))\n"
         "time.sleep(300)\n"
     )
     parent = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+        [sys.executable, "-c", code], cwd=REPO, env=rlenergy_dev.source_env(os.environ)
     )
     child = _wait_for(tmp_path / "pid")
     ticks = process.start_ticks(child)
@@ -213,7 +213,7 @@ def test_etcd_is_stopped_last(tmp_path: Path):
     code = (
         "import signal, sys, time\n"
         "from pathlib import Path\n"
-        "from rlenergy.devcluster import process\n"
+        "from rlenergy_dev.devcluster import process\n"
         f"etcd = process.ProcessRecord('etcd', {etcd.pid}, {etcd.start_ticks}, [], '')\n"
         "def bye(*_):\n"
         f"    Path({str(tmp_path / 'seen')!r}).write_text(str(process.is_alive(etcd)))\n"
@@ -222,7 +222,7 @@ def test_etcd_is_stopped_last(tmp_path: Path):
         f"Path({str(tmp_path / 'ready')!r}).write_text('1')\n"
         "time.sleep(300)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = rlenergy_dev.source_env(os.environ)
     api_proc, api = process.spawn(
         "kube-apiserver", [sys.executable, "-c", code], tmp_path / "api.log", env=env
     )

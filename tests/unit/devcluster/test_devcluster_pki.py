@@ -15,9 +15,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-from rlenergy.devcluster.certs import generate_pki, write_pki
-from rlenergy.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
+from rlenergy_dev.devcluster.certs import generate_pki, write_pki
+from rlenergy_dev.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The real node's configuration (rlenergy.devcluster.realnode) and the kubelet's certificate.
+"""The real node's configuration (rlenergy_dev.devcluster.realnode) and the kubelet's certificate.
 
 The node itself runs in tests/e2e/test_real_node.py; these check what is written for it."""
 
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from cryptography.x509.oid import NameOID
-
-from rlenergy.devcluster import realnode
-from rlenergy.devcluster.certs import client_cert, generate_pki
-from rlenergy.devcluster.errors import MissingBinaryError
+from rlenergy_dev.devcluster import realnode
+from rlenergy_dev.devcluster.certs import client_cert, generate_pki
+from rlenergy_dev.devcluster.errors import MissingBinaryError
 
 
 def test_containerd_config_keeps_everything_under_its_folder(tmp_path: Path) -> None:

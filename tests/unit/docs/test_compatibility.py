@@ -13,8 +13,7 @@ import tomllib
 
 import yaml
 from docs_support import ROOT
-
-from rlenergy.devcluster.binaries import K8S_VERSION
+from rlenergy_dev.devcluster.binaries import K8S_VERSION
 
 PAGE = (ROOT / "docs" / "compatibility.md").read_text()
 HACK = ROOT / "hack"

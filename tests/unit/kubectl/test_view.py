@@ -23,6 +23,7 @@ from rlenergy_kubectl import view
 
 from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import status as api_status
+from tests import factories
 
 NOW = "2026-11-29T18:00:00Z"
 
@@ -136,20 +137,15 @@ def _gpu(uuid: str, condition: str = "ok", lock: int | None = 1395, reason: str 
 
 
 def _report(node: str, gpus: list[dict], last_step: int = 23, joules: float = 270000.0) -> dict:
-    spec = api_node.NodeReport.model_validate(
-        {
-            "policyName": "grpo-qwen-7b",
-            "nodeName": node,
-            "gpus": gpus,
-            "lastStep": last_step,
-            "measuredJoulesTotal": joules,
-            "unattributedJoulesTotal": 0.0,
-        }
+    return factories.report_object(
+        "grpo-qwen-7b",
+        node,
+        namespace="rl",
+        gpus=gpus,
+        lastStep=last_step,
+        measuredJoulesTotal=joules,
+        unattributedJoulesTotal=0.0,
     )
-    return {
-        "metadata": {"name": f"grpo-qwen-7b.{node}", "namespace": "rl"},
-        "spec": spec.model_dump(by_alias=True, exclude_none=True),
-    }
 
 
 def _reports() -> view.ReportsView:

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from rlenergy_dev.devcluster.binaries import default_bin_dir
 from rlenergy_operator import coverage, metrics
-
-from rlenergy.devcluster.binaries import default_bin_dir
 
 pytestmark = pytest.mark.field
 

@@ -16,6 +16,7 @@ from rlenergy.api import node as api_node
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import base, probe
+from tests import factories
 
 pytestmark = pytest.mark.field
 
@@ -56,13 +57,8 @@ def _step(
 
 
 def _report(steps: list[api_node.StepRecord]) -> api_node.NodeReport:
-    return api_node.NodeReport(
-        policy_name="pol",
-        node_name="gpu-a",
-        gpus=[api_node.GpuStatus(uuid="GPU-1", supported_clocks_mhz=[1980, 1500, 1005])],
-        steps=steps,
-        last_step=steps[-1].step,
-    )
+    gpu = api_node.GpuStatus(uuid="GPU-1", supported_clocks_mhz=[1980, 1500, 1005])
+    return factories.node_report(steps=steps, gpus=[gpu], last_step=steps[-1].step)
 
 
 def _loop(steps: list[api_node.StepRecord]) -> jobloop.JobLoop:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from rlenergy_dev.devcluster.nodes import GPU_TAINT, gpu_node_manifest
 from rlenergy_operator import builders, scheduling, settings
-
-from rlenergy.devcluster.nodes import GPU_TAINT, gpu_node_manifest
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rlenergy_dev.devcluster import certs
 
 from rlenergy import errors
 from rlenergy.api import signals
-from rlenergy.devcluster import certs
 from rlenergy.sdk import annotate
 
 pytestmark = pytest.mark.field

@@ -23,7 +23,7 @@ from rlenergy import errors
 from rlenergy.api import workload as api_workload
 from rlenergy.control.freq import base
 from rlenergy.gpu import models
-from rlenergy.sim import gpu as sim_gpu
+from rlenergy.gpu import simulated as sim_gpu
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import report, workload
 

@@ -3,7 +3,7 @@
 import pytest
 
 from rlenergy.gpu import errors, models
-from rlenergy.sim import gpu as sim_gpu
+from rlenergy.gpu import simulated as sim_gpu
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import peers, traces, workload
 

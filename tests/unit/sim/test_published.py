@@ -5,7 +5,7 @@ import math
 import pytest
 
 from rlenergy.gpu import models, published
-from rlenergy.sim import gpu as sim_gpu
+from rlenergy.gpu import simulated as sim_gpu
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import report
 

@@ -12,7 +12,7 @@ import pytest
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.control.freq import base, config, eerl
 from rlenergy.gpu import models
-from rlenergy.sim import gpu as sim_gpu
+from rlenergy.gpu import simulated as sim_gpu
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import workload
 

@@ -1,12 +1,12 @@
 """A verl rank in a pod on the dev cluster's real node, replaying a verl trace's physics.
 
 The real-node end-to-end test (tests/e2e/test_real_node.py) runs this module in the project's
-agent image (``python3 -m rlenergy_agent.testing.podtrainer``) in a pod that requests
+agent image (``python3 -m rlenergy_dev.podtrainer``) in a pod that requests
 ``nvidia.com/gpu``, with the pinned verl and torch of ``.venv-verl`` on ``PYTHONPATH`` (a
 read-only hostPath: a verl image in miniature). The trainer is verl's own code, hooked the way a
 verl job is hooked: :func:`run` calls ``rlenergy.sdk.verl_hook.install`` (what Ray's
 ``worker_process_setup_hook`` runs in each worker process) and then, per step, verl's real
-methods on a CPU rank (``rlenergy_agent.testing.verlrank``): ``ActorRolloutRefWorker.
+methods on a CPU rank (``rlenergy_dev.verlrank``): ``ActorRolloutRefWorker.
 update_weights`` (the hook enters generation), the rollout server's token counter decoding
 (vLLM's metric names, read by the hook over HTTP), ``compute_log_prob`` (the hook enters
 training; its forward hook on the actor module counts the tokens), ``RayPPOTrainer.
@@ -15,7 +15,7 @@ valid tokens, ends the step and returns its ``rlenergy/*`` metrics in verl's met
 step's metrics are printed as one JSON line (``STEP {...}``) for the test.
 
 The work is closed-loop on the clock the pod's GPUs really run, as
-``rlenergy_agent.testing.fullstack`` does: a phase's work advances, tick by tick, at
+``rlenergy_dev.fullstack`` does: a phase's work advances, tick by tick, at
 ``dt / T(f)``, with ``f`` the lowest SM clock of the pod's GPUs read through the real pynvml
 (``rlenergy_agent.nvml.lib``; the stand-in library the device plugin mounted, like the NVIDIA
 container toolkit mounts the driver's) and ``T(f)`` the phase's time at that clock. Decoding
@@ -289,11 +289,12 @@ def run(
     Steps are numbered from 1, as verl's ``global_steps``. With ``loop`` the replay starts
     over (step numbers go on) until the process is stopped.
     """
-    from rlenergy.sdk import verl_hook  # noqa: PLC0415
     from rlenergy_agent.nvml import lib  # noqa: PLC0415 - pynvml, only in the pod
 
+    from rlenergy.sdk import verl_hook  # noqa: PLC0415
+
     verl_hook.install()  # what Ray's worker_process_setup_hook runs, before verl is used
-    from rlenergy_agent.testing import verlrank  # noqa: PLC0415 - torch and verl, in the pod
+    from rlenergy_dev import verlrank  # noqa: PLC0415 - torch and verl, in the pod
 
     verlrank.use_cpu()
     lib.init()
@@ -417,7 +418,7 @@ class _Rank:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python3 -m rlenergy_agent.testing.podtrainer --replay FILE --work-file FILE``."""
+    """``python3 -m rlenergy_dev.podtrainer --replay FILE --work-file FILE``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--replay", type=Path, required=True, help="replay JSON (from the host)")
     parser.add_argument("--work-file", type=Path, required=True, help="work log, for the host")

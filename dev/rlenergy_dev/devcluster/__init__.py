@@ -5,10 +5,10 @@ Binaries come from ``make bins`` (``hack/controlplane-bins.sh``); see ``docs/dev
 
 from __future__ import annotations
 
-from rlenergy.devcluster.binaries import K8S_VERSION, KWOK_VERSION, resolve_binaries
-from rlenergy.devcluster.cluster import DevCluster, stop_from_state
-from rlenergy.devcluster.errors import DevClusterError, MissingBinaryError
-from rlenergy.devcluster.nodes import DEFAULT_GPU_PRODUCT, gpu_node_manifest
+from rlenergy_dev.devcluster.binaries import K8S_VERSION, KWOK_VERSION, resolve_binaries
+from rlenergy_dev.devcluster.cluster import DevCluster, stop_from_state
+from rlenergy_dev.devcluster.errors import DevClusterError, MissingBinaryError
+from rlenergy_dev.devcluster.nodes import DEFAULT_GPU_PRODUCT, gpu_node_manifest
 
 __all__ = [
     "DEFAULT_GPU_PRODUCT",

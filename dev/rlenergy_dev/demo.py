@@ -8,14 +8,14 @@ node, while printing ``kubectl get rlep`` live; then prints a summary table, wri
 tears everything down.
 
 Each rank is a process of the pinned verl (``.venv-verl``, ``make venv-verl``) running
-``rlenergy_agent.testing.podtrainer``, the trainer of the real-node e2e's pod: verl 0.9.1's real
+``rlenergy_dev.podtrainer``, the trainer of the real-node e2e's pod: verl 0.9.1's real
 worker and driver methods on a CPU torch model, hooked by ``rlenergy.sdk.verl_hook.install``
 (the one setting docs/verl.md gives a verl job), replaying a real verl trace's phase times
 (time-compressed) closed-loop on the clock its GPUs run. Its signals reach its node's agent
 with a token the API server bound to its trainer pod object; the GPUs' physics follow what it
 runs (``podtrainer.WorkFeed``), and the measured energy is compared with the simulator's truth.
 
-    python -m rlenergy_agent.testing.demo [--steps 40] [--plot out/demo.png]
+    python -m rlenergy_dev.demo [--steps 40] [--plot out/demo.png]
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ from typing import Any
 
 import yaml
 
+import rlenergy_dev
 from rlenergy.api import signals
-from rlenergy.devcluster import DevCluster, MissingBinaryError
-from rlenergy.devcluster.binaries import resolve_binaries
 from rlenergy.sdk import pod_engines
 from rlenergy.sdk import trainer as sdk_trainer
-from rlenergy_agent.testing import fullstack, podtrainer, standin
+from rlenergy_dev import fullstack, podtrainer, standin
+from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
+from rlenergy_dev.devcluster.binaries import resolve_binaries
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "rl-energy-system"
 VERL_PYTHON = ROOT / ".venv-verl" / "bin" / "python"
 LIVE_EVERY_S = 10.0
@@ -147,7 +148,7 @@ def _run_ranks(
             work_file = work / f"work-{a.node}.jsonl"
             feeds.append(podtrainer.WorkFeed(a.driver, work_file, lambda a=a: a.uuids).start())
             env = {
-                **os.environ,
+                **rlenergy_dev.source_env(os.environ),
                 **a.driver.env(stack.lib_dir),
                 "NVIDIA_VISIBLE_DEVICES": ",".join(a.uuids),
                 sdk_trainer.SOCKET_ENV: str(a.socket),
@@ -156,7 +157,7 @@ def _run_ranks(
             }
             log = (work / f"rank-{a.node}.log").open("w")
             cmd = [
-                str(VERL_PYTHON), "-W", "ignore", "-m", "rlenergy_agent.testing.podtrainer",
+                str(VERL_PYTHON), "-W", "ignore", "-m", "rlenergy_dev.podtrainer",
                 "--replay", str(replay), "--work-file", str(work_file), "--steps", str(steps),
             ]  # fmt: skip
             ranks.append((a, subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))

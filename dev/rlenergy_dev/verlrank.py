@@ -1,6 +1,6 @@
 """One verl 0.9.1 rank on a CPU: verl's real worker and driver classes, a small torch engine.
 
-What the real-node e2e's trainer pod (``rlenergy_agent.testing.podtrainer``) and the verl tests
+What the real-node e2e's trainer pod (``rlenergy_dev.podtrainer``) and the verl tests
 (``tests/verl``) run instead of a GPU job: ``verl.workers.engine_workers.ActorRolloutRefWorker``
 and ``verl.trainer.ppo.ray_trainer.RayPPOTrainer`` built without Ray or a process group
 (``object.__new__`` and the attributes their methods read), so that calling their real methods
@@ -12,7 +12,7 @@ are the GPU parts: the FSDP engines (:class:`CpuEngine`, a two-layer CPU torch m
 the no-padding batch verl hands over; :class:`CpuValueEngine`, the critic's), the rollout's
 server adapter (:class:`KeepRollout`), the CUDA device calls of the weight sync and of the
 worker's memory log (:data:`CPU_DEVICE`) and vLLM itself
-(``rlenergy_agent.testing.vllmserver.VllmServer``, re-exported here).
+(``rlenergy_dev.vllmserver.VllmServer``, re-exported here).
 
 Imports torch and verl at module import: only processes that have them (``.venv-verl``, the
 trainer pod with that venv mounted) import this module. Callers: ``podtrainer``, tests/verl.
@@ -34,8 +34,8 @@ from verl.utils.profiler import DistProfiler
 from verl.workers import engine_workers
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
-from rlenergy_agent.testing import podtrainer
-from rlenergy_agent.testing.vllmserver import VllmServer
+from rlenergy_dev import podtrainer
+from rlenergy_dev.vllmserver import VllmServer
 
 GROUP = podtrainer.GROUP
 """rollout.n of the rank's batches: samples per prompt group."""

@@ -34,12 +34,17 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from rlenergy.devcluster import process, realnode
-from rlenergy.devcluster.binaries import K8S_VERSION, Binaries, default_bin_dir, resolve_binaries
-from rlenergy.devcluster.certs import Pki, PkiPaths, client_cert, generate_pki, write_pki
-from rlenergy.devcluster.errors import DevClusterError
-from rlenergy.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
-from rlenergy.devcluster.nodes import (
+from rlenergy_dev.devcluster import process, realnode
+from rlenergy_dev.devcluster.binaries import (
+    K8S_VERSION,
+    Binaries,
+    default_bin_dir,
+    resolve_binaries,
+)
+from rlenergy_dev.devcluster.certs import Pki, PkiPaths, client_cert, generate_pki, write_pki
+from rlenergy_dev.devcluster.errors import DevClusterError
+from rlenergy_dev.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
+from rlenergy_dev.devcluster.nodes import (
     DEFAULT_GPU_PRODUCT,
     GPU_TAINT,
     gpu_node_manifest,
@@ -319,7 +324,7 @@ class DevCluster:
             gpus_per_node: ``nvidia.com/gpu`` capacity of each node.
             gpu_product: ``nvidia.com/gpu.product`` label of each node.
             real_node: Also start the real node ``realnode`` (containerd + kubelet, see
-                :mod:`rlenergy.devcluster.realnode`); its GPUs come from a device plugin.
+                :mod:`rlenergy_dev.devcluster.realnode`); its GPUs come from a device plugin.
 
         Returns:
             ``self``, ready to use.

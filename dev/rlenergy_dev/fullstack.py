@@ -9,7 +9,7 @@
 * a simulated trainer, one rank per node, replaying a real verl trace through the trainer SDK
   (``rlenergy.sdk.verl.RLEnergyVerlCallback``) to the agents' Unix sockets. Each rank is a
   real pod object on its KWOK node (``trainer-<node>``) and signals with a token the API
-  server bound to that pod (``rlenergy.devcluster.trainers``); the agents check it by
+  server bound to that pod (``rlenergy_dev.devcluster.trainers``); the agents check it by
   TokenReview, as on a real node.
 
 The trainer closes the loop the way ``rlenergy.sim.job`` runs a phase: each rank's work
@@ -29,7 +29,7 @@ Before each step the trainer waits until the operator published the plan for tha
 every agent holds it (``rlenergy_agent_plan_step`` on the agent's /metrics), so a run is
 reproducible; a real trainer never waits (agents apply whatever plan they hold).
 
-Callers: ``tests/e2e/test_full_stack.py`` and ``rlenergy_agent.testing.demo`` (``make demo``).
+Callers: ``tests/e2e/test_full_stack.py`` and ``rlenergy_dev.demo`` (``make demo``).
 Everything listens on and dials 127.0.0.1 only.
 """
 
@@ -47,18 +47,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from rlenergy_agent import kube
+
+import rlenergy_dev
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, probe
-from rlenergy.devcluster import trainers
 from rlenergy.gpu import models
 from rlenergy.sdk import trainer as sdk_trainer
 from rlenergy.sdk import verl as sdk_verl
 from rlenergy.sdk import verl_hook
 from rlenergy.sim import job as sim_job
 from rlenergy.sim import traces, workload
-from rlenergy_agent import kube
-from rlenergy_agent.testing import standin
-from rlenergy_agent.testing.podtrainer import tail_label
+from rlenergy_dev import standin
+from rlenergy_dev.devcluster import trainers
+from rlenergy_dev.podtrainer import tail_label
 
 DEFAULT_TRACE = "verl-gpg-qwen2-7b-fsdp-8gpu"
 PHASES = ("generation", "training")
@@ -222,7 +224,7 @@ class FullStack:
     def start_operator(self) -> None:
         """Start the operator (standalone, cluster-wide) as a local process."""
         env = {
-            **os.environ,
+            **rlenergy_dev.source_env(os.environ),
             "KUBECONFIG": str(self.kubeconfig),
             "RLENERGY_OPERATOR_NAMESPACE": self.namespace,
             "RLENERGY_OPERATOR_RECONCILE_INTERVAL_S": "0.5",
@@ -249,7 +251,7 @@ class FullStack:
                     kubectl, self.namespace, f"trainer-{a.node}", a.node, self.workdir / "tokens"
                 )
             env = {
-                **os.environ,
+                **rlenergy_dev.source_env(os.environ),
                 **a.driver.env(self.lib_dir),
                 "KUBECONFIG": str(self.kubeconfig),
                 "RLENERGY_AGENT_NAMESPACE": self.namespace,

@@ -1,6 +1,6 @@
 """Driver of the stand-in ``libnvidia-ml.so.1``: simulated GPU physics behind the real pynvml.
 
-The C library (``agent/testing/nvml_standin/standin.c``) answers the NVML calls the agent
+The C library (``dev/nvml_standin/standin.c``) answers the NVML calls the agent
 makes from a memory-mapped state file; this module creates that file, writes the simulated
 physics into it (energy counter in mJ, trailing-average and instant power, the clock each GPU
 would run unlocked) from the SKU models of ``rlenergy.gpu.models``, keeps the ground truth, and
@@ -36,8 +36,8 @@ MAX_GPUS = 16
 MAX_CLOCKS = 160
 MAX_MIG = 7
 STATE_ENV = "RLENERGY_NVML_STANDIN_STATE"
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "testing" / "nvml_standin"
-"""Where ``standin.c`` lives in a source checkout (agent/testing/nvml_standin)."""
+SOURCE_DIR = Path(__file__).resolve().parents[1] / "nvml_standin"
+"""Where ``standin.c`` lives in a source checkout (dev/nvml_standin)."""
 
 # NVML return codes the tests inject (NVML API reference).
 NOT_SUPPORTED = 3

@@ -3,7 +3,7 @@
 :class:`VllmServer` plays verl's ``vLLMHttpServer`` actor (``launch_server``, ``_server_address``
 / ``_server_port``) with vLLM 0.33.0's metric names in a prometheus-client registry on
 127.0.0.1 (prometheus-client is what vLLM serves them with). No torch: the agent tests in the
-main venv use it as the verl rank (``rlenergy_agent.testing.verlrank``) and the trainer pod do.
+main venv use it as the verl rank (``rlenergy_dev.verlrank``) and the trainer pod do.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""``python -m rlenergy.devcluster up|down|kubeconfig|status``."""
+"""``python -m rlenergy_dev.devcluster up|down|kubeconfig|status``."""
 
 from __future__ import annotations
 
 import sys
 
-from rlenergy.devcluster.cli import main
+from rlenergy_dev.devcluster.cli import main
 
 if __name__ == "__main__":
     try:

@@ -1,13 +1,16 @@
-"""The ``--backend sim`` GPUs: simulated devices for local runs, benchmarks and image smoke tests.
+"""The ``--backend sim`` GPU backend: simulated devices for local runs, benches, image smoke tests.
 
-Testing code: the agent itself never imports the simulator (``pyproject.toml`` import
-contracts); ``rlenergy_agent.__main__`` imports this module only when ``backend == "sim"``.
+The devices are ``rlenergy.gpu.simulated.SimulatedGpu`` (standard library only), so the backend
+ships with the agent and runs in its image; the agent never imports the simulator
+(``rlenergy.sim``, the ``pyproject.toml`` import contracts). ``rlenergy_agent.__main__`` picks
+this backend when the setting ``backend`` is ``"sim"`` and the NVML one
+(``rlenergy_agent.nvml``) otherwise.
 """
 
 from __future__ import annotations
 
 from rlenergy.gpu import base, models
-from rlenergy.sim import gpu as sim_gpu
+from rlenergy.gpu import simulated as sim_gpu
 
 
 def simulated_gpus(node_name: str, sku_name: str, count: int) -> dict[str, base.Gpu]:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlenergy.devcluster.errors import MissingBinaryError
+from rlenergy_dev.devcluster.errors import MissingBinaryError
 
 #: Pinned versions; keep in sync with the defaults of hack/controlplane-bins.sh.
 K8S_VERSION = "v1.36.3"

@@ -16,7 +16,7 @@ GPUs through the real pynvml. The agent gets the same library through its chart 
 The message and service descriptors are built at run time with protobuf's descriptor API, as
 ``rlenergy_agent.podmap`` does for PodResources: no generated code. The plugin re-registers when
 the kubelet's socket is re-created (a kubelet restart). Test code: the real-node end-to-end
-test (tests/e2e/test_real_node.py) and ``python -m rlenergy_agent.testing.deviceplugin``.
+test (tests/e2e/test_real_node.py) and ``python -m rlenergy_dev.deviceplugin``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from google.protobuf import (  # type: ignore[import-untyped]
     descriptor_pool,
     message_factory,
 )
-
 from rlenergy_agent import podmap
 
 log = logging.getLogger(__name__)
@@ -391,8 +390,8 @@ class StandinDevicePlugin:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlenergy_agent.testing.deviceplugin --state FILE --lib-dir DIR``."""
-    from rlenergy_agent.testing import standin  # noqa: PLC0415 - only the CLI needs it
+    """``python -m rlenergy_dev.deviceplugin --state FILE --lib-dir DIR``."""
+    from rlenergy_dev import standin  # noqa: PLC0415 - only the CLI needs it
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--state", type=Path, required=True, help="stand-in state file")

@@ -1,4 +1,4 @@
-"""``rlenergy dev-cluster up|down|kubeconfig|status``: the dev cluster from the shell.
+"""``python -m rlenergy_dev.devcluster up|down|kubeconfig|status``: the dev cluster from the shell.
 
 ``up`` starts a detached supervisor process (``_supervise``) that owns the components and
 records them in ``<cache>/dev-cluster/state.json``; it returns once the nodes are Ready.
@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from rlenergy.devcluster import process
-from rlenergy.devcluster.binaries import K8S_VERSION, cache_root, find_kubectl, resolve_binaries
-from rlenergy.devcluster.cluster import STATE_FILE, ClusterState, DevCluster, stop_from_state
-from rlenergy.devcluster.errors import DevClusterError, MissingBinaryError
-from rlenergy.devcluster.nodes import DEFAULT_GPU_PRODUCT
+import rlenergy_dev
+from rlenergy_dev.devcluster import process
+from rlenergy_dev.devcluster.binaries import K8S_VERSION, cache_root, find_kubectl, resolve_binaries
+from rlenergy_dev.devcluster.cluster import STATE_FILE, ClusterState, DevCluster, stop_from_state
+from rlenergy_dev.devcluster.errors import DevClusterError, MissingBinaryError
+from rlenergy_dev.devcluster.nodes import DEFAULT_GPU_PRODUCT
 
-PROG = "rlenergy dev-cluster"
+PROG = "python -m rlenergy_dev.devcluster"
 
 
 def cluster_dir() -> Path:
@@ -93,10 +94,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point of ``rlenergy dev-cluster``.
+    """Entry point of ``python -m rlenergy_dev.devcluster``.
 
     Args:
-        argv: Arguments after ``dev-cluster`` (e.g. ``["up", "--nodes", "3"]``).
+        argv: The arguments (e.g. ``["up", "--nodes", "3"]``).
 
     Returns:
         The process exit status.
@@ -144,13 +145,11 @@ def _up(args: argparse.Namespace) -> int:
     cluster_dir().mkdir(parents=True, mode=0o700)
     log = supervisor_log()
     log.unlink(missing_ok=True)
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])  # the dir that holds rlenergy/
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    env = rlenergy_dev.source_env(os.environ)
     argv = [
         sys.executable,
         "-m",
-        "rlenergy.devcluster",
+        "rlenergy_dev.devcluster",
         "_supervise",
         f"--nodes={args.nodes}",
         f"--gpus-per-node={args.gpus_per_node}",

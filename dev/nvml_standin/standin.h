@@ -2,7 +2,7 @@
  *
  * One memory-mapped file holds this struct. The library (loaded by pynvml inside the agent)
  * answers NVML calls from it and records clock writes in it; the Python driver
- * (rlenergy_agent.testing.standin) writes the simulated physics (energy counter, power, the
+ * (rlenergy_dev.standin) writes the simulated physics (energy counter, power, the
  * clock the GPU would run unlocked) and injects faults. The Python ctypes mirror must match
  * this layout; rlenergy_standin_state_size() lets it check.
  */

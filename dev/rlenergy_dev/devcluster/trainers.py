@@ -9,7 +9,7 @@ bound to that pod with the agent's audience (TokenRequest, ``kubectl create toke
 (``RLENERGY_AGENT_TOKEN_FILE``). The agent then checks it against the same API server: no
 shortcut.
 
-Callers: ``rlenergy_agent.testing.fullstack``, ``tests/chaos``, ``tests/e2e``,
+Callers: ``rlenergy_dev.fullstack``, ``tests/chaos``, ``tests/e2e``,
 ``tests/fuzz``, ``bench/agent.py``.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlenergy.api import signals
-from rlenergy.devcluster.binaries import resolve_binaries
-from rlenergy.devcluster.errors import DevClusterError
+from rlenergy_dev.devcluster.binaries import resolve_binaries
+from rlenergy_dev.devcluster.errors import DevClusterError
 
 TOKEN_SECONDS = 3600
 """Lifetime of a harness token, s (the API server's minimum is 600)."""

@@ -1,8 +1,8 @@
 """One real node for the dev cluster: containerd + runc + a kubelet built from k8s source.
 
-``DevCluster.start(real_node=True)`` (``rlenergy dev-cluster up --real-node``) starts, next to
-the KWOK nodes, a containerd (Debian's package, its own root, state and socket under the
-cluster's workdir) and a kubelet (built by ``hack/node-bins.sh`` from the same Kubernetes
+``DevCluster.start(real_node=True)`` (``python -m rlenergy_dev.devcluster up --real-node``)
+starts, next to the KWOK nodes, a containerd (Debian's package, its own root, state and socket
+under the cluster's workdir) and a kubelet (built by ``hack/node-bins.sh`` from the same Kubernetes
 version as the control plane) that registers the node ``realnode`` with InternalIP 127.0.0.1.
 Pods there really run in containers: the operator and agent images are imported into
 containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod sandbox image is a
@@ -39,8 +39,8 @@ from typing import IO, Any
 
 import yaml
 
-from rlenergy.devcluster import process
-from rlenergy.devcluster.errors import DevClusterError, MissingBinaryError
+from rlenergy_dev.devcluster import process
+from rlenergy_dev.devcluster.errors import DevClusterError, MissingBinaryError
 
 NAME = "realnode"
 """Name of the real node (``kubernetes.io/hostname``)."""
@@ -270,7 +270,7 @@ def _shims_of(socket: Path) -> list[int]:
 class RealNode:
     """The containerd and kubelet processes of the real node and what they leave behind.
 
-    Created and started by :class:`rlenergy.devcluster.cluster.DevCluster`; ``spawn`` starts a
+    Created and started by :class:`rlenergy_dev.devcluster.cluster.DevCluster`; ``spawn`` starts a
     component the way the cluster starts its own (own session, log, die-with-parent).
 
     Args:
@@ -335,7 +335,7 @@ class RealNode:
             raise DevClusterError(
                 f"another real node runs on this machine (lock {LOCK_FILE} held by {holder}); "
                 "the kubelet's device-plugin folder is machine-wide, so only one can. Stop it "
-                "with `rlenergy dev-cluster down` (or end that test run) and retry."
+                "with `python -m rlenergy_dev.devcluster down` (or end that test run) and retry."
             ) from None
         fh.seek(0)
         fh.truncate()

@@ -3,7 +3,7 @@
 import pytest
 
 from rlenergy.gpu import base, errors, models
-from rlenergy.sim import gpu as sim_gpu
+from rlenergy.gpu import simulated as sim_gpu
 
 
 @pytest.fixture

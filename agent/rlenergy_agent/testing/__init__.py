@@ -1,1 +1,0 @@
-"""Test doubles shipped with the agent: the stand-in NVML driver (``standin``)."""
