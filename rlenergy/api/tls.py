@@ -141,12 +141,11 @@ def make_csr(
 ) -> bytes:
     """A PKCS#10 request for a serving certificate of ``ips``/``dns``, signed by the key, PEM."""
     key = _key(key_pem)
-    csr = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(_name(common_name))
-        .add_extension(x509.SubjectAlternativeName(_sans(ips, dns)), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    builder = x509.CertificateSigningRequestBuilder().subject_name(_name(common_name))
+    names = _sans(ips, dns)
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    csr = builder.sign(key, hashes.SHA256())
     return csr.public_bytes(serialization.Encoding.PEM)
 
 
