@@ -663,7 +663,7 @@ class CertificateRequester:
     """Asks for a serving certificate with a ``CertificateSigningRequest`` and waits for it.
 
     ``certificates.k8s.io/v1`` through the client's ``ApiClient`` (no model classes). RBAC:
-    ``certificatesigningrequests`` ``create``, ``get``, ``delete`` (cluster-wide). The operator
+    ``certificatesigningrequests`` ``create``, ``get`` (cluster-wide). The operator
     approves and signs requests of ``CSR_SIGNER`` from the agents' service account for the
     requesting pod's own node (``rlenergy_operator.certs``).
 
@@ -698,7 +698,7 @@ class CertificateRequester:
     def request(self, name: str, csr_pem: bytes, wait_s: float = 60.0) -> bytes:
         """Submit ``csr_pem`` as CSR ``name`` and return the issued chain, PEM.
 
-        The CSR is deleted afterwards (signed, denied or timed out).
+        The API server's CSR cleaner removes it later (an hour after it is decided).
 
         Raises:
             ApiException: the API server refused the request (e.g. 403 without the RBAC).
@@ -720,27 +720,21 @@ class CertificateRequester:
             },
         }
         self._call("POST", path, body)
-        try:
-            deadline = time.monotonic() + wait_s
-            while True:
-                status = self._call("GET", f"{path}/{name}").get("status") or {}
-                cert = status.get("certificate")
-                if cert:
-                    return base64.b64decode(cert)
-                for c in status.get("conditions") or []:
-                    if c.get("type") in ("Denied", "Failed"):
-                        raise RuntimeError(
-                            f"serving certificate request {name} {c['type'].lower()}: "
-                            f"{c.get('message', '')}"
-                        )
-                if time.monotonic() >= deadline:
+        deadline = time.monotonic() + wait_s
+        while True:
+            status = self._call("GET", f"{path}/{name}").get("status") or {}
+            cert = status.get("certificate")
+            if cert:
+                return base64.b64decode(cert)
+            for c in status.get("conditions") or []:
+                if c.get("type") in ("Denied", "Failed"):
                     raise RuntimeError(
-                        f"serving certificate request {name} not signed within {wait_s:.0f} s "
-                        "(is the operator running, with the agent TLS port on?)"
+                        f"serving certificate request {name} {c['type'].lower()}: "
+                        f"{c.get('message', '')}"
                     )
-                time.sleep(1.0)
-        finally:
-            try:
-                self._call("DELETE", f"{path}/{name}")
-            except Exception as exc:  # noqa: BLE001 - the CSR is garbage-collected after an hour
-                log.debug("CSR %s not deleted: %s", name, exc)
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"serving certificate request {name} not signed within {wait_s:.0f} s "
+                    "(is the operator running, with the agent TLS port on?)"
+                )
+            time.sleep(1.0)
