@@ -22,6 +22,7 @@ error here admits the pod unchanged (kopf answers allowed with no patch).
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import logging
 import os
 import tempfile
@@ -83,7 +84,10 @@ class WebhookCertificate:
         if self.cert_file.exists() and not tls.renewal_due(self.cert_file.read_bytes(), now):
             return False
         key = tls.new_key()
-        request = tls.Request(self.service, (), webhook_names(self.service))
+        try:  # an address (a local operator the API server calls by URL) is an IP name
+            request = tls.Request(self.service, (str(ipaddress.ip_address(self.service)),), ())
+        except ValueError:
+            request = tls.Request(self.service, (), webhook_names(self.service))
         cert = tls.issue_for_key(self.ca, key, request, now)
         for path, data in ((self.key_file, key), (self.cert_file, cert + self.ca.cert_pem)):
             tmp = path.with_suffix(".tmp")
