@@ -2,34 +2,43 @@
 
 ``ServingCertKeeper`` keeps ``tls.crt`` and ``tls.key`` in the agent's state folder valid for
 the node's IP: at start-up and then hourly it checks the certificate and, when it is missing,
-past ``rlenergy.api.tls.RENEW_FRACTION`` of its lifetime or for other IP addresses, makes a new
-key, asks the operator to sign a request for it (``request``: a ``CertificateSigningRequest``,
-``rlenergy_agent.kube.CertificateRequester``) and replaces both files atomically. The TLS
-listener re-reads them when they change (``endpoint.ServingCertificate``). The key never leaves
-the node. While no certificate was ever issued the TLS port closes every connection; trainers
-with a mounted socket are unaffected.
+past ``RENEW_FRACTION`` of its lifetime or for other IP addresses, makes a new key and request
+(``make``: by default a short-lived child process, ``rlenergy_agent.tlsgen``, so the agent never
+loads ``cryptography``), asks the operator to sign it (``request``: a
+``CertificateSigningRequest``, ``rlenergy_agent.kube.CertificateRequester``) and replaces the
+files atomically, with ``tls.json`` recording when and for which IPs. The TLS listener re-reads
+the files when they change (``endpoint.ServingCertificate``). The key never leaves the node.
+While no certificate was ever issued the TLS port closes every connection; trainers with a
+mounted socket are unaffected.
 
 Callers: ``rlenergy_agent.__main__``.
 """
 
 from __future__ import annotations
 
-import datetime
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rlenergy.api import tls
-
 log = logging.getLogger(__name__)
 
+LIFETIME_S = 30 * 86400
+"""Lifetime asked for (``spec.expirationSeconds``; the operator's ``rlenergy.api.tls``
+``LEAF_LIFETIME_S``), s."""
+RENEW_FRACTION = 2 / 3
+"""Renewed once this fraction of the lifetime has passed (``rlenergy.api.tls``)."""
 CHECK_INTERVAL_S = 3600.0
-"""Seconds between checks that the certificate is still good (it lives 30 days)."""
+"""Seconds between checks that the certificate is still good."""
 RETRY_S = 15.0
 """Seconds before a failed request is tried again."""
+CHILD_TIMEOUT_S = 30.0
+"""Longest the key-making child may take, s."""
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -40,15 +49,33 @@ def _write(path: Path, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
+def make_in_child(folder: Path, node: str, ips: Sequence[str]) -> bytes:
+    """Run ``rlenergy_agent.tlsgen``: the new key lands in ``folder/tls.key.new``; the request.
+
+    Raises:
+        RuntimeError: the child failed (its error output).
+    """
+    res = subprocess.run(  # noqa: S603 - our own module, arguments from the settings
+        [sys.executable, "-m", "rlenergy_agent.tlsgen", str(folder), node, *ips],
+        capture_output=True,
+        timeout=CHILD_TIMEOUT_S,
+        check=False,
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"key generation failed: {res.stderr.decode(errors='replace')[-500:]}")
+    return res.stdout
+
+
 class ServingCertKeeper:
     """Keeps the node's serving certificate files current.
 
     Args:
         node: the node's name (the certificate's common name).
         ips: the node's IPs the certificate names (``status.hostIP``).
-        folder: where ``tls.crt`` and ``tls.key`` live (created, mode 0700).
+        folder: where ``tls.crt``, ``tls.key`` and ``tls.json`` live (created, mode 0700).
         request: submits a PEM request under a name and returns the issued PEM chain.
-        clock: wall-clock time.
+        make: writes a new key to ``folder/tls.key.new`` and returns its PEM request.
+        clock: wall-clock time, s since the epoch.
     """
 
     def __init__(
@@ -57,14 +84,17 @@ class ServingCertKeeper:
         ips: Sequence[str],
         folder: Path,
         request: Callable[[str, bytes], bytes],
-        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+        make: Callable[[Path, str, Sequence[str]], bytes] = make_in_child,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node
         self.ips = tuple(ips)
         self.folder = folder
         self.cert_file = folder / "tls.crt"
         self.key_file = folder / "tls.key"
+        self.meta_file = folder / "tls.json"
         self._request = request
+        self._make = make
         self._clock = clock
         self._stop = threading.Event()
         self.issued = 0
@@ -73,34 +103,42 @@ class ServingCertKeeper:
     def due(self) -> str | None:
         """Why a new certificate is needed now, or None when the current one is good."""
         try:
-            pem = self.cert_file.read_bytes()
+            meta = json.loads(self.meta_file.read_text())
+            self.cert_file.stat()
             self.key_file.stat()
-        except OSError:
+            issued_at, lifetime = float(meta["issuedAt"]), float(meta["lifetimeSeconds"])
+            ips = sorted(str(i) for i in meta["ips"])
+        except (OSError, ValueError, KeyError, TypeError):
             return "no certificate yet"
-        if tls.renewal_due(pem, self._clock()):
+        if self._clock() >= issued_at + lifetime * RENEW_FRACTION:
             return "certificate due for renewal"
-        if set(tls.cert_ips(pem)) != set(self.ips):
-            return f"certificate names {sorted(tls.cert_ips(pem))}, the node has {sorted(self.ips)}"
+        if ips != sorted(self.ips):
+            return f"certificate names {ips}, the node has {sorted(self.ips)}"
         return None
 
     def ensure(self) -> bool:
         """Obtain a new certificate when ``due``; returns whether it did.
 
         Raises:
-            Exception: whatever ``request`` raises (the caller retries).
+            Exception: whatever ``make`` or ``request`` raises (the caller retries).
         """
         why = self.due()
         if why is None:
             return False
         log.info("requesting a serving certificate for %s %s: %s", self.node, self.ips, why)
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        key = tls.new_key()
-        csr = tls.make_csr(key, self.node, self.ips)
-        name = f"rlenergy-agent-{self.node}-{int(self._clock().timestamp())}"
-        chain = self._request(name[:253], csr)
-        tls.load_cert(chain)  # a PEM certificate, or CertificateError
-        _write(self.key_file, key, 0o600)
+        csr = self._make(self.folder, self.node, self.ips)
+        started = self._clock()
+        name = f"rlenergy-agent-{self.node}-{int(started)}"[:253]
+        chain = self._request(name, csr)
+        if b"-----BEGIN CERTIFICATE-----" not in chain:
+            raise RuntimeError(f"request {name}: the answer is not a PEM certificate")
+        new_key = self.folder / "tls.key.new"
+        os.chmod(new_key, 0o600)
+        os.replace(new_key, self.key_file)
         _write(self.cert_file, chain, 0o644)
+        meta = {"issuedAt": started, "lifetimeSeconds": LIFETIME_S, "ips": list(self.ips)}
+        _write(self.meta_file, json.dumps(meta).encode(), 0o644)
         self.issued += 1
         return True
 
@@ -122,11 +160,3 @@ class ServingCertKeeper:
     def stop(self) -> None:
         """Stop the thread at its next wake-up."""
         self._stop.set()
-
-
-def wait_for(keeper: ServingCertKeeper, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for a certificate file (tests and start-up logs)."""
-    deadline = time.monotonic() + timeout_s
-    while keeper.due() == "no certificate yet" and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return keeper.due() != "no certificate yet"

@@ -35,6 +35,8 @@ SIGNER = "rlenergy.io/agent-serving"
 """signerName of the node agents' serving-certificate requests."""
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 """The user-info extra the API server adds for a token bound to a pod (the pod's node)."""
+MIN_LIFETIME_S = 600
+"""Shortest ``spec.expirationSeconds`` the API server accepts, s."""
 ALLOWED_USAGES = frozenset({"server auth", "digital signature", "key encipherment"})
 """Usages an agent's request may ask for; ``server auth`` is required."""
 
@@ -133,11 +135,19 @@ def judge(
 def sign(csr: Mapping[str, Any], ca: tls.KeyPair, now: datetime.datetime) -> str:
     """The signed certificate for an approved ``csr``, base64 PEM (``status.certificate``).
 
+    Valid ``rlenergy.api.tls.LEAF_LIFETIME_S``, or the request's ``spec.expirationSeconds``
+    when shorter (at least ``MIN_LIFETIME_S``, as the API server requires).
+
     Raises:
         rlenergy.api.tls.CertificateError: the request does not parse.
     """
-    request, parsed = tls.read_csr(base64.b64decode((csr.get("spec") or {}).get("request") or ""))
-    pem = tls.issue(ca, parsed.public_key(), request, now)
+    spec = csr.get("spec") or {}
+    request, parsed = tls.read_csr(base64.b64decode(spec.get("request") or ""))
+    asked = spec.get("expirationSeconds")
+    lifetime = tls.LEAF_LIFETIME_S
+    if isinstance(asked, int) and asked >= MIN_LIFETIME_S:
+        lifetime = min(lifetime, asked)
+    pem = tls.issue(ca, parsed.public_key(), request, now, lifetime)
     return base64.b64encode(pem + ca.cert_pem).decode()
 
 

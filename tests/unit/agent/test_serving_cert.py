@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -10,31 +14,42 @@ from rlenergy_agent import endpoint, tlsserve
 
 from rlenergy.api import tls
 
-T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+T0 = 1_767_225_600.0  # 2026-01-01 UTC
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Signer:
     """Plays the operator: signs every request with its CA."""
 
     def __init__(self) -> None:
-        self.ca = tls.make_ca("ca", T0)
         self.now = T0
+        self.ca = tls.make_ca("ca", self._dt())
         self.names: list[str] = []
         self.deny = False
+
+    def _dt(self) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(self.now, datetime.UTC)
 
     def __call__(self, name: str, csr_pem: bytes) -> bytes:
         self.names.append(name)
         if self.deny:
             raise RuntimeError("serving certificate request denied: NotTheNodesAddress")
         request, parsed = tls.read_csr(csr_pem)
-        return tls.issue(self.ca, parsed.public_key(), request, self.now) + self.ca.cert_pem
+        return tls.issue(self.ca, parsed.public_key(), request, self._dt()) + self.ca.cert_pem
+
+
+def make_here(folder: Path, node: str, ips: Sequence[str]) -> bytes:
+    """What the tlsgen child does, in process."""
+    key = tls.new_key()
+    (folder / "tls.key.new").write_bytes(key)
+    return tls.make_csr(key, node, ips)
 
 
 def _keeper(
     tmp_path: Path, signer: Signer, ips: tuple[str, ...] = ("10.0.0.5",)
 ) -> tlsserve.ServingCertKeeper:
     return tlsserve.ServingCertKeeper(
-        "gpu-1", ips, tmp_path / "tls", signer, clock=lambda: signer.now
+        "gpu-1", ips, tmp_path / "tls", signer, make=make_here, clock=lambda: signer.now
     )
 
 
@@ -55,9 +70,9 @@ def test_renewal_comes_after_two_thirds_of_the_lifetime_with_a_new_key(tmp_path:
     keeper = _keeper(tmp_path, signer)
     keeper.ensure()
     key = keeper.key_file.read_bytes()
-    signer.now = T0 + datetime.timedelta(seconds=tls.LEAF_LIFETIME_S * 0.6)
+    signer.now = T0 + tlsserve.LIFETIME_S * 0.6
     assert keeper.due() is None
-    signer.now = T0 + datetime.timedelta(seconds=tls.LEAF_LIFETIME_S * 0.7)
+    signer.now = T0 + tlsserve.LIFETIME_S * 0.7
     assert keeper.due() == "certificate due for renewal"
     assert keeper.ensure() is True
     assert keeper.key_file.read_bytes() != key
@@ -78,7 +93,27 @@ def test_a_denied_request_leaves_the_old_files(tmp_path: Path) -> None:
     keeper.ensure()
     before = keeper.cert_file.read_bytes(), keeper.key_file.read_bytes()
     signer.deny = True
-    signer.now = T0 + datetime.timedelta(seconds=tls.LEAF_LIFETIME_S * 0.9)
+    signer.now = T0 + tlsserve.LIFETIME_S * 0.9
     with pytest.raises(RuntimeError, match="denied"):
         keeper.ensure()
     assert (keeper.cert_file.read_bytes(), keeper.key_file.read_bytes()) == before
+
+
+def test_the_key_is_made_in_a_child_and_the_agent_never_loads_cryptography(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("", "agent", "operator")),
+    }
+    csr = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from rlenergy_agent import tlsserve, __main__;"
+         f"out = tlsserve.make_in_child(Path({str(tmp_path)!r}), 'gpu-1', ['10.0.0.5']);"
+         "assert 'cryptography' not in sys.modules, 'the agent loaded cryptography';"
+         "sys.stdout.buffer.write(out)"],
+        env=env, capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    request, _ = tls.read_csr(csr)
+    assert (request.common_name, request.ips) == ("gpu-1", ("10.0.0.5",))
+    assert ((tmp_path / "tls.key.new").stat().st_mode & 0o777) == 0o600
