@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -263,3 +264,47 @@ def test_with_the_operator_down_pods_are_admitted_and_the_policy_says_so(
         return any("while-down" in e.get("message", "") for e in events)
 
     wait_until(warned, timeout=90, what="a PodNotInjected warning on the policy")
+
+
+def _documented(kind: str) -> dict[str, Any]:
+    """The label-only trainer pod (``Pod``) or the KubeRay worker template (``RayCluster``)
+    of docs/verl.md, as a pod."""
+    text = (ROOT / "docs" / "verl.md").read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.S):
+        doc = yaml.safe_load(block) or {}
+        if kind == "Pod" and doc.get("kind") == "Pod":
+            return dict(doc)
+        groups = (doc.get("spec") or {}).get("workerGroupSpecs") if kind == "RayCluster" else None
+        if groups:
+            template = groups[0]["template"]
+            return {"apiVersion": "v1", "kind": "Pod", "metadata": dict(template["metadata"]),
+                    "spec": template["spec"]}  # fmt: skip
+    raise AssertionError(f"docs/verl.md shows no {kind} block")
+
+
+def _documented_pod_is_injected(
+    dev_cluster: DevCluster, setup: tuple[Operator, str, str], kind: str
+) -> None:
+    _, ns, _ = setup
+    pod = _documented(kind)
+    assert pod["metadata"]["labels"][injection.LABEL] == "true"
+    pod["metadata"]["name"] = f"doc-{kind.lower()}"
+    pod["metadata"]["labels"]["app"] = "trainer"  # what this test's policy selects
+    c = pod["spec"]["containers"][0]
+    c.setdefault("securityContext", RESTRICTED_CONTAINER["securityContext"])  # a Ray image's
+    c["securityContext"].setdefault("runAsUser", 1000)  # user is numeric; this image is not
+    c.get("resources", {}).pop("limits", None)  # no device plugin on this namespace's nodes
+    created = _create(dev_cluster, ns, pod)
+    assert injection.is_injected(created), created["spec"]
+
+
+def test_the_documented_trainer_pod_is_injected(
+    dev_cluster: DevCluster, setup: tuple[Operator, str, str]
+) -> None:
+    _documented_pod_is_injected(dev_cluster, setup, "Pod")
+
+
+def test_the_documented_kuberay_worker_is_injected(
+    dev_cluster: DevCluster, setup: tuple[Operator, str, str]
+) -> None:
+    _documented_pod_is_injected(dev_cluster, setup, "RayCluster")
