@@ -55,8 +55,11 @@ def make_in_child(folder: Path, node: str, ips: Sequence[str]) -> bytes:
     Raises:
         RuntimeError: the child failed (its error output).
     """
+    # the child imports the same code as this process (its module search path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     res = subprocess.run(  # noqa: S603 - our own module, arguments from the settings
         [sys.executable, "-m", "rlenergy_agent.tlsgen", str(folder), node, *ips],
+        env=env,
         capture_output=True,
         timeout=CHILD_TIMEOUT_S,
         check=False,
