@@ -9,9 +9,9 @@
   the pod's namespace (one list call), then ``injection.inject_into`` as a kopf patch
   function, so the JSON patch is the difference and a reinvocation adds nothing.
 * ``policy_ca_publish`` (policy create/resume): the CA bundle ConfigMap in the policy's
-  namespace, which the injected volume reads; ``policy_ungoverned_check`` (timer): opted-in
-  pods the policy selects that were admitted without the volume (the webhook was down) get a
-  Warning event on the policy, once per pod.
+  namespace, which the injected volume reads; ``policy_ungoverned_check`` (timer): publishes
+  it again when it went missing, and opted-in pods the policy selects that were admitted
+  without the volume (the webhook was down) get a Warning event on the policy, once per pod.
 * ``agent_csr`` (CertificateSigningRequest create/resume of signer ``rlenergy.io/agent-serving``):
   ``certs.judge``, then approve and sign, or deny.
 
@@ -187,15 +187,12 @@ def _inject(pod: Any) -> None:
     injection.inject_into(pod, INJECT)
 
 
-@kopf.on.resume(*RESOURCE, id="policy_ca_publish")
-@kopf.on.create(*RESOURCE, id="policy_ca_publish")
-def policy_ca_publish(*, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """Publish the CA bundle in the policy's namespace (the injected volume reads it).
+def _publish_ca(namespace: str | None, ca: tls.KeyPair | None) -> None:
+    """Write the CA bundle ConfigMap into ``namespace`` (nothing without a CA or namespace).
 
     Raises:
         kopf.TemporaryError: the ConfigMap could not be written.
     """
-    ca = memo.get("ca")
     if ca is None or not namespace:
         return
     try:
@@ -208,13 +205,28 @@ def policy_ca_publish(*, namespace: str | None, memo: kopf.Memo, **_: Any) -> No
         ) from exc
 
 
+@kopf.on.resume(*RESOURCE, id="policy_ca_publish")
+@kopf.on.create(*RESOURCE, id="policy_ca_publish")
+def policy_ca_publish(*, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """Publish the CA bundle in the policy's namespace (the injected volume reads it).
+
+    Raises:
+        kopf.TemporaryError: the ConfigMap could not be written.
+    """
+    _publish_ca(namespace, memo.get("ca"))
+
+
 @kopf.timer(*RESOURCE, id="policy_ungoverned_check", interval=UNGOVERNED_CHECK_S, idle=None)
 def policy_ungoverned_check(
     *, namespace: str | None, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Warn once per pod about opted-in pods the policy selects that lack the injection."""
+    """Keep the CA bundle published; warn once per pod about selected pods without injection."""
     if not CFG.webhook_port or not namespace:
         return
+    try:
+        _publish_ca(namespace, memo.get("ca"))  # a ConfigMap deleted since
+    except kopf.TemporaryError:
+        pass  # the next pass tries again
     try:
         pods = kube.pods(namespace, f"{injection.LABEL}=true")
     except kube.ApiError:

@@ -308,3 +308,17 @@ def test_the_documented_kuberay_worker_is_injected(
     dev_cluster: DevCluster, setup: tuple[Operator, str, str]
 ) -> None:
     _documented_pod_is_injected(dev_cluster, setup, "RayCluster")
+
+
+def test_a_deleted_ca_bundle_is_published_again(
+    dev_cluster: DevCluster, setup: tuple[Operator, str, str]
+) -> None:
+    _, ns, _ = setup
+    dev_cluster.kubectl("delete", "configmap", injection.CA_CONFIGMAP, "-n", ns)
+    wait_until(
+        lambda: dev_cluster.kubectl(
+            "get", "configmap", injection.CA_CONFIGMAP, "-n", ns, check=False
+        ).returncode == 0,
+        timeout=90,
+        what="the CA bundle ConfigMap back",
+    )  # fmt: skip
