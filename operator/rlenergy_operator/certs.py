@@ -151,6 +151,19 @@ def sign(csr: Mapping[str, Any], ca: tls.KeyPair, now: datetime.datetime) -> str
     return base64.b64encode(pem + ca.cert_pem).decode()
 
 
-def bundle(cas: Sequence[tls.KeyPair]) -> str:
-    """The CA bundle trainers trust (every CA still signing or recently replaced), PEM text."""
-    return "".join(ca.cert_pem.decode() for ca in cas)
+def bundle(certificates: Sequence[bytes], now: datetime.datetime) -> str:
+    """The CA bundle trainers trust, PEM text: each CA certificate not yet expired.
+
+    ``certificates``: the current CA first, then a replaced one (``previous.crt`` of the CA
+    Secret) that still signs serving certificates in use until their holders renew them.
+    Unreadable entries are left out.
+    """
+    out: list[str] = []
+    for pem in certificates:
+        try:
+            cert = tls.load_cert(pem)
+        except tls.CertificateError:
+            continue
+        if cert.not_valid_after_utc > now:
+            out.append(pem.decode())
+    return "".join(out)

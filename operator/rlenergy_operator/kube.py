@@ -422,8 +422,12 @@ def _plain(obj: Any) -> dict[str, Any]:
 @_unreachable_is_api_error
 def ensure_ca_secret(
     namespace: str, name: str, make: Callable[[], tuple[bytes, bytes]]
-) -> tuple[bytes, bytes]:
-    """The CA in Secret ``namespace/name`` (``tls.crt``, ``tls.key``), made and stored if absent.
+) -> dict[str, bytes]:
+    """The CA in Secret ``namespace/name``, made and stored if absent.
+
+    Returns:
+        The Secret's data, decoded: ``tls.crt``, ``tls.key`` and, while a replaced CA is still
+        trusted, ``previous.crt``.
 
     Two replicas starting together both try to create it; the loser reads the winner's (409).
 
@@ -434,12 +438,11 @@ def ensure_ca_secret(
     """
     core = kubernetes.client.CoreV1Api(_api())
 
-    def read() -> tuple[bytes, bytes] | None:
+    def read() -> dict[str, bytes] | None:
         secret = _unless_missing(core.read_namespaced_secret, name, namespace)
         if secret is None:
             return None
-        data = secret.data or {}
-        return base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"])
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
     found = read()
     if found is not None:
@@ -462,7 +465,7 @@ def ensure_ca_secret(
         if again is None:
             raise
         return again
-    return cert, key
+    return {"tls.crt": cert, "tls.key": key}
 
 
 @_unreachable_is_api_error

@@ -116,14 +116,17 @@ def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
             written (kopf retries the start-up handler).
     """
     memo["ca"] = None
+    memo["ca_bundle"] = None
     if not (CFG.webhook_port or CFG.agent_tls_port):
         return
     try:
-        cert_pem, key_pem = kube.ensure_ca_secret(CFG.namespace, CFG.ca_secret, _new_ca)
+        data = kube.ensure_ca_secret(CFG.namespace, CFG.ca_secret, _new_ca)
     except kube.ApiError as exc:
         raise kopf.TemporaryError(f"CA Secret {CFG.ca_secret}: {exc.status} {exc.reason}") from exc
-    ca = tls.KeyPair(cert_pem, key_pem)
+    ca = tls.KeyPair(data["tls.crt"], data["tls.key"])
     memo["ca"] = ca
+    trusted = [ca.cert_pem, *([data["previous.crt"]] if "previous.crt" in data else [])]
+    memo["ca_bundle"] = certs.bundle(trusted, _now())
     if not CFG.webhook_port:
         return
     service = CFG.webhook_service or f"rlenergy-webhook.{CFG.namespace}.svc"
@@ -144,7 +147,7 @@ def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     if CFG.webhook_configuration:
         try:
-            kube.set_webhook_ca_bundle(CFG.webhook_configuration, ca.cert_pem)
+            kube.set_webhook_ca_bundle(CFG.webhook_configuration, memo["ca_bundle"].encode())
         except kube.ApiError as exc:
             raise kopf.TemporaryError(
                 f"MutatingWebhookConfiguration {CFG.webhook_configuration}: "
@@ -187,18 +190,16 @@ def _inject(pod: Any) -> None:
     injection.inject_into(pod, INJECT)
 
 
-def _publish_ca(namespace: str | None, ca: tls.KeyPair | None) -> None:
-    """Write the CA bundle ConfigMap into ``namespace`` (nothing without a CA or namespace).
+def _publish_ca(namespace: str | None, bundle: str | None) -> None:
+    """Write the CA bundle ConfigMap into ``namespace`` (nothing without a bundle or namespace).
 
     Raises:
         kopf.TemporaryError: the ConfigMap could not be written.
     """
-    if ca is None or not namespace:
+    if not bundle or not namespace:
         return
     try:
-        kube.ensure_configmap(
-            namespace, injection.CA_CONFIGMAP, {injection.CA_KEY: certs.bundle([ca])}
-        )
+        kube.ensure_configmap(namespace, injection.CA_CONFIGMAP, {injection.CA_KEY: bundle})
     except kube.ApiError as exc:
         raise kopf.TemporaryError(
             f"ConfigMap {namespace}/{injection.CA_CONFIGMAP}: {exc.status} {exc.reason}"
@@ -213,7 +214,7 @@ def policy_ca_publish(*, namespace: str | None, memo: kopf.Memo, **_: Any) -> No
     Raises:
         kopf.TemporaryError: the ConfigMap could not be written.
     """
-    _publish_ca(namespace, memo.get("ca"))
+    _publish_ca(namespace, memo.get("ca_bundle"))
 
 
 @kopf.timer(*RESOURCE, id="policy_ungoverned_check", interval=UNGOVERNED_CHECK_S, idle=None)
@@ -224,7 +225,7 @@ def policy_ungoverned_check(
     if not CFG.webhook_port or not namespace:
         return
     try:
-        _publish_ca(namespace, memo.get("ca"))  # a ConfigMap deleted since
+        _publish_ca(namespace, memo.get("ca_bundle"))  # a ConfigMap deleted since
     except kopf.TemporaryError:
         pass  # the next pass tries again
     try:

@@ -180,3 +180,13 @@ def test_node_ips_reads_internal_and_external_addresses() -> None:
         }
     }
     assert certs.node_ips(node) == {"10.0.0.5", "1.2.3.4"}
+
+
+def test_the_bundle_keeps_a_replaced_ca_until_it_expires() -> None:
+    old = tls.make_ca("old", NOW - datetime.timedelta(days=3000))
+    new = tls.make_ca("new", NOW)
+    text = certs.bundle([new.cert_pem, old.cert_pem], NOW)
+    assert text == new.cert_pem.decode() + old.cert_pem.decode()
+    after = NOW + datetime.timedelta(seconds=tls.CA_LIFETIME_S - 3000 * 86400 + 86400)
+    assert certs.bundle([new.cert_pem, old.cert_pem], after) == new.cert_pem.decode()
+    assert certs.bundle([b"not a certificate", new.cert_pem], NOW) == new.cert_pem.decode()
