@@ -19,9 +19,12 @@ collection with the start-up objects, and frozen) is counted in fresh interprete
 calls are counted exactly, CPU is thread time. ``--trace`` runs the agents under
 ``bench/agent_trace.py`` and takes each cached-token signal's time in the agent apart: CPU,
 run-queue wait (the machine's other processes), the agent lock's wait, the rest (GIL, I/O).
+``--tls`` also serves the agent's TLS signal port (a certificate for 127.0.0.1 from a CA made
+here) and sends every cached-token signal twice, over the socket and over TLS in turn (each
+first half the time), on one persistent connection each: the same agent, the same minutes.
 
     python bench/agent.py [--signals 400] [--steps 3] [--fresh-tokens 5] [--baseline-src DIR]
-                          [--trace] [--json]
+                          [--trace | --tls] [--json]
 """
 
 from __future__ import annotations
@@ -96,8 +99,11 @@ def main() -> int:
     ap.add_argument("--fresh-tokens", type=int, default=5)
     ap.add_argument("--baseline-src", type=Path, help="a source tree to run beside this one")
     ap.add_argument("--trace", action="store_true", help="take each signal's time apart")
+    ap.add_argument("--tls", action="store_true", help="also time each signal over TLS")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.tls and args.trace:
+        ap.error("--tls and --trace: the trace counts the socket's signals only; pick one")
     with DevCluster(startup_timeout=180) as cluster:
         cluster.start(nodes=1, gpus_per_node=args.gpus)
         return run(args, cluster)
@@ -127,6 +133,7 @@ class AgentUnderTest:
         kubeconfig: Path,
         src: Path | None = None,
         trace: bool = False,
+        tls_port: int = 0,
     ) -> None:
         work.mkdir(parents=True, exist_ok=True)
         self.work = work
@@ -146,6 +153,9 @@ class AgentUnderTest:
                 "KUBECONFIG": str(kubeconfig),
             }
         )
+        ca_file = work / "tls" / "ca.crt"
+        if tls_port:
+            env.update(_tls_files(work / "tls", tls_port))
         if src is not None:  # its packages first on the path (this tree is installed editable)
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(src / "agent"), str(src), env.get("PYTHONPATH", "")]
@@ -169,23 +179,66 @@ class AgentUnderTest:
         )
         self.lat: list[float] = []
         self.rtt: list[float] = []
+        self.tls_client: trainer.RLEnergyClient | None = None
+        self.tls_lat: list[float] = []
+        self.tls_rtt: list[float] = []
+        if tls_port:
+            assert ready.get("tlsPort") == tls_port, ready
+            self.tls_client = trainer.RLEnergyClient(
+                str(self.sock), strict=True, token_file=str(pod.token_file)
+            )
+            self.tls_client.endpoint = trainer.Endpoint(None, "127.0.0.1", tls_port, str(ca_file))
 
-    def signal(self, phase: str, step: int) -> None:
+    def signal(self, phase: str, step: int, *, tls: bool = False) -> None:
         """One phase signal, timed (agent side and round trip), clocks checked."""
+        client = self.tls_client if tls else self.client
+        assert client is not None
         t0 = time.perf_counter()
-        self.client.phase(phase, step=step)
-        self.rtt.append(time.perf_counter() - t0)
-        self.lat.append(float(self.client.last_response["latencySeconds"]))
+        client.phase(phase, step=step)
+        (self.tls_rtt if tls else self.rtt).append(time.perf_counter() - t0)
+        (self.tls_lat if tls else self.lat).append(float(client.last_response["latencySeconds"]))
         want = 1395 if phase == "generation" else 1755
         assert all(self.drv.gpu(u).lock_max_mhz == want for u in self.uuids)
 
     def stop(self) -> bool:
         """Stop the agent; True when no stand-in GPU stays locked (reset on SIGTERM)."""
         self.client.close()
+        if self.tls_client is not None:
+            self.tls_client.close()
         self.proc.terminate()
         self.proc.wait(timeout=30)
         self.drv.close()
         return not any(drv_state_locked(self.work / "state", len(self.uuids)))
+
+
+def _tls_files(folder: Path, port: int) -> dict[str, str]:
+    """A CA and a serving certificate for 127.0.0.1 in ``folder``; the agent's TLS env."""
+    import datetime
+
+    from rlenergy.api import tls
+
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    ca = tls.make_ca("bench CA", now)
+    key = tls.new_key()
+    cert = tls.issue_for_key(ca, key, tls.Request("bench", ("127.0.0.1",), ()), now)
+    (folder / "ca.crt").write_bytes(ca.cert_pem)
+    (folder / "tls.crt").write_bytes(cert)
+    (folder / "tls.key").write_bytes(key)
+    return {
+        "RLENERGY_AGENT_TLS_PORT": str(port),
+        "RLENERGY_AGENT_TLS_HOST": "127.0.0.1",
+        "RLENERGY_AGENT_TLS_CERT_FILE": str(folder / "tls.crt"),
+        "RLENERGY_AGENT_TLS_KEY_FILE": str(folder / "tls.key"),
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 STARTUP_CENSUS = r"""
@@ -259,8 +312,9 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
     pod = trainers.create_trainer(cluster.kubectl, "bench", "trainer-0", node, work / "tokens")
     census = startup_census()
     agent = AgentUnderTest(
-        work / "agent", pod, node, args.gpus, "bench", cluster.kubeconfig, trace=args.trace
-    )
+        work / "agent", pod, node, args.gpus, "bench", cluster.kubeconfig, trace=args.trace,
+        tls_port=_free_port() if args.tls else 0,
+    )  # fmt: skip
     agents = [agent]
     if args.baseline_src is not None:
         agents.append(
@@ -285,18 +339,23 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
             first_lat.append(float(client.last_response["latencySeconds"]))
         for a in agents:
             a.client.phase("idle", step=0)
+        if agent.tls_client is not None:
+            agent.tls_client.phase("idle", step=0)  # its connection and handshake, not timed
         for i in range(args.signals):
             for a in agents if i % 2 == 0 else agents[::-1]:  # each goes first half the time
                 a.signal("generation" if i % 2 == 0 else "training", i // 2)
+            if agent.tls_client is not None:  # the same signal again over TLS
+                agent.signal("generation" if i % 2 == 0 else "training", i // 2, tls=True)
         agent_lat, rtt = agent.lat, agent.rtt
-        client.phase("idle", step=args.signals)
+        last_step = (args.signals - 1) // 2  # the loop's newest step (the agent takes at most
+        client.phase("idle", step=last_step)  # STEP_WINDOW steps ahead of it)
         rss = rss_mb(agent.proc.pid)
         baseline_rss = rss_mb(agents[-1].proc.pid) if len(agents) > 1 else None
         for a in agents[1:]:
             a.stop()
         # energy: measured phase windows vs the simulator's truth, real time
         errors: list[float] = []
-        base_step = args.signals
+        base_step = last_step + 1
         for s in range(args.steps):
             step = base_step + s
             for phase in ("generation", "training"):
@@ -354,6 +413,13 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
         "trace": traced(agent, 2 + args.fresh_tokens, args.signals),
         "load_average_1m": os.getloadavg()[0],
     }
+    if agent.tls_lat:
+        out["tls"] = {
+            "agent_latency_p50_ms": pct(agent.tls_lat, 50) * 1e3,
+            "agent_latency_p99_ms": pct(agent.tls_lat, 99) * 1e3,
+            "roundtrip_p50_ms": pct(agent.tls_rtt, 50) * 1e3,
+            "roundtrip_p99_ms": pct(agent.tls_rtt, 99) * 1e3,
+        }
     if len(agents) > 1:
         base = agents[1]
         out["baseline"] = {
@@ -391,6 +457,15 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
         print(
             f"  round trip  p50 {out['roundtrip_p50_ms']:.3f} ms   p99 {out['roundtrip_p99_ms']:.3f} ms"
         )
+        if "tls" in out:
+            t = out["tls"]
+            print("  the same signals over TLS (127.0.0.1, one kept-alive connection):")
+            print(
+                f"  agent side  p50 {t['agent_latency_p50_ms']:.3f} ms   p99 {t['agent_latency_p99_ms']:.3f} ms"
+            )
+            print(
+                f"  round trip  p50 {t['roundtrip_p50_ms']:.3f} ms   p99 {t['roundtrip_p99_ms']:.3f} ms"
+            )
         print(f"agent RSS {rss:.1f} MB (target <= 60 MB)")
         print("measured vs true phase energy (counter deltas, real time):")
         for step, phase, m, t, e in rows:

@@ -46,3 +46,13 @@ def test_component_packages_import_from_this_checkout() -> None:
     for name, home in homes.items():
         module = importlib.import_module(name)
         assert Path(module.__file__ or "").parent == home, (name, module.__file__)
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports test modules by basename (no packages under tests/): two files of one
+    name stop collection ("import file mismatch") for the whole run."""
+    tests = Path(__file__).resolve().parent
+    seen: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {n: p for n, p in seen.items() if len(p) > 1} == {}

@@ -325,9 +325,12 @@ def _shutdown(
     agent: service.Agent,
     signals: server.SignalServer,
     ops: server.OpsServer,
+    tls_signals: server.TlsSignalServer | None = None,
 ) -> None:
     """Stop the servers and the prober, reset every lock, save the energy totals."""
     signals.stop()
+    if tls_signals is not None:
+        tls_signals.stop()
     ops.stop()
     agent.stop_prober()
     agent.actuator.reset_all("agent shutdown")
@@ -372,6 +375,70 @@ def _callers(
     return api, auth, pod_ends
 
 
+def _tls_listener(
+    settings: config.AgentSettings, agent: service.Agent, auth: identity.TokenAuthenticator
+) -> server.TlsSignalServer | None:
+    """The TLS signal listener and its certificate keeper, when ``tls_port`` is set.
+
+    With ``tls_cert_file`` and ``tls_key_file`` the listener serves those files; otherwise the
+    node's certificate is asked of the operator (``tlsserve``), which needs the Kubernetes API
+    and the node's IP (without them: logged, off).
+    """
+    if not settings.tls_port:
+        return None
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        certificate = endpoint.ServingCertificate(settings.tls_cert_file, settings.tls_key_file)
+        return server.TlsSignalServer(
+            settings.tls_host, settings.tls_port, agent, auth, certificate
+        )
+    if not settings.kube or not settings.node_ip:
+        log.error(
+            "TLS signal port %d off: it needs the Kubernetes API and RLENERGY_AGENT_NODE_IP "
+            "(downward API status.hostIP) for its serving certificate",
+            settings.tls_port,
+        )
+        return None
+    from rlenergy_agent import kube, tlsserve
+
+    keeper = tlsserve.ServingCertKeeper(
+        settings.node_name,
+        [settings.node_ip],
+        settings.state_dir / settings.node_name / "tls",
+        kube.CertificateRequester().request,
+    )
+    keeper.start()
+    certificate = endpoint.ServingCertificate(keeper.cert_file, keeper.key_file)
+    return server.TlsSignalServer(settings.tls_host, settings.tls_port, agent, auth, certificate)
+
+
+def _start(
+    settings: config.AgentSettings,
+    agent: service.Agent,
+    signals: server.SignalServer,
+    tls_signals: server.TlsSignalServer | None,
+    ops: server.OpsServer,
+) -> None:
+    """Start the prober and the listeners; say so in the log and in one JSON line on stdout."""
+    freeze_startup_objects()
+    agent.start_prober()
+    signals.start()
+    if tls_signals is not None:
+        tls_signals.start()
+    ops.start()
+    log.info(
+        "agent up on %s: %d GPU(s), signals on %s, ops on %s:%d",
+        settings.node_name,
+        len(agent.actuator.gpus),
+        settings.socket_path,
+        settings.metrics_host,
+        ops.port,
+    )
+    ready = {"ready": True, "metricsPort": ops.port}
+    if tls_signals is not None:
+        ready["tlsPort"] = tls_signals.port
+    print(json.dumps(ready), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the exit code."""
     parser = _parser()
@@ -395,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except endpoint.SocketPathError as exc:
         log.error("%s", exc)
         return 2
+    tls_signals = _tls_listener(settings, agent, auth)
     ops = server.OpsServer(
         settings.metrics_host,
         settings.metrics_port,
@@ -409,26 +477,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    freeze_startup_objects()
-    agent.start_prober()
-    signals.start()
-    ops.start()
-    log.info(
-        "agent up on %s: %d GPU(s), signals on %s, ops on %s:%d",
-        settings.node_name,
-        len(agent.actuator.gpus),
-        settings.socket_path,
-        settings.metrics_host,
-        ops.port,
-    )
-    print(json.dumps({"ready": True, "metricsPort": ops.port}), flush=True)
+    _start(settings, agent, signals, tls_signals, ops)
     follow = api if args.plan is None else None  # a plan file: no policy plan, no report
     loop = nodeloop.NodeLoop(settings, agent, pod_ends, follow, discover=discover, stop=stop)
     try:
         loop.run()
     finally:
         loop.close()
-        _shutdown(settings, agent, signals, ops)
+        _shutdown(settings, agent, signals, ops, tls_signals)
     return 0
 
 

@@ -39,6 +39,28 @@ class AgentSettings(BaseSettings):
         Path("/var/run/rlenergy/agent.sock"),
         description="Unix socket trainers signal phases on (mounted into trainer pods).",
     )
+    tls_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="TCP port of the TLS signal endpoint on the node's IP (trainer pods reach "
+        "it at their status.hostIP, no hostPath needed); 0: off, signals on the socket only.",
+    )
+    tls_host: str = Field(
+        "0.0.0.0",  # noqa: S104 - the node's IPs (hostNetwork) or the pod's (hostPort)
+        description="Address the TLS signal endpoint listens on.",
+    )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="A serving certificate chain (PEM) issued elsewhere (cert-manager, local "
+        "runs); with tls_key_file it replaces the operator-signed one, re-read when it changes.",
+    )
+    tls_key_file: Path | None = Field(None, description="The key of tls_cert_file (PEM).")
+    node_ip: str = Field(
+        "",
+        description="The node's IP (downward API status.hostIP): the serving certificate's "
+        "address, the one trainer pods dial.",
+    )
     state_dir: Path = Field(
         Path("/var/lib/rlenergy"),
         description="hostPath for the lock record and energy totals (survive agent restarts).",

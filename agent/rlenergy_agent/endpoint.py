@@ -16,6 +16,11 @@ bound (an OOM kill would skip the clock reset on exit). Each listener built on
   caller trickles bytes (the socket timeout alone restarts with every byte);
 * an idle timeout between requests on a kept-alive connection (``IDLE_TIMEOUT_S``).
 
+A TLS listener (``TlsHandlerMixin`` before the handler, ``ServingCertificate`` on the server)
+does the handshake on the connection's own thread, under the same request deadline, so a
+caller that stalls its handshake holds one slot for at most ``REQUEST_DEADLINE_S`` and never
+the accept loop. Its certificate is re-read when the files change (renewal needs no restart).
+
 ``claim_socket_path`` and ``SocketOwner`` keep the signal socket the agent's own: the agent
 starts only on a free path, a stale socket (no listener answers) or nothing; it never deletes a
 directory or file someone put there, never takes a socket another listener serves, and at
@@ -35,6 +40,7 @@ import logging
 import os
 import socket
 import socketserver
+import ssl
 import stat
 import threading
 import time
@@ -255,6 +261,108 @@ class BoundedHandler(http.server.BaseHTTPRequestHandler):
             log.debug("connection dropped: %s", exc)
         finally:
             self.server.deadlines.disarm(self.connection)
+
+
+class ServingCertificate:
+    """A TLS server context from a certificate and key file, rebuilt when either changes.
+
+    One ``stat`` of each file per connection; a file pair that does not load (half written,
+    mismatched) keeps the previous context and is logged once per change.
+
+    Args:
+        cert_file: PEM certificate chain (the leaf first).
+        key_file: PEM private key.
+    """
+
+    def __init__(self, cert_file: Path, key_file: Path) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self._lock = threading.Lock()
+        self._seen: tuple[tuple[int, int, int], ...] | None = None
+        self._context: ssl.SSLContext | None = None
+        self.loads = 0
+        """Contexts built (the first, then one per renewal)."""
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            return tuple(
+                (st.st_ino, st.st_size, st.st_mtime_ns)
+                for st in (os.stat(self.cert_file), os.stat(self.key_file))
+            )
+        except OSError:
+            return None
+
+    def context(self) -> ssl.SSLContext | None:
+        """The newest loadable context; ``None`` while there has never been a certificate."""
+        stamp = self._stamp()
+        with self._lock:
+            if stamp is not None and stamp != self._seen:
+                self._seen = stamp
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+                ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+                try:
+                    ctx.load_cert_chain(self.cert_file, self.key_file)
+                except (ssl.SSLError, OSError) as exc:
+                    log.error(
+                        "serving certificate %s / %s does not load (%s): keeping the previous one",
+                        self.cert_file,
+                        self.key_file,
+                        exc,
+                    )
+                else:
+                    self._context = ctx
+                    self.loads += 1
+            return self._context
+
+
+class TlsHandlerMixin:
+    """TLS for a ``BoundedHandler``: the handshake on the connection's thread, under the deadline.
+
+    The server has ``certificate`` (a ``ServingCertificate``); ``handshake_failures`` on it
+    counts connections that never completed a handshake (a wrong CA on the caller's side, a
+    plaintext caller, a deadline).
+    """
+
+    request: Any
+    server: Any
+    _tls_ok = False
+
+    def setup(self) -> None:
+        """Wrap the connection in TLS and complete the handshake, then set up the files."""
+        ctx = self.server.certificate.context()
+        raw = self.request
+        raw.settimeout(IDLE_TIMEOUT_S)
+        if ctx is None:
+            self.server.handshake_failures += 1
+            log.warning("TLS connection closed: no serving certificate yet")
+        else:
+            tls = ctx.wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+            self.request = tls
+            self.server.deadlines.arm(tls, REQUEST_DEADLINE_S)
+            try:
+                tls.do_handshake()
+                self._tls_ok = True
+            except (ssl.SSLError, OSError) as exc:
+                self.server.handshake_failures += 1
+                log.debug("TLS handshake failed: %s", exc)
+            finally:
+                self.server.deadlines.disarm(tls)
+        super().setup()  # type: ignore[misc]
+
+    def handle(self) -> None:
+        """Serve the connection's requests only after a complete handshake."""
+        if self._tls_ok:
+            super().handle()  # type: ignore[misc]
+
+    def finish(self) -> None:
+        """Flush, then close the TLS socket (the server closes only the raw one it accepted)."""
+        try:
+            super().finish()  # type: ignore[misc]
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                self.request.close()
 
 
 def _kind(mode: int) -> str:

@@ -653,3 +653,88 @@ def ended_pods(
         return out
 
     return ended
+
+
+CSR_SIGNER = "rlenergy.io/agent-serving"
+"""signerName of the agent's serving-certificate requests (the operator signs them)."""
+
+
+class CertificateRequester:
+    """Asks for a serving certificate with a ``CertificateSigningRequest`` and waits for it.
+
+    ``certificates.k8s.io/v1`` through the client's ``ApiClient`` (no model classes). RBAC:
+    ``certificatesigningrequests`` ``create``, ``get`` (cluster-wide). The operator
+    approves and signs requests of ``CSR_SIGNER`` from the agents' service account for the
+    requesting pod's own node (``rlenergy_operator.certs``).
+
+    Args:
+        api_client: a ``kubernetes.client.ApiClient`` (default: the process-wide one).
+        timeout_s: per request deadline, s.
+    """
+
+    def __init__(self, api_client: Any | None = None, *, timeout_s: float = 10.0) -> None:
+        self._client = api_client
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        if self._client is None:
+            self._client = kubernetes.client.ApiClient()
+        m, url, headers, data, post = self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self._client.call_api(
+            m, url, header_params=headers, body=data, post_params=post,
+            _request_timeout=self.timeout_s,
+        )  # fmt: skip
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=resp)
+        return dict(json.loads(resp.data or b"{}"))
+
+    def request(self, name: str, csr_pem: bytes, wait_s: float = 60.0) -> bytes:
+        """Submit ``csr_pem`` as CSR ``name`` and return the issued chain, PEM.
+
+        The API server's CSR cleaner removes it later (an hour after it is decided).
+
+        Raises:
+            ApiException: the API server refused the request (e.g. 403 without the RBAC).
+            RuntimeError: the operator denied it (its message) or did not sign within
+                ``wait_s``.
+        """
+        import base64
+
+        path = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+        body = {
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "metadata": {"name": name},
+            "spec": {
+                "signerName": CSR_SIGNER,
+                "request": base64.b64encode(csr_pem).decode(),
+                "usages": ["digital signature", "server auth"],
+                "expirationSeconds": 30 * 86400,
+            },
+        }
+        self._call("POST", path, body)
+        deadline = time.monotonic() + wait_s
+        while True:
+            status = self._call("GET", f"{path}/{name}").get("status") or {}
+            cert = status.get("certificate")
+            if cert:
+                return base64.b64decode(cert)
+            for c in status.get("conditions") or []:
+                if c.get("type") in ("Denied", "Failed"):
+                    raise RuntimeError(
+                        f"serving certificate request {name} {c['type'].lower()}: "
+                        f"{c.get('message', '')}"
+                    )
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"serving certificate request {name} not signed within {wait_s:.0f} s "
+                    "(is the operator running, with the agent TLS port on?)"
+                )
+            time.sleep(1.0)

@@ -1,4 +1,4 @@
-"""The agent's two listeners: the trainer signal socket and the health/metrics port.
+"""The agent's listeners: the trainer signal socket, the TLS signal port, the health/metrics port.
 
 * Signals: HTTP over a Unix socket (``/v1/phase``, ``/v1/progress``, ``/v1/step``; FlexFloor:
   ``/v1/park``, ``/v1/unpark``, ``/v1/rollout``, ``/v1/rollout/lost``), mounted into trainer
@@ -9,6 +9,10 @@
   agent then requires the pod to be one the serving policy selects
   (``state.AgentState.check_selected``). No token or a bad one: 401; another node's pod,
   another pod's GPUs or a pod the policy does not select: 403.
+* The same signals over TLS on a TCP port of the node's IP (``TlsSignalServer``): trainer
+  pods reach it at their ``status.hostIP`` and need no hostPath (Pod Security
+  ``restricted``); the serving certificate is the node's (``tlsserve``), signed by the CA the
+  pod's injected volume carries. The bearer token and every check above are the same.
 * Health and metrics: HTTP on ``127.0.0.1`` by default: ``/metrics`` (scrape-time collection),
   ``/healthz`` (NVML answers on some GPU), ``/readyz`` (GPUs discovered, the signal socket
   still the one bound here). The plan is not served here (it is the policy's;
@@ -64,6 +68,23 @@ class _UnixHTTPServer(endpoint.BoundedServer, socketserver.UnixStreamServer):
     def __init__(self, path: str, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
         self.start_bounds()
         super().__init__(path, handler)
+
+
+class _TlsHTTPServer(endpoint.BoundedServer, http.server.HTTPServer):
+    max_connections = MAX_SIGNAL_CONNECTIONS
+    name = "signals-tls"
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[http.server.BaseHTTPRequestHandler],
+        certificate: endpoint.ServingCertificate,
+    ) -> None:
+        self.start_bounds()
+        self.certificate = certificate
+        self.handshake_failures = 0
+        """Connections closed before a complete TLS handshake."""
+        super().__init__(address, handler)
 
 
 class _OpsHTTPServer(endpoint.BoundedServer, http.server.HTTPServer):
@@ -282,6 +303,51 @@ class SignalServer:
         self._server.server_close()
         self._server.stop_bounds()
         self.owner.release()
+
+
+class TlsSignalServer:
+    """The TLS signal listener on ``host:port`` (the node's IP; port 0 picks a free one).
+
+    Args:
+        host: address to listen on (``0.0.0.0`` in a hostNetwork agent: the node's IPs).
+        port: TCP port.
+        agent: the agent.
+        auth: checks each request's bearer token (as on the socket).
+        certificate: the serving certificate files (re-read when they change).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        agent: service.Agent,
+        auth: identity.TokenAuthenticator,
+        certificate: endpoint.ServingCertificate,
+    ) -> None:
+        handler = type(
+            "TlsHandler", (endpoint.TlsHandlerMixin, _Handler), {"agent": agent, "auth": auth}
+        )
+        self._server = _TlsHTTPServer((host, port), handler, certificate)
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="signals-tls", daemon=True
+        )
+
+    def start(self) -> None:
+        """Serve on a thread."""
+        self._thread.start()
+
+    @property
+    def server(self) -> _TlsHTTPServer:
+        """The listener (its connection and handshake counts, for tests and metrics)."""
+        return self._server
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()
+        self._server.stop_bounds()
 
 
 METRICS_REUSE_S = 1.0

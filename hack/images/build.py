@@ -85,12 +85,20 @@ PRUNE = ("kubernetes/aio",)
 """Removed from the installed tree: kubernetes >= 36.0.1 ships a second, asyncio copy of the
 client (68 MB installed with 37.0.2) that nothing imports; the operator and the agent use the
 synchronous client."""
-KUBERNETES_APIS = ("apps_v1_api", "authentication_v1_api", "core_v1_api", "custom_objects_api")
+KUBERNETES_APIS = (
+    "admissionregistration_v1_api",
+    "apps_v1_api",
+    "authentication_v1_api",
+    "certificates_v1_api",
+    "core_v1_api",
+    "custom_objects_api",
+)
 """The modules of ``kubernetes/client/api`` kept in the images: those of the API classes the
-operator and the agent use (``AppsV1Api``, ``AuthenticationV1Api``, ``CoreV1Api``,
-``CustomObjectsApi``). The client (>= 37) imports an API module only when its class is first
-used, so the other 63 modules (23 MB of source, 34 MB with byte-code, in 37.0.2) are removed.
-``tests/unit/test_image_prune.py`` fails when a component uses an API class not kept here."""
+operator and the agent use (``AdmissionregistrationV1Api``, ``AppsV1Api``,
+``AuthenticationV1Api``, ``CertificatesV1Api``, ``CoreV1Api``, ``CustomObjectsApi``). The client
+(>= 37) imports an API module only when its class is first used, so the other 61 modules are
+removed. ``tests/unit/test_image_prune.py`` fails when a component uses an API class not kept
+here."""
 
 
 @dataclasses.dataclass(frozen=True)

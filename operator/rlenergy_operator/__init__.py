@@ -4,3 +4,4 @@ Importing the package registers the handlers; nothing else lives here.
 """
 
 from rlenergy_operator import handlers as handlers
+from rlenergy_operator import webhook as webhook

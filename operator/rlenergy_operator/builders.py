@@ -75,6 +75,37 @@ def _api_server_env(cfg: settings.OperatorConfig) -> list[dict[str, str]]:
     return env
 
 
+def _tls_env(cfg: settings.OperatorConfig) -> list[dict[str, Any]]:
+    """The TLS signal port and the node's IP (its serving certificate's address)."""
+    if not cfg.agent_tls_port:
+        return []
+    return [
+        {"name": "RLENERGY_AGENT_TLS_PORT", "value": str(cfg.agent_tls_port)},
+        {
+            "name": "RLENERGY_AGENT_NODE_IP",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
+        },
+    ]
+
+
+def _tls_ports(cfg: settings.OperatorConfig) -> list[dict[str, Any]]:
+    """The TLS signal port on the node's IP.
+
+    With hostNetwork the node's own port; otherwise a ``hostPort`` (the CNI's port mapping
+    forwards the node's port to the agent).
+    """
+    if not cfg.agent_tls_port:
+        return []
+    return [
+        {
+            "name": "signals-tls",
+            "containerPort": cfg.agent_tls_port,
+            "hostPort": cfg.agent_tls_port,
+            "protocol": "TCP",
+        }
+    ]
+
+
 def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     """The cluster's single node-agent DaemonSet (one writer per GPU).
 
@@ -85,8 +116,10 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     CAP_SYS_ADMIN (clock writes through NVML) and nothing else: not
     privileged, all other capabilities dropped, no privilege escalation, read-only root
     filesystem. hostPaths: the state folder, the kubelet's
-    pod-resources folder (read-only) and the signal-socket folder shared with trainer pods. No
-    policy is set: each agent discovers the policy that governs its node's GPU pods.
+    pod-resources folder (read-only) and the signal-socket folder shared with trainer pods. With
+    ``agent_tls_port`` the agent also serves signals over TLS on that port of the node's IP
+    (``hostPort``; with hostNetwork the same port of the node). No policy is set: each agent
+    discovers the policy that governs its node's GPU pods.
     """
     container: dict[str, Any] = {
         "name": "agent",
@@ -103,12 +136,13 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             {"name": "RLENERGY_AGENT_STATE_DIR", "value": "/var/lib/rlenergy"},
             {"name": "RLENERGY_AGENT_SOCKET_PATH", "value": f"{AGENT_SOCKET_MOUNT}/agent.sock"},
             {"name": "RLENERGY_AGENT_TOKEN_AUDIENCE", "value": cfg.agent_token_audience},
+            *_tls_env(cfg),
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
             *_api_server_env(cfg),
             *cfg.agent_extra_env,
         ],
-        "ports": [{"name": "metrics", "containerPort": cfg.agent_metrics_port}],
+        "ports": [{"name": "metrics", "containerPort": cfg.agent_metrics_port}, *_tls_ports(cfg)],
         # An agent that cannot start (no NVML: the pod's runtime class) writes why, with the
         # fix, to /dev/termination-log; a crash with no message falls back to the log's tail.
         "terminationMessagePolicy": "FallbackToLogsOnError",

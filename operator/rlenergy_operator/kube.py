@@ -7,6 +7,7 @@ the handler turns them into ``kopf.TemporaryError``.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from collections.abc import Callable, Sequence
@@ -436,3 +437,152 @@ def watched_versions(
                 key = (plural, str(meta.get("namespace") or ""), str(meta["name"]))
                 out[key] = str(meta["resourceVersion"])
     return out
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    return cast(dict[str, Any], _api().sanitize_for_serialization(obj))
+
+
+@_unreachable_is_api_error
+def ensure_ca_secret(
+    namespace: str, name: str, make: Callable[[], tuple[bytes, bytes]]
+) -> dict[str, bytes]:
+    """The CA in Secret ``namespace/name``, made and stored if absent.
+
+    Returns:
+        The Secret's data, decoded: ``tls.crt``, ``tls.key`` and, while a replaced CA is still
+        trusted, ``previous.crt``.
+
+    Two replicas starting together both try to create it; the loser reads the winner's (409).
+
+    Args:
+        namespace: the operator's namespace.
+        name: the Secret's name.
+        make: a new (certificate PEM, key PEM), called only when the Secret is absent.
+    """
+    core = kubernetes.client.CoreV1Api(_api())
+
+    def read() -> dict[str, bytes] | None:
+        secret = _unless_missing(core.read_namespaced_secret, name, namespace)
+        if secret is None:
+            return None
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    found = read()
+    if found is not None:
+        return found
+    cert, key = make()
+    body = {
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "tls.crt": base64.b64encode(cert).decode(),
+            "tls.key": base64.b64encode(key).decode(),
+        },
+    }
+    try:
+        core.create_namespaced_secret(namespace, cast(Any, body))
+    except k8s_errors.ApiException as exc:
+        if exc.status != 409:
+            raise
+        again = read()
+        if again is None:
+            raise
+        return again
+    return {"tls.crt": cert, "tls.key": key}
+
+
+@_unreachable_is_api_error
+def ensure_configmap(namespace: str, name: str, data: dict[str, str]) -> str:
+    """Create ConfigMap ``namespace/name`` with ``data``, or replace its data when it differs.
+
+    Returns:
+        ``created``, ``updated`` or ``unchanged``.
+    """
+    core = kubernetes.client.CoreV1Api(_api())
+    live = _unless_missing(core.read_namespaced_config_map, name, namespace)
+    if live is None:
+        body = {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {"app.kubernetes.io/managed-by": "rlenergy-operator"},
+            },
+            "data": data,
+        }
+        try:
+            core.create_namespaced_config_map(namespace, cast(Any, body))
+        except k8s_errors.ApiException as exc:
+            if exc.status != 409:
+                raise
+            return "unchanged"
+        return "created"
+    if dict(live.data or {}) == data:
+        return "unchanged"
+    core.patch_namespaced_config_map(name, namespace, {"data": data})
+    return "updated"
+
+
+@_unreachable_is_api_error
+def pods(namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    """The pods of ``namespace`` matching ``label_selector`` (plain dicts)."""
+    core = kubernetes.client.CoreV1Api(_api())
+    listing = core.list_namespaced_pod(namespace, label_selector=label_selector)
+    return [_plain(p) for p in listing.items]
+
+
+@_unreachable_is_api_error
+def read_node(name: str) -> dict[str, Any] | None:
+    """Node ``name`` (a plain dict), or None when it does not exist."""
+    core = kubernetes.client.CoreV1Api(_api())
+    node = _unless_missing(core.read_node, name)
+    return None if node is None else _plain(node)
+
+
+@_unreachable_is_api_error
+def decide_csr(name: str, approve: bool, reason: str, message: str) -> None:
+    """Approve or deny CertificateSigningRequest ``name`` (its ``/approval`` subresource)."""
+    certs = kubernetes.client.CertificatesV1Api(_api())
+    condition = {
+        "type": "Approved" if approve else "Denied",
+        "status": "True",
+        "reason": reason,
+        "message": message,
+    }
+    certs.patch_certificate_signing_request_approval(name, {"status": {"conditions": [condition]}})
+
+
+@_unreachable_is_api_error
+def sign_csr(name: str, certificate_b64: str) -> None:
+    """Write the issued certificate (base64 PEM) into ``status.certificate`` of ``name``."""
+    certs = kubernetes.client.CertificatesV1Api(_api())
+    certs.patch_certificate_signing_request_status(
+        name, {"status": {"certificate": certificate_b64}}
+    )
+
+
+@_unreachable_is_api_error
+def set_webhook_ca_bundle(name: str, bundle_pem: bytes) -> bool:
+    """Set ``caBundle`` of every webhook of MutatingWebhookConfiguration ``name``.
+
+    Returns:
+        Whether it changed (False: already equal, or no such configuration).
+    """
+    adm = kubernetes.client.AdmissionregistrationV1Api(_api())
+    live = _unless_missing(adm.read_mutating_webhook_configuration, name)
+    if live is None:
+        return False
+    want = base64.b64encode(bundle_pem).decode()
+    hooks = _plain(live).get("webhooks") or []
+    if all((h.get("clientConfig") or {}).get("caBundle") == want for h in hooks):
+        return False
+    patch = [
+        {
+            "op": "replace" if "caBundle" in (h.get("clientConfig") or {}) else "add",
+            "path": f"/webhooks/{i}/clientConfig/caBundle",
+            "value": want,
+        }
+        for i, h in enumerate(hooks)
+    ]
+    adm.patch_mutating_webhook_configuration(name, patch)
+    return True

@@ -81,6 +81,22 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     agent_token_audience: str = pydantic.Field("rlenergy-agent", min_length=1)
     """Audience the trainer pods' projected service-account tokens are issued for; the agents
     accept only tokens valid for it (TokenReview). Default rlenergy-agent."""
+    agent_tls_port: int = pydantic.Field(9403, ge=0, le=65535)
+    """Port of the agents' TLS signal endpoint on the node's IP (trainer pods reach it at their
+    ``status.hostIP``; the webhook injects it as ``RLENERGY_AGENT_PORT``); 0: off, signals
+    only on the socket. Default 9403."""
+    webhook_port: int = pydantic.Field(0, ge=0, le=65535)
+    """Port of the operator's mutating admission webhook (HTTPS); 0: no webhook. Default 0
+    (the Helm chart sets ``webhook.port``, 9443)."""
+    webhook_service: str = ""
+    """DNS name the API server calls the webhook at (``<service>.<namespace>.svc``), the
+    serving certificate's name. Default empty (the chart sets it)."""
+    webhook_configuration: str = ""
+    """Name of the chart's MutatingWebhookConfiguration whose ``caBundle`` the operator keeps
+    equal to its CA. Default empty: not patched."""
+    ca_secret: str = pydantic.Field("rlenergy-ca", min_length=1)
+    """Secret in ``namespace`` holding the operator's CA (``tls.crt``, ``tls.key``; created
+    when missing). Default rlenergy-ca."""
     agent_host_network: bool = False
     """Run the agent pods in the node's network namespace (``hostNetwork``): for nodes without
     a pod network, like the dev cluster's real node (docs/dev-cluster.md). Default false."""

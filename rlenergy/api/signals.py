@@ -42,6 +42,17 @@ TOKEN_FILE_ENV = "RLENERGY_AGENT_TOKEN_FILE"
 """Environment variable naming the token file in the trainer container."""
 DEFAULT_TOKEN_FILE = "/var/run/secrets/rlenergy/token"
 """Where the trainer pod mounts the projected token by default (docs/verl.md)."""
+CA_FILE_ENV = "RLENERGY_AGENT_CA_FILE"
+"""Environment variable naming the CA bundle that signs the agents' serving certificates."""
+DEFAULT_CA_FILE = "/var/run/secrets/rlenergy/ca.crt"
+"""Where the injected volume puts the CA bundle (next to the token)."""
+HOST_ENV = "RLENERGY_AGENT_HOST"
+"""Environment variable with the node's IP (downward API ``status.hostIP``): the agent's TLS
+endpoint."""
+PORT_ENV = "RLENERGY_AGENT_PORT"
+"""Environment variable with the agent's TLS port on the node."""
+DEFAULT_TLS_PORT = 9403
+"""The agent's TLS signal port on the node's IP (chart value ``agent.tlsPort``)."""
 
 
 class _Wire(pydantic.BaseModel):

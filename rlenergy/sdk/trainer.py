@@ -9,14 +9,19 @@ how much work it did, and the step's token workload::
     client.phase("training", step=12)
     client.end_step(12, samples=256, response_tokens=..., prompt_tokens=..., valid_tokens=...)
 
-The agent listens on a Unix socket mounted into the pod (``RLENERGY_AGENT_SOCKET``, default
-``/var/run/rlenergy/agent.sock``). Each signal carries the pod's projected, audience-bound
-service-account token as ``Authorization: Bearer`` (file ``RLENERGY_AGENT_TOKEN_FILE``, default
-``/var/run/secrets/rlenergy/token``; re-read whenever the kubelet rotates it, and once more after
-a 401); the agent checks it with a TokenReview and acts only on that pod's own GPUs. Bodies and
-answers are the models of ``rlenergy.api.signals``. Signals are best effort: when the agent is
-unreachable the client logs once and the trainer carries on at default clocks (the agent never
-slows a job it cannot hear).
+The client reaches the node's agent one of two ways (``agent_endpoint``): a Unix socket mounted
+into the pod (``RLENERGY_AGENT_SOCKET``, default ``/var/run/rlenergy/agent.sock``), used
+whenever it is there; otherwise TLS to the agent's port on the node's IP
+(``RLENERGY_AGENT_HOST``, the downward API's ``status.hostIP``, and ``RLENERGY_AGENT_PORT``),
+verifying the agent's certificate against the CA bundle ``RLENERGY_AGENT_CA_FILE`` (default
+``/var/run/secrets/rlenergy/ca.crt``). The admission webhook injects the environment, the token
+and the CA bundle into pods that opt in (docs/verl.md). Each signal carries the pod's projected,
+audience-bound service-account token as ``Authorization: Bearer`` (file
+``RLENERGY_AGENT_TOKEN_FILE``, default ``/var/run/secrets/rlenergy/token``; re-read whenever the
+kubelet rotates it, and once more after a 401); the agent checks it with a TokenReview and acts
+only on that pod's own GPUs. Bodies and answers are the models of ``rlenergy.api.signals``.
+Signals are best effort: when the agent is unreachable the client logs once and the trainer
+carries on at default clocks (the agent never slows a job it cannot hear).
 Callers: trainer code, ``rlenergy.sdk.verl``.
 """
 
@@ -27,10 +32,12 @@ import json
 import logging
 import os
 import socket
+import ssl
+import stat
 import threading
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pydantic
@@ -106,6 +113,87 @@ class BearerToken:
         return self._header
 
 
+class Endpoint:
+    """Where the agent listens for this pod: a Unix socket, or TLS on the node's IP.
+
+    Args:
+        socket_path: the Unix socket (``None``: TLS).
+        host: the node's IP (TLS).
+        port: the agent's TLS port.
+        ca_file: the CA bundle that signs the agent's serving certificate.
+    """
+
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        host: str = "",
+        port: int = signals.DEFAULT_TLS_PORT,
+        ca_file: str = signals.DEFAULT_CA_FILE,
+    ) -> None:
+        self.socket_path = socket_path
+        self.host = host
+        self.port = port
+        self.ca_file = ca_file
+
+    def __str__(self) -> str:
+        if self.socket_path is not None:
+            return self.socket_path
+        return f"https://{self.host}:{self.port}"
+
+    def connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        """A new connection (not yet connected).
+
+        Raises:
+            OSError: the CA bundle cannot be read (TLS).
+            ssl.SSLError: the CA bundle is not PEM certificates.
+        """
+        if self.socket_path is not None:
+            return _UnixConnection(self.socket_path, timeout_s)
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        return http.client.HTTPSConnection(self.host, self.port, timeout=timeout_s, context=ctx)
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def agent_endpoint(
+    socket_path: str | None = None, environ: Mapping[str, str] | None = None
+) -> Endpoint:
+    """Choose the agent endpoint: a mounted socket wins, then TLS on the node's IP.
+
+    Args:
+        socket_path: an explicit socket path (always used, mounted or not).
+        environ: the environment (default ``os.environ``).
+
+    Returns:
+        The socket (``socket_path``, else ``RLENERGY_AGENT_SOCKET`` or the default path, when a
+        socket is there or no ``RLENERGY_AGENT_HOST`` is set), else TLS to
+        ``RLENERGY_AGENT_HOST:RLENERGY_AGENT_PORT`` with ``RLENERGY_AGENT_CA_FILE``.
+
+    Raises:
+        ValueError: ``RLENERGY_AGENT_PORT`` is not a port number.
+    """
+    env = os.environ if environ is None else environ
+    if socket_path:
+        return Endpoint(socket_path)
+    path = env.get(SOCKET_ENV, DEFAULT_SOCKET)
+    host = env.get(signals.HOST_ENV, "").strip()
+    if _is_socket(path) or not host:
+        return Endpoint(path)
+    raw_port = env.get(signals.PORT_ENV, "").strip() or str(signals.DEFAULT_TLS_PORT)
+    if not raw_port.isdecimal() or not 0 < int(raw_port) < 65536:
+        raise ValueError(
+            f"{signals.PORT_ENV}={raw_port!r} is not a port number (1-65535): set it to the "
+            f"agent's TLS port (chart value agent.tlsPort, default {signals.DEFAULT_TLS_PORT})"
+        )
+    ca = env.get(signals.CA_FILE_ENV, "") or signals.DEFAULT_CA_FILE
+    return Endpoint(None, host, int(raw_port), ca)
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
@@ -140,11 +228,12 @@ class _PhaseContext:
 
 
 class RLEnergyClient:
-    """Talks to the node agent over its Unix socket; one persistent connection.
+    """Talks to the node agent (socket or TLS, ``agent_endpoint``); one persistent connection.
 
     Args:
-        socket_path: the agent socket (default: ``$RLENERGY_AGENT_SOCKET`` or
-            ``/var/run/rlenergy/agent.sock``).
+        socket_path: the agent socket (default: ``agent_endpoint``: ``$RLENERGY_AGENT_SOCKET``
+            or ``/var/run/rlenergy/agent.sock`` when a socket is there, else TLS to
+            ``$RLENERGY_AGENT_HOST``).
         timeout_s: per request timeout, s (signals must not stall a trainer).
         strict: raise ``AgentRefusedError`` and ``OSError`` instead of logging (tests).
         gpus: GPU UUIDs this process drives (optional; the agent checks they are the pod's).
@@ -161,14 +250,15 @@ class RLEnergyClient:
         gpus: Sequence[str] = (),
         token_file: str | None = None,
     ) -> None:
-        self.socket_path = socket_path or os.environ.get(SOCKET_ENV, DEFAULT_SOCKET)
+        self.endpoint = agent_endpoint(socket_path)
+        self.socket_path = self.endpoint.socket_path
         self.token = BearerToken(
             token_file or os.environ.get(signals.TOKEN_FILE_ENV, signals.DEFAULT_TOKEN_FILE)
         )
         self.timeout_s = timeout_s
         self.strict = strict
         self.gpus = list(gpus)
-        self._conn: _UnixConnection | None = None
+        self._conn: http.client.HTTPConnection | None = None
         self._post_lock = threading.Lock()
         """One request at a time on the connection (progress threads share the client)."""
         self._warned = False
@@ -220,7 +310,7 @@ class RLEnergyClient:
         for attempt in (0, 1, 2):
             try:
                 if self._conn is None:
-                    self._conn = _UnixConnection(self.socket_path, self.timeout_s)
+                    self._conn = self.endpoint.connection(self.timeout_s)
                 headers = {"Content-Type": "application/json"}
                 auth = self.token.header(reload=reload)
                 if auth is not None:
@@ -251,7 +341,7 @@ class RLEnergyClient:
                 if not self._warned:
                     log.warning(
                         "rlenergy agent at %s unreachable (%s); running at default clocks",
-                        self.socket_path,
+                        self.endpoint,
                         exc,
                     )
                     self._warned = True

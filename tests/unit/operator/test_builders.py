@@ -227,3 +227,20 @@ def test_the_diff_base_skips_node_reports_and_keeps_policies():
         }
     )
     assert store.build(body=policy)["spec"] == {"selector": {"matchLabels": {"a": "b"}}}
+
+
+def test_agent_daemonset_serves_signals_over_tls_on_the_node_ip(monkeypatch: pytest.MonkeyPatch):
+    c = builders.agent_daemonset(settings.OperatorConfig())["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["RLENERGY_AGENT_TLS_PORT"]["value"] == "9403"
+    assert env["RLENERGY_AGENT_NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    (port,) = [p for p in c["ports"] if p["name"] == "signals-tls"]
+    assert port["containerPort"] == port["hostPort"] == 9403
+    monkeypatch.setenv("RLENERGY_OPERATOR_AGENT_TLS_PORT", "0")
+    c = builders.agent_daemonset(settings.OperatorConfig())["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert "RLENERGY_AGENT_TLS_PORT" not in {e["name"] for e in c["env"]}
+    assert [p["name"] for p in c["ports"]] == ["metrics"]

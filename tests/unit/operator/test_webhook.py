@@ -1,0 +1,192 @@
+"""The admission handler through kopf's own patch, and the agents' certificate requests."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime
+import logging
+from pathlib import Path
+from typing import Any
+
+import jsonpatch  # type: ignore[import-untyped]
+import kopf
+import pytest
+from rlenergy_operator import certs, injection, webhook
+
+from rlenergy.api import tls
+
+NOW = datetime.datetime.now(datetime.UTC)
+AGENT = "system:serviceaccount:rl-energy-system:rlenergy-node-agent"
+LOG = logging.getLogger("test")
+
+
+def _pod(namespace: str = "team-a", **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "trainer-",
+            "namespace": namespace,
+            "labels": {"app": "trainer", injection.LABEL: "true", **labels},
+        },
+        "spec": {"containers": [{"name": "trainer", "image": "verl"}]},
+    }
+
+
+def _admit(pod: dict[str, Any], policies: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """The JSON patch kopf would answer the API server with for ``pod``."""
+    body = kopf.Body(pod)
+    patch = kopf.Patch(body=body)
+    webhook.pod_inject(body=body, patch=patch, logger=LOG)
+    return list(patch.as_json_patch())
+
+
+@pytest.fixture
+def policies(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    found: list[tuple[str, Any]] = [("job", {"matchLabels": {"app": "trainer"}})]
+    monkeypatch.setattr(webhook, "_selectors", lambda namespace: list(found))
+    return found
+
+
+def test_the_answer_injects_and_a_reinvocation_adds_nothing(
+    policies: list[tuple[str, Any]],
+) -> None:
+    pod = _pod()
+    ops = _admit(pod, policies)
+    assert ops, "an opted-in, selected pod is patched"
+    admitted = jsonpatch.apply_patch(copy.deepcopy(pod), ops)
+    assert injection.is_injected(admitted)
+    assert admitted == injection.injected(pod, webhook.INJECT)
+    assert _admit(admitted, policies) == []  # reinvocationPolicy: IfNeeded
+
+
+def test_no_patch_for_pods_it_must_not_touch(policies: list[tuple[str, Any]]) -> None:
+    assert _admit(_pod(app="other"), policies) == []
+    assert _admit(_pod(namespace=webhook.CFG.namespace), policies) == []
+    policies.clear()
+    assert _admit(_pod(), policies) == []
+
+
+def test_an_api_error_admits_the_pod_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(namespace: str) -> list[tuple[str, Any]]:
+        raise webhook.kube.ApiError(status=0, reason="API server unreachable")
+
+    monkeypatch.setattr(webhook, "_selectors", fail)
+    assert _admit(_pod(), []) == []
+
+
+def test_the_webhook_certificate_is_renewed_only_when_due(tmp_path: Path) -> None:
+    ca = tls.make_ca("ca", NOW)
+    cert = webhook.WebhookCertificate(ca, "rlenergy-webhook.rl-energy-system.svc", tmp_path)
+    assert cert.renew_if_due(NOW) is True
+    first = cert.cert_file.read_bytes()
+    assert cert.renew_if_due(NOW + datetime.timedelta(days=1)) is False
+    late = NOW + datetime.timedelta(seconds=tls.LEAF_LIFETIME_S * 0.7)
+    assert cert.renew_if_due(late) is True
+    assert cert.cert_file.read_bytes() != first
+    assert (cert.key_file.stat().st_mode & 0o777) == 0o600
+    leaf = tls.load_cert(cert.cert_file.read_bytes())
+    names = leaf.extensions.get_extension_for_class(
+        tls.x509.SubjectAlternativeName
+    ).value.get_values_for_type(tls.x509.DNSName)
+    assert names == ["rlenergy-webhook.rl-energy-system.svc", "rlenergy-webhook.rl-energy-system"]
+
+
+# ----- the agents' certificate requests --------------------------------------------------------
+
+
+def _csr(
+    node: str = "gpu-1",
+    ips: tuple[str, ...] = ("10.0.0.5",),
+    *,
+    cn: str | None = None,
+    user: str = AGENT,
+    extra_node: list[str] | None = None,
+    usages: tuple[str, ...] = ("digital signature", "server auth"),
+    dns: tuple[str, ...] = (),
+    signer: str = certs.SIGNER,
+) -> dict[str, Any]:
+    key = tls.new_key()
+    pem = tls.make_csr(key, node if cn is None else cn, ips, dns)
+    return {
+        "metadata": {"name": "agent-gpu-1"},
+        "spec": {
+            "signerName": signer,
+            "username": user,
+            "extra": {certs.NODE_EXTRA: [node] if extra_node is None else extra_node},
+            "usages": list(usages),
+            "request": base64.b64encode(pem).decode(),
+        },
+    }
+
+
+ADDRESSES = {"gpu-1": {"10.0.0.5", "192.168.1.5"}}
+
+
+def test_an_agents_request_for_its_own_node_is_signed_by_the_ca() -> None:
+    csr = _csr(ips=("10.0.0.5", "192.168.1.5"))
+    verdict = certs.judge(csr, AGENT, ADDRESSES)
+    assert verdict.approve and verdict.node == "gpu-1"
+    ca = tls.make_ca("ca", NOW)
+    chain = base64.b64decode(certs.sign(csr, ca, NOW))
+    leaf = tls.load_cert(chain)
+    assert set(tls.cert_ips(chain)) == {"10.0.0.5", "192.168.1.5"}
+    leaf.verify_directly_issued_by(tls.load_cert(ca.cert_pem))
+
+
+@pytest.mark.parametrize(
+    ("csr", "reason"),
+    [
+        (_csr(ips=("10.0.0.6",)), "NotTheNodesAddress"),
+        (_csr(cn="gpu-2"), "WrongNode"),
+        (_csr(user="system:serviceaccount:team-a:default"), "NotTheNodeAgent"),
+        (_csr(extra_node=[]), "NoNode"),
+        (_csr(usages=("client auth",)), "BadUsages"),
+        (_csr(dns=("evil.example",)), "DnsNamesNotAllowed"),
+        (_csr(ips=()), "NoAddress"),
+        (_csr(node="gpu-9"), "UnknownNode"),
+        (_csr(signer="kubernetes.io/kubelet-serving"), "NotOurSigner"),
+    ],
+)
+def test_requests_the_operator_denies(csr: dict[str, Any], reason: str) -> None:
+    verdict = certs.judge(csr, AGENT, ADDRESSES)
+    assert (verdict.approve, verdict.reason) == (False, reason)
+    assert verdict.message
+
+
+def test_a_request_whose_signature_does_not_verify_is_denied() -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    csr = _csr()
+    parsed = x509.load_pem_x509_csr(base64.b64decode(csr["spec"]["request"]))
+    der = bytearray(parsed.public_bytes(serialization.Encoding.DER))
+    der[-3] ^= 0x01  # a bit of the signature
+    pem = b"-----BEGIN CERTIFICATE REQUEST-----\n" + base64.encodebytes(bytes(der))
+    csr["spec"]["request"] = base64.b64encode(pem + b"-----END CERTIFICATE REQUEST-----\n").decode()
+    verdict = certs.judge(csr, AGENT, ADDRESSES)
+    assert (verdict.approve, verdict.reason) == (False, "BadRequest")
+
+
+def test_node_ips_reads_internal_and_external_addresses() -> None:
+    node = {
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.0.5"},
+                {"type": "ExternalIP", "address": "1.2.3.4"},
+                {"type": "Hostname", "address": "gpu-1"},
+            ]
+        }
+    }
+    assert certs.node_ips(node) == {"10.0.0.5", "1.2.3.4"}
+
+
+def test_the_bundle_keeps_a_replaced_ca_until_it_expires() -> None:
+    old = tls.make_ca("old", NOW - datetime.timedelta(days=3000))
+    new = tls.make_ca("new", NOW)
+    text = certs.bundle([new.cert_pem, old.cert_pem], NOW)
+    assert text == new.cert_pem.decode() + old.cert_pem.decode()
+    after = NOW + datetime.timedelta(seconds=tls.CA_LIFETIME_S - 3000 * 86400 + 86400)
+    assert certs.bundle([new.cert_pem, old.cert_pem], after) == new.cert_pem.decode()
+    assert certs.bundle([b"not a certificate", new.cert_pem], NOW) == new.cert_pem.decode()
