@@ -109,7 +109,7 @@ def judge(
         request, _ = tls.read_csr(base64.b64decode(spec.get("request") or ""))
     except (tls.CertificateError, ValueError) as exc:
         return _deny("BadRequest", str(exc), node)
-    if request.common_name != node:
+    if request.common_name != tls.common_name_of(node):
         return _deny(
             "WrongNode",
             f"common name {request.common_name!r} is not the requester's node {node!r}",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import ipaddress
 from collections.abc import Sequence
 
@@ -88,8 +89,25 @@ def load_cert(cert_pem: bytes) -> x509.Certificate:
         raise CertificateError(f"not a PEM certificate: {exc}") from None
 
 
+COMMON_NAME_MAX = 64
+"""Longest commonName X.509 allows (RFC 5280, ub-common-name), characters."""
+
+
+def common_name_of(text: str) -> str:
+    """``text`` as a commonName, at most ``COMMON_NAME_MAX`` characters.
+
+    Unchanged when short enough, else cut and ended with 8 hex digits of its SHA-256, so that
+    two long names (a 63-character namespace in the CA's name, a 253-character node name) stay
+    distinct and within the limit.
+    """
+    if len(text) <= COMMON_NAME_MAX:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[: COMMON_NAME_MAX - 9]}-{digest}"
+
+
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name_of(common_name))])
 
 
 def make_ca(common_name: str, now: datetime.datetime) -> KeyPair:

@@ -190,3 +190,18 @@ def test_the_bundle_keeps_a_replaced_ca_until_it_expires() -> None:
     after = NOW + datetime.timedelta(seconds=tls.CA_LIFETIME_S - 3000 * 86400 + 86400)
     assert certs.bundle([new.cert_pem, old.cert_pem], after) == new.cert_pem.decode()
     assert certs.bundle([b"not a certificate", new.cert_pem], NOW) == new.cert_pem.decode()
+
+
+def test_names_past_x509s_64_characters_make_a_ca_and_a_signed_leaf() -> None:
+    """A 63-character namespace in the CA's name and a 253-character node name (both valid
+    Kubernetes names) exceed X.509's 64-character commonName: the operator failed to start."""
+    namespace = "n" * 63
+    ca = tls.make_ca(f"rlenergy-operator CA ({namespace})", NOW)
+    node = ("gpu-" + "x" * 249)[:253]
+    csr = _csr(node=node)
+    verdict = certs.judge(csr, AGENT, {node: {"10.0.0.5"}})
+    assert verdict.approve, verdict.message
+    leaf = tls.load_cert(base64.b64decode(certs.sign(csr, ca, NOW)))
+    leaf.verify_directly_issued_by(tls.load_cert(ca.cert_pem))
+    assert tls.common_name_of(node) != tls.common_name_of(node[:-1] + "y")
+    assert len(tls.common_name_of(node)) == tls.COMMON_NAME_MAX
