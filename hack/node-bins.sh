@@ -5,6 +5,11 @@
 #   kubelet           k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION from the Go module proxy, through
 #                     the same wrapper module as the control plane (hack/k8s-wrapper.sh), its own
 #                     cached step: an existing $BIN/kubelet is kept
+#   nvidia-container-runtime
+#                     NVIDIA Container Toolkit's OCI runtime, ...cmd/nvidia-container-runtime@$NCT_VERSION
+#                     from the Go module proxy (cgo: it dlopens libcuda/libnvidia-ml through
+#                     go-nvml), cached like the kubelet; the real node's containerd runs it as
+#                     the runtime handler `nvidia` in CDI mode (rlenergy/devcluster/realnode.py)
 #   containerd, runc  Debian's packages (apt-get install, root), plus containernetworking-plugins
 #                     (the CNI `loopback` binary the CRI plugin calls for every pod sandbox)
 #   pause image       a static C binary (hack/images/pause.c, gcc -static) packed as an OCI archive
@@ -15,6 +20,8 @@
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
+NCT_VERSION=${NCT_VERSION:-v1.20.2}
+NCT_MODULE=github.com/NVIDIA/nvidia-container-toolkit
 CACHE=${RLENERGY_CACHE:-$HOME/.cache/rl-energy}
 ROOT=$CACHE/k8s-$K8S_VERSION
 BIN=${K8S_BIN_DIR:-$ROOT/bin}
@@ -60,6 +67,26 @@ got=$("$BIN/kubelet" --version)
 [[ $got == "Kubernetes $K8S_VERSION" ]] || die "kubelet --version says '$got', expected 'Kubernetes $K8S_VERSION'; delete $BIN/kubelet and rerun 'make bins'"
 log "kubelet: $got"
 
+# ---------------------------------------------------------------- NVIDIA Container Toolkit runtime
+nct_version() { "$BIN/nvidia-container-runtime" --version 2>/dev/null | sed -n 's/^NVIDIA Container Runtime version //p'; }
+if [[ ! -x $BIN/nvidia-container-runtime || $(nct_version) != "${NCT_VERSION#v}" ]]; then
+  command -v go >/dev/null || die "Go is not installed. Install Go >= 1.26 and rerun 'make bins'."
+  command -v gcc >/dev/null || die "gcc not found (nvidia-container-runtime needs cgo): apt-get install gcc libc6-dev"
+  log "go install $NCT_MODULE/cmd/nvidia-container-runtime@$NCT_VERSION"
+  t0=$SECONDS
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/rlenergy-nct.XXXXXX")
+  GOTOOLCHAIN=local GOFLAGS=-trimpath CGO_ENABLED=1 GOBIN=$tmp \
+    go install -ldflags "-s -w -X $NCT_MODULE/internal/info.version=${NCT_VERSION#v}" \
+    "$NCT_MODULE/cmd/nvidia-container-runtime@$NCT_VERSION" \
+    || die "go install $NCT_MODULE/cmd/nvidia-container-runtime@$NCT_VERSION failed"
+  mv "$tmp/nvidia-container-runtime" "$BIN/nvidia-container-runtime"
+  rm -rf "$tmp"
+  log "nvidia-container-runtime built in $((SECONDS - t0)) s"
+  echo "nvidia-container-runtime $((SECONDS - t0))" >>"$ROOT/build-times.txt"
+fi
+[[ $(nct_version) == "${NCT_VERSION#v}" ]] || die "$BIN/nvidia-container-runtime --version does not say ${NCT_VERSION#v}; delete it and rerun 'make bins'"
+log "nvidia-container-runtime: $(nct_version)"
+
 # ---------------------------------------------------------------- pause image (local, no registry)
 if [[ ! -f $IMAGES/pause.oci.tar || $REPO/hack/images/pause.c -nt $IMAGES/pause.oci.tar \
       || $REPO/hack/images/pause.py -nt $IMAGES/pause.oci.tar ]]; then
@@ -78,6 +105,7 @@ cat >"$ROOT/node-versions.env" <<V
 KUBELET=$("$BIN/kubelet" --version)
 CONTAINERD=$(containerd --version)
 RUNC=$(runc --version | sed -n 1p)
+NVIDIA_CONTAINER_RUNTIME=$(nct_version)
 CNI_PLUGINS=$(dpkg-query -W -f '${Version}' containernetworking-plugins 2>/dev/null || echo unknown)
 V
 log "node binaries ready (this run $((SECONDS - T0)) s)"

@@ -8,6 +8,18 @@ Pods there really run in containers: the operator and agent images are imported 
 containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod sandbox image is a
 locally built pause binary (hack/images/pause.c), and no registry is ever contacted.
 
+GPU runtime, as NVIDIA's GPU Operator (>= v25.10, CDI on) leaves a node: runc is containerd's
+default runtime and NVIDIA Container Toolkit's ``nvidia-container-runtime`` (built by
+``hack/node-bins.sh`` from the Go module proxy) is the runtime handler ``nvidia`` (the
+RuntimeClass ``nvidia`` of ``rlenergy.devcluster.nodes``) in CDI mode (:func:`toolkit_config`).
+A container of that runtime class that asks for ``NVIDIA_VISIBLE_DEVICES=all`` (the agent) gets
+the edits of the CDI device ``nvidia.com/gpu=all``; :meth:`RealNode.write_cdi_spec` writes the
+stand-in GPUs' spec (:func:`cdi_spec`), whose edits mount the stand-in ``libnvidia-ml.so.1`` and
+its state, so NVML reaches a pod only through the toolkit. containerd here is 1.6 (Debian 12),
+whose CRI plugin has no CDI support (``enable_cdi`` came with containerd 1.7): a device
+plugin's CDI device names would not be applied, so pods that request ``nvidia.com/gpu`` under
+runc get their GPUs' mounts from the device plugin's ``Allocate`` answer.
+
 Networking: there is no pod network. Only ``hostNetwork: true`` pods can run (their IP is the
 node's, 127.0.0.1); the CNI configuration is a loopback-only network, so containerd reports
 ``NetworkReady`` and a pod that asks for its own network namespace gets no address and fails
@@ -28,6 +40,8 @@ import ctypes
 import fcntl
 import json
 import os
+import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -63,6 +77,23 @@ ADDRESSES = [
 ]
 """The node's addresses (set by the dev cluster: the kubelet refuses a loopback node IP)."""
 FIX = "make bins"
+NVIDIA_HANDLER = "nvidia"
+"""containerd runtime handler of NVIDIA's container toolkit (the RuntimeClass ``nvidia``)."""
+CDI_KIND = "nvidia.com/gpu"
+"""CDI kind of the GPUs (the toolkit's ``default-kind``; ``nvidia-ctk cdi generate`` uses it)."""
+CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+"""Where CDI consumers read specs (the CDI specification's default spec directories)."""
+CDI_SPEC_FILE = Path("/var/run/cdi/rlenergy-standin-gpu.json")
+"""The stand-in GPUs' CDI spec (a generated, run-time spec: /var/run/cdi)."""
+STANDIN_STATE_ENV = "RLENERGY_NVML_STANDIN_STATE"
+"""The env that names the stand-in library's state file (agent/testing/nvml_standin/standin.c)."""
+CONTAINER_NVML_LIB = f"/usr/lib/{platform.machine()}-linux-gnu/libnvidia-ml.so.1"
+"""Where the stand-in library appears in a container: on the dynamic loader's system search
+path (Debian's multiarch library folder), so no ``LD_LIBRARY_PATH`` is needed."""
+CONTAINER_STATE_DIR = "/var/run/nvml-standin"
+"""Where the stand-in's state folder appears in a container."""
+_CDI_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+"""A CDI device name (container-device-interface pkg/parser ValidateDeviceName)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +105,7 @@ class NodeBinaries:
     runc: Path
     ctr: Path
     pause_archive: Path
+    nvidia_runtime: Path
 
 
 def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
@@ -108,17 +140,43 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
     pause = bin_dir.parent / "images" / "pause.oci.tar"
     if not pause.is_file():
         raise MissingBinaryError(f"pause image {pause} not found. Build it with `{FIX}`.")
-    return NodeBinaries(kubelet, found["containerd"], found["runc"], found["ctr"], pause)
+    nvidia = bin_dir / "nvidia-container-runtime"
+    if not os.access(nvidia, os.X_OK):
+        raise MissingBinaryError(
+            f"nvidia-container-runtime not found at {nvidia}. Build it with `{FIX}` "
+            "(hack/node-bins.sh builds NVIDIA Container Toolkit's runtime from the Go module "
+            "proxy)."
+        )
+    return NodeBinaries(kubelet, found["containerd"], found["runc"], found["ctr"], pause, nvidia)
 
 
-def containerd_config(base: Path) -> str:
+def containerd_config(base: Path, nvidia_runtime: Path) -> str:
     """Containerd 1.6 configuration (version 2) with everything under ``base``.
 
     Root, state, socket and the CNI config folder are the node's own, so the node never
-    touches a system containerd. runc through the v2 shim, cgroupfs (no systemd), overlayfs,
-    AppArmor off (the profile loader is not installed), the local pause image.
+    touches a system containerd. runc through the v2 shim is the default runtime, as on a node
+    NVIDIA's GPU Operator (>= v25.10, CDI on) leaves; the runtime handler ``nvidia`` (the
+    RuntimeClass ``nvidia``) runs the same shim with ``nvidia_runtime`` (the toolkit's
+    ``nvidia-container-runtime`` in CDI mode, through :func:`nvidia_runtime_wrapper`) as its
+    OCI runtime binary, over the same runc root. cgroupfs (no systemd), overlayfs, AppArmor
+    off (the profile loader is not installed), the local pause image.
+
+    Args:
+        base: The node's containerd folder.
+        nvidia_runtime: The executable the ``nvidia`` handler runs in place of runc.
     """
     cri = 'plugins."io.containerd.grpc.v1.cri"'
+    runtimes = []
+    for handler, binary in (("runc", None), (NVIDIA_HANDLER, nvidia_runtime)):
+        runtimes += [
+            f"[{cri}.containerd.runtimes.{handler}]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"[{cri}.containerd.runtimes.{handler}.options]",
+            "  SystemdCgroup = false",
+            f'  Root = "{base / "runc"}"',
+        ]
+        if binary is not None:
+            runtimes.append(f'  BinaryName = "{binary}"')
     return "\n".join(
         [
             "version = 2",
@@ -148,17 +206,120 @@ def containerd_config(base: Path) -> str:
             f"[{cri}.containerd]",
             '  snapshotter = "overlayfs"',
             '  default_runtime_name = "runc"',
-            f"[{cri}.containerd.runtimes.runc]",
-            '  runtime_type = "io.containerd.runc.v2"',
-            f"[{cri}.containerd.runtimes.runc.options]",
-            "  SystemdCgroup = false",
-            f'  Root = "{base / "runc"}"',
+            *runtimes,
             f"[{cri}.cni]",
             f'  bin_dir = "{CNI_BIN_DIR}"',
             f'  conf_dir = "{base / "cni"}"',
             "",
         ]
     )
+
+
+def toolkit_config(runc: Path, log: Path, spec_dirs: Sequence[Path] = CDI_SPEC_DIRS) -> str:
+    """The ``config.toml`` of NVIDIA Container Toolkit's runtime on the node: CDI mode.
+
+    In CDI mode ``nvidia-container-runtime`` turns a container's ``NVIDIA_VISIBLE_DEVICES``
+    (``all`` or device names, the agent's env) and its ``cdi.k8s.io/`` annotations into CDI
+    devices of the default kind ``nvidia.com/gpu``, applies their edits from the CDI specs in
+    ``spec_dirs`` to the OCI spec and runs ``runc``; keys and defaults from the toolkit's own
+    ``api/config/v1/config.go`` (NVIDIA/nvidia-container-toolkit v1.20.2).
+
+    Args:
+        runc: The OCI runtime it hands the edited spec to.
+        log: Its debug log (one line per container it edits).
+        spec_dirs: Where it reads CDI specs.
+    """
+    dirs = ", ".join(f'"{d}"' for d in spec_dirs)
+    return "\n".join(
+        [
+            "accept-nvidia-visible-devices-envvar-when-unprivileged = true",
+            "[nvidia-container-runtime]",
+            f'debug = "{log}"',
+            'log-level = "info"',
+            'mode = "cdi"',
+            f'runtimes = ["{runc}"]',
+            "[nvidia-container-runtime.modes.cdi]",
+            f'default-kind = "{CDI_KIND}"',
+            'annotation-prefixes = ["cdi.k8s.io/"]',
+            f"spec-dirs = [{dirs}]",
+            "",
+        ]
+    )
+
+
+def nvidia_runtime_wrapper(binary: Path, config: Path) -> str:
+    """A shell wrapper that runs ``binary`` with its config file ``config``.
+
+    The toolkit reads its config from ``NVIDIA_CTK_CONFIG_FILE_PATH`` (else
+    ``/etc/nvidia-container-runtime/config.toml``); containerd's runc shim passes no
+    environment of its own to the runtime binary, so the GPU Operator's toolkit installs the
+    same kind of wrapper as the handler's ``BinaryName``.
+    """
+    return f"#!/bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH='{config}' exec '{binary}' \"$@\"\n"
+
+
+def cdi_spec(lib: Path, state: Path, uuids: Sequence[str]) -> dict[str, Any]:
+    """The CDI spec (``cdiVersion`` 0.6.0) of the stand-in GPUs, kind ``nvidia.com/gpu``.
+
+    One device per GPU, named by its UUID (the IDs the device plugin advertises and
+    PodResources reports), and ``all``, as ``nvidia-ctk cdi generate`` names them. The spec's
+    common edits bring the driver into the container the way the toolkit's generated spec
+    brings the host's: the stand-in ``libnvidia-ml.so.1`` bind-mounted read-only into the
+    dynamic loader's system search path, and the stand-in's state folder (read-write: the
+    library maps the state file shared) with ``RLENERGY_NVML_STANDIN_STATE`` naming the file
+    in it. A GPU has no device node here (``/dev/nvidiaN`` on a real node), so each device's
+    own edit is the env ``NVIDIA_STANDIN_GPU_<index>=<uuid>`` naming the GPU given to the
+    container; the stand-in library itself answers for every GPU of its state file.
+
+    Args:
+        lib: The stand-in ``libnvidia-ml.so.1`` on the host.
+        state: The stand-in's state file on the host.
+        uuids: The stand-in GPUs' UUIDs, in NVML index order.
+
+    Raises:
+        ValueError: No UUID, a duplicate, or one CDI cannot name (letters, digits, ``_.:-``).
+    """
+    if not uuids:
+        raise ValueError("cdi_spec needs at least one GPU UUID")
+    if len(set(uuids)) != len(uuids):
+        raise ValueError(f"duplicate GPU UUIDs in {list(uuids)}")
+    bad = [u for u in uuids if not _CDI_NAME.fullmatch(u) or u == "all"]
+    if bad:
+        raise ValueError(
+            f"GPU UUIDs {bad} cannot be CDI device names: use letters, digits, '_', '.', ':' "
+            "and '-', starting and ending with a letter or digit ('all' is reserved)"
+        )
+    return {
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "devices": [
+            *(
+                {"name": u, "containerEdits": {"env": [f"NVIDIA_STANDIN_GPU_{i}={u}"]}}
+                for i, u in enumerate(uuids)
+            ),
+            {
+                "name": "all",
+                "containerEdits": {
+                    "env": [f"NVIDIA_STANDIN_GPU_{i}={u}" for i, u in enumerate(uuids)]
+                },
+            },
+        ],
+        "containerEdits": {
+            "env": [f"{STANDIN_STATE_ENV}={CONTAINER_STATE_DIR}/{state.name}"],
+            "mounts": [
+                {
+                    "hostPath": str(lib),
+                    "containerPath": CONTAINER_NVML_LIB,
+                    "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+                },
+                {
+                    "hostPath": str(state.parent),
+                    "containerPath": CONTAINER_STATE_DIR,
+                    "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"],
+                },
+            ],
+        },
+    }
 
 
 CNI_CONFIG = {
@@ -296,6 +457,7 @@ class RealNode:
         self.containerd: process.ProcessRecord | None = None
         self.kubelet: process.ProcessRecord | None = None
         self.timings: dict[str, float] = {}
+        self._cdi_spec: Path | None = None
 
     # ------------------------------------------------------------------ paths
     @property
@@ -349,8 +511,18 @@ class RealNode:
         ctd = self.base / "containerd"
         (ctd / "cni").mkdir(parents=True, exist_ok=True)
         (ctd / "cni" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFIG, indent=2))
+        toolkit = self.base / "toolkit"
+        toolkit.mkdir(parents=True, exist_ok=True)
+        (toolkit / "config.toml").write_text(
+            toolkit_config(self.bins.runc, toolkit / "nvidia-container-runtime.log")
+        )
+        wrapper = toolkit / "nvidia-container-runtime"
+        wrapper.write_text(
+            nvidia_runtime_wrapper(self.bins.nvidia_runtime, toolkit / "config.toml")
+        )
+        wrapper.chmod(0o755)
         cfg = ctd / "config.toml"
-        cfg.write_text(containerd_config(ctd))
+        cfg.write_text(containerd_config(ctd, wrapper))
         self.containerd = self._spawn(
             "containerd", [str(self.bins.containerd), "--config", str(cfg)]
         )
@@ -451,6 +623,34 @@ class RealNode:
         self.ctr("images", "import", str(archive), timeout=300)
         return self.images()
 
+    def write_cdi_spec(self, lib: Path, state: Path, uuids: Sequence[str]) -> Path:
+        """Write the stand-in GPUs' CDI spec (:func:`cdi_spec`) to :data:`CDI_SPEC_FILE`.
+
+        The toolkit reads the spec folders at every container it edits, so a spec written
+        after the node started applies to the next container. :meth:`stop` removes it.
+
+        Args:
+            lib: The stand-in ``libnvidia-ml.so.1`` (``standin.build_library``'s output).
+            state: The stand-in's state file.
+            uuids: The GPUs' UUIDs in NVML index order.
+
+        Returns:
+            The spec's path.
+
+        Raises:
+            DevClusterError: ``lib`` or ``state`` is not a file.
+        """
+        for path in (lib, state):
+            if not path.is_file():
+                raise DevClusterError(f"{path} is not a file: the CDI spec would mount nothing")
+        spec = cdi_spec(lib.resolve(), state.resolve(), uuids)
+        CDI_SPEC_FILE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = CDI_SPEC_FILE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(spec, indent=2))
+        tmp.replace(CDI_SPEC_FILE)  # never a half-written spec in the folder
+        self._cdi_spec = CDI_SPEC_FILE
+        return CDI_SPEC_FILE
+
     def images(self) -> list[str]:
         """Names of the images in the ``k8s.io`` namespace."""
         return [
@@ -481,6 +681,10 @@ class RealNode:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         unmount_under(self.base)
+        if self._cdi_spec is not None:
+            with contextlib.suppress(OSError):
+                self._cdi_spec.unlink()
+            self._cdi_spec = None
         for leftover in ("kubelet.sock", "kubelet_internal_checkpoint"):
             with contextlib.suppress(OSError):
                 (DEVICE_PLUGIN_DIR / leftover).unlink()
