@@ -10,7 +10,11 @@
 #                     from the Go module proxy (cgo: it dlopens libcuda/libnvidia-ml through
 #                     go-nvml), cached like the kubelet; the real node's containerd runs it as
 #                     the runtime handler `nvidia` in CDI mode (rlenergy/devcluster/realnode.py)
-#   containerd, runc  Debian's packages (apt-get install, root), plus containernetworking-plugins
+#   containerd        github.com/containerd/containerd/v2 cmd/{containerd,containerd-shim-runc-v2,ctr}
+#                     @$CONTAINERD_VERSION from the Go module proxy (CGO_ENABLED=0, so without the
+#                     btrfs/devmapper/zfs snapshotters; overlayfs is used), version-stamped as
+#                     containerd's Makefile does, cached like the kubelet
+#   runc              Debian's package (apt-get install, root), plus containernetworking-plugins
 #                     (the CNI `loopback` binary the CRI plugin calls for every pod sandbox)
 #   pause image       a static C binary (hack/images/pause.c, gcc -static) packed as an OCI archive
 #                     by hack/images/pause.py into $BIN/../images/pause.oci.tar (no registry)
@@ -21,13 +25,16 @@ set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
 NCT_VERSION=${NCT_VERSION:-v1.20.2}
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
+CONTAINERD_MODULE=github.com/containerd/containerd/v2
+CONTAINERD_CMDS=(containerd containerd-shim-runc-v2 ctr)
 NCT_MODULE=github.com/NVIDIA/nvidia-container-toolkit
 CACHE=${RLENERGY_CACHE:-$HOME/.cache/rl-energy}
 ROOT=$CACHE/k8s-$K8S_VERSION
 BIN=${K8S_BIN_DIR:-$ROOT/bin}
 IMAGES=$(dirname "$BIN")/images
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-NODE_DEBS=(containerd runc containernetworking-plugins)
+NODE_DEBS=(runc containernetworking-plugins)
 
 log() { printf '[node-bins %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { printf '[node-bins] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -35,14 +42,11 @@ die() { printf '[node-bins] ERROR: %s\n' "$*" >&2; exit 1; }
 mkdir -p "$BIN" "$IMAGES"
 T0=$SECONDS
 
-# ---------------------------------------------------------------- containerd + runc (Debian)
-runtime_ok() {
-  command -v containerd >/dev/null && command -v runc >/dev/null && command -v ctr >/dev/null \
-    && [[ -x /usr/lib/cni/loopback ]]
-}
+# ---------------------------------------------------------------- runc + CNI plugins (Debian)
+runtime_ok() { command -v runc >/dev/null && [[ -x /usr/lib/cni/loopback ]]; }
 if ! runtime_ok; then
-  [[ $(id -u) == 0 ]] || die "containerd/runc/containernetworking-plugins are not installed and this is not root: run 'sudo apt-get install ${NODE_DEBS[*]}' (or 'make bins' as root)."
-  command -v apt-get >/dev/null || die "apt-get not found: install containerd (>= 1.6), runc and the CNI plugins (loopback in /usr/lib/cni) with your OS's packages."
+  [[ $(id -u) == 0 ]] || die "runc/containernetworking-plugins are not installed and this is not root: run 'sudo apt-get install ${NODE_DEBS[*]}' (or 'make bins' as root)."
+  command -v apt-get >/dev/null || die "apt-get not found: install runc and the CNI plugins (loopback in /usr/lib/cni) with your OS's packages."
   log "apt-get install ${NODE_DEBS[*]}"
   t0=$SECONDS
   export DEBIAN_FRONTEND=noninteractive
@@ -51,11 +55,37 @@ if ! runtime_ok; then
     apt-get update -q >/dev/null
     apt-get install -y -q --no-install-recommends "${NODE_DEBS[@]}" >/dev/null
   fi
-  runtime_ok || die "containerd/runc/ctr or /usr/lib/cni/loopback still missing after apt-get install ${NODE_DEBS[*]}"
+  runtime_ok || die "runc or /usr/lib/cni/loopback still missing after apt-get install ${NODE_DEBS[*]}"
   log "runtime installed in $((SECONDS - t0)) s"
   echo "node-runtime-apt $((SECONDS - t0))" >>"$ROOT/build-times.txt"
 fi
-log "$(containerd --version); $(runc --version | sed -n 1p)"
+log "$(runc --version | sed -n 1p)"
+
+# ---------------------------------------------------------------- containerd 2.x (Go module proxy)
+ctd_version() { "$BIN/containerd" --version 2>/dev/null | awk '{print $3}'; }
+ctd_ok() {
+  local c
+  for c in "${CONTAINERD_CMDS[@]}"; do [[ -x $BIN/$c ]] || return 1; done
+  [[ $(ctd_version) == "${CONTAINERD_VERSION#v}" ]]
+}
+if ! ctd_ok; then
+  command -v go >/dev/null || die "Go is not installed. Install Go >= 1.26 and rerun 'make bins'."
+  pkgs=()
+  for c in "${CONTAINERD_CMDS[@]}"; do pkgs+=("$CONTAINERD_MODULE/cmd/$c@$CONTAINERD_VERSION"); done
+  log "go install ${pkgs[*]}"
+  t0=$SECONDS
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/rlenergy-containerd.XXXXXX")
+  GOTOOLCHAIN=local GOFLAGS=-trimpath CGO_ENABLED=0 GOBIN=$tmp \
+    go install -tags "urfave_cli_no_docs no_btrfs no_devmapper no_zfs" \
+    -ldflags "-s -w -X $CONTAINERD_MODULE/version.Version=${CONTAINERD_VERSION#v} -X $CONTAINERD_MODULE/version.Package=$CONTAINERD_MODULE" \
+    "${pkgs[@]}" || die "go install of containerd $CONTAINERD_VERSION failed"
+  for c in "${CONTAINERD_CMDS[@]}"; do mv "$tmp/$c" "$BIN/$c"; done
+  rm -rf "$tmp"
+  log "containerd built in $((SECONDS - t0)) s"
+  echo "containerd $((SECONDS - t0))" >>"$ROOT/build-times.txt"
+fi
+ctd_ok || die "$BIN/containerd --version does not say ${CONTAINERD_VERSION#v}; delete $BIN/containerd and rerun 'make bins'"
+log "$("$BIN/containerd" --version)"
 
 # ---------------------------------------------------------------- kubelet (Go module proxy)
 if [[ ! -x $BIN/kubelet ]]; then
@@ -103,7 +133,7 @@ fi
 
 cat >"$ROOT/node-versions.env" <<V
 KUBELET=$("$BIN/kubelet" --version)
-CONTAINERD=$(containerd --version)
+CONTAINERD=$("$BIN/containerd" --version)
 RUNC=$(runc --version | sed -n 1p)
 NVIDIA_CONTAINER_RUNTIME=$(nct_version)
 CNI_PLUGINS=$(dpkg-query -W -f '${Version}' containernetworking-plugins 2>/dev/null || echo unknown)

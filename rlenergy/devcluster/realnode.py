@@ -1,24 +1,23 @@
 """One real node for the dev cluster: containerd + runc + a kubelet built from k8s source.
 
 ``DevCluster.start(real_node=True)`` (``rlenergy dev-cluster up --real-node``) starts, next to
-the KWOK nodes, a containerd (Debian's package, its own root, state and socket under the
-cluster's workdir) and a kubelet (built by ``hack/node-bins.sh`` from the same Kubernetes
-version as the control plane) that registers the node ``realnode`` with InternalIP 127.0.0.1.
-Pods there really run in containers: the operator and agent images are imported into
-containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod sandbox image is a
-locally built pause binary (hack/images/pause.c), and no registry is ever contacted.
+the KWOK nodes, a containerd 2.x (built by ``hack/node-bins.sh`` from the Go module proxy; its
+own root, state and socket under the cluster's workdir) and a kubelet (built from the same
+Kubernetes version as the control plane) that registers the node ``realnode`` with InternalIP
+127.0.0.1. Pods there really run in containers: the operator and agent images are imported
+into containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod sandbox image
+is a locally built pause binary (hack/images/pause.c), and no registry is ever contacted.
 
 GPU runtime, as NVIDIA's GPU Operator (>= v25.10, CDI on) leaves a node: runc is containerd's
-default runtime and NVIDIA Container Toolkit's ``nvidia-container-runtime`` (built by
-``hack/node-bins.sh`` from the Go module proxy) is the runtime handler ``nvidia`` (the
-RuntimeClass ``nvidia`` of ``rlenergy.devcluster.nodes``) in CDI mode (:func:`toolkit_config`).
-A container of that runtime class that asks for ``NVIDIA_VISIBLE_DEVICES=all`` (the agent) gets
-the edits of the CDI device ``nvidia.com/gpu=all``; :meth:`RealNode.write_cdi_spec` writes the
-stand-in GPUs' spec (:func:`cdi_spec`), whose edits mount the stand-in ``libnvidia-ml.so.1`` and
-its state, so NVML reaches a pod only through the toolkit. containerd here is 1.6 (Debian 12),
-whose CRI plugin has no CDI support (``enable_cdi`` came with containerd 1.7): a device
-plugin's CDI device names would not be applied, so pods that request ``nvidia.com/gpu`` under
-runc get their GPUs' mounts from the device plugin's ``Allocate`` answer.
+default runtime, containerd's CRI plugin applies CDI devices (device plugins' ``Allocate``
+answers, ``cdi.k8s.io/`` annotations), and NVIDIA Container Toolkit's
+``nvidia-container-runtime`` (also built by ``hack/node-bins.sh``) is the runtime handler
+``nvidia`` (the RuntimeClass ``nvidia`` of ``rlenergy.devcluster.nodes``) in CDI mode
+(:func:`toolkit_config`). A container of that runtime class that asks for
+``NVIDIA_VISIBLE_DEVICES=all`` (the agent) gets the edits of the CDI device
+``nvidia.com/gpu=all``. :meth:`RealNode.write_cdi_spec` writes the stand-in GPUs' spec
+(:func:`cdi_spec`), whose edits mount the stand-in ``libnvidia-ml.so.1`` and its state, so NVML
+reaches a pod only through CDI.
 
 Networking: there is no pod network. Only ``hostNetwork: true`` pods can run (their IP is the
 node's, 127.0.0.1); the CNI configuration is a loopback-only network, so containerd reports
@@ -106,32 +105,36 @@ class NodeBinaries:
     ctr: Path
     pause_archive: Path
     nvidia_runtime: Path
+    shim: Path
 
 
 def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
-    """Locate the kubelet, containerd, runc, ctr, the CNI loopback plugin and the pause image.
+    """Locate the node's binaries, the CNI loopback plugin and the pause image.
+
+    The kubelet, containerd 2.x (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) and
+    ``nvidia-container-runtime`` are built into ``bin_dir`` by hack/node-bins.sh; runc and the
+    CNI plugins are Debian's.
 
     Args:
-        bin_dir: The control-plane bin dir (the kubelet is built there).
+        bin_dir: The control-plane bin dir (the node's Go binaries are built there).
 
     Raises:
         MissingBinaryError: Something is missing; the message names the command that fixes it.
     """
-    kubelet = bin_dir / "kubelet"
-    if not os.access(kubelet, os.X_OK):
-        raise MissingBinaryError(
-            f"kubelet not found at {kubelet}. Build it with `{FIX}` (hack/node-bins.sh)."
-        )
-    found: dict[str, Path] = {}
-    for name in ("containerd", "runc", "ctr"):
-        path = shutil.which(name)
-        if path is None:
+    built: dict[str, Path] = {}
+    for name in ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr"):
+        built[name] = bin_dir / name
+        if not os.access(built[name], os.X_OK):
             raise MissingBinaryError(
-                f"{name} not found on PATH. Install Debian's containerd and runc with `{FIX}` "
-                "as root (hack/node-bins.sh runs apt-get install containerd runc "
-                "containernetworking-plugins)."
+                f"{name} not found at {built[name]}. Build it with `{FIX}` (hack/node-bins.sh "
+                "builds the kubelet and containerd from the Go module proxy)."
             )
-        found[name] = Path(path)
+    runc = shutil.which("runc")
+    if runc is None:
+        raise MissingBinaryError(
+            f"runc not found on PATH. Install Debian's runc with `{FIX}` as root "
+            "(hack/node-bins.sh runs apt-get install runc containernetworking-plugins)."
+        )
     if not os.access(CNI_BIN_DIR / "loopback", os.X_OK):
         raise MissingBinaryError(
             f"{CNI_BIN_DIR}/loopback not found: `{FIX}` as root installs "
@@ -147,69 +150,94 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
             "(hack/node-bins.sh builds NVIDIA Container Toolkit's runtime from the Go module "
             "proxy)."
         )
-    return NodeBinaries(kubelet, found["containerd"], found["runc"], found["ctr"], pause, nvidia)
+    return NodeBinaries(
+        kubelet=built["kubelet"],
+        containerd=built["containerd"],
+        runc=Path(runc),
+        ctr=built["ctr"],
+        pause_archive=pause,
+        nvidia_runtime=nvidia,
+        shim=built["containerd-shim-runc-v2"],
+    )
 
 
-def containerd_config(base: Path, nvidia_runtime: Path) -> str:
-    """Containerd 1.6 configuration (version 2) with everything under ``base``.
+def containerd_config(base: Path, shim: Path, nvidia_runtime: Path) -> str:
+    """Containerd 2.x configuration (version 4, containerd v2.4) with everything under ``base``.
 
     Root, state, socket and the CNI config folder are the node's own, so the node never
-    touches a system containerd. runc through the v2 shim is the default runtime, as on a node
+    touches a system containerd. runc through the v2 shim (``shim``, the one built with this
+    containerd: ``runtime_path``, never another on PATH) is the default runtime, as on a node
     NVIDIA's GPU Operator (>= v25.10, CDI on) leaves; the runtime handler ``nvidia`` (the
     RuntimeClass ``nvidia``) runs the same shim with ``nvidia_runtime`` (the toolkit's
     ``nvidia-container-runtime`` in CDI mode, through :func:`nvidia_runtime_wrapper`) as its
-    OCI runtime binary, over the same runc root. cgroupfs (no systemd), overlayfs, AppArmor
-    off (the profile loader is not installed), the local pause image.
+    OCI runtime binary, over the same runc root. CDI is on (containerd >= 2.4 always has it;
+    ``enable_cdi`` is gone) with the spec folders :data:`CDI_SPEC_DIRS`, so the CDI device names
+    a device plugin returns from ``Allocate`` are applied to runc containers too. cgroupfs (no
+    systemd), overlayfs, AppArmor off (the profile loader is not installed), the local pause
+    image. Keys: ``containerd config default`` of containerd v2.4.2.
 
     Args:
         base: The node's containerd folder.
+        shim: ``containerd-shim-runc-v2``.
         nvidia_runtime: The executable the ``nvidia`` handler runs in place of runc.
     """
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    rt = "plugins.'io.containerd.cri.v1.runtime'"
     runtimes = []
     for handler, binary in (("runc", None), (NVIDIA_HANDLER, nvidia_runtime)):
         runtimes += [
-            f"[{cri}.containerd.runtimes.{handler}]",
-            '  runtime_type = "io.containerd.runc.v2"',
-            f"[{cri}.containerd.runtimes.{handler}.options]",
+            f"[{rt}.containerd.runtimes.{handler}]",
+            "  runtime_type = 'io.containerd.runc.v2'",
+            f"  runtime_path = '{shim}'",
+            f"[{rt}.containerd.runtimes.{handler}.options]",
             "  SystemdCgroup = false",
-            f'  Root = "{base / "runc"}"',
+            f"  Root = '{base / 'runc'}'",
         ]
         if binary is not None:
-            runtimes.append(f'  BinaryName = "{binary}"')
+            runtimes.append(f"  BinaryName = '{binary}'")
     return "\n".join(
         [
-            "version = 2",
-            f'root = "{base / "root"}"',
-            f'state = "{base / "state"}"',
-            'disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", '
-            '"io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", '
-            '"io.containerd.snapshotter.v1.devmapper"]',
-            "[grpc]",
-            f'  address = "{base / "containerd.sock"}"',
-            "[ttrpc]",
-            f'  address = "{base / "containerd.sock.ttrpc"}"',
+            "version = 4",
+            f"root = '{base / 'root'}'",
+            f"state = '{base / 'state'}'",
+            "imports = []",
+            "disabled_plugins = ['io.containerd.snapshotter.v1.btrfs', "
+            "'io.containerd.snapshotter.v1.zfs', 'io.containerd.snapshotter.v1.devmapper', "
+            "'io.containerd.snapshotter.v1.erofs', 'io.containerd.differ.v1.erofs']",
             "[debug]",
-            '  level = "info"',
-            '[plugins."io.containerd.internal.v1.opt"]',
-            f'  path = "{base / "opt"}"',
-            f"[{cri}]",
-            f'  sandbox_image = "{PAUSE_IMAGE}"',
+            "  level = 'info'",
+            # Version 4: the servers are plugins.
+            "[plugins.'io.containerd.server.v1.grpc']",
+            f"  address = '{base / 'containerd.sock'}'",
+            "[plugins.'io.containerd.server.v1.ttrpc']",
+            f"  address = '{base / 'containerd.sock.ttrpc'}'",
+            "[plugins.'io.containerd.internal.v1.opt']",
+            f"  path = '{base / 'opt'}'",
+            # NRI's socket is machine-wide (/var/run/nri/nri.sock) and no NRI plugin runs here.
+            "[plugins.'io.containerd.nri.v1.nri']",
+            "  disable = true",
+            "[plugins.'io.containerd.image-verifier.v1.bindir']",
+            f"  bin_dir = '{base / 'image-verifier'}'",
+            "[plugins.'io.containerd.cri.v1.images']",
+            "  snapshotter = 'overlayfs'",
+            "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
+            f"  sandbox = '{PAUSE_IMAGE}'",
+            f"[{rt}]",
             "  disable_apparmor = true",
             "  enable_selinux = false",
             # No pod may ask for a lower OOM score than containerd's own: this host's root lacks
             # CAP_SYS_RESOURCE, so runc's write of the sandbox's -998 fails ("failed to update
             # /proc/self/oom_score_adj: Permission denied").
             "  restrict_oom_score_adj = true",
-            '  stream_server_address = "127.0.0.1"',
-            '  stream_server_port = "0"',
-            f"[{cri}.containerd]",
-            '  snapshotter = "overlayfs"',
-            '  default_runtime_name = "runc"',
+            "  cdi_spec_dirs = [" + ", ".join(f"'{d}'" for d in CDI_SPEC_DIRS) + "]",
+            f"[{rt}.containerd]",
+            "  default_runtime_name = 'runc'",
             *runtimes,
-            f"[{cri}.cni]",
-            f'  bin_dir = "{CNI_BIN_DIR}"',
-            f'  conf_dir = "{base / "cni"}"',
+            f"[{rt}.cni]",
+            f"  bin_dirs = ['{CNI_BIN_DIR}']",
+            f"  conf_dir = '{base / 'cni'}'",
+            "[plugins.'io.containerd.grpc.v1.cri']",
+            "  stream_server_address = '127.0.0.1'",
+            "  stream_server_port = '0'",
             "",
         ]
     )
@@ -522,9 +550,14 @@ class RealNode:
         )
         wrapper.chmod(0o755)
         cfg = ctd / "config.toml"
-        cfg.write_text(containerd_config(ctd, wrapper))
+        cfg.write_text(containerd_config(ctd, self.bins.shim, wrapper))
+        # containerd looks a shim up on its PATH (for `ctr run` and shim clean-up); the shim
+        # built with it comes first, never another containerd's (Debian's 1.6 shim fails
+        # with "type with url ...: not found"). `env` execs containerd: same pid.
+        path = f"{self.bins.shim.parent}:{os.environ.get('PATH', os.defpath)}"
         self.containerd = self._spawn(
-            "containerd", [str(self.bins.containerd), "--config", str(cfg)]
+            "containerd",
+            ["/usr/bin/env", f"PATH={path}", str(self.bins.containerd), "--config", str(cfg)],
         )
         deadline = time.monotonic() + timeout_s
         while self.ctr("version", check=False).returncode != 0:

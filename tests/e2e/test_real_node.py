@@ -1,7 +1,7 @@
 """A user's day on a real node: the chart with the real images, pods in real containers.
 
-The dev cluster runs with its real node (``DevCluster.start(real_node=True)``: containerd from
-Debian with runc the default runtime and NVIDIA Container Toolkit's ``nvidia-container-runtime``
+The dev cluster runs with its real node (``DevCluster.start(real_node=True)``: containerd 2.4
+with CDI, runc the default runtime and NVIDIA Container Toolkit's ``nvidia-container-runtime``
 in CDI mode as the runtime handler ``nvidia``, a kubelet built from k8s v1.36.3, no KWOK node),
 as NVIDIA's GPU Operator (>= v25.10) leaves a node. The project's operator and agent images
 (``make images``) are imported into containerd. Eight stand-in GPUs (the stand-in

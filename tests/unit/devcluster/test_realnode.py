@@ -18,32 +18,54 @@ from rlenergy.devcluster.errors import MissingBinaryError
 
 
 def test_containerd_config_keeps_everything_under_its_folder(tmp_path: Path) -> None:
-    cfg = tomllib.loads(realnode.containerd_config(tmp_path, tmp_path / "nvidia-wrapper"))
-    assert cfg["version"] == 2
+    cfg = tomllib.loads(realnode.containerd_config(tmp_path, tmp_path / "shim", tmp_path / "w"))
+    assert cfg["version"] == 4
     assert cfg["root"] == str(tmp_path / "root") and cfg["state"] == str(tmp_path / "state")
-    assert cfg["grpc"]["address"] == str(tmp_path / "containerd.sock")
-    cri = cfg["plugins"]["io.containerd.grpc.v1.cri"]
-    assert cri["sandbox_image"] == realnode.PAUSE_IMAGE
-    assert cri["stream_server_address"] == "127.0.0.1"
-    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
-    assert cri["cni"]["conf_dir"] == str(tmp_path / "cni")
-    assert cfg["plugins"]["io.containerd.internal.v1.opt"]["path"] == str(tmp_path / "opt")
+    assert cfg["imports"] == []
+    plugins = cfg["plugins"]
+    assert plugins["io.containerd.server.v1.grpc"]["address"] == str(tmp_path / "containerd.sock")
+    assert plugins["io.containerd.server.v1.ttrpc"]["address"] == str(
+        tmp_path / "containerd.sock.ttrpc"
+    )
+    assert plugins["io.containerd.nri.v1.nri"]["disable"] is True  # its socket is machine-wide
+    assert plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == (
+        realnode.PAUSE_IMAGE
+    )
+    assert plugins["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
+    rt = plugins["io.containerd.cri.v1.runtime"]
+    assert rt["restrict_oom_score_adj"] is True
+    assert rt["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+    assert rt["cni"]["conf_dir"] == str(tmp_path / "cni")
+    assert rt["cni"]["bin_dirs"] == [str(realnode.CNI_BIN_DIR)]
+    assert plugins["io.containerd.internal.v1.opt"]["path"] == str(tmp_path / "opt")
+    # Nothing of the config names a path outside the folder but the binaries, CNI and CDI dirs.
+    text = realnode.containerd_config(tmp_path, tmp_path / "shim", tmp_path / "w")
+    for path in (s.strip("'") for s in text.split() if s.startswith("'/")):
+        assert path.startswith(
+            (str(tmp_path), str(realnode.CNI_BIN_DIR), "/etc/cdi", "/var/run/cdi")
+        ), path
 
 
 def test_containerd_runs_the_toolkit_as_handler_nvidia_with_runc_the_default(
     tmp_path: Path,
 ) -> None:
     wrapper = tmp_path / "toolkit" / "nvidia-container-runtime"
-    cfg = tomllib.loads(realnode.containerd_config(tmp_path, wrapper))
-    ctd = cfg["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    shim = tmp_path / "bin" / "containerd-shim-runc-v2"
+    cfg = tomllib.loads(realnode.containerd_config(tmp_path, shim, wrapper))
+    rt = cfg["plugins"]["io.containerd.cri.v1.runtime"]
+    ctd = rt["containerd"]
     assert ctd["default_runtime_name"] == "runc"
     runc, nvidia = ctd["runtimes"]["runc"], ctd["runtimes"][realnode.NVIDIA_HANDLER]
     assert realnode.NVIDIA_HANDLER == "nvidia"
     assert runc["runtime_type"] == nvidia["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["runtime_path"] == nvidia["runtime_path"] == str(shim)
     assert "BinaryName" not in runc["options"]
     assert nvidia["options"]["BinaryName"] == str(wrapper)
     # One runc root: both handlers' containers are the same runc's to list and kill.
     assert runc["options"]["Root"] == nvidia["options"]["Root"] == str(tmp_path / "runc")
+    # CDI (always on in containerd >= 2.4) reads the folders the stand-in spec is written to.
+    assert rt["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    assert realnode.CDI_SPEC_FILE.parent.as_posix() in rt["cdi_spec_dirs"]
 
 
 def test_toolkit_config_is_cdi_mode_over_runc(tmp_path: Path) -> None:
@@ -150,8 +172,9 @@ def test_missing_nvidia_container_runtime_names_the_fix(
 ) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "kubelet").write_text("")
-    (bin_dir / "kubelet").chmod(0o755)
+    for name in ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr"):
+        (bin_dir / name).write_text("")
+        (bin_dir / name).chmod(0o755)
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "pause.oci.tar").write_text("")
     (tmp_path / "cni").mkdir()
@@ -165,6 +188,9 @@ def test_missing_nvidia_container_runtime_names_the_fix(
     (bin_dir / "nvidia-container-runtime").chmod(0o755)
     bins = realnode.resolve_node_binaries(bin_dir)
     assert bins.nvidia_runtime == bin_dir / "nvidia-container-runtime"
+    assert bins.containerd == bin_dir / "containerd" and bins.ctr == bin_dir / "ctr"
+    assert bins.shim == bin_dir / "containerd-shim-runc-v2"
+    assert bins.runc == Path("/usr/bin/runc")
 
 
 def test_unmount_under_touches_nothing_outside(tmp_path: Path) -> None:
