@@ -86,6 +86,9 @@ CDI_SPEC_FILE = Path("/var/run/cdi/rlenergy-standin-gpu.json")
 """The stand-in GPUs' CDI spec (a generated, run-time spec: /var/run/cdi)."""
 STANDIN_STATE_ENV = "RLENERGY_NVML_STANDIN_STATE"
 """The env that names the stand-in library's state file (agent/testing/nvml_standin/standin.c)."""
+STANDIN_GPU_ENV_PREFIX = "RLENERGY_NVML_STANDIN_GPU_"
+"""``<prefix><n>=<uuid>`` makes GPU ``uuid`` visible to the stand-in library in a container
+(standin.c: with any such variable set, only the GPUs named are enumerated)."""
 CONTAINER_NVML_LIB = f"/usr/lib/{platform.machine()}-linux-gnu/libnvidia-ml.so.1"
 """Where the stand-in library appears in a container: on the dynamic loader's system search
 path (Debian's multiarch library folder), so no ``LD_LIBRARY_PATH`` is needed."""
@@ -295,9 +298,11 @@ def cdi_spec(lib: Path, state: Path, uuids: Sequence[str]) -> dict[str, Any]:
     brings the host's: the stand-in ``libnvidia-ml.so.1`` bind-mounted read-only into the
     dynamic loader's system search path, and the stand-in's state folder (read-write: the
     library maps the state file shared) with ``RLENERGY_NVML_STANDIN_STATE`` naming the file
-    in it. A GPU has no device node here (``/dev/nvidiaN`` on a real node), so each device's
-    own edit is the env ``NVIDIA_STANDIN_GPU_<index>=<uuid>`` naming the GPU given to the
-    container; the stand-in library itself answers for every GPU of its state file.
+    in it. A GPU has no device node here (``/dev/nvidiaN`` on a real node, which decides what
+    NVML in the container enumerates), so each device's own edit is the env
+    ``RLENERGY_NVML_STANDIN_GPU_<index>=<uuid>``: the stand-in library then enumerates only the
+    GPUs so named, as the driver enumerates only the GPUs whose device nodes it sees; ``all``
+    names every GPU.
 
     Args:
         lib: The stand-in ``libnvidia-ml.so.1`` on the host.
@@ -322,13 +327,13 @@ def cdi_spec(lib: Path, state: Path, uuids: Sequence[str]) -> dict[str, Any]:
         "kind": CDI_KIND,
         "devices": [
             *(
-                {"name": u, "containerEdits": {"env": [f"NVIDIA_STANDIN_GPU_{i}={u}"]}}
+                {"name": u, "containerEdits": {"env": [f"{STANDIN_GPU_ENV_PREFIX}{i}={u}"]}}
                 for i, u in enumerate(uuids)
             ),
             {
                 "name": "all",
                 "containerEdits": {
-                    "env": [f"NVIDIA_STANDIN_GPU_{i}={u}" for i, u in enumerate(uuids)]
+                    "env": [f"{STANDIN_GPU_ENV_PREFIX}{i}={u}" for i, u in enumerate(uuids)]
                 },
             },
         ],
@@ -539,6 +544,8 @@ class RealNode:
         ctd = self.base / "containerd"
         (ctd / "cni").mkdir(parents=True, exist_ok=True)
         (ctd / "cni" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFIG, indent=2))
+        # The CDI spec folder exists before containerd starts, so its CDI cache watches it.
+        CDI_SPEC_FILE.parent.mkdir(parents=True, exist_ok=True)
         toolkit = self.base / "toolkit"
         toolkit.mkdir(parents=True, exist_ok=True)
         (toolkit / "config.toml").write_text(

@@ -9,7 +9,8 @@ as NVIDIA's GPU Operator (>= v25.10) leaves a node. The project's operator and a
 (``RealNode.write_cdi_spec``: kind ``nvidia.com/gpu``, one device per UUID and ``all``) and are
 advertised by the device plugin (``rlenergy_agent.testing.deviceplugin``) as ``nvidia.com/gpu``
 with their UUIDs as device IDs, so the kubelet allocates them and its PodResources API reports
-them.
+them; its ``Allocate`` answers with CDI device names only (NVIDIA's ``cdi-cri`` strategy), so
+containerd's CDI injection is the only way NVML reaches a pod.
 
 The user's steps, in order: ``helm install`` the chart (hostNetwork, the API server at
 127.0.0.1, the agent under the chart's default RuntimeClass ``nvidia``: its NVML comes only from
@@ -52,7 +53,7 @@ from rlenergy_agent.testing import deviceplugin, fullstack, podtrainer, standin
 from rlenergy.control.freq.eerl import INDIFFERENCE
 from rlenergy.devcluster import DevCluster, MissingBinaryError
 from rlenergy.devcluster.cluster import free_port
-from rlenergy.devcluster.realnode import RealNode
+from rlenergy.devcluster.realnode import CDI_KIND, RealNode
 from rlenergy.gpu import models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,7 +285,9 @@ def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
     driver = standin.StandinDriver(state, [(u, sku) for u in uuids])
     # The stand-in GPUs' CDI spec, read by the toolkit's runtime (handler `nvidia`).
     node.write_cdi_spec(lib_dir / "libnvidia-ml.so.1", state, uuids)
-    plugin = deviceplugin.StandinDevicePlugin(uuids, lib_dir=lib_dir, state_file=state).start()
+    # Allocate answers with CDI device names only (NVIDIA's cdi-cri strategy): containerd applies
+    # the spec's edits, so the trainer gets the library, the state and its GPUs through CDI.
+    plugin = deviceplugin.StandinDevicePlugin(uuids, cdi_kind=CDI_KIND).start()
     trainer_gpus: list[tuple[str, ...]] = []
     feed = podtrainer.WorkFeed(
         driver,

@@ -104,10 +104,10 @@ def test_cdi_spec_of_the_standin_gpus() -> None:
     assert spec["kind"] == "nvidia.com/gpu"
     assert [d["name"] for d in spec["devices"]] == ["GPU-a-00", "GPU-a-01", "all"]
     devices = {d["name"]: d["containerEdits"] for d in spec["devices"]}
-    assert devices["GPU-a-01"] == {"env": ["NVIDIA_STANDIN_GPU_1=GPU-a-01"]}
+    assert devices["GPU-a-01"] == {"env": ["RLENERGY_NVML_STANDIN_GPU_1=GPU-a-01"]}
     assert devices["all"]["env"] == [
-        "NVIDIA_STANDIN_GPU_0=GPU-a-00",
-        "NVIDIA_STANDIN_GPU_1=GPU-a-01",
+        "RLENERGY_NVML_STANDIN_GPU_0=GPU-a-00",
+        "RLENERGY_NVML_STANDIN_GPU_1=GPU-a-01",
     ]
     common = spec["containerEdits"]
     mounts = {m["containerPath"]: m for m in common["mounts"]}
