@@ -257,7 +257,7 @@ def toolkit_config(runc: Path, log: Path, spec_dirs: Sequence[Path] = CDI_SPEC_D
 
     Args:
         runc: The OCI runtime it hands the edited spec to.
-        log: Its debug log (one line per container it edits).
+        log: Its debug log (the OCI spec it edited and the mode, per container).
         spec_dirs: Where it reads CDI specs.
     """
     dirs = ", ".join(f'"{d}"' for d in spec_dirs)
