@@ -7,6 +7,12 @@
  * without a GPU. The state file is named by RLENERGY_NVML_STANDIN_STATE; without it
  * nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED, as on a node without the driver.
  *
+ * Visible GPUs: NVML in a container enumerates only the GPUs whose device nodes the container
+ * has. The stand-in GPUs have no device nodes; their CDI spec's devices give the container the
+ * env RLENERGY_NVML_STANDIN_GPU_<n>=<uuid> instead (rlenergy/devcluster/realnode.py cdi_spec).
+ * When any such variable is set at nvmlInit, only the GPUs it names are visible (count, index,
+ * UUID lookup), in the state file's order; without one, every GPU of the state file is.
+ *
  * Build: gcc -shared -fPIC -O2 -Wl,-soname,libnvidia-ml.so.1 -o libnvidia-ml.so.1 standin.c
  */
 #include <fcntl.h>
@@ -80,6 +86,36 @@ static mig_handle_t g_mig[STANDIN_MAX_GPUS][STANDIN_MAX_MIG];
 
 static standin_state_t *g_state = NULL;
 static int g_refcount = 0;
+static uint32_t g_visible[STANDIN_MAX_GPUS]; /* state index of each visible GPU, by NVML index */
+static uint32_t g_n_visible = 0;
+
+extern char **environ;
+#define VISIBLE_ENV_PREFIX "RLENERGY_NVML_STANDIN_GPU_"
+
+/* The GPUs this process sees (see the header comment): read once per mapping of the state. */
+static void load_visible(void) {
+    int filtered = 0;
+    int named[STANDIN_MAX_GPUS] = {0};
+    size_t plen = strlen(VISIBLE_ENV_PREFIX);
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+        if (strncmp(*e, VISIBLE_ENV_PREFIX, plen) != 0) continue;
+        const char *eq = strchr(*e, '=');
+        if (eq == NULL) continue;
+        filtered = 1;
+        for (uint32_t i = 0; i < g_state->n_gpus && i < STANDIN_MAX_GPUS; i++)
+            if (strncmp(g_state->gpus[i].uuid, eq + 1, sizeof g_state->gpus[i].uuid) == 0)
+                named[i] = 1;
+    }
+    g_n_visible = 0;
+    for (uint32_t i = 0; i < g_state->n_gpus && i < STANDIN_MAX_GPUS; i++)
+        if (!filtered || named[i]) g_visible[g_n_visible++] = i;
+}
+
+static int is_visible(uint32_t state_index) {
+    for (uint32_t k = 0; k < g_n_visible; k++)
+        if (g_visible[k] == state_index) return 1;
+    return 0;
+}
 
 size_t rlenergy_standin_state_size(void) { return sizeof(standin_state_t); }
 size_t rlenergy_standin_gpu_size(void) { return sizeof(standin_gpu_t); }
@@ -104,6 +140,7 @@ static nvmlReturn_t map_state(void) {
         return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
     }
     g_state = s;
+    load_visible();
     return NVML_SUCCESS;
 }
 
@@ -209,15 +246,15 @@ nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     if (!ready()) return NVML_ERROR_UNINITIALIZED;
     if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
-    *count = g_state->n_gpus;
+    *count = g_n_visible;
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     if (!ready()) return NVML_ERROR_UNINITIALIZED;
-    if (device == NULL || index >= g_state->n_gpus) return NVML_ERROR_INVALID_ARGUMENT;
-    standin_gpu_t *g = &g_state->gpus[index];
+    if (device == NULL || index >= g_n_visible) return NVML_ERROR_INVALID_ARGUMENT;
+    standin_gpu_t *g = &g_state->gpus[g_visible[index]];
     if (g->fail_all == NVML_ERROR_GPU_IS_LOST) return NVML_ERROR_GPU_IS_LOST;
     *device = g;
     return NVML_SUCCESS;
@@ -231,6 +268,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     if (uuid == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     for (uint32_t i = 0; i < g_state->n_gpus; i++) {
         if (strncmp(g_state->gpus[i].uuid, uuid, 96) == 0) {
+            if (!is_visible(i)) return NVML_ERROR_NOT_FOUND; /* not this container's GPU */
             /* NVML: GPU_IS_LOST when the target GPU has fallen off the bus (as by index). */
             if (g_state->gpus[i].fail_all == NVML_ERROR_GPU_IS_LOST) return NVML_ERROR_GPU_IS_LOST;
             *device = &g_state->gpus[i];

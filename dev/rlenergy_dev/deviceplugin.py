@@ -7,11 +7,15 @@ service. The devices are the stand-in GPUs of a state file (``standin.StandinDri
 IDs are the GPUs' UUIDs, so the kubelet's PodResources API reports a pod's GPUs by the same IDs
 that NVML gives the agent (as NVIDIA's device plugin does with real GPUs).
 
-``Allocate`` answers like NVIDIA's plugin with the container toolkit behind it: the env
-``NVIDIA_VISIBLE_DEVICES`` lists the allocated UUIDs, and - the toolkit's part - the stand-in
-``libnvidia-ml.so.1`` (read-only) and its state folder are mounted into the container
-(``LD_LIBRARY_PATH`` and ``RLENERGY_NVML_STANDIN_STATE`` point at them), so a trainer sees its
-GPUs through the real pynvml. The agent gets the same library through its chart values.
+``Allocate`` answers like NVIDIA's plugin, in one of two ways. With ``cdi_kind`` (NVIDIA's
+``--device-list-strategy=cdi-cri``): only the CDI device names ``<kind>=<uuid>`` of the
+allocated GPUs, which the container runtime (containerd >= 1.7) resolves through the CDI spec
+of the stand-in GPUs (``rlenergy_dev.devcluster.realnode.cdi_spec``) into the library and state
+mounts. Without (the ``envvar`` strategy with the toolkit's part done by the plugin): the env
+``NVIDIA_VISIBLE_DEVICES`` lists the allocated UUIDs and the stand-in ``libnvidia-ml.so.1``
+(read-only) and its state folder are mounted into the container (``LD_LIBRARY_PATH`` and
+``RLENERGY_NVML_STANDIN_STATE`` point at them). Either way a trainer sees its GPUs through the
+real pynvml.
 
 The message and service descriptors are built at run time with protobuf's descriptor API, as
 ``rlenergy_agent.podmap`` does for PodResources: no generated code. The plugin re-registers when
@@ -181,6 +185,12 @@ class StandinDevicePlugin:
             containers); None: no mounts, only ``NVIDIA_VISIBLE_DEVICES``.
         state_file: Host path of the stand-in's state file (its folder is mounted).
         plugin_dir: The kubelet's device-plugin folder.
+        cdi_kind: CDI kind of the devices (``nvidia.com/gpu``): ``Allocate`` answers with CDI
+            device names only (no env, no mounts), as NVIDIA's plugin does with
+            ``--device-list-strategy=cdi-cri``.
+
+    Raises:
+        ValueError: No device, or ``cdi_kind`` together with ``lib_dir``/``state_file``.
     """
 
     def __init__(
@@ -190,9 +200,16 @@ class StandinDevicePlugin:
         lib_dir: Path | None = None,
         state_file: Path | None = None,
         plugin_dir: Path = PLUGIN_DIR,
+        cdi_kind: str | None = None,
     ) -> None:
         if not uuids:
             raise ValueError("a device plugin needs at least one device")
+        if cdi_kind is not None and (lib_dir is not None or state_file is not None):
+            raise ValueError(
+                "cdi_kind answers with CDI device names only: the CDI spec mounts the library "
+                "and state; pass either cdi_kind or lib_dir/state_file"
+            )
+        self.cdi_kind = cdi_kind
         self.uuids = tuple(uuids)
         self.lib_dir = lib_dir
         self.state_file = state_file
@@ -251,6 +268,11 @@ class StandinDevicePlugin:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown devices {unknown}")
             self.allocations.append(ids)
             c = resp.container_responses.add()
+            if self.cdi_kind is not None:
+                for d in ids:
+                    c.cdi_devices.add(name=f"{self.cdi_kind}={d}")
+                log.info("allocated %s (CDI)", ",".join(ids))
+                continue
             c.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
             if self.lib_dir is not None and self.state_file is not None:
                 c.mounts.add(
@@ -390,19 +412,28 @@ class StandinDevicePlugin:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlenergy_dev.deviceplugin --state FILE --lib-dir DIR``."""
+    """``python -m rlenergy_dev.deviceplugin --state F [--lib-dir D | --cdi-kind K]``."""
     from rlenergy_dev import standin  # noqa: PLC0415 - only the CLI needs it
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--state", type=Path, required=True, help="stand-in state file")
     parser.add_argument("--lib-dir", type=Path, help="folder of the stand-in libnvidia-ml.so.1")
     parser.add_argument("--plugin-dir", type=Path, default=PLUGIN_DIR)
+    parser.add_argument(
+        "--cdi-kind",
+        help="answer Allocate with CDI device names of this kind only (e.g. nvidia.com/gpu)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     uuids = standin.read_uuids(args.state)
-    plugin = StandinDevicePlugin(
-        uuids, lib_dir=args.lib_dir, state_file=args.state, plugin_dir=args.plugin_dir
-    ).start()
+    if args.cdi_kind:
+        plugin = StandinDevicePlugin(
+            uuids, plugin_dir=args.plugin_dir, cdi_kind=args.cdi_kind
+        ).start()
+    else:
+        plugin = StandinDevicePlugin(
+            uuids, lib_dir=args.lib_dir, state_file=args.state, plugin_dir=args.plugin_dir
+        ).start()
     print(f"serving {len(uuids)} x {RESOURCE} on {plugin.socket}", flush=True)
     try:
         threading.Event().wait()

@@ -17,8 +17,8 @@ step's metrics are printed as one JSON line (``STEP {...}``) for the test.
 The work is closed-loop on the clock the pod's GPUs really run, as
 ``rlenergy_dev.fullstack`` does: a phase's work advances, tick by tick, at
 ``dt / T(f)``, with ``f`` the lowest SM clock of the pod's GPUs read through the real pynvml
-(``rlenergy_agent.nvml.lib``; the stand-in library the device plugin mounted, like the NVIDIA
-container toolkit mounts the driver's) and ``T(f)`` the phase's time at that clock. Decoding
+(``rlenergy_agent.nvml.lib``; the stand-in library the pod's CDI devices mount, as the NVIDIA
+container toolkit's spec mounts the driver's) and ``T(f)`` the phase's time at that clock. Decoding
 reports its tokens as that work advances; the training engine's forward chunks wait for it.
 
 The replay comes precomputed from the host (``replay_file``, made by :func:`replay_document`
@@ -417,6 +417,29 @@ class _Rank:
         return record
 
 
+def visible_gpus() -> list[str]:
+    """UUIDs of this container's GPUs, as a CUDA workload finds them.
+
+    ``NVIDIA_VISIBLE_DEVICES`` when it lists GPU UUIDs (a device plugin's ``envvar``
+    strategy); else NVML's enumeration, which in a container lists the GPUs its devices gave it
+    (the ``cdi-cri`` strategy sets no env). Empty when there is none or NVML is not loadable.
+    """
+    env = os.environ.get("NVIDIA_VISIBLE_DEVICES", "")
+    listed = [u for u in env.split(",") if u.startswith(("GPU-", "MIG-"))]
+    if listed:
+        return listed
+    from rlenergy_agent.nvml import lib  # noqa: PLC0415 - pynvml, only in the pod
+
+    try:
+        lib.init()
+    except (lib.NvmlUnavailableError, lib.NvmlCallError):
+        return []
+    try:
+        return [lib.uuid(lib.handle_by_index(i)) for i in range(lib.device_count())]
+    finally:
+        lib.shutdown()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python3 -m rlenergy_dev.podtrainer --replay FILE --work-file FILE``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -425,9 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=0, help="replay only the first N steps")
     parser.add_argument("--loop", action="store_true", help="start over until stopped")
     args = parser.parse_args(argv)
-    uuids = [u for u in os.environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
+    uuids = visible_gpus()
     if not uuids:
-        parser.error("NVIDIA_VISIBLE_DEVICES is empty: the pod got no nvidia.com/gpu")
+        parser.error("no GPU visible (NVML lists none): the pod got no nvidia.com/gpu")
     replay = json.loads(args.replay.read_text())
     run(replay, args.work_file, uuids, max_steps=args.steps, loop=args.loop)
     print("replay done", flush=True)

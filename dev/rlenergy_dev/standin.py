@@ -36,6 +36,9 @@ MAX_GPUS = 16
 MAX_CLOCKS = 160
 MAX_MIG = 7
 STATE_ENV = "RLENERGY_NVML_STANDIN_STATE"
+VISIBLE_ENV_PREFIX = "RLENERGY_NVML_STANDIN_GPU_"
+"""With any ``<prefix><n>=<uuid>`` set at ``nvmlInit``, the library enumerates only the GPUs
+named (a container's GPUs, given by their CDI devices); standin.c says more."""
 SOURCE_DIR = Path(__file__).resolve().parents[1] / "nvml_standin"
 """Where ``standin.c`` lives in a source checkout (dev/nvml_standin)."""
 

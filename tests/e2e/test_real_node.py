@@ -1,18 +1,25 @@
 """A user's day on a real node: the chart with the real images, pods in real containers.
 
-The dev cluster runs with its real node (``DevCluster.start(real_node=True)``: containerd from
-Debian, a kubelet built from k8s v1.36.3, no KWOK node). The project's operator and agent
-images (``make images``) are imported into containerd. Eight stand-in GPUs (the stand-in
-``libnvidia-ml.so.1`` over a state file the test's ``StandinDriver`` owns) are advertised by
-the device plugin (``rlenergy_dev.deviceplugin``) as ``nvidia.com/gpu`` with their
-UUIDs as device IDs, so the kubelet allocates them and its PodResources API reports them.
+The dev cluster runs with its real node (``DevCluster.start(real_node=True)``: containerd 2.4
+with CDI, runc the default runtime and NVIDIA Container Toolkit's ``nvidia-container-runtime``
+in CDI mode as the runtime handler ``nvidia``, a kubelet built from k8s v1.36.3, no KWOK node),
+as NVIDIA's GPU Operator (>= v25.10) leaves a node. The project's operator and agent images
+(``make images``) are imported into containerd. Eight stand-in GPUs (the stand-in
+``libnvidia-ml.so.1`` over a state file the test's ``StandinDriver`` owns) get a CDI spec
+(``RealNode.write_cdi_spec``: kind ``nvidia.com/gpu``, one device per UUID and ``all``) and are
+advertised by the device plugin (``rlenergy_dev.deviceplugin``) as ``nvidia.com/gpu``
+with their UUIDs as device IDs, so the kubelet allocates them and its PodResources API reports
+them; its ``Allocate`` answers with CDI device names only (NVIDIA's ``cdi-cri`` strategy), so
+containerd's CDI injection is the only way NVML reaches a pod.
 
 The user's steps, in order: ``helm install`` the chart (hostNetwork, the API server at
-127.0.0.1, the stand-in library mounted into the agent as the NVIDIA toolkit would mount the
-driver's) -> operator pod Ready -> apply a policy -> the operator's agent DaemonSet runs its pod
-on the real node -> a trainer pod (``nvidia.com/gpu: 2``, the agent image running
+127.0.0.1, the agent under the chart's default RuntimeClass ``nvidia``: its NVML comes only from
+the toolkit's CDI injection of ``nvidia.com/gpu=all``, no hostPath of the library) -> operator
+pod Ready -> apply a policy -> the operator's agent DaemonSet runs its pod on the real node
+under that runtime class -> a trainer pod (``nvidia.com/gpu: 2``, the agent image running
 ``rlenergy_dev.podtrainer``, mounted from the checkout's ``dev/`` as the image ships no dev
-tooling, with the pinned verl and torch mounted from ``.venv-verl``: verl 0.9.1's real worker and driver methods under ``verl_hook.install``,
+tooling, with the pinned verl and torch mounted from
+``.venv-verl``: verl 0.9.1's real worker and driver methods under ``verl_hook.install``,
 replaying a verl trace time-compressed, with the projected service-account token for the
 agent) -> each step's ``rlenergy/*`` keys in verl's metrics dict (``_check_verl_metrics``) ->
 its GPUs' clocks change per phase (read from
@@ -46,7 +53,7 @@ from rlenergy_agent.kube import report_name
 from rlenergy_dev import deviceplugin, fullstack, podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
 from rlenergy_dev.devcluster.cluster import free_port
-from rlenergy_dev.devcluster.realnode import RealNode
+from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
 
 from rlenergy.control.freq.eerl import INDIFFERENCE
 from rlenergy.gpu import models
@@ -134,9 +141,9 @@ def _pod_rss_kib(pod_uid: str) -> dict[str, int]:
     return out
 
 
-def _values(
-    c: DevCluster, node: RealNode, lib_dir: Path, state: Path, work: Path
-) -> dict[str, Any]:
+def _values(c: DevCluster, node: RealNode, work: Path) -> dict[str, Any]:
+    """The chart values of the user's install: the agent keeps the chart's default runtime
+    class ``nvidia``, so NVML reaches it only through the toolkit's CDI injection."""
     tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "hostNetwork": True,
@@ -163,26 +170,6 @@ def _values(
             "stateDir": str(work / "agent-state"),
             "socketDir": str(work / "agent-socket"),
             "podResourcesDir": str(node.pod_resources_dir),
-            # This node runs no NVIDIA container toolkit yet (containerd has runc only, no
-            # `nvidia` handler), so the agent runs under the default runtime and the chart's
-            # extraVolumes bring what the toolkit would inject: the (stand-in) driver library
-            # and its state.
-            "runtimeClassName": "",
-            "extraVolumes": [
-                {"name": "nvml-lib", "hostPath": {"path": str(lib_dir), "type": "Directory"}},
-                {
-                    "name": "nvml-state",
-                    "hostPath": {"path": str(state.parent), "type": "Directory"},
-                },
-            ],
-            "extraVolumeMounts": [
-                {"name": "nvml-lib", "mountPath": "/usr/local/nvidia/lib64", "readOnly": True},
-                {"name": "nvml-state", "mountPath": "/var/run/nvml-standin"},
-            ],
-            "extraEnv": [
-                {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"},
-                {"name": standin.STATE_ENV, "value": f"/var/run/nvml-standin/{state.name}"},
-            ],
         },
     }
 
@@ -298,15 +285,21 @@ def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
 
     # Stand-in GPUs, their physics and the device plugin.
     lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
-    sku = fullstack.models.get_sku("h100-sxm")
+    sku = models.get_sku("h100-sxm")
     state = work / "nvml" / "nvml.state"
     state.parent.mkdir()
     uuids = [f"GPU-realnode-{i:02d}" for i in range(GPUS)]
     driver = standin.StandinDriver(state, [(u, sku) for u in uuids])
-    plugin = deviceplugin.StandinDevicePlugin(uuids, lib_dir=lib_dir, state_file=state).start()
+    # The stand-in GPUs' CDI spec, read by the toolkit's runtime (handler `nvidia`).
+    node.write_cdi_spec(lib_dir / "libnvidia-ml.so.1", state, uuids)
+    # Allocate answers with CDI device names only (NVIDIA's cdi-cri strategy): containerd applies
+    # the spec's edits, so the trainer gets the library, the state and its GPUs through CDI.
+    plugin = deviceplugin.StandinDevicePlugin(uuids, cdi_kind=CDI_KIND).start()
     trainer_gpus: list[tuple[str, ...]] = []
     feed = podtrainer.WorkFeed(
-        driver, work / "trainer-work" / "work.jsonl", lambda: trainer_gpus[0] if trainer_gpus else ()
+        driver,
+        work / "trainer-work" / "work.jsonl",
+        lambda: trainer_gpus[0] if trainer_gpus else (),
     ).start()
     try:
         wait_until(
@@ -317,7 +310,7 @@ def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
             timeout=60,
             what="nvidia.com/gpu allocatable on the real node",
         )
-        _user_day(cluster, node, driver, plugin, feed, trainer_gpus, lib_dir, state, work, figures)
+        _user_day(cluster, node, driver, plugin, feed, trainer_gpus, work, figures)
     finally:
         feed.stop()
         plugin.stop()
@@ -335,12 +328,10 @@ def _user_day(
     plugin: deviceplugin.StandinDevicePlugin,
     feed: podtrainer.WorkFeed,
     trainer_gpus: list[tuple[str, ...]],
-    lib_dir: Path,
-    state: Path,
     work: Path,
     figures: dict[str, Any],
 ) -> None:
-    values = _values(c, node, lib_dir, state, work)
+    values = _values(c, node, work)
     vfile = work / "values.json"
     vfile.write_text(json.dumps(values))
     t0 = time.monotonic()
@@ -389,19 +380,29 @@ def _user_day(
     )[0]
     assert agent["spec"]["nodeName"] == node.name
     figures["policy_to_agent_ready_s"] = round(time.monotonic() - t0, 1)
+    # NVML reached the agent only through the toolkit: the chart's default runtime class, no
+    # volume of the driver library or its state, no library path of ours in its env.
+    assert agent["spec"].get("runtimeClassName") == "nvidia", agent["spec"]
+    host_paths = [v["hostPath"]["path"] for v in agent["spec"]["volumes"] if "hostPath" in v]
+    assert not [h for h in host_paths if "nvml" in h], host_paths
+    env = {e["name"] for c in agent["spec"]["containers"] for e in c.get("env", [])}
+    assert not env & {"LD_LIBRARY_PATH", standin.STATE_ENV}, env
+    figures["toolkit_log_tail"] = (
+        (node.base / "toolkit" / "nvidia-container-runtime.log").read_text().splitlines()[-4:]
+    )
     figures["agent_rss_kib_idle"] = _pod_rss_kib(agent["metadata"]["uid"])
     assert figures["agent_rss_kib_idle"], "no agent process found in the pod's cgroup"
 
     # The trainer pod: 2 GPUs, the SDK replaying the trace through the agent's socket.
     job, factor = fullstack.compressed_replay(
         fullstack.DEFAULT_TRACE,
-        fullstack.models.get_sku("h100-sxm"),
+        models.get_sku("h100-sxm"),
         STEPS,
         num_gpus=2,
         longest_phase_s=LONGEST_PHASE_S,
     )
     figures["time_compression"] = round(factor, 1)
-    replay = podtrainer.replay_document(job, fullstack.models.get_sku("h100-sxm"))
+    replay = podtrainer.replay_document(job, models.get_sku("h100-sxm"))
     (work / "replay.json").write_text(json.dumps(replay))
     c.kubectl(
         "create", "configmap", "trainer-replay", "-n", ns,

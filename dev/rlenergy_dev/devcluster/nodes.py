@@ -21,7 +21,9 @@ def nvidia_runtime_class_manifest() -> dict[str, Any]:
 
     The RuntimeClass admission plugin refuses a pod whose runtime class does not exist, so a
     cluster without it would never run the agent pods the chart's defaults render. KWOK's fake
-    nodes run no container, so the handler is a name only there.
+    nodes run no container, so the handler is a name only there; the real node's containerd
+    runs it with NVIDIA Container Toolkit's runtime in CDI mode
+    (``rlenergy_dev.devcluster.realnode.containerd_config``).
     """
     return {
         "apiVersion": "node.k8s.io/v1",

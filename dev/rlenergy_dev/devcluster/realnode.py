@@ -1,12 +1,23 @@
 """One real node for the dev cluster: containerd + runc + a kubelet built from k8s source.
 
 ``DevCluster.start(real_node=True)`` (``python -m rlenergy_dev.devcluster up --real-node``)
-starts, next to the KWOK nodes, a containerd (Debian's package, its own root, state and socket
-under the cluster's workdir) and a kubelet (built by ``hack/node-bins.sh`` from the same Kubernetes
-version as the control plane) that registers the node ``realnode`` with InternalIP 127.0.0.1.
-Pods there really run in containers: the operator and agent images are imported into
-containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod sandbox image is a
-locally built pause binary (hack/images/pause.c), and no registry is ever contacted.
+starts, next to the KWOK nodes, a containerd 2.x (built by ``hack/node-bins.sh`` from the Go
+module proxy; its own root, state and socket under the cluster's workdir) and a kubelet (built from the same
+Kubernetes version as the control plane) that registers the node ``realnode`` with InternalIP
+127.0.0.1. Pods there really run in containers: the operator and agent images are imported
+into containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod sandbox image
+is a locally built pause binary (hack/images/pause.c), and no registry is ever contacted.
+
+GPU runtime, as NVIDIA's GPU Operator (>= v25.10, CDI on) leaves a node: runc is containerd's
+default runtime, containerd's CRI plugin applies CDI devices (device plugins' ``Allocate``
+answers, ``cdi.k8s.io/`` annotations), and NVIDIA Container Toolkit's
+``nvidia-container-runtime`` (also built by ``hack/node-bins.sh``) is the runtime handler
+``nvidia`` (the RuntimeClass ``nvidia`` of ``rlenergy_dev.devcluster.nodes``) in CDI mode
+(:func:`toolkit_config`). A container of that runtime class that asks for
+``NVIDIA_VISIBLE_DEVICES=all`` (the agent) gets the edits of the CDI device
+``nvidia.com/gpu=all``. :meth:`RealNode.write_cdi_spec` writes the stand-in GPUs' spec
+(:func:`cdi_spec`), whose edits mount the stand-in ``libnvidia-ml.so.1`` and its state, so NVML
+reaches a pod only through CDI.
 
 Networking: there is no pod network. Only ``hostNetwork: true`` pods can run (their IP is the
 node's, 127.0.0.1); the CNI configuration is a loopback-only network, so containerd reports
@@ -28,6 +39,8 @@ import ctypes
 import fcntl
 import json
 import os
+import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -63,6 +76,26 @@ ADDRESSES = [
 ]
 """The node's addresses (set by the dev cluster: the kubelet refuses a loopback node IP)."""
 FIX = "make bins"
+NVIDIA_HANDLER = "nvidia"
+"""containerd runtime handler of NVIDIA's container toolkit (the RuntimeClass ``nvidia``)."""
+CDI_KIND = "nvidia.com/gpu"
+"""CDI kind of the GPUs (the toolkit's ``default-kind``; ``nvidia-ctk cdi generate`` uses it)."""
+CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+"""Where CDI consumers read specs (the CDI specification's default spec directories)."""
+CDI_SPEC_FILE = Path("/var/run/cdi/rlenergy-standin-gpu.json")
+"""The stand-in GPUs' CDI spec (a generated, run-time spec: /var/run/cdi)."""
+STANDIN_STATE_ENV = "RLENERGY_NVML_STANDIN_STATE"
+"""The env that names the stand-in library's state file (dev/nvml_standin/standin.c)."""
+STANDIN_GPU_ENV_PREFIX = "RLENERGY_NVML_STANDIN_GPU_"
+"""``<prefix><n>=<uuid>`` makes GPU ``uuid`` visible to the stand-in library in a container
+(standin.c: with any such variable set, only the GPUs named are enumerated)."""
+CONTAINER_NVML_LIB = f"/usr/lib/{platform.machine()}-linux-gnu/libnvidia-ml.so.1"
+"""Where the stand-in library appears in a container: on the dynamic loader's system search
+path (Debian's multiarch library folder), so no ``LD_LIBRARY_PATH`` is needed."""
+CONTAINER_STATE_DIR = "/var/run/nvml-standin"
+"""Where the stand-in's state folder appears in a container."""
+_CDI_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+"""A CDI device name (container-device-interface pkg/parser ValidateDeviceName)."""
 
 
 @dataclass(frozen=True)
@@ -74,32 +107,37 @@ class NodeBinaries:
     runc: Path
     ctr: Path
     pause_archive: Path
+    nvidia_runtime: Path
+    shim: Path
 
 
 def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
-    """Locate the kubelet, containerd, runc, ctr, the CNI loopback plugin and the pause image.
+    """Locate the node's binaries, the CNI loopback plugin and the pause image.
+
+    The kubelet, containerd 2.x (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) and
+    ``nvidia-container-runtime`` are built into ``bin_dir`` by hack/node-bins.sh; runc and the
+    CNI plugins are Debian's.
 
     Args:
-        bin_dir: The control-plane bin dir (the kubelet is built there).
+        bin_dir: The control-plane bin dir (the node's Go binaries are built there).
 
     Raises:
         MissingBinaryError: Something is missing; the message names the command that fixes it.
     """
-    kubelet = bin_dir / "kubelet"
-    if not os.access(kubelet, os.X_OK):
-        raise MissingBinaryError(
-            f"kubelet not found at {kubelet}. Build it with `{FIX}` (hack/node-bins.sh)."
-        )
-    found: dict[str, Path] = {}
-    for name in ("containerd", "runc", "ctr"):
-        path = shutil.which(name)
-        if path is None:
+    built: dict[str, Path] = {}
+    for name in ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr"):
+        built[name] = bin_dir / name
+        if not os.access(built[name], os.X_OK):
             raise MissingBinaryError(
-                f"{name} not found on PATH. Install Debian's containerd and runc with `{FIX}` "
-                "as root (hack/node-bins.sh runs apt-get install containerd runc "
-                "containernetworking-plugins)."
+                f"{name} not found at {built[name]}. Build it with `{FIX}` (hack/node-bins.sh "
+                "builds the kubelet and containerd from the Go module proxy)."
             )
-        found[name] = Path(path)
+    runc = shutil.which("runc")
+    if runc is None:
+        raise MissingBinaryError(
+            f"runc not found on PATH. Install Debian's runc with `{FIX}` as root "
+            "(hack/node-bins.sh runs apt-get install runc containernetworking-plugins)."
+        )
     if not os.access(CNI_BIN_DIR / "loopback", os.X_OK):
         raise MissingBinaryError(
             f"{CNI_BIN_DIR}/loopback not found: `{FIX}` as root installs "
@@ -108,57 +146,213 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
     pause = bin_dir.parent / "images" / "pause.oci.tar"
     if not pause.is_file():
         raise MissingBinaryError(f"pause image {pause} not found. Build it with `{FIX}`.")
-    return NodeBinaries(kubelet, found["containerd"], found["runc"], found["ctr"], pause)
+    nvidia = bin_dir / "nvidia-container-runtime"
+    if not os.access(nvidia, os.X_OK):
+        raise MissingBinaryError(
+            f"nvidia-container-runtime not found at {nvidia}. Build it with `{FIX}` "
+            "(hack/node-bins.sh builds NVIDIA Container Toolkit's runtime from the Go module "
+            "proxy)."
+        )
+    return NodeBinaries(
+        kubelet=built["kubelet"],
+        containerd=built["containerd"],
+        runc=Path(runc),
+        ctr=built["ctr"],
+        pause_archive=pause,
+        nvidia_runtime=nvidia,
+        shim=built["containerd-shim-runc-v2"],
+    )
 
 
-def containerd_config(base: Path) -> str:
-    """Containerd 1.6 configuration (version 2) with everything under ``base``.
+def containerd_config(base: Path, shim: Path, nvidia_runtime: Path) -> str:
+    """Containerd 2.x configuration (version 4, containerd v2.4) with everything under ``base``.
 
     Root, state, socket and the CNI config folder are the node's own, so the node never
-    touches a system containerd. runc through the v2 shim, cgroupfs (no systemd), overlayfs,
-    AppArmor off (the profile loader is not installed), the local pause image.
+    touches a system containerd. runc through the v2 shim (``shim``, the one built with this
+    containerd: ``runtime_path``, never another on PATH) is the default runtime, as on a node
+    NVIDIA's GPU Operator (>= v25.10, CDI on) leaves; the runtime handler ``nvidia`` (the
+    RuntimeClass ``nvidia``) runs the same shim with ``nvidia_runtime`` (the toolkit's
+    ``nvidia-container-runtime`` in CDI mode, through :func:`nvidia_runtime_wrapper`) as its
+    OCI runtime binary, over the same runc root. CDI is on (containerd >= 2.4 always has it;
+    ``enable_cdi`` is gone) with the spec folders :data:`CDI_SPEC_DIRS`, so the CDI device names
+    a device plugin returns from ``Allocate`` are applied to runc containers too. cgroupfs (no
+    systemd), overlayfs, AppArmor off (the profile loader is not installed), the local pause
+    image. Keys: ``containerd config default`` of containerd v2.4.2.
+
+    Args:
+        base: The node's containerd folder.
+        shim: ``containerd-shim-runc-v2``.
+        nvidia_runtime: The executable the ``nvidia`` handler runs in place of runc.
     """
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    rt = "plugins.'io.containerd.cri.v1.runtime'"
+    runtimes = []
+    for handler, binary in (("runc", None), (NVIDIA_HANDLER, nvidia_runtime)):
+        runtimes += [
+            f"[{rt}.containerd.runtimes.{handler}]",
+            "  runtime_type = 'io.containerd.runc.v2'",
+            f"  runtime_path = '{shim}'",
+            f"[{rt}.containerd.runtimes.{handler}.options]",
+            "  SystemdCgroup = false",
+            f"  Root = '{base / 'runc'}'",
+        ]
+        if binary is not None:
+            runtimes.append(f"  BinaryName = '{binary}'")
     return "\n".join(
         [
-            "version = 2",
-            f'root = "{base / "root"}"',
-            f'state = "{base / "state"}"',
-            'disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", '
-            '"io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", '
-            '"io.containerd.snapshotter.v1.devmapper"]',
-            "[grpc]",
-            f'  address = "{base / "containerd.sock"}"',
-            "[ttrpc]",
-            f'  address = "{base / "containerd.sock.ttrpc"}"',
+            "version = 4",
+            f"root = '{base / 'root'}'",
+            f"state = '{base / 'state'}'",
+            "imports = []",
+            "disabled_plugins = ['io.containerd.snapshotter.v1.btrfs', "
+            "'io.containerd.snapshotter.v1.zfs', 'io.containerd.snapshotter.v1.devmapper', "
+            "'io.containerd.snapshotter.v1.erofs', 'io.containerd.differ.v1.erofs']",
             "[debug]",
-            '  level = "info"',
-            '[plugins."io.containerd.internal.v1.opt"]',
-            f'  path = "{base / "opt"}"',
-            f"[{cri}]",
-            f'  sandbox_image = "{PAUSE_IMAGE}"',
+            "  level = 'info'",
+            # Version 4: the servers are plugins.
+            "[plugins.'io.containerd.server.v1.grpc']",
+            f"  address = '{base / 'containerd.sock'}'",
+            "[plugins.'io.containerd.server.v1.ttrpc']",
+            f"  address = '{base / 'containerd.sock.ttrpc'}'",
+            "[plugins.'io.containerd.internal.v1.opt']",
+            f"  path = '{base / 'opt'}'",
+            # NRI's socket is machine-wide (/var/run/nri/nri.sock) and no NRI plugin runs here.
+            "[plugins.'io.containerd.nri.v1.nri']",
+            "  disable = true",
+            "[plugins.'io.containerd.image-verifier.v1.bindir']",
+            f"  bin_dir = '{base / 'image-verifier'}'",
+            "[plugins.'io.containerd.cri.v1.images']",
+            "  snapshotter = 'overlayfs'",
+            "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
+            f"  sandbox = '{PAUSE_IMAGE}'",
+            f"[{rt}]",
             "  disable_apparmor = true",
             "  enable_selinux = false",
             # No pod may ask for a lower OOM score than containerd's own: this host's root lacks
             # CAP_SYS_RESOURCE, so runc's write of the sandbox's -998 fails ("failed to update
             # /proc/self/oom_score_adj: Permission denied").
             "  restrict_oom_score_adj = true",
-            '  stream_server_address = "127.0.0.1"',
-            '  stream_server_port = "0"',
-            f"[{cri}.containerd]",
-            '  snapshotter = "overlayfs"',
-            '  default_runtime_name = "runc"',
-            f"[{cri}.containerd.runtimes.runc]",
-            '  runtime_type = "io.containerd.runc.v2"',
-            f"[{cri}.containerd.runtimes.runc.options]",
-            "  SystemdCgroup = false",
-            f'  Root = "{base / "runc"}"',
-            f"[{cri}.cni]",
-            f'  bin_dir = "{CNI_BIN_DIR}"',
-            f'  conf_dir = "{base / "cni"}"',
+            "  cdi_spec_dirs = [" + ", ".join(f"'{d}'" for d in CDI_SPEC_DIRS) + "]",
+            f"[{rt}.containerd]",
+            "  default_runtime_name = 'runc'",
+            *runtimes,
+            f"[{rt}.cni]",
+            f"  bin_dirs = ['{CNI_BIN_DIR}']",
+            f"  conf_dir = '{base / 'cni'}'",
+            "[plugins.'io.containerd.grpc.v1.cri']",
+            "  stream_server_address = '127.0.0.1'",
+            "  stream_server_port = '0'",
             "",
         ]
     )
+
+
+def toolkit_config(runc: Path, log: Path, spec_dirs: Sequence[Path] = CDI_SPEC_DIRS) -> str:
+    """The ``config.toml`` of NVIDIA Container Toolkit's runtime on the node: CDI mode.
+
+    In CDI mode ``nvidia-container-runtime`` turns a container's ``NVIDIA_VISIBLE_DEVICES``
+    (``all`` or device names, the agent's env) and its ``cdi.k8s.io/`` annotations into CDI
+    devices of the default kind ``nvidia.com/gpu``, applies their edits from the CDI specs in
+    ``spec_dirs`` to the OCI spec and runs ``runc``; keys and defaults from the toolkit's own
+    ``api/config/v1/config.go`` (NVIDIA/nvidia-container-toolkit v1.20.2).
+
+    Args:
+        runc: The OCI runtime it hands the edited spec to.
+        log: Its debug log (the OCI spec it edited and the mode, per container).
+        spec_dirs: Where it reads CDI specs.
+    """
+    dirs = ", ".join(f'"{d}"' for d in spec_dirs)
+    return "\n".join(
+        [
+            "accept-nvidia-visible-devices-envvar-when-unprivileged = true",
+            "[nvidia-container-runtime]",
+            f'debug = "{log}"',
+            'log-level = "info"',
+            'mode = "cdi"',
+            f'runtimes = ["{runc}"]',
+            "[nvidia-container-runtime.modes.cdi]",
+            f'default-kind = "{CDI_KIND}"',
+            'annotation-prefixes = ["cdi.k8s.io/"]',
+            f"spec-dirs = [{dirs}]",
+            "",
+        ]
+    )
+
+
+def nvidia_runtime_wrapper(binary: Path, config: Path) -> str:
+    """A shell wrapper that runs ``binary`` with its config file ``config``.
+
+    The toolkit reads its config from ``NVIDIA_CTK_CONFIG_FILE_PATH`` (else
+    ``/etc/nvidia-container-runtime/config.toml``); containerd's runc shim passes no
+    environment of its own to the runtime binary, so the GPU Operator's toolkit installs the
+    same kind of wrapper as the handler's ``BinaryName``.
+    """
+    return f"#!/bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH='{config}' exec '{binary}' \"$@\"\n"
+
+
+def cdi_spec(lib: Path, state: Path, uuids: Sequence[str]) -> dict[str, Any]:
+    """The CDI spec (``cdiVersion`` 0.6.0) of the stand-in GPUs, kind ``nvidia.com/gpu``.
+
+    One device per GPU, named by its UUID (the IDs the device plugin advertises and
+    PodResources reports), and ``all``, as ``nvidia-ctk cdi generate`` names them. The spec's
+    common edits bring the driver into the container the way the toolkit's generated spec
+    brings the host's: the stand-in ``libnvidia-ml.so.1`` bind-mounted read-only into the
+    dynamic loader's system search path, and the stand-in's state folder (read-write: the
+    library maps the state file shared) with ``RLENERGY_NVML_STANDIN_STATE`` naming the file
+    in it. A GPU has no device node here (``/dev/nvidiaN`` on a real node, which decides what
+    NVML in the container enumerates), so each device's own edit is the env
+    ``RLENERGY_NVML_STANDIN_GPU_<index>=<uuid>``: the stand-in library then enumerates only the
+    GPUs so named, as the driver enumerates only the GPUs whose device nodes it sees; ``all``
+    names every GPU.
+
+    Args:
+        lib: The stand-in ``libnvidia-ml.so.1`` on the host.
+        state: The stand-in's state file on the host.
+        uuids: The stand-in GPUs' UUIDs, in NVML index order.
+
+    Raises:
+        ValueError: No UUID, a duplicate, or one CDI cannot name (letters, digits, ``_.:-``).
+    """
+    if not uuids:
+        raise ValueError("cdi_spec needs at least one GPU UUID")
+    if len(set(uuids)) != len(uuids):
+        raise ValueError(f"duplicate GPU UUIDs in {list(uuids)}")
+    bad = [u for u in uuids if not _CDI_NAME.fullmatch(u) or u == "all"]
+    if bad:
+        raise ValueError(
+            f"GPU UUIDs {bad} cannot be CDI device names: use letters, digits, '_', '.', ':' "
+            "and '-', starting and ending with a letter or digit ('all' is reserved)"
+        )
+    return {
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "devices": [
+            *(
+                {"name": u, "containerEdits": {"env": [f"{STANDIN_GPU_ENV_PREFIX}{i}={u}"]}}
+                for i, u in enumerate(uuids)
+            ),
+            {
+                "name": "all",
+                "containerEdits": {
+                    "env": [f"{STANDIN_GPU_ENV_PREFIX}{i}={u}" for i, u in enumerate(uuids)]
+                },
+            },
+        ],
+        "containerEdits": {
+            "env": [f"{STANDIN_STATE_ENV}={CONTAINER_STATE_DIR}/{state.name}"],
+            "mounts": [
+                {
+                    "hostPath": str(lib),
+                    "containerPath": CONTAINER_NVML_LIB,
+                    "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+                },
+                {
+                    "hostPath": str(state.parent),
+                    "containerPath": CONTAINER_STATE_DIR,
+                    "options": ["rw", "nosuid", "nodev", "rbind", "rprivate"],
+                },
+            ],
+        },
+    }
 
 
 CNI_CONFIG = {
@@ -296,6 +490,7 @@ class RealNode:
         self.containerd: process.ProcessRecord | None = None
         self.kubelet: process.ProcessRecord | None = None
         self.timings: dict[str, float] = {}
+        self._cdi_spec: Path | None = None
 
     # ------------------------------------------------------------------ paths
     @property
@@ -349,10 +544,27 @@ class RealNode:
         ctd = self.base / "containerd"
         (ctd / "cni").mkdir(parents=True, exist_ok=True)
         (ctd / "cni" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFIG, indent=2))
+        # The CDI spec folder exists before containerd starts, so its CDI cache watches it.
+        CDI_SPEC_FILE.parent.mkdir(parents=True, exist_ok=True)
+        toolkit = self.base / "toolkit"
+        toolkit.mkdir(parents=True, exist_ok=True)
+        (toolkit / "config.toml").write_text(
+            toolkit_config(self.bins.runc, toolkit / "nvidia-container-runtime.log")
+        )
+        wrapper = toolkit / "nvidia-container-runtime"
+        wrapper.write_text(
+            nvidia_runtime_wrapper(self.bins.nvidia_runtime, toolkit / "config.toml")
+        )
+        wrapper.chmod(0o755)
         cfg = ctd / "config.toml"
-        cfg.write_text(containerd_config(ctd))
+        cfg.write_text(containerd_config(ctd, self.bins.shim, wrapper))
+        # containerd looks a shim up on its PATH (for `ctr run` and shim clean-up); the shim
+        # built with it comes first, never another containerd's (Debian's 1.6 shim fails
+        # with "type with url ...: not found"). `env` execs containerd: same pid.
+        path = f"{self.bins.shim.parent}:{os.environ.get('PATH', os.defpath)}"
         self.containerd = self._spawn(
-            "containerd", [str(self.bins.containerd), "--config", str(cfg)]
+            "containerd",
+            ["/usr/bin/env", f"PATH={path}", str(self.bins.containerd), "--config", str(cfg)],
         )
         deadline = time.monotonic() + timeout_s
         while self.ctr("version", check=False).returncode != 0:
@@ -451,6 +663,34 @@ class RealNode:
         self.ctr("images", "import", str(archive), timeout=300)
         return self.images()
 
+    def write_cdi_spec(self, lib: Path, state: Path, uuids: Sequence[str]) -> Path:
+        """Write the stand-in GPUs' CDI spec (:func:`cdi_spec`) to :data:`CDI_SPEC_FILE`.
+
+        The toolkit reads the spec folders at every container it edits, so a spec written
+        after the node started applies to the next container. :meth:`stop` removes it.
+
+        Args:
+            lib: The stand-in ``libnvidia-ml.so.1`` (``standin.build_library``'s output).
+            state: The stand-in's state file.
+            uuids: The GPUs' UUIDs in NVML index order.
+
+        Returns:
+            The spec's path.
+
+        Raises:
+            DevClusterError: ``lib`` or ``state`` is not a file.
+        """
+        for path in (lib, state):
+            if not path.is_file():
+                raise DevClusterError(f"{path} is not a file: the CDI spec would mount nothing")
+        spec = cdi_spec(lib.resolve(), state.resolve(), uuids)
+        CDI_SPEC_FILE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = CDI_SPEC_FILE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(spec, indent=2))
+        tmp.replace(CDI_SPEC_FILE)  # never a half-written spec in the folder
+        self._cdi_spec = CDI_SPEC_FILE
+        return CDI_SPEC_FILE
+
     def images(self) -> list[str]:
         """Names of the images in the ``k8s.io`` namespace."""
         return [
@@ -481,6 +721,10 @@ class RealNode:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         unmount_under(self.base)
+        if self._cdi_spec is not None:
+            with contextlib.suppress(OSError):
+                self._cdi_spec.unlink()
+            self._cdi_spec = None
         for leftover in ("kubelet.sock", "kubelet_internal_checkpoint"):
             with contextlib.suppress(OSError):
                 (DEVICE_PLUGIN_DIR / leftover).unlink()

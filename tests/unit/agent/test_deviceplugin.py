@@ -105,6 +105,31 @@ def test_registers_lists_and_allocates(plugin_dir: Path, tmp_path: Path) -> None
     kubelet.server.stop(None)
 
 
+def test_allocates_cdi_device_names_only_with_a_cdi_kind(plugin_dir: Path) -> None:
+    FakeKubelet(plugin_dir)
+    with dp.StandinDevicePlugin(
+        UUIDS, plugin_dir=plugin_dir, cdi_kind="nvidia.com/gpu"
+    ).start() as plugin:
+        alloc = dp.message_class("AllocateRequest")()
+        alloc.container_requests.add(devices_ids=["GPU-a-01"])
+        alloc.container_requests.add(devices_ids=["GPU-a-02", "GPU-a-00"])
+        resp = _stub(plugin, "Allocate", "AllocateResponse")(alloc, timeout=5)
+        one, two = resp.container_responses
+        assert [d.name for d in one.cdi_devices] == ["nvidia.com/gpu=GPU-a-01"]
+        assert [d.name for d in two.cdi_devices] == [
+            "nvidia.com/gpu=GPU-a-02",
+            "nvidia.com/gpu=GPU-a-00",
+        ]
+        # As NVIDIA's plugin with only CDI strategies: the runtime does the rest.
+        assert not (one.envs or one.mounts or one.devices or two.envs or two.mounts)
+        assert plugin.allocations == [("GPU-a-01",), ("GPU-a-02", "GPU-a-00")]
+
+
+def test_cdi_kind_excludes_mounts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="either cdi_kind or lib_dir"):
+        dp.StandinDevicePlugin(UUIDS, lib_dir=tmp_path, cdi_kind="nvidia.com/gpu")
+
+
 def test_serves_again_after_a_kubelet_restart(plugin_dir: Path) -> None:
     kubelet = FakeKubelet(plugin_dir)
     with dp.StandinDevicePlugin(UUIDS, plugin_dir=plugin_dir).start() as plugin:

@@ -4,6 +4,8 @@ The node itself runs in tests/e2e/test_real_node.py; these check what is written
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -15,16 +17,113 @@ from rlenergy_dev.devcluster.errors import MissingBinaryError
 
 
 def test_containerd_config_keeps_everything_under_its_folder(tmp_path: Path) -> None:
-    cfg = tomllib.loads(realnode.containerd_config(tmp_path))
-    assert cfg["version"] == 2
+    cfg = tomllib.loads(realnode.containerd_config(tmp_path, tmp_path / "shim", tmp_path / "w"))
+    assert cfg["version"] == 4
     assert cfg["root"] == str(tmp_path / "root") and cfg["state"] == str(tmp_path / "state")
-    assert cfg["grpc"]["address"] == str(tmp_path / "containerd.sock")
-    cri = cfg["plugins"]["io.containerd.grpc.v1.cri"]
-    assert cri["sandbox_image"] == realnode.PAUSE_IMAGE
-    assert cri["stream_server_address"] == "127.0.0.1"
-    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
-    assert cri["cni"]["conf_dir"] == str(tmp_path / "cni")
-    assert cfg["plugins"]["io.containerd.internal.v1.opt"]["path"] == str(tmp_path / "opt")
+    assert cfg["imports"] == []
+    plugins = cfg["plugins"]
+    assert plugins["io.containerd.server.v1.grpc"]["address"] == str(tmp_path / "containerd.sock")
+    assert plugins["io.containerd.server.v1.ttrpc"]["address"] == str(
+        tmp_path / "containerd.sock.ttrpc"
+    )
+    assert plugins["io.containerd.nri.v1.nri"]["disable"] is True  # its socket is machine-wide
+    assert plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == (
+        realnode.PAUSE_IMAGE
+    )
+    assert plugins["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
+    rt = plugins["io.containerd.cri.v1.runtime"]
+    assert rt["restrict_oom_score_adj"] is True
+    assert rt["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+    assert rt["cni"]["conf_dir"] == str(tmp_path / "cni")
+    assert rt["cni"]["bin_dirs"] == [str(realnode.CNI_BIN_DIR)]
+    assert plugins["io.containerd.internal.v1.opt"]["path"] == str(tmp_path / "opt")
+    # Nothing of the config names a path outside the folder but the binaries, CNI and CDI dirs.
+    text = realnode.containerd_config(tmp_path, tmp_path / "shim", tmp_path / "w")
+    for path in (s.strip("'") for s in text.split() if s.startswith("'/")):
+        assert path.startswith(
+            (str(tmp_path), str(realnode.CNI_BIN_DIR), "/etc/cdi", "/var/run/cdi")
+        ), path
+
+
+def test_containerd_runs_the_toolkit_as_handler_nvidia_with_runc_the_default(
+    tmp_path: Path,
+) -> None:
+    wrapper = tmp_path / "toolkit" / "nvidia-container-runtime"
+    shim = tmp_path / "bin" / "containerd-shim-runc-v2"
+    cfg = tomllib.loads(realnode.containerd_config(tmp_path, shim, wrapper))
+    rt = cfg["plugins"]["io.containerd.cri.v1.runtime"]
+    ctd = rt["containerd"]
+    assert ctd["default_runtime_name"] == "runc"
+    runc, nvidia = ctd["runtimes"]["runc"], ctd["runtimes"][realnode.NVIDIA_HANDLER]
+    assert realnode.NVIDIA_HANDLER == "nvidia"
+    assert runc["runtime_type"] == nvidia["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["runtime_path"] == nvidia["runtime_path"] == str(shim)
+    assert "BinaryName" not in runc["options"]
+    assert nvidia["options"]["BinaryName"] == str(wrapper)
+    # One runc root: both handlers' containers are the same runc's to list and kill.
+    assert runc["options"]["Root"] == nvidia["options"]["Root"] == str(tmp_path / "runc")
+    # CDI (always on in containerd >= 2.4) reads the folders the stand-in spec is written to.
+    assert rt["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    assert realnode.CDI_SPEC_FILE.parent.as_posix() in rt["cdi_spec_dirs"]
+
+
+def test_toolkit_config_is_cdi_mode_over_runc(tmp_path: Path) -> None:
+    cfg = tomllib.loads(realnode.toolkit_config(Path("/usr/sbin/runc"), tmp_path / "ncr.log"))
+    rt = cfg["nvidia-container-runtime"]
+    assert rt["mode"] == "cdi"
+    assert rt["runtimes"] == ["/usr/sbin/runc"]
+    assert rt["debug"] == str(tmp_path / "ncr.log")
+    cdi = rt["modes"]["cdi"]
+    assert cdi["default-kind"] == "nvidia.com/gpu"
+    assert cdi["spec-dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    assert realnode.CDI_SPEC_FILE.parent in realnode.CDI_SPEC_DIRS
+    # The agent asks for its GPUs by NVIDIA_VISIBLE_DEVICES=all, as an unprivileged container.
+    assert cfg["accept-nvidia-visible-devices-envvar-when-unprivileged"] is True
+
+
+def test_runtime_wrapper_passes_the_config_and_every_argument(tmp_path: Path) -> None:
+    script = realnode.nvidia_runtime_wrapper(Path("/bin/echo"), tmp_path / "config.toml")
+    wrapper = tmp_path / "w"
+    wrapper.write_text(script)
+    wrapper.chmod(0o755)
+    out = subprocess.run(
+        [str(wrapper), "--root", "/x y", "create"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout == "--root /x y create\n"
+    env = subprocess.run(
+        ["sh", "-c", script.replace("/bin/echo", "/usr/bin/env")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert f"NVIDIA_CTK_CONFIG_FILE_PATH={tmp_path / 'config.toml'}" in env.stdout.splitlines()
+
+
+def test_cdi_spec_of_the_standin_gpus() -> None:
+    lib, state = Path("/b/libnvidia-ml.so.1"), Path("/w/nvml/nvml.state")
+    spec = realnode.cdi_spec(lib, state, ["GPU-a-00", "GPU-a-01"])
+    assert spec["kind"] == "nvidia.com/gpu"
+    assert [d["name"] for d in spec["devices"]] == ["GPU-a-00", "GPU-a-01", "all"]
+    devices = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    assert devices["GPU-a-01"] == {"env": ["RLENERGY_NVML_STANDIN_GPU_1=GPU-a-01"]}
+    assert devices["all"]["env"] == [
+        "RLENERGY_NVML_STANDIN_GPU_0=GPU-a-00",
+        "RLENERGY_NVML_STANDIN_GPU_1=GPU-a-01",
+    ]
+    common = spec["containerEdits"]
+    mounts = {m["containerPath"]: m for m in common["mounts"]}
+    assert mounts[realnode.CONTAINER_NVML_LIB]["hostPath"] == str(lib)
+    assert "ro" in mounts[realnode.CONTAINER_NVML_LIB]["options"]
+    assert mounts[realnode.CONTAINER_STATE_DIR]["hostPath"] == "/w/nvml"
+    assert "rw" in mounts[realnode.CONTAINER_STATE_DIR]["options"]
+    assert common["env"] == [
+        f"RLENERGY_NVML_STANDIN_STATE={realnode.CONTAINER_STATE_DIR}/nvml.state"
+    ]
+    assert realnode.CONTAINER_NVML_LIB.endswith("-linux-gnu/libnvidia-ml.so.1")
+
+
+@pytest.mark.parametrize("uuids", [[], ["GPU-1", "GPU-1"], ["GPU 1"], ["GPU-1-"], ["all"]])
+def test_cdi_spec_refuses_uuids_cdi_cannot_name(uuids: list[str]) -> None:
+    with pytest.raises(ValueError, match="UUID"):
+        realnode.cdi_spec(Path("/l"), Path("/s/state"), uuids)
 
 
 def test_kubelet_config_for_this_host(tmp_path: Path) -> None:
@@ -65,6 +164,32 @@ def test_kubelet_client_certificate_names_the_node() -> None:
 def test_missing_kubelet_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(MissingBinaryError, match="make bins"):
         realnode.resolve_node_binaries(tmp_path)
+
+
+def test_missing_nvidia_container_runtime_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr"):
+        (bin_dir / name).write_text("")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "pause.oci.tar").write_text("")
+    (tmp_path / "cni").mkdir()
+    (tmp_path / "cni" / "loopback").write_text("")
+    (tmp_path / "cni" / "loopback").chmod(0o755)
+    monkeypatch.setattr(realnode, "CNI_BIN_DIR", tmp_path / "cni")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    with pytest.raises(MissingBinaryError, match="nvidia-container-runtime.*make bins"):
+        realnode.resolve_node_binaries(bin_dir)
+    (bin_dir / "nvidia-container-runtime").write_text("")
+    (bin_dir / "nvidia-container-runtime").chmod(0o755)
+    bins = realnode.resolve_node_binaries(bin_dir)
+    assert bins.nvidia_runtime == bin_dir / "nvidia-container-runtime"
+    assert bins.containerd == bin_dir / "containerd" and bins.ctr == bin_dir / "ctr"
+    assert bins.shim == bin_dir / "containerd-shim-runc-v2"
+    assert bins.runc == Path("/usr/bin/runc")
 
 
 def test_unmount_under_touches_nothing_outside(tmp_path: Path) -> None:
