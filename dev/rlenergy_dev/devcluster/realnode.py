@@ -2,11 +2,12 @@
 
 ``DevCluster.start(real_node=True)`` (``python -m rlenergy_dev.devcluster up --real-node``)
 starts, next to the KWOK nodes, a containerd 2.x (built by ``hack/node-bins.sh`` from the Go
-module proxy; its own root, state and socket under the cluster's workdir) and a kubelet (built from the same
-Kubernetes version as the control plane) that registers the node ``realnode`` with InternalIP
-127.0.0.1. Pods there really run in containers: the operator and agent images are imported
-into containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod sandbox image
-is a locally built pause binary (hack/images/pause.c), and no registry is ever contacted.
+module proxy; its own root, state and socket under the cluster's workdir) and a kubelet (built
+from the same Kubernetes version as the control plane) that registers the node ``realnode``
+with InternalIP 127.0.0.1. Pods there really run in containers: the operator and agent images
+are imported into containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod
+sandbox image is a locally built pause binary (hack/images/pause.c), and no registry is ever
+contacted.
 
 GPU runtime, as NVIDIA's GPU Operator (>= v25.10, CDI on) leaves a node: runc is containerd's
 default runtime, containerd's CRI plugin applies CDI devices (device plugins' ``Allocate``
