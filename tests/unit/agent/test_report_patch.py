@@ -254,3 +254,78 @@ def test_a_moved_window_is_removes_at_the_front_and_adds_at_the_end(
 def test_json_patch_escapes_keys(key: str) -> None:
     ops = kube.json_patch({key: 1}, {key: 2}, "/spec")
     assert jsonpatch.apply_patch({"spec": {key: 1}}, ops) == {"spec": {key: 2}}
+
+
+class _Response:
+    def __init__(self, status: int, body: Any) -> None:
+        self.status, self.reason = status, "x"
+        self.data = json.dumps(body).encode()
+        self.response = self  # the urllib3 response a watch reads
+        self.headers: dict[str, str] = {}
+
+    def read(self) -> bytes:
+        return self.data
+
+    def getheaders(self) -> dict[str, str]:
+        return self.headers
+
+
+class _ApiClient:
+    """``param_serialize`` / ``call_api`` of ``kubernetes.client.ApiClient``, recorded."""
+
+    def __init__(self, status: int = 200, body: Any = None) -> None:
+        self.status, self.body = status, {"ok": True} if body is None else body
+        self.calls: list[dict[str, Any]] = []
+
+    def param_serialize(self, **kw: Any) -> tuple[Any, ...]:
+        self.calls.append(kw)
+        return kw["method"], kw["resource_path"], kw["header_params"], kw["body"], None
+
+    def call_api(self, method: str, url: str, **kw: Any) -> _Response:
+        self.calls[-1]["timeout"] = kw.get("_request_timeout")
+        return _Response(self.status, self.body)
+
+
+def test_custom_objects_sends_the_calls_the_generated_api_sends() -> None:
+    client = _ApiClient()
+    api = kube.CustomObjects(client)
+    base = "/apis/rlenergy.io/v1alpha1/namespaces/team-a/rlenergynodereports"
+    assert api.patch_namespaced_custom_object(
+        kube.GROUP, kube.VERSION, "team-a", kube.REPORT_PLURAL, "r", {"spec": {}}
+    ) == {"ok": True}
+    api.patch_namespaced_custom_object(
+        kube.GROUP, kube.VERSION, "team-a", kube.REPORT_PLURAL, "r", [{"op": "test"}],
+        _content_type=kube.JSON_PATCH,
+    )  # fmt: skip
+    api.create_namespaced_custom_object(kube.GROUP, kube.VERSION, "team-a", "x", {"a": 1})
+    api.get_namespaced_custom_object(kube.GROUP, kube.VERSION, "team-a", "x", "n")
+    raw = api.list_namespaced_custom_object(
+        kube.GROUP, kube.VERSION, "team-a", kube.POLICY_PLURAL,
+        field_selector="metadata.name=p", resource_version="7", allow_watch_bookmarks=True,
+        timeout_seconds=300, watch=True, _preload_content=False, _request_timeout=(10.0, 330.0),
+    )  # fmt: skip
+    merge, jpatch, create, get, watch = client.calls
+    assert (merge["method"], merge["resource_path"]) == ("PATCH", f"{base}/r")
+    assert merge["header_params"]["Content-Type"] == "application/merge-patch+json"
+    assert jpatch["header_params"]["Content-Type"] == "application/json-patch+json"
+    assert jpatch["body"] == [{"op": "test"}]
+    assert (create["method"], create["resource_path"]) == (
+        "POST", "/apis/rlenergy.io/v1alpha1/namespaces/team-a/x"
+    )  # fmt: skip
+    assert create["header_params"]["Content-Type"] == "application/json"
+    assert (get["method"], get["body"]) == ("GET", None) and "Content-Type" not in get[
+        "header_params"
+    ]
+    assert watch["query_params"] == [
+        ("fieldSelector", "metadata.name=p"),
+        ("resourceVersion", "7"),
+        ("allowWatchBookmarks", "true"),
+        ("timeoutSeconds", "300"),
+        ("watch", "true"),
+    ]
+    assert watch["timeout"] == (10.0, 330.0) and isinstance(raw, _Response)
+    # An error status is the client's ApiException, its status kept.
+    failing = kube.CustomObjects(_ApiClient(status=404, body={"reason": "NotFound"}))
+    with pytest.raises(ApiException) as info:
+        failing.get_namespaced_custom_object(kube.GROUP, kube.VERSION, "team-a", "x", "n")
+    assert info.value.status == 404
