@@ -60,6 +60,7 @@ WATCH_TIMEOUT_S = agent_kube.PlanWatcher.WATCH_TIMEOUT_S  # one plan watch reque
 RECONCILE_S = 2.0  # the operator's default RLENERGY_OPERATOR_RECONCILE_INTERVAL_S
 WINDOW = 32  # the agent's MAX_STEPS_KEPT
 TARGET_RSS_MB, TARGET_LAG_P99_S = 300.0, 5.0
+TARGET_WRITE_KB = 8.0  # a node report write (its PATCH body), p50, 8 GPUs
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -358,7 +359,8 @@ class FleetJob:
         self.records: list[api_node.StepRecord] = []
         self.last_write: dict[int, float] = {}
         self.plan: api_node.ClockPlan | None = None
-        self.report_bytes: list[int] = []  # per RL step: one node's report body, JSON bytes
+        self.report_bytes: list[int] = []  # per RL step: one node's report object, JSON bytes
+        self.write_bytes: list[int] = []  # every write: its request body as sent, bytes
         self.propagation: list[float] = []
         self.error: BaseException | None = None
         clocks = list(self.sku.supported_sm_clocks_mhz())
@@ -403,7 +405,9 @@ class FleetJob:
             return time.time()
 
         futs = [self.bench.pool.submit(write, n, self.report(n, ack=ack)) for n in self.nodes]
-        return max(f.result() for f in futs)
+        end = max(f.result() for f in futs)
+        self.write_bytes.extend(self.writers[n].last_body_bytes for n in self.nodes)
+        return end
 
     # ----- the agents' plan side -----------------------------------------------------------
     def wait_plan(self, step: int, *, deadline_s: float = 120.0) -> api_node.ClockPlan:
@@ -593,6 +597,8 @@ class Point:
                 "requests": after - before,
                 "metrics": metrics_text,
                 "report_bytes": [b for j in self.jobs for b in j.report_bytes],
+                "write_bytes": [b for j in self.jobs for b in j.write_bytes],
+                "patched": sum(w.patched for j in self.jobs for w in j.writers.values()),
                 "errors": errors,
             }
         finally:
@@ -703,8 +709,13 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
         f"(etcd_request_duration_seconds): mean {etcd_s:.3f} s over {updates}",
         f"  plan propagation (last report of a step -> every agent holds the next plan, "
         f"{PLAN_POLL_S:.0f} s polls): p50 {pct(prop, 50):.2f} s, p99 {pct(prop, 99):.2f} s",
-        f"  node report body (one node's, JSON, per write): p50 "
-        f"{pct(res['report_bytes'], 50) / 1e3:.1f} kB, max "
+        f"  node report write (PATCH body as sent; JSON Patch of the changes once the stored "
+        f"object is known, {res['patched']} of {len(res['write_bytes'])}): p50 "
+        f"{pct(res['write_bytes'], 50) / 1e3:.2f} kB, max "
+        f"{max(res['write_bytes'], default=0) / 1e3:.1f} kB (target p50 <= {TARGET_WRITE_KB:.0f} "
+        f"kB)  {'OK' if pct(res['write_bytes'], 50) <= TARGET_WRITE_KB * 1e3 else 'MISSED'}",
+        f"  node report object (one node's, JSON: what etcd stores and a watch event carries): "
+        f"p50 {pct(res['report_bytes'], 50) / 1e3:.1f} kB, max "
         f"{max(res['report_bytes'], default=0) / 1e3:.1f} kB",
         f"  node report writes per node per RL step: {per_node_step:.2f} ({writes} writes; target "
         f"<= 1)  {'OK' if per_node_step <= 1.0 + 1e-9 else 'MISSED'}",

@@ -11,6 +11,14 @@ governs the node's GPU pods when none is configured. ``TokenReviewer`` checks th
 pods' bearer tokens and ``CurrentPod`` their pod's UID (``rlenergy_agent.identity``);
 ``ended_pods`` tells which governed pods
 ended (reset on pod end). Callers: ``rlenergy_agent.__main__``, ``rlenergy_agent.nodeloop``.
+
+A report write carries what changed since the last one: once the writer knows the stored
+object (the API server's answer to its previous write), it sends a JSON Patch (RFC 6902) of the
+changed fields, the new step records appended and the records that left the kept window removed,
+guarded by a ``test`` of the object's ``resourceVersion``; a report of 8 GPUs then sends a few kB
+per RL step instead of the whole kept history (``docs/scale-and-chaos.md``). When the stored
+object is not the one the patch was made against (409 or 422: another writer, a lost answer) or
+the writer knows none (start-up, an error), it writes the whole report as a JSON merge patch.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ REPORT_PLURAL = "rlenergynodereports"
 REPORT_KIND = "RLEnergyNodeReport"
 POLICY_PLURAL = "rlenergypolicies"
 RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
+JSON_PATCH = "application/json-patch+json"
+STALE_BASE = frozenset({409, 422})
+"""Answers to a JSON Patch whose ``resourceVersion`` test failed (422) or that conflicted (409):
+the stored report is not the one the patch was made against."""
 
 
 def report_name(policy: str, node: str) -> str:
@@ -45,21 +57,161 @@ def report_name(policy: str, node: str) -> str:
     return naming.report_name(policy, node)
 
 
-def load_api(kubeconfig: str | None = None) -> Any:
-    """A ``CustomObjectsApi`` from the in-cluster config, else the local kubeconfig.
+def load_api(kubeconfig: str | None = None) -> CustomObjects:
+    """The custom object calls (``CustomObjects``) from the in-cluster config, else the kubeconfig.
 
     Args:
         kubeconfig: a kubeconfig file to use instead (local runs, tests); its own client, the
             process-wide default configuration is left alone.
     """
     if kubeconfig is not None:
-        client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
-        return kubernetes.client.CustomObjectsApi(client)
+        return CustomObjects(kubernetes.config.new_client_from_config(config_file=kubeconfig))
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    return kubernetes.client.CustomObjectsApi()
+    return CustomObjects()
+
+
+class CustomObjects:
+    """The ``CustomObjectsApi`` calls the agent makes, through the client's ``ApiClient``.
+
+    The same methods, arguments and answers (JSON as dicts, ``ApiException`` on an error
+    status, the urllib3 response with ``_preload_content=False`` for ``kubernetes.watch``) for
+    the calls the agent makes, without the generated ``CustomObjectsApi`` class: its methods'
+    argument validators (pydantic, built when the class is first resolved) cost 7.9 MiB of the
+    agent's resident set, 12 % of it (``bench/agent.py`` prints the resident set). The client's
+    configuration, authentication, TLS and retries are the library's (``ApiClient``).
+
+    Args:
+        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
+            configuration, made at the first call).
+    """
+
+    def __init__(self, api_client: Any | None = None) -> None:
+        self._client = api_client
+
+    @property
+    def api_client(self) -> Any:
+        """The ``ApiClient`` the calls go through."""
+        if self._client is None:
+            self._client = kubernetes.client.ApiClient()
+        return self._client
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str | None = None,
+        preload: bool = True,
+        timeout: Any = None,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or (
+                "application/merge-patch+json" if method == "PATCH" else "application/json"
+            )
+        client = self.api_client
+        verb, url, hdrs, data, post = client.param_serialize(
+            method=method, resource_path=path, query_params=list(query), header_params=headers,
+            body=body, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        resp = client.call_api(
+            verb, url, header_params=hdrs, body=data, post_params=post, _request_timeout=timeout
+        )
+        if not preload:
+            return resp.response
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=resp)
+        return json.loads(resp.data or b"{}")
+
+    @staticmethod
+    def _path(group: str, version: str, namespace: str, plural: str, name: str = "") -> str:
+        return f"/apis/{group}/{version}/namespaces/{namespace}/{plural}" + (
+            f"/{name}" if name else ""
+        )
+
+    def get_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str,
+        _request_timeout: Any = None,
+    ) -> Any:  # fmt: skip
+        """``GET`` one object (a dict).
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: an error status (404: no such object).
+        """
+        path = self._path(group, version, namespace, plural, name)
+        return self._call("GET", path, timeout=_request_timeout)
+
+    def list_namespaced_custom_object(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        resource_version: str | None = None,
+        allow_watch_bookmarks: bool | None = None,
+        timeout_seconds: int | None = None,
+        watch: bool | None = None,
+        _preload_content: bool = True,
+        _request_timeout: Any = None,
+    ) -> Any:
+        """``LIST`` (a dict) or, with ``watch``, ``WATCH`` (the open urllib3 response).
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: an error status.
+
+        :rtype: object
+        """
+        query = [
+            (key, str(value).lower() if isinstance(value, bool) else str(value))
+            for key, value in (
+                ("fieldSelector", field_selector),
+                ("labelSelector", label_selector),
+                ("resourceVersion", resource_version),
+                ("allowWatchBookmarks", allow_watch_bookmarks),
+                ("timeoutSeconds", timeout_seconds),
+                ("watch", watch),
+            )
+            if value is not None
+        ]
+        path = self._path(group, version, namespace, plural)
+        return self._call(
+            "GET", path, query=query, preload=_preload_content, timeout=_request_timeout
+        )
+
+    def patch_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, body: Any,
+        _content_type: str | None = None, _request_timeout: Any = None,
+    ) -> Any:  # fmt: skip
+        """``PATCH`` one object: a JSON merge patch (a dict), or ``_content_type``.
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: an error status.
+        """
+        path = self._path(group, version, namespace, plural, name)
+        return self._call(
+            "PATCH", path, body=body, content_type=_content_type, timeout=_request_timeout
+        )
+
+    def create_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, body: Any,
+        _request_timeout: Any = None,
+    ) -> Any:  # fmt: skip
+        """``POST`` one object.
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: an error status (409: it exists).
+        """
+        path = self._path(group, version, namespace, plural)
+        return self._call("POST", path, body=body, timeout=_request_timeout)
 
 
 def start_clients() -> Any:
@@ -163,7 +315,13 @@ class ReportWriter:
         self.backoff_s = backoff_s
         self._sleep = sleep
         self.writes = 0
+        self.last_body_bytes = 0
+        """The request body of the newest write that succeeded, bytes as the client sends it
+        (``json.dumps``): the JSON Patch, or the whole report."""
+        self.patched = 0
+        """Writes sent as a JSON Patch of the changes (the rest sent the whole report)."""
         self._exists: bool | None = None
+        self._base: tuple[str, str] | None = None  # (resourceVersion, stored spec as JSON)
 
     def body(self, report: api_node.NodeReport) -> dict[str, Any]:
         """The full object for ``report``."""
@@ -203,27 +361,68 @@ class ReportWriter:
 
     def _write_once(self, report: api_node.NodeReport) -> None:
         body = self.body(report)
+        if self._exists is not False and self._patch_changes(body["spec"]):
+            return
         if self._exists is not False:
+            whole = {"spec": body["spec"], "metadata": {"labels": body["metadata"]["labels"]}}
             try:
-                self.api.patch_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    REPORT_PLURAL,
-                    self.name,
-                    {"spec": body["spec"], "metadata": {"labels": body["metadata"]["labels"]}},
+                stored = self.api.patch_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, REPORT_PLURAL, self.name, whole
                 )
                 self._exists = True
+                self._stored(stored, whole)
                 return
             except ApiException as exc:
                 if exc.status != 404:
                     raise
                 self._exists = False
-        self.api.create_namespaced_custom_object(
+        stored = self.api.create_namespaced_custom_object(
             GROUP, VERSION, self.namespace, REPORT_PLURAL, body
         )
         self._exists = True
+        self._stored(stored, body)
         self._retire_legacy()
+
+    def _patch_changes(self, spec: dict[str, Any]) -> bool:
+        """Send only what changed since the stored report; whether that write was made.
+
+        False (the caller writes the whole report) when the stored object is unknown, or is not
+        the one the patch was made against (``STALE_BASE``) or is gone (404).
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: any other API error (the stored object
+                is unknown after it: the retry writes the whole report).
+        """
+        base, self._base = self._base, None  # known again only from this write's answer
+        if base is None:
+            return False
+        version, stored = base
+        ops = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            *json_patch(json.loads(stored), without_nulls(spec), "/spec"),
+        ]
+        try:
+            answer = self.api.patch_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, REPORT_PLURAL, self.name, ops,
+                _content_type=JSON_PATCH,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status in STALE_BASE or exc.status == 404:
+                log.info("report %s changed since the last write (%s)", self.name, exc.status)
+                return False
+            raise
+        self.patched += 1
+        self._stored(answer, ops)
+        return True
+
+    def _stored(self, answer: Any, sent: Any) -> None:
+        """Keep the stored object the API server answered with, the base of the next patch."""
+        self.last_body_bytes = len(json.dumps(sent))
+        meta = answer.get("metadata") if isinstance(answer, dict) else None
+        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        spec = answer.get("spec") if isinstance(answer, dict) else None
+        if isinstance(version, str) and version and isinstance(spec, dict):
+            self._base = (version, json.dumps(without_nulls(spec), separators=(",", ":")))
 
     def _retire_legacy(self) -> None:
         """Unlabel this node's report under the name agents used before the hash suffix.
@@ -251,6 +450,70 @@ class ReportWriter:
                 log.warning("could not retire old report %s: %s", legacy, exc.reason)
         except OSError as exc:
             log.warning("could not retire old report %s: %s", legacy, exc)
+
+
+def json_patch(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
+    """RFC 6902 operations that turn the JSON value ``old`` into ``new`` (at ``path``).
+
+    Objects are compared key by key (``add``, ``remove``, and the changed values); a list
+    whose tail is the head of the new list (the report's window of step records moved on by
+    records dropped at the front and appended at the end) becomes that many ``remove`` of
+    index 0 and an ``add`` per new element at the end (``-``); another list of the same length
+    is compared element by element, and any other change replaces the value. Applying the
+    operations to ``old`` gives ``new`` (``tests/unit/agent/test_report_patch.py`` checks it
+    with ``jsonpatch.apply_patch``).
+
+    Args:
+        old: the stored value (JSON types).
+        new: the value to write.
+        path: the JSON Pointer (RFC 6901) of both.
+    """
+    if old == new and type(old) is type(new):
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        ops: list[dict[str, Any]] = []
+        for key in old:
+            if key not in new:
+                ops.append({"op": "remove", "path": f"{path}/{_pointer(key)}"})
+        for key, value in new.items():
+            if key not in old:
+                ops.append({"op": "add", "path": f"{path}/{_pointer(key)}", "value": value})
+            else:
+                ops.extend(json_patch(old[key], value, f"{path}/{_pointer(key)}"))
+        return ops
+    if isinstance(old, list) and isinstance(new, list) and old:
+        for dropped in range(len(old)):
+            kept = len(old) - dropped
+            if kept <= len(new) and old[dropped:] == new[:kept]:
+                return [{"op": "remove", "path": f"{path}/0"}] * dropped + [
+                    {"op": "add", "path": f"{path}/-", "value": v} for v in new[kept:]
+                ]
+        if len(old) == len(new):
+            return [op for i, (a, b) in enumerate(zip(old, new, strict=True))
+                    for op in json_patch(a, b, f"{path}/{i}")]  # fmt: skip
+    if isinstance(old, bool | int | float) and isinstance(new, bool | int | float):
+        if old == new and isinstance(old, bool) == isinstance(new, bool):
+            return []  # 5 and 5.0: the API server answers integral floats as integers
+    return [{"op": "replace", "path": path, "value": new}]
+
+
+def without_nulls(value: Any) -> Any:
+    """``value`` without the object members whose value is ``null`` (list items stay).
+
+    A null member and a missing one mean the same to the report's readers, and a merge patch
+    stores none (RFC 7386), so a patch made on both sides without them neither adds nulls nor
+    removes them; list items stay, so list indexes hold on the stored object.
+    """
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def _pointer(key: str) -> str:
+    """A key as a JSON Pointer reference token (RFC 6901: ``~`` -> ``~0``, ``/`` -> ``~1``)."""
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 class PlanWatcher:
@@ -373,7 +636,7 @@ class PlanWatcher:
 
     def _follow(self, version: str) -> str:
         """One watch request from ``version``; returns the newest resourceVersion seen."""
-        self._watch = watch = kubernetes.watch.Watch()
+        self._watch = watch = kubernetes.watch.Watch(return_type="object")
         for event in watch.stream(
             self.api.list_namespaced_custom_object,
             GROUP,

@@ -128,6 +128,7 @@ def dispatch(
                 for u, r in res.applied.items()
             },
             plan_phases=list(res.plan_phases),
+            boundary_monotonic_seconds=res.boundary_s,
         )
     if isinstance(req, signals.ProgressRequest):
         # total: cumulative progress of the current phase (preferred: probe slices

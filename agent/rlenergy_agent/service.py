@@ -71,6 +71,9 @@ class PhaseResult:
         plan_phases: the phase names of the plan the agent follows now, in its order
             (observe-mode plans included; empty: no plan), so that the trainer knows which
             training sub-phases the policy names (``rlenergy.api.phases.signal_name``).
+        boundary_s: when the GPUs' energy counters were read for the boundary this signal
+            made (the agent's clock, s): energy before it is the closed window's, after it
+            the new window's.
     """
 
     gpus: tuple[str, ...]
@@ -78,6 +81,7 @@ class PhaseResult:
     latency_s: float
     closed: api_node.PhaseWindowReport | None
     plan_phases: tuple[str, ...] = ()
+    boundary_s: float | None = None
 
 
 class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds):
@@ -346,7 +350,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
             self._open[pod] = w
         if probing:
             self._wake.set()
-        return PhaseResult(gpus, results, latency, closed, plan_phases)
+        return PhaseResult(gpus, results, latency, closed, plan_phases, boundary_s=mark.t_s)
 
     # ----- in-phase probes ------------------------------------------------------------------
 

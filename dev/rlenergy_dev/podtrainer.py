@@ -52,6 +52,9 @@ GROUPS = 9
 LENGTH_SCALE = 16
 """[MODEL] The pod's batch has the trace's mean response and prompt lengths over this (a CPU
 model trains on it in the phase's time); valid tokens keep the trace's step-to-step shape."""
+WRITTEN_KEPT_S = 5.0
+"""How long ``WorkFeed`` remembers what it wrote to the counters, s (a boundary record arrives
+an answer's round trip after the boundary: milliseconds, seconds at worst)."""
 STEP_LINE = "STEP "
 """Prefix of the pod's per-step JSON line (the test parses the pod's log)."""
 
@@ -146,9 +149,16 @@ def tail_label(label: str) -> str:
     return f"{label}/tail"
 
 
-def work_record(kind: str, label: str) -> bytes:
-    """One line of the work log: the GPUs run ``kind`` from now on, booked to ``label``."""
-    return (json.dumps({"kind": kind, "label": label, "at": time.monotonic()}) + "\n").encode()
+def work_record(kind: str, label: str, boundary_s: float | None = None) -> bytes:
+    """One line of the work log: the GPUs run ``kind`` from now on, booked to ``label``.
+
+    ``boundary_s``: the agent's window boundary (``PhaseAnswer.boundaryMonotonicSeconds``):
+    the energy the GPUs' counters gained after it is booked to ``label`` (``WorkFeed``).
+    """
+    record: dict[str, Any] = {"kind": kind, "label": label, "at": time.monotonic()}
+    if boundary_s is not None:
+        record["at"], record["boundary"] = boundary_s, True
+    return (json.dumps(record) + "\n").encode()
 
 
 class WorkFeed:
@@ -175,6 +185,11 @@ class WorkFeed:
         self.kinds_seen: list[str] = []
         self.kind = "idle"
         """What the trainer's GPUs run now (its last record)."""
+        self.label = "idle"
+        """The truth label the trainer's GPUs book to now (its last record)."""
+        self._written: list[tuple[float, str, dict[str, float]]] = []
+        """(when written, label, J per GPU) of each counter advance of the last
+        ``WRITTEN_KEPT_S`` seconds."""
         self._log: IO[bytes] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="work-feed", daemon=True)
@@ -196,6 +211,30 @@ class WorkFeed:
         self._log.seek(len(whole) - len(data), os.SEEK_CUR)
         return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
+    def _advance(self, uuids: Sequence[str], dt_s: float) -> None:
+        """Advance the counters by ``dt_s`` and note when that energy was written, and to what."""
+        before = [self.driver.truth_j(u) for u in uuids]
+        self.driver.advance(dt_s)
+        gained = [self.driver.truth_j(u) - b for u, b in zip(uuids, before, strict=True)]
+        self._written.append((time.monotonic(), self.label, dict(zip(uuids, gained, strict=True))))
+        horizon = self._written[-1][0] - WRITTEN_KEPT_S
+        while self._written and self._written[0][0] < horizon:
+            self._written.pop(0)
+
+    def _rebook_after(self, boundary_s: float, label: str) -> None:
+        """Book the energy written after the agent's boundary read to ``label``.
+
+        The agent read the counters at ``boundary_s``; whatever this loop wrote after that
+        moment is in the window the boundary opened, whenever this loop (a host thread, late on
+        a busy machine) got to write it. A real GPU's counter is kept by the GPU, not by a
+        thread the host's load can delay.
+        """
+        for i, (written_s, was, gained) in enumerate(self._written):
+            if written_s > boundary_s and was != label:
+                for u, j in gained.items():
+                    self.driver.rebook(u, was, label, j)
+                self._written[i] = (written_s, label, gained)
+
     def _run(self) -> None:
         last = time.monotonic()
         pending: list[dict[str, Any]] = []
@@ -205,14 +244,19 @@ class WorkFeed:
             uuids = tuple(self.uuids())
             for work in pending if uuids else ():
                 at = min(max(float(work["at"]), last), now)
-                self.driver.advance(at - last)
+                self._advance(uuids, at - last)
                 last = at
                 self.driver.set_work(uuids, work["kind"], work["label"])
+                self.label = str(work["label"])
+                if work.get("boundary"):
+                    self._rebook_after(float(work["at"]), self.label)
                 self.kind = str(work["kind"])
                 self.kinds_seen.append(work["label"])
             if uuids:
                 pending = []
-            self.driver.advance(now - last)
+                self._advance(uuids, now - last)
+            else:
+                self.driver.advance(now - last)
             last = now
 
     def stop(self) -> None:
@@ -305,8 +349,9 @@ def run(
 
     log_fd = os.open(work_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def work(kind: str, label: str) -> None:
-        os.write(log_fd, work_record(kind, label))  # one write of one line: atomic on append
+    def work(kind: str, label: str, boundary_s: float | None = None) -> None:
+        # one write of one line: atomic on append
+        os.write(log_fd, work_record(kind, label, boundary_s))
 
     _label_at_signals(verl_hook.hook(), work)
     engine = verlrank.CpuEngine(chunk_tokens=32)
@@ -331,19 +376,24 @@ def run(
     return out
 
 
-def _label_at_signals(hook: Any, work: Callable[[str, str], None]) -> None:
+def _label_at_signals(hook: Any, work: Callable[..., None]) -> None:
     """Book the GPUs' energy to the phase the agent was told, from the moment it was told.
 
-    Wraps the hook's ``client.phase`` so that once the agent acknowledged a phase signal the
-    truth label switches with it (the agent's window boundary), the GPUs idle until the
-    phase's work starts (decoding once the weights are in, the engine's first forward chunk).
+    Wraps the hook's ``client.phase`` so that the truth label switches where the agent's window
+    does: at the moment the agent read the GPUs' counters for the boundary, which its answer
+    carries (``boundaryMonotonicSeconds``; the answer's arrival, later by the round trip and
+    by a busy machine's scheduling, without it). The GPUs idle until the phase's work starts
+    (decoding once the weights are in, the engine's first forward chunk).
     Each window's truth is then its label's energy plus its tail's (:func:`tail_label`).
     """
     signal = hook.client.phase
 
     def phase(name: str, *, step: int) -> Any:
+        hook.client.last_response = {}
         out = signal(name, step=step)
-        work("idle", f"{name}-{step}")  # the phase's own work switches the kind
+        at = hook.client.last_response.get("boundaryMonotonicSeconds")
+        boundary = float(at) if isinstance(at, int | float) else None
+        work("idle", f"{name}-{step}", boundary)  # the phase's own work switches the kind
         return out
 
     hook.client.phase = phase

@@ -445,6 +445,16 @@ class StandinDriver:
             g.util_mem = 30 if sim.kind == "training" else 85
         g.idle = idle
 
+    def rebook(self, uuid: str, src: str, dst: str, joules: float) -> None:
+        """Move ``joules`` of a GPU's truth from label ``src`` to label ``dst``.
+
+        The counters and the whole truth stay: only the work the energy is booked to changes.
+        """
+        with self._lock:
+            by = self._sims[uuid].by_label_j
+            by[src] = by.get(src, 0.0) - joules
+            by[dst] = by.get(dst, 0.0) + joules
+
     def truth_j(self, uuid: str, label: str | None = None) -> float:
         """Truth: joules a GPU used since creation (or under one work label)."""
         with self._lock:

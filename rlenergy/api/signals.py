@@ -112,6 +112,16 @@ class PhaseAnswer(_Wire):
             "only when it is listed here, else as training."
         ),
     )
+    boundary_monotonic_seconds: float | None = Field(
+        None,
+        description=(
+            "When the agent read the GPUs' energy counters for the window boundary this "
+            "signal made (CLOCK_MONOTONIC, shared by the node's processes, s): the energy "
+            "before it counts in the window the signal closed, after it in the one it opened. "
+            "A trainer that books its work by time books the switch here, not at the answer's "
+            "arrival, which a busy node delays by tens of ms."
+        ),
+    )
 
 
 class ProgressRequest(_Wire):
