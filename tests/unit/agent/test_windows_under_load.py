@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from agent_support import LOCKED_PLAN, POD_A, DriverFactory, FakeReviews, standin_agent
 from rlenergy_agent import server
-from rlenergy_agent.testing import podtrainer
+from rlenergy_dev import podtrainer
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ BURNERS_PER_CORE = 3
 TRAINER = """
 import os, sys, time, types
 from rlenergy.sdk import trainer
-from rlenergy_agent.testing import podtrainer
+from rlenergy_dev import podtrainer
 
 sock, token, work_file, steps, phase_s = sys.argv[1:6]
 client = trainer.RLEnergyClient(sock, token_file=token, strict=True)
