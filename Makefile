@@ -79,6 +79,7 @@ engine-wheels: $(STAMP)
 ## Ruff, mypy (strict), import-linter contracts and the docs site (mkdocs build --strict).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlenergy operator agent dev tests bench hack
+	$(VENV)/bin/ruff format --check rlenergy operator agent dev tests bench hack
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site

@@ -165,6 +165,8 @@ def _scratch(path: str) -> str:
         if path == repo or path.startswith(repo + "/"):
             return there + path[len(repo) :]
     return path
+
+
 KILLED = {"killed", "timeout", "caught by type check"}
 SCORED = KILLED | {"survived", "no tests"}
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped"}
@@ -251,9 +253,10 @@ def run(key: str, jobs: int, only: list[str]) -> None:
     summary.update(runs=runs, jobs=jobs)
     (WORK / f"{key}.json").write_text(json.dumps(summary, indent=1))
     counts = summary["files"]
-    print(f"{key}: rc {rc}, {runs[-1]['seconds']} s; " + "; ".join(
-        f"{f} {c['killed']}/{c['scored']}" for f, c in counts.items()
-    ))
+    print(
+        f"{key}: rc {rc}, {runs[-1]['seconds']} s; "
+        + "; ".join(f"{f} {c['killed']}/{c['scored']}" for f, c in counts.items())
+    )
 
 
 def collect(key: str) -> dict[str, object]:
@@ -335,9 +338,7 @@ def report() -> Path:
         for rel, c in summary["files"].items():
             score = 100.0 * c["killed"] / c["scored"] if c["scored"] else 0.0
             checked = f" ({c['scored']} checked)" if c["scored"] != c["mutants"] else ""
-            lines.append(
-                f"| `{rel}` | {c['mutants']}{checked} | {c['killed']} | {score:.1f} |"
-            )
+            lines.append(f"| `{rel}` | {c['mutants']}{checked} | {c['killed']} | {score:.1f} |")
         for s in summary["survivors"]:
             detail.append(f"* `{s['name']}` ({s['status']})")
             if s.get("diff"):

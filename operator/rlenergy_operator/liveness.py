@@ -62,9 +62,7 @@ class EchoTracker:
         """Objects whose write has waited longer than the bound, with the wait, s."""
         now = self._clock()
         with self._lock:
-            return {
-                k: now - t for k, (_, t) in self._pending.items() if now - t > self.bound_s
-            }
+            return {k: now - t for k, (_, t) in self._pending.items() if now - t > self.bound_s}
 
 
 WatchKey = tuple[str, str, str]

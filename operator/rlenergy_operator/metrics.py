@@ -42,8 +42,7 @@ AGENTS = Gauge(
 )
 WITHOUT_AGENT = Gauge(
     "rlenergy_operator_gpu_nodes_without_agent",
-    "GPU nodes with no node agent: without the GPU node label, or blocked (taint, "
-    "nodeSelector).",
+    "GPU nodes with no node agent: without the GPU node label, or blocked (taint, nodeSelector).",
     ["cause"],
     registry=REGISTRY,
 )

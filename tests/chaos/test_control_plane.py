@@ -60,7 +60,9 @@ def test_operator_sigkill_second_replica_takes_over(
         # (CI, 2026-12-02: the higher replica ran no create handler, its loop waited for an
         # observedGeneration that never came). This test is the takeover of a settled pair.
         wait_until(
-            lambda: "Pausing operations" in second.output(), timeout=60, what="second replica paused"
+            lambda: "Pausing operations" in second.output(),
+            timeout=60,
+            what="second replica paused",
         )
         s.start(operator=False)
         s.run_steps(3)

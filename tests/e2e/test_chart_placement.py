@@ -32,7 +32,9 @@ def _agent_pod(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> d
     """The agent pod spec the operator renders from the chart's ConfigMap."""
     from rlenergy_operator import builders, settings
 
-    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")]
+    (cm,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")
+    ]
     for key, value in cm["data"].items():
         monkeypatch.setenv(key, value)
     return dict(builders.agent_daemonset(settings.OperatorConfig())["spec"]["template"]["spec"])
@@ -69,7 +71,11 @@ def test_placement_settings_reach_the_agent_daemonset(monkeypatch: pytest.Monkey
     assert pod["priorityClassName"] == "system-node-critical"  # the chart's default
     names = ["org-wide", "regcred", "mirror"]
     assert pod["imagePullSecrets"] == [{"name": n} for n in names]
-    gpu = {"key": "feature.node.kubernetes.io/pci-10de.present", "operator": "In", "values": ["true"]}
+    gpu = {
+        "key": "feature.node.kubernetes.io/pci-10de.present",
+        "operator": "In",
+        "values": ["true"],
+    }
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [{"matchExpressions": [zone, gpu]}]
     assert pod["containers"][0]["image"] == f"ghcr.io/rl-energy/rl-energy-agent@{DIGEST}"

@@ -41,8 +41,6 @@ NOW = "2026-11-29T18:00:00Z"
 POLICY = "grpo-plugin"
 
 
-
-
 def _status() -> dict[str, Any]:
     cond = [
         {"type": t, "status": s, "reason": r, "message": "", "lastTransitionTime": NOW}

@@ -49,8 +49,6 @@ from tests import factories  # noqa: E402
 RESET_DEADLINE_S = 8
 
 
-
-
 class Operator:
     """The operator as a subprocess; ``kill()`` is SIGKILL (no graceful shutdown)."""
 

@@ -83,7 +83,9 @@ def _dashboard_queries(namespace: str, policy: str) -> dict[tuple[int, str], str
 def _honor_labels() -> bool:
     docs = chart_support.template("--set", "metrics.serviceMonitor.enabled=true")
     (monitor,) = [
-        d for d in docs if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-agent")
+        d
+        for d in docs
+        if d["kind"] == "ServiceMonitor" and d["metadata"]["name"].endswith("-agent")
     ]
     return bool(monitor["spec"]["endpoints"][0]["honorLabels"])
 

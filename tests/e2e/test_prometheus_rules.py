@@ -168,7 +168,9 @@ def test_every_alert_fires_on_its_fault_and_not_on_the_healthy_twin(tmp_path: Pa
         ),
         "RLEnergyAgentsMissing": (
             [
-                series("rlenergy_operator_gpu_nodes_without_agent", {"cause": "unlabelled"}, "1x30"),
+                series(
+                    "rlenergy_operator_gpu_nodes_without_agent", {"cause": "unlabelled"}, "1x30"
+                ),
                 series("rlenergy_operator_gpu_nodes_without_agent", {"cause": "blocked"}, "0x30"),
                 series("rlenergy_operator_agents", {"state": "desired"}, "8x30"),
                 series("rlenergy_operator_agents", {"state": "ready"}, "8x30"),
@@ -194,8 +196,12 @@ def test_every_alert_fires_on_its_fault_and_not_on_the_healthy_twin(tmp_path: Pa
         ),
         "RLEnergyReconcileErrors": (
             [
-                series("rlenergy_operator_reconcile_errors_total", {"handler": "policy_loop"}, "0+6x30"),
-                series("rlenergy_operator_reconcile_errors_total", {"handler": "policy_delete"}, "0x30"),
+                series(
+                    "rlenergy_operator_reconcile_errors_total", {"handler": "policy_loop"}, "0+6x30"
+                ),
+                series(
+                    "rlenergy_operator_reconcile_errors_total", {"handler": "policy_delete"}, "0x30"
+                ),
             ],
             {"handler": "policy_loop"},
             "16m",  # rate over 10 m divides by the range: above 0.05/s once 5 m of errors

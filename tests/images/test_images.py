@@ -239,7 +239,9 @@ def test_agent_without_nvml_names_the_toolkit(images: dict[str, Unpacked]) -> No
 def test_agent_standin_nvml(images: dict[str, Unpacked], tmp_path: Path) -> None:
     """The stand-in libnvidia-ml copied where the toolkit would inject the real one."""
     if shutil.which("gcc") is None:
-        pytest.fail("gcc missing: cannot build the stand-in libnvidia-ml; run `apt-get install -y gcc`")
+        pytest.fail(
+            "gcc missing: cannot build the stand-in libnvidia-ml; run `apt-get install -y gcc`"
+        )
     from rlenergy_dev import standin
 
     from rlenergy.gpu import models

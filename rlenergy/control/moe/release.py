@@ -335,7 +335,6 @@ FORECAST_SEGMENTS = 16
 grows linearly with it; the forecast is piecewise constant per segment) [MODEL]."""
 
 
-
 def _survivors(
     workers: Sequence[base.WorkerState],
     release: Sequence[int],
@@ -353,6 +352,7 @@ def _survivors(
         for w in workers
         if w.worker not in gone
     ]
+
 
 def _forecast_segments(workers: Sequence[base.WorkerState]) -> list[tuple[float, float]]:
     """``(start, length)`` in decode steps of the forecast segments of the rest of the step.

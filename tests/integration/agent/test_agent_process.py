@@ -68,8 +68,13 @@ def _start(setup: Setup) -> subprocess.Popen[str]:
     env["KUBECONFIG"] = str(setup.cluster.kubeconfig)
     proc = subprocess.Popen(
         standin.agent_argv(
-            setup.pod.node, work / "a.sock", work / "host",
-            "--plan", str(work / "plan.json"), "--log-level", "WARNING",
+            setup.pod.node,
+            work / "a.sock",
+            work / "host",
+            "--plan",
+            str(work / "plan.json"),
+            "--log-level",
+            "WARNING",
         ),  # fmt: skip
         env=env,
         stdout=subprocess.PIPE,

@@ -52,8 +52,13 @@ def test_a_counter_that_disagrees_with_power_is_flagged_with_both_numbers(
     assert bad.window_seconds == pytest.approx(crosscheck.WINDOW_S, abs=1.0)
     assert not good.mismatch and good.counter_joules == pytest.approx(good.power_joules, rel=0.02)
     fams = {f.name: f for f in text_string_to_metric_families(metrics.render(agent).decode())}
-    ratio = {s.labels["gpu_uuid"]: s.value for s in fams["rlenergy_agent_energy_crosscheck_ratio"].samples}
-    assert ratio[fast] == pytest.approx(1.3, rel=0.02) and ratio[fine] == pytest.approx(1.0, rel=0.02)
+    ratio = {
+        s.labels["gpu_uuid"]: s.value
+        for s in fams["rlenergy_agent_energy_crosscheck_ratio"].samples
+    }
+    assert ratio[fast] == pytest.approx(1.3, rel=0.02) and ratio[fine] == pytest.approx(
+        1.0, rel=0.02
+    )
     # the operator's Event names the node, the GPU and both numbers
     (event,) = findings.cross_check_events(
         [agent.report()], {}

@@ -158,7 +158,9 @@ def test_vllm_counter_drives_the_probe_slices_at_50_hz(
     gen = next(p for p in report.steps[0].phases if p.phase == "generation")
     assert gen.progress_max_gap_seconds is not None and gen.progress_mean_gap_seconds
     assert gen.progress_max_gap_seconds < SLICE_S
-    assert all((s.rate_reports or 0) >= 2 for s in gen.slices if s.duration_seconds >= 0.9 * SLICE_S)
+    assert all(
+        (s.rate_reports or 0) >= 2 for s in gen.slices if s.duration_seconds >= 0.9 * SLICE_S
+    )
     assert gen.progress_mean_gap_seconds <= min(0.05, SLICE_S / eerl.SLICE_PER_PROGRESS_GAP)
     # Each full slice's progress is the decode rate of its clock (default vs 1200 MHz).
     assert [s.clock_mhz for s in gen.slices][: len(SCHEDULE)] == list(SCHEDULE)

@@ -170,7 +170,6 @@ def test_lost_rollout_workers_are_relayed_to_the_dispatcher(make_driver):
     assert answer.lost_workers == ["ns/worker-1"] and answer.pod == str(pod)
 
 
-
 class _CutResp(_Resp):
     """A watch response whose connection breaks once ``cut`` is set (the API server exits)."""
 

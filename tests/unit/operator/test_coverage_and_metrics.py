@@ -84,7 +84,9 @@ def test_handler_failures_are_counted_and_passes_recorded():
         for f in text_string_to_metric_families(generate_latest(metrics.REGISTRY).decode())
         for s in f.samples
     }
-    assert samples[("rlenergy_operator_reconcile_errors_total", (("handler", "unit_handler"),))] == 2
+    assert (
+        samples[("rlenergy_operator_reconcile_errors_total", (("handler", "unit_handler"),))] == 2
+    )
     pol = (("namespace", "team-a"), ("policy", "grpo"))
     assert samples[("rlenergy_operator_policy_agents", (*pol, ("state", "ready")))] == 2
     assert samples[("rlenergy_operator_policy_status_lag_steps", pol)] == 2

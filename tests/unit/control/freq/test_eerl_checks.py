@@ -57,9 +57,7 @@ def _locked() -> eerl.PhaseController:
 
 def _locked_step(pc: eerl.PhaseController, *, slowdown: bool = False) -> None:
     clock = pc.locked_clock_mhz
-    pc.observe(
-        base.PhaseObservation("generation", 1.25, 300.0, clock, 1400, slowdown=slowdown), WL
-    )
+    pc.observe(base.PhaseObservation("generation", 1.25, 300.0, clock, 1400, slowdown=slowdown), WL)
 
 
 def _monitor_step(pc: eerl.PhaseController, clock: int, ratio: float) -> None:

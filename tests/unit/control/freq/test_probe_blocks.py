@@ -77,13 +77,17 @@ def test_slow_default_rates_still_make_a_block() -> None:
 
 
 def test_a_capped_block_is_credited_to_the_clock_it_ran() -> None:
-    capped = [dataclasses.replace(s, effective_clock_mhz=1500) if s.clock_mhz else s for s in block()]
+    capped = [
+        dataclasses.replace(s, effective_clock_mhz=1500) if s.clock_mhz else s for s in block()
+    ]
     assert probe.blocks_from_slices(capped)[0][0][0] == 1500
     # Half the candidate slices capped 30 MHz below: a mean of exactly one tolerance below
     half = list(block())
     cands = [i for i, s in enumerate(half) if s.clock_mhz]
     for i in cands[:2]:
-        half[i] = dataclasses.replace(half[i], effective_clock_mhz=CLOCK - 2 * base.CLOCK_TOLERANCE_MHZ)
+        half[i] = dataclasses.replace(
+            half[i], effective_clock_mhz=CLOCK - 2 * base.CLOCK_TOLERANCE_MHZ
+        )
     assert probe.blocks_from_slices(half)[0][0][0] == CLOCK  # within the tolerance: the lock
     for i in cands:
         half[i] = dataclasses.replace(half[i], effective_clock_mhz=CLOCK - base.CLOCK_TOLERANCE_MHZ)
