@@ -6,8 +6,8 @@ measurements: ``h100-sxm:hbm-decode`` etc.). Prints one row per run (online savi
 saving, their ratio, throughput vs default, the lowest phase throughput ratio, trial steps,
 measured-vs-true energy, and the largest error of the status's saving, in percentage points,
 and throughput ratio against the truth over the phases and the job total: ``sim.status``) and, last, per family one line with the worst ``online_to_oracle`` and
-the worst ``throughput_ratio - min_throughput_ratio`` (whole job and lowest phase). Targets
-(issue 19): online/oracle >= 0.95, throughput >= each phase's minThroughputRatio. Before it,
+the worst ``throughput_ratio - min_throughput_ratio`` (whole job and lowest phase). Targets:
+online/oracle >= 0.95, throughput >= each phase's minThroughputRatio. Before it,
 per family and margin of ``CEILING_MARGINS``, the ceiling: the oracle searched again with
 every threshold raised by the margin (no learning cost) over the oracle, worst row and rows
 below 0.95 (``report.simulate(oracle_margins=...)``).
@@ -15,7 +15,7 @@ below 0.95 (``report.simulate(oracle_margins=...)``).
 Seeds: every figure is judged over several noise seeds (``--seeds``, default 0-2, one row per
 seed; the summary lines take the worst over all of them): one seed hid threshold misses that
 another showed (seed 0 kept every phase's threshold; seed 1 missed generation's by 0.028 on
-TinyZero, ``b200:saturating-decode``, sync, issue 19). Runs go to ``--jobs`` processes.
+TinyZero, ``b200:saturating-decode``, sync). Runs go to ``--jobs`` processes.
 
 Usage: ``python bench/energy.py [--steps 200] [--seeds 0,1,2] [--jobs N]
 [--family both|first|published] [--json]`` (``make bench-energy``).

@@ -1,4 +1,4 @@
-"""Finer phases benchmark (issue 19 item 4): what naming verl's training sub-phases adds.
+"""Finer phases benchmark: what naming verl's training sub-phases adds.
 
 Every shipped trace that logs two or more training sub-phases (``timing_s/old_log_prob``,
 ``ref``, ``values``, ``update_critic``, ``update_actor``) is simulated split by sub-phase

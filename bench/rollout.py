@@ -4,7 +4,7 @@ Usage: ``python bench/rollout.py [--steps N] [--workers W] [--heavy-tail F]
 [--prompt-share S] [--prompt-persistence C] [--exact-lengths] [--json]`` (``make bench-rollout``). Prints one row
 per trace, then the calibrated verl#3727 scenario in three deployment shapes of its 16 GPUs,
 and a worst-case line; exits 1 when an invariant is violated (expert unavailable, memory
-overflow, incomplete response). The short-tail targets of issue 20 (on every shipped trace,
+overflow, incomplete response). The short-tail targets (on every shipped trace,
 tokens per occupied GPU-s >= 1.0 and generation throughput >= 0.98 of the baseline) are
 reported, not enforced: the numbers are what the simulator measures.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the operator and node-agent OCI image archives without a container engine (issue 9).
+# Build the operator and node-agent OCI image archives without a container engine.
 # Installs the Debian tools it needs when they are missing (mmdebstrap, umoci, skopeo), then runs
 # hack/images/build.py with the given arguments (default: build both images into build/images/).
 # Needs root: mmdebstrap --mode=root, chroot and file ownership in the image.

@@ -4,7 +4,7 @@ Order: GPUs (NVML or simulated) -> capability probe -> actuator start-up (stale-
 -> energy meter (restored totals) -> pod map -> Kubernetes API -> signal socket (callers
 authenticated by their pod's token, TokenReview) and ops port -> sampling loop (which also
 resets the GPUs of governed pods that ended, ``podlife``).
-On SIGTERM/SIGINT every lock the agent made is reset before exit (case #4a).
+On SIGTERM/SIGINT every lock the agent made is reset before exit.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def _no_api_review(token: str, audiences: Sequence[str]) -> identity.Review:
 
 
 def nvml_healthy(agent: service.Agent) -> bool:
-    """False when every GPU fails (NVML lost in the container, case #11a)."""
+    """False when every GPU fails (NVML lost in the container)."""
     if not agent.actuator.gpus:
         return False
     for gpu in agent.actuator.gpus.values():

@@ -1,20 +1,20 @@
 """Applies the plan's SM clock to GPUs the moment a phase starts; resets locks it made.
 
-Safety rules (docs/agent.md "Clocks"; cases #1, #3-#7 in docs/troubleshooting.md):
+Safety rules (docs/agent.md "Clocks"; docs/troubleshooting.md "Clocks"):
 
 * idempotent: a write happens only when the target differs from what the agent applied, except
   on GPUs with persistence mode off, where a set done earlier may have silently reverted
-  (case #5) and every phase switch re-applies;
+  and every phase switch re-applies;
 * every apply reads back the SM clock and the clock-event reasons and reports requested vs
   effective clock ("lock accepted but effective clock lower" shows as ``slowdown``);
-* requested clocks snap to the highest supported clock at or below the request (case #6); a
+* requested clocks snap to the highest supported clock at or below the request; a
   list of one clock or none means clock control is unavailable on that GPU;
 * observe mode (``enforce=False``) never writes;
 * a GPU that answers NO_PERMISSION or NOT_SUPPORTED turns measure-only with a reason, a lost GPU
-  is skipped; other GPUs carry on (cases #1, #3, #10);
-* a MIG-enabled GPU is clocked only when every instance belongs to the caller (case #7);
+  is skipped; other GPUs carry on;
+* a MIG-enabled GPU is clocked only when every instance belongs to the caller;
 * locks are recorded in a node-local state file before they are made, so an agent that was
-  SIGKILLed resets them at its next start-up (case #4), and ``reset_all`` undoes them on
+  SIGKILLed resets them at its next start-up, and ``reset_all`` undoes them on
   SIGTERM, pod end and policy removal.
 
 Callers: ``rlenergy_agent.service``. Not thread safe: the service serialises calls.
@@ -79,7 +79,7 @@ class LifeEvent:
 
 
 def snap_clock_mhz(request_mhz: int, supported_mhz: Sequence[int]) -> int | None:
-    """The highest supported clock at or below ``request_mhz`` (case #6).
+    """The highest supported clock at or below ``request_mhz``.
 
     Args:
         request_mhz: the requested SM clock, MHz.
@@ -149,7 +149,7 @@ class ApplyResult:
 
 
 class LockStateFile:
-    """Node-local record of the GPUs the agent may have locked (hostPath, case #4c).
+    """Node-local record of the GPUs the agent may have locked (hostPath).
 
     Args:
         path: the JSON file; ``None`` keeps the record in memory only (tests, observe mode).

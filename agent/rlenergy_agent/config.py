@@ -71,7 +71,7 @@ class AgentSettings(BaseSettings):
         1.0,
         gt=0,
         description="Energy sampling period, s; counters need little, and frequent NVML polling "
-        "raises idle power (case #25). Phase boundaries are always sampled at once.",
+        "raises idle power. Phase boundaries are always sampled at once.",
     )
     report_interval_s: float = Field(
         5.0, gt=0, description="Longest wait before a finished step is written to the report, s."

@@ -1,13 +1,13 @@
 """Energy meter: running per-GPU totals and phase windows from counter deltas.
 
 Each GPU keeps a running total (mJ) advanced by samples: with an energy counter, by the counter
-delta between samples (``rlenergy.gpu.energy.counter_delta``: reset and wrap safe, case #14);
+delta between samples (``rlenergy.gpu.energy.counter_delta``: reset and wrap safe);
 without one, by trapezoidal integration of instant power, or of the 1 s averaged power flagged
-low confidence (cases #8, #13). A phase window is the difference of the running totals sampled
+low confidence. A phase window is the difference of the running totals sampled
 at its two boundaries, so windows and totals agree by construction and a window is the counter
 delta between its boundaries, never an average of power. A GPU with nothing readable is
-``unknown`` (energy ``None``), never 0 (case #9). A lost GPU's windows close at its last good
-sample and are flagged incomplete (case #10). Totals are saved with the raw counter they
+``unknown`` (energy ``None``), never 0. A lost GPU's windows close at its last good
+sample and are flagged incomplete. Totals are saved with the raw counter they
 correspond to, so a restarted agent adds the energy of its downtime once and only once.
 
 Callers: ``rlenergy_agent.service`` (boundaries, periodic sampling), ``rlenergy_agent.metrics``.
@@ -32,12 +32,12 @@ log = logging.getLogger(__name__)
 
 EnergySource = Literal["counter", "power_integration", "averaged_power", "unavailable"]
 MAX_POWER_LIMIT_FACTOR = 1.5
-"""A sample implying more than this times the board power limit is rejected (case #14c)."""
+"""A sample implying more than this times the board power limit is rejected."""
 MIN_PLAUSIBILITY_WINDOW_S = 0.2
 """Counter updates come 20-100 ms apart (NVML docs), so a short interval can see a whole update:
 plausibility is judged over at least this long, s."""
 AVERAGE_WINDOW_S = 1.0
-"""NVML's power reading averages over about 1 s on Ampere+ (case #13)."""
+"""NVML's power reading averages over about 1 s on Ampere+."""
 
 
 @dataclasses.dataclass
@@ -55,8 +55,8 @@ class GpuEnergy:
         lost_at: wall time the GPU was lost (``None``: not lost).
         samples: good samples.
         missing: samples that failed (transient errors).
-        rejected: samples rejected as implausible (case #14c).
-        resets: counter resets seen (case #14b).
+        rejected: samples rejected as implausible.
+        resets: counter resets seen.
         errors_seen: failures since start, for incomplete-window detection.
         raw_since_t: monotonic time of the last sample before the current raw counter value was
             first read (the value was written after it), s.
@@ -103,7 +103,7 @@ class Window:
         per_gpu_j: per UUID, J (``None``: unknown).
         incomplete: a GPU failed or was lost inside the window (energy is a lower bound).
         low_confidence: a GPU measured by averaged power in a window shorter than twice the
-            averaging window (case #13).
+            averaging window.
         sources: per UUID the energy source.
     """
 
@@ -255,7 +255,7 @@ class EnergyMeter:
         # A counter that held one value over several samples and then moved covers the time
         # since that value was written (at most since the sample before it was first read), not
         # just since the last sample: a driver that updates the counter late (a stall, then a
-        # catch-up) is not a glitch; case #14c's jumps are orders of magnitude larger.
+        # catch-up) is not a glitch; overflow or sentinel jumps are orders of magnitude larger.
         covered = duration
         if st.last_t is not None and st.raw_since_t is not None:
             covered = max(duration, now - st.raw_since_t)
@@ -378,7 +378,7 @@ class EnergyMeter:
 
 
 def power_from_counter(delta_mj: int, duration_s: float) -> float:
-    """Mean power of a counter window, W (case #14d: 952,494 mJ over 60 s is 15.87 W).
+    """Mean power of a counter window, W (952,494 mJ over 60 s is 15.87 W).
 
     Raises:
         ValueError: ``duration_s`` is not positive.
@@ -389,7 +389,7 @@ def power_from_counter(delta_mj: int, duration_s: float) -> float:
 
 
 def straggler_wait_worker_s(finish_times_s: Iterable[float], gpus_per_worker: int = 1) -> float:
-    """GPU-seconds rollout workers wait for the slowest one in a phase (case #26).
+    """GPU-seconds rollout workers wait for the slowest one in a phase.
 
     Args:
         finish_times_s: each worker's finish time within the phase, s.

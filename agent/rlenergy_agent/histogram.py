@@ -19,7 +19,7 @@ SIGNAL_LATENCY_BUCKETS_S: tuple[float, ...] = (
 )  # fmt: skip
 """Upper bounds of the signal-latency buckets, s. The agent applies clocks in about a
 millisecond on the stand-in NVML (bench/agent.py) and in seconds with persistence mode off
-(case #5): the buckets span 0.5 ms to 10 s."""
+(the driver re-initialises an idle GPU): the buckets span 0.5 ms to 10 s."""
 
 
 class Histogram:

@@ -7,8 +7,8 @@ figures), ``pod``, ``namespace`` (the trainer pod holding the GPU, not the agent
 ServiceMonitor/PodMonitor set ``honorLabels: true`` so the Prometheus Operator's target labels
 of the same names do not rename them to ``exported_pod``/``exported_namespace``), ``phase``.
 ``rlenergy_agent_gpu_phase_info`` exports the declared phase per GPU so idle-GPU watchdogs can
-exempt intentional waits (case #27); rejected and missing energy samples are
-counted (cases #10, #14); ``rlenergy_agent_nvml_up`` falls to 0 when every GPU fails (case #11).
+exempt intentional waits; rejected and missing energy samples are
+counted; ``rlenergy_agent_nvml_up`` falls to 0 when every GPU fails.
 Idle windows (between phases of a step) count under ``phase="idle"``, so the phase energies sum
 to the step energy the policy status accounts. The saving ratios are the operator's (the policy
 status, read with the plan): an agent cannot predict the default governor's energy. The
@@ -251,7 +251,7 @@ class AgentCollector(Collector):
         )
         slowest = GaugeMetricFamily(
             "rlenergy_agent_nvml_call_max_seconds",
-            "Slowest NVML call per entry point, s (slow: persistence mode off, case #5).",
+            "Slowest NVML call per entry point, s (slow: persistence mode off).",
             labels=["node", "function"],
         )
         for fn, stat in sorted(lib.CALL_STATS.items()):

@@ -1,7 +1,7 @@
 """Pod to GPU map from the kubelet PodResources v1 API (gRPC over the kubelet's Unix socket).
 
 Attribution comes only from the kubelet's allocation by device ID (GPU or MIG UUID), never from
-what a pod can see or its environment (case #22). The message and service descriptors of
+what a pod can see or its environment. The message and service descriptors of
 ``proto/podresources_v1.proto`` are built at run time with protobuf's descriptor API, so there
 is no generated code. The only module of the agent importing ``grpc``. Callers:
 ``rlenergy_agent.__main__``; tests run a fake kubelet (``serve_fake_kubelet``) on a temp socket.

@@ -3,10 +3,10 @@
 ``Agent`` holds the current ``ClockPlan`` and applies it locally the moment a phase starts
 (clock switches never wait for the operator, docs/architecture.md). A phase signal names the
 calling pod (authenticated by the server), so only that pod's GPUs, as the kubelet allocated
-them, are clocked and metered (case #22). Each phase window is closed by the next signal; a
+them, are clocked and metered. Each phase window is closed by the next signal; a
 step's windows become one ``StepRecord`` for the node report. Energy of GPUs no pod holds is
 booked to an explicit ``unattributed`` bucket. Utilisation never changes the declared phase
-(case #27).
+(a rollout can wait at 0 % utilisation for minutes).
 
 In-phase probes (EE-RL trials, ``rlenergy.control.freq.probe``): when the plan entry of a phase
 has ``probeClocksMHz``, the phase runs as slices of ``probeSliceSeconds`` cycling through those

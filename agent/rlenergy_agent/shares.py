@@ -3,7 +3,7 @@
 A GPU can be shared two ways: MIG (the kubelet hands out MIG device UUIDs, several per physical
 GPU) and time-slicing (the NVIDIA device plugin's replicas, device IDs ``<GPU UUID>::<n>``).
 Each instance sees the whole GPU's power, so booking every pod's window with the GPU's full
-energy multiplies it by the number of sharers (issue #16, item 4). Here a pod's window books
+energy multiplies it by the number of sharers. Here a pod's window books
 ``share(pod, gpu)`` of the GPU's energy:
 
 * MIG: the pod's instances over all MIG instances of the GPU (``mig_uuids``), each weighted by

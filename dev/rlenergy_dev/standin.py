@@ -285,7 +285,7 @@ class StandinDriver:
         return tuple(self._index)
 
     def set_supported_clocks(self, uuid: str, clocks_mhz: Sequence[int]) -> None:
-        """Replace a GPU's supported SM clock list (irregular or degenerate lists, case #6)."""
+        """Replace a GPU's supported SM clock list (irregular or degenerate lists)."""
         g = self.gpu(uuid)
         g.n_sm_clocks = len(clocks_mhz)
         for j, c in enumerate(clocks_mhz[:MAX_CLOCKS]):
@@ -307,7 +307,7 @@ class StandinDriver:
             self._sims[uuid].counter_gain = gain
 
     def reset_counter(self, uuid: str, to_mj: int = 0) -> None:
-        """Simulate a driver reload: the energy counter restarts at ``to_mj`` (case #14)."""
+        """Simulate a driver reload: the energy counter restarts at ``to_mj``."""
         with self._lock:
             sim = self._sims[uuid]
             sim.since_reset_j = 0.0

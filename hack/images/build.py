@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the operator and node-agent OCI images without a container engine (issue 9).
+"""Build the operator and node-agent OCI images without a container engine.
 
 Recipe, per image:
 

@@ -150,10 +150,10 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 10,
         },
-        # /healthz fails only when NVML answers on no GPU (case #11a: lost after a host
+        # /healthz fails only when NVML answers on no GPU (lost after a host
         # `systemctl daemon-reload`); it runs on the ops thread, never waits on a phase, so a
         # long phase cannot fail it. Generous timeout: NVML calls take seconds with persistence
-        # mode off (case #5); restart after about a minute of failures.
+        # mode off; restart after about a minute of failures.
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "initialDelaySeconds": 30,

@@ -1,4 +1,4 @@
-"""Do the node agents cover every GPU node? Pure checks for the partial case (issue #16).
+"""Do the node agents cover every GPU node? Pure checks for the partial case.
 
 ``scheduling.agents_unschedulable`` names the case where no agent can schedule at all. Here:
 *some* GPU nodes have no agent. Two causes are found from the node objects alone (no pod list):

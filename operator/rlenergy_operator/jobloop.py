@@ -34,7 +34,7 @@ one source (``rlenergy.control.freq.probe``).
 Default-governor predictions: a phase window that ran under the default governor is its own
 prediction; otherwise the controller's default-governor model (fitted in warm-up) predicts
 time and energy on the step's tokens. A step whose energy or prediction is unknown is not
-compared (never counted as 0, field case #9).
+compared (never counted as 0).
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     retry_delay_s: float = pydantic.Field(5.0, gt=0)
     """Seconds before a failed handler is retried. Default 5 s."""
     peering_name: str = "rlenergy-operator"
-    """kopf peering object name (not kopf's ``default``, field case #20)."""
+    """kopf peering object name (not kopf's ``default``)."""
     priority: int = 0
     """kopf peering priority of this replica; the lower-priority replica pauses. Default 0:
     derived from the pod name (``HOSTNAME``), so the replicas of one Deployment differ."""
@@ -220,12 +220,12 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
     settings.persistence.finalizer = FINALIZER
     # GitOps: never write annotations (Argo CD / Flux see them as drift); kopf keeps its
     # progress and last-handled spec in status.kopf, declared in the CRD with
-    # x-kubernetes-preserve-unknown-fields (field case #16: nothing is silently pruned).
+    # x-kubernetes-preserve-unknown-fields (nothing is silently pruned).
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
     settings.persistence.diffbase_storage = PolicyDiffBaseStorage(
         field="status.kopf.lastHandledConfiguration"
     )
-    # Peering (field case #20): our own name and an explicit priority.
+    # Peering: our own name and an explicit priority.
     settings.peering.name = cfg.peering_name
     settings.peering.priority = cfg.priority or peering_priority(os.environ.get("HOSTNAME", ""))
     # Short retries instead of kopf's 60 s default.

@@ -509,7 +509,7 @@ class NodeReport(_Wire):
     unattributed_joules_total: float = Field(
         0.0,
         ge=0,
-        description="Energy of GPUs no pod holds (case #22), J.",
+        description="Energy of GPUs no pod holds, J.",
     )
     released_gpu_seconds_total: float = Field(
         0.0,

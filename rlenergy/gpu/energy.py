@@ -2,7 +2,7 @@
 
 Used by the simulator's job runner and by the agent's energy meter: a phase window is the
 counter delta between its boundaries, not an integral of averaged power (NVML's power reading
-is a 1 s trailing average, so it smears phase boundaries; case #13).
+is a 1 s trailing average, so it smears phase boundaries).
 """
 
 from __future__ import annotations

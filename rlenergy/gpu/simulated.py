@@ -7,7 +7,7 @@ returns, as a real agent would. Sensors behave as NVML documents them:
   so a read returns the energy up to the last update, not up to now;
 * ``power_usage_mw`` is a 1 s trailing average with read noise;
 * a clock lock above the power-capped clock is accepted but the GPU runs lower, reporting
-  ``SW_POWER_CAP`` (case #3: "lock accepted but effective clock lower").
+  ``SW_POWER_CAP`` ("lock accepted but effective clock lower").
 
 Faults can be injected (``inject``): not supported, no permission, GPU lost, counter reset.
 Time is virtual: the job runner advances each GPU with ``execute`` / ``idle``.
@@ -27,13 +27,13 @@ class Fault(enum.Enum):
     """Faults the simulated GPU can be told to show."""
 
     NO_PERMISSION = "no_permission"
-    """Clock and power-limit writes fail (container without CAP_SYS_ADMIN, case #1)."""
+    """Clock and power-limit writes fail (container without CAP_SYS_ADMIN)."""
     CLOCKS_NOT_SUPPORTED = "clocks_not_supported"
-    """Locked clocks unsupported (consumer or old GPUs, case #3)."""
+    """Locked clocks unsupported (consumer or old GPUs)."""
     ENERGY_NOT_SUPPORTED = "energy_not_supported"
-    """No energy counter (pre-Volta, case #8)."""
+    """No energy counter (pre-Volta)."""
     LOST = "lost"
-    """Every call fails with GPU_IS_LOST (case #10)."""
+    """Every call fails with GPU_IS_LOST."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +266,7 @@ class SimulatedGpu:
         self._faults.clear()
 
     def reset_energy_counter(self) -> None:
-        """Simulate a driver reload: the counter restarts near 0 (case #14)."""
+        """Simulate a driver reload: the counter restarts near 0."""
         self._counter_offset_mj = -int(
             self._energy_until_j(self._last_update_before(self.now_s)) * 1000.0
         )

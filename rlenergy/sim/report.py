@@ -143,7 +143,7 @@ class SimulationReport:
         return self.measured_energy_j / self.online.energy_j - 1.0
 
     def to_json(self) -> dict[str, Any]:
-        """One JSON object: the keys of issue 2 plus totals and notes."""
+        """One JSON object: the per-phase keys of ``rlenergy simulate`` plus totals and notes."""
         return {
             "trace": self.trace,
             "gpu": self.gpu,

@@ -37,7 +37,7 @@ def reported_progress(x: float, k: float) -> float:
     (The earlier ``1 - (1 - x)**k`` had iterations slow down to a halt at the end, against
     that reasoning: its rate falls to 0 at ``x = 1`` with infinite slope, and a Thue-Morse
     probe block over a rollout's last slices then read the low clock 0.02-0.036 faster than
-    it was, measured on the full-stack replay at 12-25 ms report gaps, issue 21; a rate linear
+    it was, measured on the full-stack replay at 12-25 ms report gaps; a rate linear
     in ``x`` is a trend such a block cancels.)
 
     Args:

@@ -1,5 +1,5 @@
 """The pinned helm and promtool without a cluster: ``helm template``/``lint``/``dependency``
-and ``promtool`` runs for chart and rule tests that need no API server (tests of issue #16).
+and ``promtool`` runs for chart and rule tests that need no API server.
 
 Both come from the control-plane bin dir (``make bins``); a missing one fails with the command
 that fetches it.

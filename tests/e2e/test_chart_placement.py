@@ -1,4 +1,4 @@
-"""The chart on real GPU clusters (issue #16, item 6), rendered by the real helm, no cluster:
+"""The chart on real GPU clusters, rendered by the real helm, no cluster:
 
 * tolerations, nodeSelector, affinity, runtimeClassName, imagePullSecrets (names, objects and
   ``global.imagePullSecrets``), image digests and the GPU node label go from the values through

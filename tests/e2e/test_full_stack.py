@@ -50,11 +50,11 @@ last run, for replaying a run's accounting offline (``_write_results``)."""
 STEPS = 40
 ENERGY_TOLERANCE = 0.01
 SAVING_TOLERANCE_PP = 1.0
-"""Largest gap between the status's saving and the true saving, percentage points (issue 19)."""
+"""Largest gap between the status's saving and the true saving, percentage points."""
 RATIO_TOLERANCE = 0.01
-"""Largest gap between the status's throughput ratio and the true ratio (issue 19)."""
+"""Largest gap between the status's throughput ratio and the true ratio."""
 WHOLE_STEP_LIMITATION = (
-    "open limitation (issue 19, item 6): the trainer's progress came too seldom for in-phase "
+    "open limitation: the trainer's progress came too seldom for in-phase "
     "slices of the compressed generation phase (a loaded machine: status probeEvidence "
     "whole-phase), so its trials ran whole steps, whose default-governor time and energy come "
     "from the token model (2-11 % per step on real traces); measured 2026-12-02 with progress "

@@ -4,14 +4,14 @@ We test these aspects:
 * admission: every invalid spec of tests/unit/api/invalid_specs.yaml is refused by the API
   server (OpenAPI schema + CEL) with a message naming the field;
 * each sample in crds/samples gets Ready with observedGeneration, and the single node-agent
-  DaemonSet lands on the GPU nodes (field case #16/#17: status fields read back intact);
+  DaemonSet lands on the GPU nodes (status fields read back intact);
 * a test client drives the simulator for 3 fake nodes and writes RLEnergyNodeReports: the
   policy's status gets per-phase savings and totals, ``kubectl get rlep`` shows the saving, the
   plan changes after the trials; killing the operator mid-run and restarting it loses no
   report and double counts nothing (totals equal the sum of the reports);
 * deletion: the finalizer waits for every GPU's reset acknowledgement or the deadline
   (Degraded + Warning event), the DaemonSet goes with the last policy, and deleting a
-  namespace with a policy completes (field case #18).
+  namespace with a policy completes.
 
 The operator runs as a subprocess (``python -m rlenergy_operator --standalone``) with the
 admin kubeconfig; nothing dials anything but 127.0.0.1.

@@ -1,4 +1,4 @@
-"""Liveness that means it (issue #16, item 5) on the real control plane.
+"""Liveness that means it on the real control plane.
 
 The operator (``python -m rlenergy_operator --standalone``, kopf's ``/healthz`` on 127.0.0.1)
 reaches the API server through a TCP proxy on 127.0.0.1 that, once frozen, stops relaying bytes

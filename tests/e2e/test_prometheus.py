@@ -20,7 +20,7 @@ status:
   the scrape and the query, not the saving's computation;
 * every dashboard query, with the template variables a user picks (the trainer's namespace, the
   policy), answers without error: energy per valid token and phase power one series per phase,
-  the SM clock panel per phase and kind (issue #16: the energy-per-token panel summed without
+  the SM clock panel per phase and kind (the energy-per-token panel summed without
   ``by (phase)``).
 
 Prometheus scrapes the agents as the chart's ServiceMonitor makes the Prometheus Operator scrape

@@ -1,4 +1,4 @@
-"""A rollout worker pod deleted mid-rollout, on the real control plane (issue 20, item 5).
+"""A rollout worker pod deleted mid-rollout, on the real control plane.
 
 What runs: the CRDs, the operator as a local process, two node agents on the stand-in NVML
 (``rlenergy_dev.fullstack``: a real trainer pod object per KWOK node, tokens checked

@@ -1,4 +1,4 @@
-"""Smoke tests of the image archives from ``make images`` (issue 9): ``make test-images``.
+"""Smoke tests of the image archives from ``make images``: ``make test-images``.
 
 Each archive is unpacked with umoci; its entry point runs in a chroot of the unpacked root
 filesystem as the image's user (``--help``, a short ``--backend sim`` run, the stand-in NVML copied

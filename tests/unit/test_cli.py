@@ -124,7 +124,7 @@ def test_policy_with_a_custom_phase_is_refused_by_the_simulator(tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", traces.packaged_trace_names())
 def test_every_real_trace_on_h100_sync_keeps_the_threshold_and_saves(name: str) -> None:
-    """Issue 2's acceptance figures: online/oracle >= 0.85 and the threshold kept, at seed 0."""
+    """``rlenergy simulate``'s acceptance figures: online/oracle >= 0.85 and the threshold kept, at seed 0."""
     rep = report.simulate(name, "h100-sxm", "sync")
     assert rep.throughput_ratio >= rep.min_throughput_ratio
     assert rep.online_saving > 0

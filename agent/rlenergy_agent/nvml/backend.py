@@ -3,9 +3,10 @@
 NVML return codes become the typed errors of ``rlenergy.gpu.errors`` in one place
 (``_nvml_errors``, zeus's mapping): NOT_SUPPORTED -> ``GpuNotSupportedError``, NO_PERMISSION ->
 ``GpuNoPermissionError``, GPU_IS_LOST / GPU_NOT_FOUND -> ``GpuLostError``, anything else ->
-``GpuTransientError``. Capabilities are probed once per GPU at discovery and cached (case #8:
-never call a failing API every sample). GPUs are keyed by UUID; a MIG-enabled GPU is one device
-whose MIG instance UUIDs map back to it (case #7). Callers: ``rlenergy_agent.backends``.
+``GpuTransientError``. Capabilities are probed once per GPU at discovery and cached (a GPU
+without an energy counter must not be asked every sample). GPUs are keyed by UUID; a
+MIG-enabled GPU is one device whose MIG instance UUIDs map back to it. Callers:
+``rlenergy_agent.backends``.
 """
 
 from __future__ import annotations
@@ -102,17 +103,17 @@ Support = bool | None
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
-    """What one GPU supports, probed once at discovery (cases #3, #8, #9).
+    """What one GPU supports, probed once at discovery.
 
     Attributes:
         energy_counter: ``nvmlDeviceGetTotalEnergyConsumption`` works (Volta+).
         instant_power: the ``NVML_FI_DEV_POWER_INSTANT`` field works (Hopper+).
         power_usage: ``nvmlDeviceGetPowerUsage`` works.
-        clock_list: the supported SM clock list has more than one entry (case #6).
+        clock_list: the supported SM clock list has more than one entry.
         clock_readback: ``nvmlDeviceGetClockInfo(SM)`` works.
         clock_reasons: the clock-event reasons work.
-        mig: MIG mode is on (clocks are shared by every instance, case #7).
-        persistence: persistence mode is on (case #5); ``None`` unknown.
+        mig: MIG mode is on (clocks are shared by every instance).
+        persistence: persistence mode is on; ``None`` unknown.
         architecture: ``nvmlDeviceArchitecture_t`` or ``None``.
         memory_clock_mhz: the memory clock the SM list was queried at, MHz.
     """
@@ -130,7 +131,7 @@ class Capabilities:
 
     @property
     def telemetry(self) -> bool:
-        """Any energy or power reading works (case #9: else telemetry is unavailable)."""
+        """Any energy or power reading works (else telemetry is unavailable)."""
         return self.energy_counter or self.instant_power or self.power_usage
 
 
@@ -269,7 +270,7 @@ class NvmlGpu:
 
     @_nvml_errors
     def _memory_clock(self) -> int:
-        """The memory clock in use, MHz (the SM list depends on it, case #6)."""
+        """The memory clock in use, MHz (the SM list depends on it)."""
         try:
             return lib.clock_mhz(self._handle, lib.CLOCK_MEM)
         except lib.NvmlCallError:
@@ -323,7 +324,7 @@ class NvmlGpu:
 
     @_nvml_errors
     def set_locked_memory_clocks(self, min_mhz: int, max_mhz: int) -> None:
-        """Lock the memory clock (Ampere+; off by default, case #3).
+        """Lock the memory clock (Ampere+; off by default).
 
         Raises:
             GpuNotSupportedError: the GPU cannot lock its memory clock.
@@ -380,7 +381,7 @@ class NvmlGpu:
 
     @_nvml_errors
     def utilization_percent(self) -> tuple[int, int]:
-        """(SM, memory) utilisation, % (a hint only, never a phase signal: case #27)."""
+        """(SM, memory) utilisation, % (a hint only, never a phase signal: rollouts wait at 0 %)."""
         return lib.utilization_percent(self._handle)
 
 
@@ -404,7 +405,7 @@ def discover() -> Discovery:
 
     Returns:
         The GPUs keyed by UUID; a GPU that fails enumeration is listed in ``lost`` and the
-        others are still returned (case #10).
+        others are still returned.
 
     Raises:
         rlenergy_agent.nvml.lib.NvmlUnavailableError: NVML cannot be initialised.

@@ -1,7 +1,7 @@
 """The thin seam over pynvml: the only module of the project that imports it (kepler nvml_lib).
 
 Every function takes and returns plain Python values (a device handle is opaque), times the
-call into ``CALL_STATS`` (NVML latency is a symptom of persistence mode off, case #5) and turns
+call into ``CALL_STATS`` (NVML latency is a symptom of persistence mode off) and turns
 ``pynvml.NVMLError`` into ``NvmlCallError`` carrying the NVML return code, so nothing above this
 module knows pynvml. Callers: ``rlenergy_agent.nvml.backend`` only. Tests may replace this seam
 with a mock (mocks replace the seam, not the logic) or, better, run it unchanged on the

@@ -2,7 +2,7 @@
 
 Written only by the operator, through the ``/status`` subresource. Every field the operator
 writes is declared here, so the generated CRD schema declares it too (the API server silently
-drops undeclared status fields, field case #16). Optional numbers are left out when unknown,
+drops undeclared status fields). Optional numbers are left out when unknown,
 never written as 0 (an unreadable energy counter must not look like a saving). Models ignore
 unknown keys: kopf keeps its own bookkeeping under ``status.kopf``.
 

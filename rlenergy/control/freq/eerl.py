@@ -1213,7 +1213,7 @@ class PhaseController:
         and, at the locked clock, the monitor's, pooled): where the blocks' mean is more than
         ``MEASURED_Z`` standard errors off the fit, the blocks' own ratio (the fit's shape can
         miss the curve between its blocks: ``h100-sxm:saturating-decode``'s status saving read
-        4.7 pp off the truth through the fit, issue 19 item 6); else the fit (pooled over every
+        4.7 pp off the truth through the fit); else the fit (pooled over every
         block, it is the more precise of the two where its shape holds). Sync mode only: in
         async the blocks' own ratio moved the status further from the truth (``make
         bench-energy``, seed 0: first family async worst saving error 1.06 -> 1.77 pp,

@@ -103,9 +103,10 @@ def expert_floor(num_experts: int, expert_slots_per_worker: int) -> int:
     """Fewest EP workers that hold all experts: ``ceil(num_experts / slots_per_worker)``.
 
     This is the check vLLM added after a DP2->DP1 shrink killed its engine (vllm-project/vllm PR
-    #52702, case #29 in docs/troubleshooting.md): with ``current_dp`` ranks and
-    ``num_physical_experts`` expert slots in total, the minimum is ``ceil(num_experts * current_dp /
-    num_physical_experts)``, i.e. ``slots_per_worker = num_physical_experts / current_dp``.
+    #52702; docs/troubleshooting.md, "Shrinking expert parallelism below the floor"): with
+    ``current_dp`` ranks and ``num_physical_experts`` expert slots in total, the minimum is
+    ``ceil(num_experts * current_dp / num_physical_experts)``, i.e.
+    ``slots_per_worker = num_physical_experts / current_dp``.
 
     Args:
         num_experts: logical experts per MoE layer.
@@ -125,7 +126,7 @@ def expert_floor(num_experts: int, expert_slots_per_worker: int) -> int:
 
 
 def validate_parallelism(data_parallel_size: int, expert_parallel_size: int) -> None:
-    """Refuse DP/EP combinations that hang or cannot shrink (case #29 in docs/troubleshooting.md).
+    """Refuse DP/EP combinations that hang or cannot shrink.
 
     FlexFloor releases data-parallel attention ranks of one expert-parallel group, so the
     rollout must run EP across its DP ranks: ``expert_parallel_size == data_parallel_size``

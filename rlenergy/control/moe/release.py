@@ -4,8 +4,9 @@ Release rule (docs/flexfloor.md, "Release rule"): a worker may leave the EP grou
 
 1. it has no unfinished response (queued or running);
 2. the group keeps at least ``minActiveWorkers`` workers and at least the expert floor
-   (``MoeLayout.release_floor``; case #29 in docs/troubleshooting.md: a shrink below
-   ``ceil(num_experts * dp / num_physical_experts)`` kills vLLM's engine);
+   (``MoeLayout.release_floor``; docs/troubleshooting.md, "Shrinking expert parallelism below
+   the floor": a shrink below ``ceil(num_experts * dp / num_physical_experts)`` kills vLLM's
+   engine);
 3. every expert it hosts keeps a replica on a remaining worker, or is copied to a survivor
    whose free memory (after dense weights, resident experts, KV in use and the KV its
    unfinished responses are predicted to still need) holds it.
@@ -412,8 +413,8 @@ def check_scale_target(current_workers: int, target_workers: int, layout: base.M
 
     Raises:
         InvalidInputError: the target is below ``minimum_workers_for_scale`` (message:
-            ``minimum is N``, case #29 in docs/troubleshooting.md) or not positive; running engines
-            stay untouched.
+            ``minimum is N``; docs/troubleshooting.md, "Shrinking expert parallelism below the
+            floor") or not positive; running engines stay untouched.
     """
     minimum = minimum_workers_for_scale(layout)
     if target_workers < minimum:
@@ -428,8 +429,9 @@ def check_scale_target(current_workers: int, target_workers: int, layout: base.M
 def minimum_data_parallel_size(num_experts: int, current_dp: int, num_physical_experts: int) -> int:
     """The vLLM elastic-EP floor: ``ceil(num_experts * current_dp / num_physical_experts)``.
 
-    Source: vllm-project/vllm PR #52702 (case #29 in docs/troubleshooting.md). With 128 experts, DP
-    2 and 128 physical experts the minimum is 2; with 256 physical experts it is 1.
+    Source: vllm-project/vllm PR #52702 (docs/troubleshooting.md, "Shrinking expert parallelism
+    below the floor"). With 128 experts, DP 2 and 128 physical experts the minimum is 2; with 256
+    physical experts it is 1.
 
     Raises:
         InvalidInputError: a non-positive argument.
@@ -442,8 +444,9 @@ def minimum_data_parallel_size(num_experts: int, current_dp: int, num_physical_e
 def wait_after_finish_worker_s(finish_s: Sequence[float]) -> float:
     """Worker-seconds spent waiting for the slowest worker: ``sum(max(finish) - finish)``.
 
-    Case #26 in docs/troubleshooting.md (verl #658): workers finishing at 73.067, 118.574 and
-    166.683 s wait 141.725 worker-seconds (multiply by GPUs per worker for GPU-seconds).
+    The rollout long tail of verl-project/verl #658 (docs/troubleshooting.md, "Most rollout
+    workers wait for the slowest one"): workers finishing at 73.067, 118.574 and 166.683 s wait
+    141.725 worker-seconds (multiply by GPUs per worker for GPU-seconds).
 
     Raises:
         InvalidInputError: no finish time.

@@ -5,8 +5,9 @@ publishes how many rollout workers the next RL step needs; the operator asks ``d
 whether and how to resize the worker set (StatefulSet or LeaderWorkerSet ``/scale`` subresource) and
 applies only a ``resize``. The floor is the planner's own (``base.MoeLayout.release_floor``:
 ``max(expert floor, minActiveWorkers)``), raised to the expert replica count, so a shrink never
-leaves an expert without a host (case #29 in docs/troubleshooting.md: a target below the minimum is
-refused with ``minimum is N`` and the set stays untouched).
+leaves an expert without a host (docs/troubleshooting.md, "Shrinking expert parallelism below
+the floor": a target below the minimum is refused with ``minimum is N`` and the set stays
+untouched).
 
 A KubeRay ``RayCluster`` worker group has no ``/scale``: ``decide_group_scale`` adds to
 ``decide_scale`` which pods a shrink deletes (``scaleStrategy.workersToDelete``). Only the

@@ -1,4 +1,4 @@
-"""Locked clocks as caps (issue #16, item 1), through the real agent over the stand-in NVML.
+"""Locked clocks as caps, through the real agent over the stand-in NVML.
 
 Faults of the stand-in: a power cap that appears minutes after the lock was accepted
 (``clock_cap_mhz`` set later), and a shortfall with no clock-event reason (``silent_cap``). The

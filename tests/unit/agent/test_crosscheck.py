@@ -1,4 +1,4 @@
-"""Energy cross-check (issue #16, item 2) through the real agent over the stand-in NVML.
+"""Energy cross-check through the real agent over the stand-in NVML.
 
 The stand-in fault ``set_counter_gain``: a board whose energy counter runs 30 % fast while its
 power sensor is true. The check (30 s of every 5 min) integrates instant power over the same

@@ -262,7 +262,7 @@ def test_instant_power_is_integrated_where_there_is_no_counter(
     make_driver: DriverFactory,
 ) -> None:
     """Idle 5 s, then training 0.6 s: the trailing 1 s average would book idle power into
-    training (case #13); integrating the instant power follows the truth."""
+    training; integrating the instant power follows the truth."""
     drv = make_driver(1)
     (u,) = drv.uuids
     drv.gpu(u).fail_energy = standin.NOT_SUPPORTED

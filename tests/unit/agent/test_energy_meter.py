@@ -228,7 +228,7 @@ def test_case26_straggler_wait_worker_seconds() -> None:
 def test_a_late_counter_update_is_not_a_glitch_but_a_jump_is(make_driver: DriverFactory) -> None:
     """A driver whose counter update stalls for 1 s and then catches up (seen on a loaded
     machine: the counter thread starved) covers that second: accepted. The same jump after a
-    counter that kept moving is case #14c: rejected."""
+    counter that kept moving is an absurd jump: rejected."""
     drv = make_driver(1)
     u = drv.uuids[0]
     drv.set_work([u], "training", "train")

@@ -69,7 +69,7 @@ def test_nvml_codes_map_to_the_typed_error_tree(
 def test_case3_capabilities_are_probed_per_gpu_on_a_mixed_node(
     make_driver: DriverFactory,
 ) -> None:
-    # Case #3: GPU0 = V100 (Volta), GPU1 = A100 (Ampere); the memory lock is NOT_SUPPORTED on
+    # Clock APIs differ per GPU generation: GPU0 = V100 (Volta), GPU1 = A100 (Ampere); the memory lock is NOT_SUPPORTED on
     # GPU0 only; SM locked clocks (the primary API) work on both; nothing exits.
     drv = make_driver(2)
     v100, a100 = drv.uuids

@@ -1,6 +1,6 @@
 """Node report fields written for people (docs/crd-fields.md): the agent writes them truthfully.
 
-Over the stand-in NVML, a node with a GPU whose energy nothing can read (case #9) and a working
+Over the stand-in NVML, a node with a GPU whose energy nothing can read and a working
 one: the report's ``energyKnown``, ``energySource`` and ``energyJoulesTotal`` per GPU, and a
 closed window's ``gpuEnergyJoules`` (per GPU, unknown stays null), ``energyJoules`` (unknown:
 null, never 0), ``energySource`` and ``requestedClockMHz``.

@@ -95,7 +95,7 @@ def test_sdk_signals_apply_clocks_and_meter_phases_within_1_percent(
                 (by["generation"].energy_joules + by["training"].energy_joules) / 800.0
             )
         assert report.steps[0].phases[0].progress == 1000.0
-        # case #22: energy of GPUs no pod holds is not dropped: POD_B holds its GPUs here,
+        # energy of GPUs no pod holds is not dropped: POD_B holds its GPUs here,
         # so nothing is unattributed; the totals cover every GPU
         assert report.measured_joules_total > 0
         # a pod signalling another pod's GPU is refused

@@ -1,4 +1,4 @@
-"""Shared GPUs are booked once (issue #16, item 4), through the real agent over the stand-in.
+"""Shared GPUs are booked once, through the real agent over the stand-in.
 
 A MIG GPU split 3g + 2g + 1g + 1g (profile sizes from NVML's ``nvmlDeviceGetAttributes``) with
 two pods of one job holding the 3g and a 1g, and the 2g instance, and a time-sliced GPU (device

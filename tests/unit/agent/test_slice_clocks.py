@@ -1,4 +1,4 @@
-"""Probe slices credit the clock the GPU ran (issue #16, item 1/3), over the stand-in NVML.
+"""Probe slices credit the clock the GPU ran, over the stand-in NVML.
 
 A power cap (stand-in ``clock_cap_mhz``) holds the GPUs below the probe's candidate lock: each
 locked slice reads the SM clock back with its power samples, reports the lowest as

@@ -1,4 +1,4 @@
-"""Stalled rollouts (issue #16, item 3) through the real agent over the stand-in NVML.
+"""Stalled rollouts through the real agent over the stand-in NVML.
 
 The stand-in's ``freeze`` plays a hung engine: the GPUs busy-wait at 1.2 x idle power with
 utilisation 100 % while the trainer keeps reporting the same progress with requests in flight.

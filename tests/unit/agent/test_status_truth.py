@@ -22,7 +22,7 @@ agent's slices took their rates from the reports inside them: a generation lock 
 true ratio 0.946 against 0.95, reported ratio 0.961 vs 0.948 true at an 8 ms tick);
 ``e2e-cadence`` adds what full-stack runs on a loaded machine show: ticks of 8-25 ms at random
 and a switch over the 8 GPUs that takes 5 ms, so ticks end while it runs. Measured before the
-agent left the reports made during a switch out of the slices' rates (issue 21): training
+agent left the reports made during a switch out of the slices' rates: training
 blocks at 1200 MHz read 0.68-0.70 against a true 0.644, at 1560 MHz 0.83-0.84 against 0.814
 (in a run with 5 ms switches and the earlier progress shape, training locked 1890 MHz, true
 ratio 0.961 against 0.97); after: every block within 0.01, status saving 15.95 % vs 15.62 %

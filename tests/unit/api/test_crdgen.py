@@ -4,7 +4,7 @@ We test these aspects:
 * the committed crds/*.yaml equal what the models generate (drift fails the test);
 * the schema is structural: every object has properties or preserve-unknown-fields, no
   $ref, title, anyOf, const or JSON-Schema-2020 exclusive bounds remain;
-* the status schema declares every field the status models can write (field case #16);
+* the status schema declares every field the status models can write;
 * printer columns, short name, category and the status subresource are present;
 * the CEL rules exist for the cross-field rules.
 """

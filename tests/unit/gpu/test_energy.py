@@ -1,4 +1,4 @@
-"""Counter windows: wrap, reset and absurd jumps (case #14)."""
+"""Counter windows: wrap, reset and absurd jumps."""
 
 from hypothesis import given
 from hypothesis import strategies as st

@@ -1,4 +1,4 @@
-"""Where the node agents land (issue #16, item 6): the settings a real GPU cluster needs
+"""Where the node agents land: the settings a real GPU cluster needs
 (extra tolerations, nodeSelector, affinity, runtimeClassName, imagePullSecrets, the GPU node
 label) rendered by ``builders.agent_daemonset`` from ``OperatorConfig`` as the chart's
 ConfigMap sets it (JSON in the environment)."""

@@ -4,7 +4,7 @@ We test these aspects:
 * a step is complete only when every ready node reported it; pending while a node lags;
   lost when a ready node moved past it without a record;
 * nodes without a usable GPU do not hold steps back;
-* energies sum over nodes, an unknown energy stays unknown (never 0, field case #9);
+* energies sum over nodes, an unknown energy stays unknown (never 0);
 * durations take the slowest node, applied clocks the lowest, slices align by index;
 * the clock table is the intersection of the GPUs' supported clocks.
 """

@@ -9,7 +9,7 @@ We test these aspects:
 * merge patches: nothing when nothing changed, deletions as null, lists replaced;
 * plan change detection and the Event text; node summary and the Progressing/Degraded logic;
 * settings: env prefix, units; kopf tuned for status storage, our finalizer and peering name
-  (field cases #16, #17, #20).
+  (status kept in the declared schema, written through /status, one active operator).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_agent_daemonset():
     assert env["RLENERGY_AGENT_TOKEN_AUDIENCE"]["value"] == signals.TOKEN_AUDIENCE
     # no policy: one DaemonSet serves every policy, each agent discovers its node's policy
     assert "RLENERGY_AGENT_POLICY_NAME" not in env and "RLENERGY_AGENT_NAMESPACE" not in env
-    # liveness and readiness on /healthz (fails only when NVML answers on no GPU, case #11a)
+    # liveness and readiness on /healthz (fails only when NVML answers on no GPU)
     for probe in ("livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     live = c["livenessProbe"]
@@ -193,11 +193,11 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch):
 def test_kopf_is_tuned_for_status_storage_our_finalizer_and_peering():
     ks = kopf.OperatorSettings()
     settings.configure_kopf(ks, settings.OperatorConfig())
-    # Case #16/#17: progress and diff base in the declared status.kopf, not annotations (GitOps).
+    # Progress and diff base in the declared status.kopf, not annotations (GitOps).
     assert isinstance(ks.persistence.progress_storage, kopf.StatusProgressStorage)
     assert isinstance(ks.persistence.diffbase_storage, kopf.StatusDiffBaseStorage)
     assert ks.persistence.finalizer == "rlenergy.io/reset-clocks"
-    # Case #20: a peering name of our own, an explicit priority.
+    # A peering name of our own, an explicit priority.
     assert ks.peering.name == "rlenergy-operator" and ks.peering.priority == 100
     assert ks.execution.default_backoff == 5.0
     assert ks.execution.max_workers == 16  # 20 policies' passes wait on the API at once

@@ -1,4 +1,5 @@
-"""Field cases #16-#20 (shared/cases/CASES.md) as unit tests; the e2e module runs them on a
+"""kopf field faults as unit tests (status fields the schema drops, status through /status,
+timers and finalizers on deletion, two operator replicas); the e2e module runs them on a
 real API server.
 
 * #16: every status key the operator writes is declared in the generated CRD schema;

@@ -1,4 +1,4 @@
-"""Some GPU nodes without a node agent (``coverage``), and the operator's metrics (issue #16).
+"""Some GPU nodes without a node agent (``coverage``), and the operator's metrics.
 
 Coverage: a GPU node without the GPU label, a labelled node with a taint the agents do not
 tolerate or outside the nodeSelector, each named with its cause; CPU nodes are ignored. The

@@ -6,7 +6,7 @@ We test these aspects:
 * a restart (loop rebuilt from a status checkpoint plus the reports) continues exactly as if
   nothing happened: same totals, same next plan; restoring twice never double counts;
 * a spec change keeps the totals; observe mode never asks for a clock;
-* an unknown energy is counted as unknown, never as 0 (field case #9).
+* an unknown energy is counted as unknown, never as 0.
 """
 
 from __future__ import annotations

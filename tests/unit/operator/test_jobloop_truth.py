@@ -28,9 +28,9 @@ from rlenergy.control.freq import eerl
 from rlenergy.sim import job as sim_job
 
 SAVING_TOLERANCE_PP = 1.0
-"""Reported saving vs truth, percentage points (issue #19: within 1 point)."""
+"""Reported saving vs truth, percentage points (within 1 point)."""
 RATIO_TOLERANCE = 0.01
-"""Reported throughput ratio vs truth (issue #19: within 0.01)."""
+"""Reported throughput ratio vs truth (within 0.01)."""
 ENERGY_TOLERANCE = 0.01
 """Measured vs true phase energy, relative: the simulated counters' 20-100 ms update period."""
 TRIAL_ALLOWANCE = 0.012

@@ -1,4 +1,4 @@
-"""Savings compare like with like (issue #16, item 2): both sides of a saving from one source.
+"""Savings compare like with like: both sides of a saving from one source.
 
 The energy cross-check shows that a board's counter and its power sensor can disagree by tens of
 percent; a saving whose measured side came from one and whose default-governor side from the

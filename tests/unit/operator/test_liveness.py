@@ -1,4 +1,4 @@
-"""Liveness that means it (issue #16, item 5).
+"""Liveness that means it.
 
 * the probe fails while a status write has not come back through the policy watch
   (``liveness.EchoTracker``);

@@ -1,6 +1,6 @@
 """Failed FlexFloor shrink steps in the operator (``rolloutfaults``, ``rollout.reconcile``).
 
-We test these aspects, one per failure of issue 20's item 5:
+We test these aspects, one per way a shrink step can fail:
 * a rollout worker pod lost mid-rollout (its node agent listed it in ``endedPods``): the
   policy is Degraded ``RolloutWorkerLost`` naming the pod, its node and its reset GPUs, one
   Warning Event, ``status.rollout.failure.lostWorkers``; not again at the next pass (no

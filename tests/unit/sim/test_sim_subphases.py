@@ -1,4 +1,4 @@
-"""verl's training sub-phases in the simulator (issue 19 item 4): traces, physics, grouping, runs."""
+"""verl's training sub-phases in the simulator: traces, physics, grouping, runs."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The status figures a simulated run would report (``sim.status``) against the simulator's truth.
 
 ``bench/energy.py`` prints the same errors for every row; here two rows of it, sync and async,
-must keep issue 19's targets: saving within 1 percentage point and throughput ratio within
+must keep the status targets: saving within 1 percentage point and throughput ratio within
 0.01 of the truth, per phase and for the job.
 """
 

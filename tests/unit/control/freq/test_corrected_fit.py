@@ -1,4 +1,4 @@
-"""``probe.CorrectedFit`` and ``probe.fit_corrected`` on small hand-made fits (issue #21).
+"""``probe.CorrectedFit`` and ``probe.fit_corrected`` on small hand-made fits.
 
 The model below has ``u = 0.5`` and the default governor at the max clock (2000 MHz), so its
 throughput ratio is ``r(c) = 1 / (0.5 (2000/c - 1) + 1)``: 0.75 at 1200 MHz, 0.8235294 at

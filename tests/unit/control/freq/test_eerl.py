@@ -173,7 +173,7 @@ def test_default_equivalent_uses_the_paired_probe_fit() -> None:
 def test_locked_windows_trust_the_blocks_at_their_clock_over_a_fit_they_contradict(
     async_mode: bool,
 ) -> None:
-    """Issue 19 item 6: a locked window's counterfactual is the paired blocks measured at its
+    """A locked window's counterfactual is the paired blocks measured at its
     clock once they sit more than ``MEASURED_Z`` standard errors off the fit (sync mode);
     blocks that agree with the fit within their noise leave the fit's (more precise) ratio."""
     from rlenergy.api import workload as api_workload
@@ -256,7 +256,7 @@ def test_the_lever_arm_clock_stays_low_when_a_floor_rises() -> None:
 
 @pytest.mark.field
 def test_default_equivalent_judges_a_capped_lock_at_the_clock_it_ran() -> None:
-    """Issue #16: a cap after the trials (read back 1200 MHz under a 1410 MHz lock) is judged
+    """A cap after the trials (read back 1200 MHz under a 1410 MHz lock) is judged
     at 1200 MHz, not credited as 1410 MHz; a read-back within one clock step is the lock."""
     from rlenergy.api import workload as api_workload
     from rlenergy.control.freq import probe

@@ -1,4 +1,4 @@
-"""The probe statistics on hand-made inputs (issue #21): Student's t factor, the per-clock
+"""The probe statistics on hand-made inputs: Student's t factor, the per-clock
 running stats, the one-parameter phase model's bounds and power, and which slices form a block.
 
 Expected values are written from the docstrings' formulas (``rlenergy.control.freq.probe``).

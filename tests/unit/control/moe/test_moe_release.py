@@ -4,7 +4,8 @@ We test these aspects:
 * a release that would orphan an expert is refused (and allowed once a survivor has room);
 * a release below minActiveWorkers or below the expert floor is refused with a clear reason;
 * busy workers never leave; planned copies keep every expert hosted;
-* CASES.md #29 (expert floor, DP/EP combos) and #26 (wait time) with their given values.
+* the expert floor and DP/EP combinations of vllm-project/vllm PR #52702 and the rollout long
+  tail's wait time of verl-project/verl #658, with the values those reports give.
 """
 
 from __future__ import annotations

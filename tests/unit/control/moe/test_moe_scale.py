@@ -2,7 +2,7 @@
 
 We test these aspects:
 * the floor is the planner's (expert floor, minActiveWorkers), raised by expert replicas;
-* CASES.md #29's values: 128 experts, 64 slots per worker -> minimum 2; 1 is refused with
+* vllm-project/vllm PR #52702's values: 128 experts, 64 slots per worker -> minimum 2; 1 is refused with
   ``minimum is 2`` and the set stays untouched;
 * a target below the floor is refused whole (never clamped), growth is always allowed, the
   current size is a no-op; no decision ever leaves fewer workers than the floor unless the
