@@ -47,7 +47,7 @@ def test_startup_recovery_goes_past_a_vanished_gpu_and_a_failed_reset(
     assert actuator.LockStateFile(state).locked == {bad, gone}
     warnings = _messages(caplog, logging.WARNING)
     assert f"stale lock on GPU {gone}, which is no longer on this node" in warnings
-    # docs/troubleshooting.md case #4 tells the operator to look for this line
+    # docs/troubleshooting.md ("A GPU stays at a low clock ...") tells the operator to look for it
     assert f"recovered stale lock on GPU {good} (left by a previous agent run)" in warnings
     (err,) = [m for m in _messages(caplog, logging.ERROR) if bad in m]
     assert err.startswith(f"could not reset stale lock on {bad}: ")
