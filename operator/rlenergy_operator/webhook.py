@@ -162,15 +162,6 @@ def _selectors(namespace: str) -> list[tuple[str, Any]]:
     ]
 
 
-@kopf.on.mutate(
-    "",
-    "v1",
-    "pods",
-    id="inject-pod",
-    operations=["CREATE"],
-    ignore_failures=True,
-    labels={injection.LABEL: "true"},
-)
 def pod_inject(*, body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
     """Inject the agent's token, CA bundle and endpoint into an opted-in, selected pod."""
     namespace = body.get("metadata", {}).get("namespace") or ""
@@ -291,3 +282,18 @@ def agent_csr(
             logger.warning("denied %s: %s", name, verdict.message)
     except (kube.ApiError, tls.CertificateError) as exc:
         logger.warning("CSR %s left pending: %s", name, exc)
+
+
+if CFG.webhook_port:
+    # kopf refuses to run at all when admission handlers exist without an admission server
+    # ("no admission server/tunnel is configured"), so the handler exists only when the webhook
+    # is served (``webhook_port``; the chart sets it, a local or webhook-less operator does not).
+    kopf.on.mutate(
+        "",
+        "v1",
+        "pods",
+        id="inject-pod",
+        operations=["CREATE"],
+        ignore_failures=True,
+        labels={injection.LABEL: "true"},
+    )(pod_inject)

@@ -205,3 +205,28 @@ def test_names_past_x509s_64_characters_make_a_ca_and_a_signed_leaf() -> None:
     leaf.verify_directly_issued_by(tls.load_cert(ca.cert_pem))
     assert tls.common_name_of(node) != tls.common_name_of(node[:-1] + "y")
     assert len(tls.common_name_of(node)) == tls.COMMON_NAME_MAX
+
+
+@pytest.mark.parametrize(("port", "handlers"), [("0", 0), ("9443", 1)])
+def test_the_admission_handler_exists_only_with_the_webhook_port(port: str, handlers: int) -> None:
+    """kopf stops the whole operator when admission handlers exist but no admission server is
+    configured: an operator without a webhook port (a local run, a chart with the webhook off)
+    must register none."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import kopf, rlenergy_operator.webhook as w; "
+        "print(len(kopf.get_default_registry()._webhooks.get_all_handlers()))"
+    )
+    env = {
+        **os.environ,
+        "RLENERGY_OPERATOR_WEBHOOK_PORT": port,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.strip().splitlines()[-1]) == handlers
