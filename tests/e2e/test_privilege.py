@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 import yaml
 from e2e_support import get_json, wait_until
@@ -103,9 +104,12 @@ def _wait_enforced(
     unchecked. The probe is a dry-run create (admission runs, nothing is stored) with the
     agent's token bound to no pod, which the policy refuses once it is loaded.
     """
-    api = _api(cluster, _token(cluster, inst, inst.agent_sa), tmp_path)
-    writer = agent_kube.ReportWriter(api, namespace, "probe", cluster.nodes[0])
+    agent_api = _api(cluster, _token(cluster, inst, inst.agent_sa), tmp_path)
+    writer = agent_kube.ReportWriter(agent_api, namespace, "probe", cluster.nodes[0])
     body = writer.body(_report(cluster.nodes[0]))
+    # The agent's own client makes only the calls the agent makes (no dry run): the probe uses
+    # the generated client on the same connection and token.
+    api = kubernetes.client.CustomObjectsApi(agent_api.api_client)
 
     def refused() -> bool:
         try:
