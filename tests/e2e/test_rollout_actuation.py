@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 from e2e_support import get_json, wait_until
+from rlenergy_agent import server
 from rlenergy_dev import fullstack, standin
 from rlenergy_dev.devcluster import DevCluster
 
@@ -104,6 +105,10 @@ def _policy() -> dict[str, Any]:
 
 
 def _metrics(agent: fullstack.NodeAgent) -> str:
+    """The agent's /metrics as of now: the agent serves a rendering again to scrapes within
+    ``server.METRICS_REUSE_S``, so this waits that long first (a state change just made is in
+    the page)."""
+    time.sleep(server.METRICS_REUSE_S)
     url = f"http://127.0.0.1:{agent.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback only
         return str(resp.read().decode())
