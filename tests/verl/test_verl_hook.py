@@ -15,8 +15,8 @@ import random
 from pathlib import Path
 
 import pytest
-from agent_support import DriverFactory, FakeReviews, standin_agent
-from rlenergy_agent import server, service
+from agent_support import DriverFactory, hooked_agent
+from rlenergy_agent import service
 from rlenergy_dev import verlrank
 from verl import DataProto
 from verl.single_controller.base import decorator
@@ -93,15 +93,7 @@ def test_trained_batch_counts_the_masked_response_tokens_of_kept_non_aborted_sam
 def test_steps_through_verls_update_path_signal_phases_and_return_energy_metrics(
     hooked: None, cpu_weight_sync: None, make_driver: DriverFactory, short_tmp: Path
 ) -> None:
-    drv = make_driver(2)
-    gpus = list(drv.uuids)
-    agent = standin_agent({POD: gpus}, PLAN, lambda: drv.virtual_s)
-    sock = short_tmp / "agent.sock"
-    reviews = FakeReviews()
-    srv = server.SignalServer(sock, agent, reviews.authenticator())
-    srv.start()
-    try:
-        verl_hook._HOOK = verl_hook.VerlHook(reviews.client(sock, POD, short_tmp, strict=True))
+    with hooked_agent(make_driver, short_tmp, PLAN, POD) as (drv, gpus, agent):
         engine = verlrank.CpuEngine()
         worker = verlrank.make_worker(engine)
         trainer = verlrank.make_trainer(worker)
@@ -154,5 +146,3 @@ def test_steps_through_verls_update_path_signal_phases_and_return_energy_metrics
             == verl_hook.trained_batch(_batch(1)[0][verlrank.dapo_keep(_batch(1)[0])]).valid_tokens
         )
         assert {p.phase for p in by_step[2].phases} == {"generation", "training"}
-    finally:
-        srv.stop()

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import v1_support as v1
-from agent_support import DriverFactory, FakeReviews, standin_agent
-from rlenergy_agent import server, service
+from agent_support import DriverFactory, hooked_agent
+from rlenergy_agent import service
 from rlenergy_dev import verlrank
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
@@ -59,16 +59,8 @@ def test_v1_steps_signal_phases_and_put_the_dapo_filtered_workload_into_verls_me
     make_driver: DriverFactory,
     short_tmp: Path,
 ) -> None:
-    drv = make_driver(2)
-    gpus = list(drv.uuids)
-    agent = standin_agent({POD: gpus}, PLAN, lambda: drv.virtual_s)
-    sock = short_tmp / "agent.sock"
-    reviews = FakeReviews()
-    srv = server.SignalServer(sock, agent, reviews.authenticator())
-    srv.start()
     colocated = mode != "separate_async"
-    try:
-        verl_hook._HOOK = verl_hook.VerlHook(reviews.client(sock, POD, short_tmp, strict=True))
+    with hooked_agent(make_driver, short_tmp, PLAN, POD) as (drv, gpus, agent):
         engine = verlrank.CpuEngine()
         worker = v1.v1_worker(verlrank.make_worker(engine), mode)
         rollout = v1.Rollout()
@@ -128,8 +120,6 @@ def test_v1_steps_signal_phases_and_put_the_dapo_filtered_workload_into_verls_me
         assert {p.phase for p in by_step[1].phases} >= {"training"}
         if not colocated:
             assert worker.checkpoint_engine.sent == [0, 1, 2]
-    finally:
-        srv.stop()
 
 
 def _v1_shard(lengths: list[int]) -> TensorDict:
@@ -153,15 +143,7 @@ def test_a_v1_step_whose_batch_the_hook_cannot_count_completes_as_unhooked(
     short_tmp: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    drv = make_driver(2)
-    gpus = list(drv.uuids)
-    agent = standin_agent({POD: gpus}, PLAN, lambda: drv.virtual_s)
-    sock = short_tmp / "agent.sock"
-    reviews = FakeReviews()
-    srv = server.SignalServer(sock, agent, reviews.authenticator())
-    srv.start()
-    try:
-        verl_hook._HOOK = verl_hook.VerlHook(reviews.client(sock, POD, short_tmp, strict=True))
+    with hooked_agent(make_driver, short_tmp, PLAN, POD) as (drv, gpus, agent):
         verl_hook.hook().enter("generation", 1)
         hooked_engine, plain_engine = verlrank.CpuEngine(), verlrank.CpuEngine()
         with caplog.at_level(logging.WARNING, logger="rlenergy.sdk.verl_hook"):
@@ -187,5 +169,3 @@ def test_a_v1_step_whose_batch_the_hook_cannot_count_completes_as_unhooked(
         warnings = [r for r in caplog.records if "count the step's workload" in r.getMessage()]
         assert len(warnings) == 1  # one line, not one per step
         assert "prompts" in warnings[0].getMessage()
-    finally:
-        srv.stop()

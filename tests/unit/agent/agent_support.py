@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlenergy_agent import actuator, energy, identity, service
+from rlenergy_agent import actuator, energy, identity, server, service
 from rlenergy_agent.nvml import backend
 from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node
-from rlenergy.sdk import trainer
+from rlenergy.sdk import trainer, verl_hook
 
 DriverFactory = Callable[..., standin.StandinDriver]
 
@@ -229,3 +230,31 @@ class WatchStream:
 
     def release_conn(self) -> None:
         pass
+
+
+@contextlib.contextmanager
+def hooked_agent(
+    make_driver: DriverFactory,
+    folder: Path,
+    plan: api_node.ClockPlan,
+    pod: service.PodRef,
+    gpus: int = 2,
+) -> Iterator[tuple[standin.StandinDriver, list[str], service.Agent]]:
+    """A real agent on ``gpus`` stand-in GPUs behind its Unix-socket server (in ``folder``),
+    and this process's verl hook signalling it as ``pod`` (a strict client: refusals raise).
+
+    Yields:
+        (the stand-in driver, its GPU UUIDs, the agent); the server stops on exit.
+    """
+    drv = make_driver(gpus)
+    uuids = list(drv.uuids)
+    agent = standin_agent({pod: uuids}, plan, lambda: drv.virtual_s)
+    sock = folder / "agent.sock"
+    reviews = FakeReviews()
+    srv = server.SignalServer(sock, agent, reviews.authenticator())
+    srv.start()
+    try:
+        verl_hook._HOOK = verl_hook.VerlHook(reviews.client(sock, pod, folder, strict=True))
+        yield drv, uuids, agent
+    finally:
+        srv.stop()
