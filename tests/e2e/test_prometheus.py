@@ -42,7 +42,7 @@ import chart_support
 import pytest
 from e2e_support import wait_until
 from prometheus_support import PrometheusServer
-from rlenergy_agent import service
+from rlenergy_agent import server, service
 from rlenergy_dev import fullstack, standin
 from rlenergy_dev.devcluster import DevCluster
 
@@ -135,7 +135,10 @@ def test_prometheus_scrapes_agents_matching_the_policy_status(
             while True:
                 before = _settled(stack)
                 assert before is not None
-                since = time.time() + 0.5  # the agents poll the policy every 0.1 s
+                # The agents poll the policy every 0.1 s, and serve one /metrics rendering to
+                # every scrape within server.METRICS_REUSE_S: a scrape after ``since`` reads a
+                # page rendered after they saw this status.
+                since = time.time() + 0.5 + server.METRICS_REUSE_S
                 wait_until(lambda: prom.scraped_since(since), timeout=30, what="fresh scrapes")  # noqa: B023
                 results = {
                     "phase_energy": prom.query(
