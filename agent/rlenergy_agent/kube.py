@@ -259,22 +259,42 @@ class NodePods:
         """
         if self._client is None:
             self._client = kubernetes.client.ApiClient()
-        method, url, headers, body, post = self._client.param_serialize(
-            method="GET",
-            resource_path="/api/v1/pods",
-            query_params=[("fieldSelector", f"spec.nodeName={self.node}")],
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        resp = self._client.call_api(
-            method, url, header_params=headers, body=body, post_params=post,
-            _request_timeout=self.timeout_s,
-        )  # fmt: skip
-        resp.read()
-        if not 200 <= resp.status <= 299:
-            raise ApiException(http_resp=resp)
-        items = json.loads(resp.data or b"{}").get("items")
-        return [p for p in items or () if isinstance(p, dict)]
+        return list_pods(self._client, "/api/v1/pods", f"spec.nodeName={self.node}", self.timeout_s)
+
+
+def list_pods(
+    client: Any, path: str, field_selector: str, timeout_s: float
+) -> list[dict[str, Any]]:
+    """``GET`` a pod list through ``client`` (an ``ApiClient``) without ``CoreV1Api``.
+
+    Args:
+        client: the ``kubernetes.client.ApiClient`` (its configuration, auth, TLS).
+        path: ``/api/v1/pods`` or ``/api/v1/namespaces/<ns>/pods``.
+        field_selector: the list's ``fieldSelector``.
+        timeout_s: the request's timeout, s.
+
+    Returns:
+        The ``items`` of the ``PodList`` (dicts).
+
+    Raises:
+        kubernetes.client.exceptions.ApiException: the API server answered an error status.
+        OSError, urllib3 errors: it could not be reached.
+    """
+    method, url, headers, body, post = client.param_serialize(
+        method="GET",
+        resource_path=path,
+        query_params=[("fieldSelector", field_selector)],
+        header_params={"Accept": "application/json"},
+        auth_settings=["BearerToken"],
+    )
+    resp = client.call_api(
+        method, url, header_params=headers, body=body, post_params=post, _request_timeout=timeout_s
+    )
+    resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException(http_resp=resp)
+    items = json.loads(resp.data or b"{}").get("items")
+    return [p for p in items or () if isinstance(p, dict)]
 
 
 def _meta(pod: dict[str, Any]) -> dict[str, Any]:
@@ -731,25 +751,16 @@ class CurrentPod:
         if self._client is None:
             self._client = kubernetes.client.ApiClient()
         try:
-            method, url, headers, body, post = self._client.param_serialize(
-                method="GET",
-                resource_path=f"/api/v1/namespaces/{namespace}/pods",
-                query_params=[("fieldSelector", f"metadata.name={name}")],
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
+            items = list_pods(
+                self._client,
+                f"/api/v1/namespaces/{namespace}/pods",
+                f"metadata.name={name}",
+                self.timeout_s,
             )
-            resp = self._client.call_api(
-                method, url, header_params=headers, body=body, post_params=post,
-                _request_timeout=self.timeout_s,
-            )  # fmt: skip
-            resp.read()
+        except ApiException as exc:
+            raise identity.ReviewUnavailableError(f"pod lookup failed: HTTP {exc.status}") from None
         except Exception as exc:  # noqa: BLE001 - urllib3 and socket errors: API unreachable
             raise identity.ReviewUnavailableError(f"pod lookup failed: {exc}") from None
-        if not 200 <= resp.status <= 299:
-            raise identity.ReviewUnavailableError(f"pod lookup failed: HTTP {resp.status}")
-        items = [
-            p for p in json.loads(resp.data or b"{}").get("items") or () if isinstance(p, dict)
-        ]
         for p in items:
             meta = _meta(p)
             if meta.get("name") == name:
