@@ -82,12 +82,7 @@ def ensure_daemonset(body: dict[str, Any]) -> str:
     """
     apps = kubernetes.client.AppsV1Api(_api())
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    current = _unless_missing(apps.read_namespaced_daemon_set, name, ns)
-    before = None
-    if current is not None:
-        live = _api().sanitize_for_serialization(current)
-        before = str(live["metadata"].get("resourceVersion") or "")
-        upgrade_managed_fields(live)
+    before = _read_and_upgrade(ns, name)
     applied = apps.patch_namespaced_daemon_set(
         name,
         ns,
@@ -102,12 +97,40 @@ def ensure_daemonset(body: dict[str, Any]) -> str:
     return "unchanged" if after == before else "updated"
 
 
+UPGRADE_ATTEMPTS = 5
+"""Reads of a DaemonSet whose managed-fields upgrade lost the race to another writer (the
+DaemonSet controller writes ``status`` right after a create) before the error propagates."""
+
+
+def _read_and_upgrade(namespace: str, name: str) -> str | None:
+    """The live DaemonSet's ``resourceVersion`` as read ('' if unset); its fields upgraded.
+
+    None when the DaemonSet does not exist. An upgrade refused because the object changed since
+    the read (422, the JSON patch's ``test`` failed; 409) reads again, up to
+    ``UPGRADE_ATTEMPTS`` times; the last refusal propagates as an ``ApiError``.
+    """
+    apps = kubernetes.client.AppsV1Api(_api())
+    for attempt in range(UPGRADE_ATTEMPTS):
+        current = _unless_missing(apps.read_namespaced_daemon_set, name, namespace)
+        if current is None:
+            return None
+        live = _api().sanitize_for_serialization(current)
+        try:
+            upgrade_managed_fields(live)
+        except k8s_errors.ApiException as exc:
+            if exc.status not in (409, 422) or attempt == UPGRADE_ATTEMPTS - 1:
+                raise
+            continue
+        return str(live["metadata"].get("resourceVersion") or "")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def upgrade_managed_fields(live: dict[str, Any]) -> bool:
     """Give the operator's apply the fields its pre-apply writes own (``builders``).
 
     A JSON patch of ``metadata.managedFields`` that first tests the object's
-    ``resourceVersion``: an object changed since it was read is refused (an ``ApiError``, the
-    handler retries). Only the main resource is patched (apps/v1 DaemonSet).
+    ``resourceVersion``: an object changed since it was read is refused (an ``ApiError``;
+    ``ensure_daemonset`` reads again). Only the main resource is patched (apps/v1 DaemonSet).
 
     Returns:
         Whether a patch was sent (False: no legacy entry).

@@ -175,3 +175,33 @@ def test_a_daemonset_written_before_apply_is_upgraded_first(apps: _Apps):
     assert ops[1]["path"] == "/metadata/managedFields"
     assert [e["manager"] for e in ops[1]["value"]] == ["rlenergy-operator"]
     assert apply_kw["field_manager"] == "rlenergy-operator" and apply_kw["force"] is True
+
+
+def test_an_upgrade_that_loses_the_race_reads_again(apps: _Apps, monkeypatch: pytest.MonkeyPatch):
+    """The DaemonSet controller writes status between our read and our patch: read again."""
+    ds = builders.agent_daemonset(_cfg())
+    apps.live = {
+        **ds,
+        "metadata": {**ds["metadata"], "resourceVersion": "4", "managedFields": [LEGACY]},
+    }
+    patch = apps.patch_namespaced_daemon_set
+    refusals = {"left": 2}
+
+    def racing(name: str, ns: str, body: Any, **kw: Any) -> dict[str, Any]:
+        if kw.get("_content_type") != kube.APPLY_PATCH and refusals["left"]:
+            refusals["left"] -= 1
+            assert apps.live is not None
+            rv = str(int(apps.live["metadata"]["resourceVersion"]) + 1)  # the status write
+            apps.live = {**apps.live, "metadata": {**apps.live["metadata"], "resourceVersion": rv}}
+            raise kube.ApiError(status=422, reason="Unprocessable Entity")
+        return patch(name, ns, body, **kw)
+
+    monkeypatch.setattr(apps, "patch_namespaced_daemon_set", racing)
+    assert kube.ensure_daemonset(ds) == "updated"
+    (ops, _), _apply = apps.patches
+    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "6"}
+    refusals["left"] = kube.UPGRADE_ATTEMPTS  # never wins: the refusal propagates
+    apps.live = {**apps.live, "metadata": {**apps.live["metadata"], "managedFields": [LEGACY]}}
+    with pytest.raises(kube.ApiError) as refused:
+        kube.ensure_daemonset(ds)
+    assert refused.value.status == 422
