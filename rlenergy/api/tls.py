@@ -50,11 +50,17 @@ class KeyPair:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """What a certificate request asks for: its common name and IP/DNS subject names."""
+    """What a certificate asks for: its common name, IP/DNS subject names and organizations.
+
+    ``organizations`` are the subject's O attributes (Kubernetes reads them as a client
+    certificate's groups); ``read_csr`` never fills them, so a signed request cannot ask for a
+    group.
+    """
 
     common_name: str
     ips: tuple[str, ...]
     dns: tuple[str, ...]
+    organizations: tuple[str, ...] = ()
 
 
 def new_key() -> bytes:
@@ -106,12 +112,23 @@ def common_name_of(text: str) -> str:
     return f"{text[: COMMON_NAME_MAX - 9]}-{digest}"
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name_of(common_name))])
+def public_key_pem(key_pem: bytes) -> bytes:
+    """The public half of a PEM private key, PEM (SubjectPublicKeyInfo)."""
+    return (
+        _key(key_pem)
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
 
 
-def make_ca(common_name: str, now: datetime.datetime) -> KeyPair:
-    """A new self-signed CA valid ``CA_LIFETIME_S`` from ``now`` (less ``CLOCK_SKEW_S``)."""
+def _name(common_name: str, organizations: Sequence[str] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name_of(common_name))]
+    attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+    return x509.Name(attrs)
+
+
+def make_ca(common_name: str, now: datetime.datetime, lifetime_s: int = CA_LIFETIME_S) -> KeyPair:
+    """A new self-signed CA valid ``lifetime_s`` from ``now`` (less ``CLOCK_SKEW_S``)."""
     key_pem = new_key()
     key = _key(key_pem)
     name = _name(common_name)
@@ -122,7 +139,7 @@ def make_ca(common_name: str, now: datetime.datetime) -> KeyPair:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(seconds=CLOCK_SKEW_S))
-        .not_valid_after(now + datetime.timedelta(seconds=CA_LIFETIME_S))
+        .not_valid_after(now + datetime.timedelta(seconds=lifetime_s))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -196,11 +213,14 @@ def issue(
     request: Request,
     now: datetime.datetime,
     lifetime_s: int = LEAF_LIFETIME_S,
+    *,
+    client: bool = False,
 ) -> bytes:
-    """A serving certificate for ``request`` and ``public_key``, signed by ``ca``, PEM.
+    """A certificate for ``request`` and ``public_key``, signed by ``ca``, PEM.
 
     Valid from ``now`` less ``CLOCK_SKEW_S`` for ``lifetime_s`` (never past the CA's end);
-    key usage: digital signature, extended key usage: server authentication.
+    extended key usage: server authentication (client authentication with ``client``); subject
+    alternative names only when ``request`` names some.
 
     Raises:
         CertificateError: ``ca`` unusable, or an IP subject name that is not an IP address.
@@ -208,23 +228,25 @@ def issue(
     ca_cert = load_cert(ca.cert_pem)
     ca_key = _key(ca.key_pem)
     end = min(now + datetime.timedelta(seconds=lifetime_s), ca_cert.not_valid_after_utc)
-    cert = (
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(request.common_name))
+        .subject_name(_name(request.common_name, request.organizations))
         .issuer_name(ca_cert.subject)
         .public_key(public_key)  # type: ignore[arg-type]
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(seconds=CLOCK_SKEW_S))
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(_sans(request.ips, request.dns)), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
         )
-        .sign(ca_key, hashes.SHA256())
     )
-    return cert.public_bytes(serialization.Encoding.PEM)
+    names = _sans(request.ips, request.dns)
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
 def issue_for_key(
@@ -233,9 +255,11 @@ def issue_for_key(
     request: Request,
     now: datetime.datetime,
     lifetime_s: int = LEAF_LIFETIME_S,
+    *,
+    client: bool = False,
 ) -> bytes:
-    """``issue`` for the public half of ``key_pem`` (a serving key the signer holds itself)."""
-    return issue(ca, _key(key_pem).public_key(), request, now, lifetime_s)
+    """``issue`` for the public half of ``key_pem`` (a key the signer holds itself)."""
+    return issue(ca, _key(key_pem).public_key(), request, now, lifetime_s, client=client)
 
 
 def renewal_due(cert_pem: bytes, now: datetime.datetime) -> bool:

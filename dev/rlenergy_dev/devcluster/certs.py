@@ -1,9 +1,10 @@
-"""Certificates for the dev cluster: a throw-away PKI made with ``cryptography``.
+"""Certificates for the dev cluster: a throw-away PKI, made by ``rlenergy.api.tls``.
 
 Mirrors envtest's TinyCA: ECDSA P-256 keys, one serving CA that signs the kube-apiserver's
 serving certificate (SANs ``localhost`` and ``127.0.0.1``), a separate client CA that
 signs the admin client certificate (``CN=admin, O=system:masters``) and a service-account
-signing keypair.
+signing keypair. The certificates are built by the same code as the operator's CA and the
+agents' serving certificates (``rlenergy.api.tls``), with a short lifetime.
 """
 
 from __future__ import annotations
@@ -13,26 +14,11 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from rlenergy.api import tls
+from rlenergy.api.tls import KeyPair
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 DEFAULT_VALIDITY = dt.timedelta(days=7)
-
-
-@dataclass(frozen=True)
-class KeyPair:
-    """A PEM-encoded certificate and its PEM-encoded (PKCS#8, unencrypted) private key."""
-
-    cert_pem: bytes
-    key_pem: bytes
-
-    @property
-    def cert(self) -> x509.Certificate:
-        """The parsed certificate."""
-        return x509.load_pem_x509_certificate(self.cert_pem)
 
 
 @dataclass(frozen=True)
@@ -61,112 +47,22 @@ class PkiPaths:
     sa_pub: Path
 
 
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-    attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
-    return x509.Name(attrs)
-
-
-def _window(validity: dt.timedelta) -> tuple[dt.datetime, dt.datetime]:
+def _leaf(ca: KeyPair, request: tls.Request, validity: dt.timedelta, *, client: bool) -> KeyPair:
+    key_pem = tls.new_key()
     now = dt.datetime.now(dt.UTC)
-    # Back-date a little so a slightly skewed clock does not reject a fresh certificate.
-    return now - dt.timedelta(minutes=5), now + validity
+    lifetime_s = int(validity.total_seconds())
+    return KeyPair(tls.issue_for_key(ca, key_pem, request, now, lifetime_s, client=client), key_pem)
 
 
-def _make_ca(cn: str, validity: dt.timedelta) -> tuple[KeyPair, ec.EllipticCurvePrivateKey]:
-    key = _new_key()
-    not_before, not_after = _window(validity)
-    name = _name(cn, ("rl-energy-dev",))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)), key
-
-
-def _make_leaf(
-    ca: KeyPair,
-    ca_key: ec.EllipticCurvePrivateKey,
-    subject: x509.Name,
-    usage: x509.ObjectIdentifier,
-    validity: dt.timedelta,
-    hosts: tuple[str, ...] = (),
-) -> KeyPair:
-    key = _new_key()
-    not_before, not_after = _window(validity)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-    )
-    if hosts:
-        sans: list[x509.GeneralName] = []
-        for host in hosts:
-            try:
-                sans.append(x509.IPAddress(ipaddress.ip_address(host)))
-            except ValueError:
-                sans.append(x509.DNSName(host))
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
-    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+def _hosts(hosts: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``hosts`` split into (IP addresses, DNS names)."""
+    ips, dns = [], []
+    for host in hosts:
+        try:
+            ips.append(str(ipaddress.ip_address(host)))
+        except ValueError:
+            dns.append(host)
+    return tuple(ips), tuple(dns)
 
 
 def generate_pki(
@@ -187,24 +83,14 @@ def generate_pki(
     Returns:
         The CAs, the serving and client keypairs and the service-account signing keypair.
     """
-    serving_ca, serving_ca_key = _make_ca("rl-energy-dev-serving-ca", validity)
-    serving = _make_leaf(
-        serving_ca,
-        serving_ca_key,
-        _name("localhost"),
-        ExtendedKeyUsageOID.SERVER_AUTH,
-        validity,
-        hosts,
-    )
-    client_ca, client_ca_key = _make_ca("rl-energy-dev-client-ca", validity)
-    admin = _make_leaf(
-        client_ca, client_ca_key, _name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH, validity
-    )
-    sa_key = _new_key()
-    sa_pub = sa_key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return Pki(serving_ca, serving, client_ca, admin, _key_pem(sa_key), sa_pub)
+    now, lifetime_s = dt.datetime.now(dt.UTC), int(validity.total_seconds())
+    serving_ca = tls.make_ca("rl-energy-dev-serving-ca", now, lifetime_s)
+    ips, dns = _hosts(hosts)
+    serving = _leaf(serving_ca, tls.Request("localhost", ips, dns), validity, client=False)
+    client_ca = tls.make_ca("rl-energy-dev-client-ca", now, lifetime_s)
+    admin = _leaf(client_ca, tls.Request(user, (), (), groups), validity, client=True)
+    sa_key = tls.new_key()
+    return Pki(serving_ca, serving, client_ca, admin, sa_key, tls.public_key_pem(sa_key))
 
 
 def client_cert(
@@ -221,12 +107,7 @@ def client_cert(
     Returns:
         The certificate and its key.
     """
-    ca_key = serialization.load_pem_private_key(pki.client_ca.key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError("the client CA key is not an EC key")
-    return _make_leaf(
-        pki.client_ca, ca_key, _name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH, validity
-    )
+    return _leaf(pki.client_ca, tls.Request(user, (), (), groups), validity, client=True)
 
 
 def write_pki(pki: Pki, directory: Path) -> PkiPaths:

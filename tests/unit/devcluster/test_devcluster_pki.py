@@ -18,6 +18,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rlenergy_dev.devcluster.certs import generate_pki, write_pki
 from rlenergy_dev.devcluster.kubeconfig import render_kubeconfig, write_kubeconfig
 
+from rlenergy.api import tls
+
 
 @pytest.fixture(scope="module")
 def pki():
@@ -33,33 +35,36 @@ def _verify_signed_by(cert: x509.Certificate, ca: x509.Certificate) -> None:
 
 
 def test_serving_cert_has_loopback_sans_and_server_auth(pki):
-    cert = pki.serving.cert
+    cert = tls.load_cert(pki.serving.cert_pem)
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["localhost"]
     assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
-    _verify_signed_by(cert, pki.serving_ca.cert)
+    _verify_signed_by(cert, tls.load_cert(pki.serving_ca.cert_pem))
 
 
 def test_admin_client_cert_is_system_masters_and_from_the_client_ca(pki):
-    cert = pki.admin.cert
+    cert = tls.load_cert(pki.admin.cert_pem)
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "admin"
     orgs = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
     assert orgs == ["system:masters"]
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
-    _verify_signed_by(cert, pki.client_ca.cert)
+    _verify_signed_by(cert, tls.load_cert(pki.client_ca.cert_pem))
     # Separate CAs: the serving CA must not vouch for client certificates.
-    assert pki.client_ca.cert.subject != pki.serving_ca.cert.subject
+    assert (
+        tls.load_cert(pki.client_ca.cert_pem).subject
+        != tls.load_cert(pki.serving_ca.cert_pem).subject
+    )
     with pytest.raises(Exception):  # noqa: B017 - InvalidSignature
-        _verify_signed_by(cert, pki.serving_ca.cert)
+        _verify_signed_by(cert, tls.load_cert(pki.serving_ca.cert_pem))
 
 
 def test_cas_are_cas_and_leaves_are_not(pki):
-    for ca in (pki.serving_ca.cert, pki.client_ca.cert):
+    for ca in (tls.load_cert(pki.serving_ca.cert_pem), tls.load_cert(pki.client_ca.cert_pem)):
         assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    for leaf in (pki.serving.cert, pki.admin.cert):
+    for leaf in (tls.load_cert(pki.serving.cert_pem), tls.load_cert(pki.admin.cert_pem)):
         assert not leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
 
 

@@ -15,6 +15,8 @@ from rlenergy_dev.devcluster import realnode
 from rlenergy_dev.devcluster.certs import client_cert, generate_pki
 from rlenergy_dev.devcluster.errors import MissingBinaryError
 
+from rlenergy.api import tls
+
 
 def test_containerd_config_keeps_everything_under_its_folder(tmp_path: Path) -> None:
     cfg = tomllib.loads(realnode.containerd_config(tmp_path, tmp_path / "shim", tmp_path / "w"))
@@ -151,14 +153,14 @@ def test_cni_config_is_loopback_only() -> None:
 def test_kubelet_client_certificate_names_the_node() -> None:
     pki = generate_pki()
     pair = client_cert(pki, "system:node:realnode", ("system:nodes",))
-    cert = pair.cert
+    cert = tls.load_cert(pair.cert_pem)
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == (
         "system:node:realnode"
     )
     assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == (
         "system:nodes"
     )
-    assert cert.issuer == pki.client_ca.cert.subject
+    assert cert.issuer == tls.load_cert(pki.client_ca.cert_pem).subject
 
 
 def test_missing_kubelet_names_the_fix(tmp_path: Path) -> None:
