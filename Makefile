@@ -152,7 +152,7 @@ mutation: $(STAMP)
 ## The real-node e2e test alone (tests/e2e/test_real_node.py): the chart with the real images on a
 ## real kubelet + containerd node, fake GPUs from the device plugin (docs/dev-cluster.md). Root.
 test-realnode: $(STAMP) $(VERL_STAMP) bins images
-	$(PY) -m pytest -q -m realnode tests/e2e/test_real_node.py
+	$(PY) -m pytest -q -m realnode tests/e2e/test_real_node.py tests/e2e/test_real_node_day_two.py
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins

@@ -360,7 +360,9 @@ def _callers(
 ) -> tuple[Any, identity.TokenAuthenticator, podlife.PodEndWatch]:
     """The API client, the callers' token check and the pod-end watch.
 
-    The watch forgets an ended pod's cached token reviews.
+    The pod-end watch forgets an ended pod's cached token reviews; with the API, a watch of
+    the node's pods makes the token cache forget a pod as soon as its deletion starts
+    (``identity.PodEndTokens``), before a pod of its name can be created again.
     """
     api, reviewer, ended_in_api, current_pod = _cluster(settings)
     auth = identity.TokenAuthenticator(
@@ -372,6 +374,12 @@ def _callers(
     pod_ends = podlife.PodEndWatch(
         agent, ended_in_api, check_s=settings.pod_check_s, on_end=auth.forget_pod
     )
+    if ended_in_api is not None:
+        from rlenergy_agent import annotations
+
+        annotations.PodPhaseWatch(
+            agent, settings.node_name, handler=identity.PodEndTokens(auth), name="pod end watch"
+        ).start()
     return api, auth, pod_ends
 
 

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import kubernetes
 import kubernetes.watch
@@ -56,6 +56,8 @@ class PodEvent:
         node_name: ``spec.nodeName``.
         service_account: ``spec.serviceAccountName``.
         annotations: ``metadata.annotations``.
+        deleting: ``metadata.deletionTimestamp`` is set.
+        phase: ``status.phase``.
     """
 
     namespace: str
@@ -64,6 +66,8 @@ class PodEvent:
     node_name: str
     service_account: str
     annotations: Mapping[str, str]
+    deleting: bool = False
+    phase: str = ""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> PodEvent:
@@ -77,6 +81,8 @@ class PodEvent:
             str(spec.get("nodeName") or ""),
             str(spec.get("serviceAccountName") or "default"),
             {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+            meta.get("deletionTimestamp") is not None,
+            str((obj.get("status") or {}).get("phase") or ""),
         )
 
 
@@ -235,8 +241,27 @@ class NodePodStream:
         return resp.response
 
 
+class PodHandler(Protocol):
+    """What a ``PodPhaseWatch`` feeds (``PodAnnotations``, ``identity.PodEndTokens``)."""
+
+    def handle(self, pod: PodEvent, received_s: float | None = None) -> list[str]:
+        """A pod added or modified (also each pod of a listing)."""
+        ...
+
+    def forget(self, uid: str) -> None:
+        """A pod deleted."""
+        ...
+
+    def keep(self, uids: set[str]) -> None:
+        """A fresh listing has these pods only."""
+        ...
+
+
 class PodPhaseWatch:
-    """Follows this node's pods by a watch and feeds their annotations to ``PodAnnotations``.
+    """Follows this node's pods by a watch and feeds them to a handler.
+
+    The handler is ``PodAnnotations`` (phase signals from annotations) by default; the agent
+    also runs one with ``identity.PodEndTokens`` (its token cache forgets ended pods).
 
     Args:
         agent: this node's agent.
@@ -245,6 +270,8 @@ class PodPhaseWatch:
             ``NodePodStream``, no ``CoreV1Api``).
         watch_timeout_s: ``timeout_seconds`` of one watch request, s.
         retry_max_s: longest wait between attempts after errors, s.
+        handler: what the pods are fed to (default: ``PodAnnotations(agent)``).
+        name: the thread's and the log's name for the watch.
     """
 
     WATCH_TIMEOUT_S = 300.0
@@ -257,10 +284,13 @@ class PodPhaseWatch:
         *,
         watch_timeout_s: float | None = None,
         retry_max_s: float = 10.0,
+        handler: PodHandler | None = None,
+        name: str = "pod annotation watch",
     ) -> None:
         self.node = node
+        self.name = name
         self.core: Any = core if core is not None else NodePodStream()
-        self.handler = PodAnnotations(agent)
+        self.handler: PodHandler = handler if handler is not None else PodAnnotations(agent)
         self.watch_timeout_s = self.WATCH_TIMEOUT_S if watch_timeout_s is None else watch_timeout_s
         self.retry_max_s = retry_max_s
         self.lists = 0
@@ -269,7 +299,9 @@ class PodPhaseWatch:
         """The newest resourceVersion seen (list, event or bookmark)."""
         self._stopped = threading.Event()
         self._watch: kubernetes.watch.Watch | None = None
-        self._thread = threading.Thread(target=self._run, name=f"pod-phases-{node}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"{name.replace(' ', '-')}-{node}", daemon=True
+        )
 
     @property
     def selector(self) -> str:
@@ -343,14 +375,12 @@ class PodPhaseWatch:
             except ApiException as exc:
                 version = ""  # 410 Gone (too old) or any API error: list again
                 if exc.status != 410 and not self._stopped.is_set():
-                    log.warning(
-                        "pod annotation watch on %s: %s %s", self.node, exc.status, exc.reason
-                    )
+                    log.warning("%s on %s: %s %s", self.name, self.node, exc.status, exc.reason)
                     self._stopped.wait(backoff)
                     backoff = min(backoff * 2, self.retry_max_s)
             except Exception as exc:  # noqa: BLE001 - connection loss: list again after a pause
                 version = ""
                 if not self._stopped.is_set():
-                    log.warning("pod annotation watch on %s: %s", self.node, exc)
+                    log.warning("%s on %s: %s", self.name, self.node, exc)
                     self._stopped.wait(backoff)
                     backoff = min(backoff * 2, self.retry_max_s)

@@ -47,7 +47,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from rlenergy_agent import pods, service
 
@@ -335,14 +335,39 @@ class TokenAuthenticator:
         """``pod`` ended: its tokens' cached successes go (the next use is reviewed again)."""
         with self._lock:
             if pod.uid:
-                self._ended[pod.uid] = None
-                while len(self._ended) > self.max_entries:
-                    self._ended.popitem(last=False)
+                self._mark_ended(pod.uid)
             for key, (_, c) in list(self._ok.items()):
                 if (c.namespace, c.pod_name) == (pod.namespace, pod.name) and (
                     not pod.uid or c.pod_uid == pod.uid
                 ):
                     del self._ok[key]
+
+    def forget_uid(self, uid: str) -> None:
+        """The pod of ``uid`` ended: its tokens are refused from their next use (403).
+
+        Called when a watch sees the pod's deletion start, its end or its removal: their
+        cached successes go, and the review their next use makes is refused for the ended UID.
+        """
+        if not uid:
+            return
+        with self._lock:
+            self._mark_ended(uid)
+            for key in [k for k, (_, c) in self._ok.items() if c.pod_uid == uid]:
+                del self._ok[key]
+
+    def keep_uids(self, uids: set[str]) -> None:
+        """A fresh listing of the node's pods has ``uids``: other pods' cached successes go.
+
+        Their tokens are reviewed again at their next use; nothing is refused for it.
+        """
+        with self._lock:
+            for key in [k for k, (_, c) in self._ok.items() if c.pod_uid not in uids]:
+                del self._ok[key]
+
+    def _mark_ended(self, uid: str) -> None:
+        self._ended[uid] = None
+        while len(self._ended) > self.max_entries:
+            self._ended.popitem(last=False)
 
     def authenticate(self, authorization: str | None) -> Caller:
         """The pod of a bearer token.
@@ -469,6 +494,67 @@ class TokenAuthenticator:
             cache.move_to_end(key)
             while len(cache) > self.max_entries:
                 cache.popitem(last=False)
+
+
+class WatchedPod(Protocol):
+    """What ``PodEndTokens`` reads of a pod event (``annotations.PodEvent``)."""
+
+    @property
+    def uid(self) -> str:
+        """The pod's UID."""
+        ...
+
+    @property
+    def deleting(self) -> bool:
+        """Its ``metadata.deletionTimestamp`` is set."""
+        ...
+
+    @property
+    def phase(self) -> str:
+        """Its ``status.phase``."""
+        ...
+
+
+class PodEndTokens:
+    """The token cache's side of the watch of this node's pods (``annotations.PodPhaseWatch``).
+
+    A cached review success would otherwise stand until the pod-end check's next API listing
+    (``podlife.PodEndWatch``, every few seconds): a pod deleted and re-created under its name
+    in that time would let the old pod's token act for the new pod (the kubelet's listing names
+    pods without UIDs). The watch delivers the start of a deletion (``deletionTimestamp``)
+    milliseconds after it is made, and a pod of the same name can be created only once the API
+    server removed the old object, so the old pod's token is refused from the first use that
+    could reach the new pod. A terminal pod (``Succeeded``, ``Failed``) is refused the same
+    way; a relist forgets the cached successes of the pods it no longer has.
+
+    Args:
+        auth: the token cache.
+    """
+
+    def __init__(self, auth: TokenAuthenticator) -> None:
+        self.auth = auth
+        self.ended = 0
+        """Pod ends passed on to the cache."""
+
+    def handle(self, pod: WatchedPod, received_s: float | None = None) -> list[str]:
+        """One pod as the watch delivered it (added or modified).
+
+        Returns:
+            ``["ended <uid>"]`` when the pod is being deleted or terminal, else empty.
+        """
+        if pod.deleting or pod.phase in ("Succeeded", "Failed"):
+            self.forget(pod.uid)
+            return [f"ended {pod.uid}"]
+        return []
+
+    def forget(self, uid: str) -> None:
+        """The pod was deleted."""
+        self.ended += 1
+        self.auth.forget_uid(uid)
+
+    def keep(self, uids: set[str]) -> None:
+        """A fresh listing of the node's pods."""
+        self.auth.keep_uids(uids)
 
 
 def _listed(agent: service.Agent, caller: Caller) -> service.PodRef | None:

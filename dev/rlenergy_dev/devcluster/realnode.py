@@ -620,6 +620,34 @@ class RealNode:
             ],
         )
 
+    def restart_kubelet(self, down_s: float = 0.0, grace: float = 10.0) -> float:
+        """Stop the kubelet (SIGTERM) and start it again with the same command line.
+
+        Containers keep running (containerd and its shims are untouched), as on a node whose
+        kubelet is restarted by systemd; the restarted kubelet re-creates its PodResources and
+        device-plugin sockets (plugins register again) and takes its running pods back from
+        its checkpoints. The caller waits for the node to be Ready again.
+
+        Args:
+            down_s: Seconds between the old kubelet's exit and the new one's start.
+            grace: Seconds between SIGTERM and SIGKILL of the old kubelet.
+
+        Returns:
+            Seconds the old kubelet took to exit.
+
+        Raises:
+            DevClusterError: The kubelet was never started.
+        """
+        if self.kubelet is None:
+            raise DevClusterError("the kubelet was never started: nothing to restart")
+        t0 = time.monotonic()
+        process.terminate([self.kubelet], self._popens, grace=grace)
+        stopped_s = time.monotonic() - t0
+        if down_s > 0:
+            time.sleep(down_s)
+        self.kubelet = self._spawn("kubelet", self.kubelet.argv)
+        return stopped_s
+
     def check_alive(self) -> None:
         """Raise if containerd or the kubelet exited."""
         for rec in self.processes:

@@ -17,6 +17,8 @@ lines through the kubernetes client's real ``Watch``. We test these aspects:
   with bookmarks, tracks the newest resourceVersion (bookmarks included), lists again after
   410 Gone without signalling twice, and after a lost connection (a pause first); a deleted
   pod is forgotten;
+* the same watch with ``identity.PodEndTokens`` as its handler: a pod whose deletion starts has
+  its token refused at its next use;
 * the plan watch reads ``spec.phaseSource`` (the node loop starts the annotation watch from it).
 """
 
@@ -30,8 +32,8 @@ from typing import Any
 
 import pytest
 from agent_support import LOCKED_PLAN as PLAN
-from agent_support import POD_A, POD_B, DriverFactory, WatchStream, standin_agent
-from rlenergy_agent import annotations, kube, service
+from agent_support import POD_A, POD_B, DriverFactory, FakeReviews, WatchStream, standin_agent
+from rlenergy_agent import annotations, identity, kube, service
 
 from rlenergy.api import signals
 
@@ -272,6 +274,37 @@ def test_a_deleted_pod_is_forgotten_and_a_relist_drops_pods_gone_meanwhile(
     assert notes.handle(_event(POD_A, _phase("generation", 0))) == ["phase generation 0"]
     notes.keep(set())
     assert notes.handle(_event(POD_A, _phase("generation", 0))) == ["phase generation 0"]
+
+
+def test_a_pod_end_watch_refuses_a_deleted_pods_token_from_its_next_use(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(2)
+    agent = standin_agent({POD_A: list(drv.uuids)}, PLAN, lambda: drv.virtual_s, node=NODE)
+    reviews = FakeReviews(NODE)
+    auth = reviews.authenticator()
+    token = reviews.issue(POD_A)
+    assert identity.authorize(agent, auth.authenticate(f"Bearer {token}")) == POD_A
+    deleting = _pod(POD_A, rv="12")
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-06T21:00:00Z"
+    core = _Core(
+        [_listing("10", _pod(POD_A, rv="9"))], [[{"type": "MODIFIED", "object": deleting}]]
+    )
+    ends = identity.PodEndTokens(auth)
+    watch = annotations.PodPhaseWatch(
+        agent, NODE, core, retry_max_s=0.05, handler=ends, name="pod end watch"
+    )
+    watch.start()
+    try:
+        _until(lambda: ends.ended == 1)
+        with pytest.raises(identity.AuthError, match="has ended") as info:
+            auth.authenticate(f"Bearer {token}")
+        assert info.value.status == 403
+        assert watch._thread.name == f"pod-end-watch-{NODE}"
+    finally:
+        watch.stop()
+        core.hold.set()
+        watch.join(5)
 
 
 def _policy_watch_api(

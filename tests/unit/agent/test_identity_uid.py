@@ -4,7 +4,9 @@ We test: the review's pod UID is checked against the API's current pod of that n
 re-created under its name refuses the old pod's token from its first use and takes the new
 pod's, with a kubelet listing that names pods without UIDs; a pod being deleted or finished is
 refused; the pod check unreachable is 503); a success is reused at most 10 s and dropped when
-its pod ends; exactly one pod name and one pod UID or 403; concurrent first uses of a token
+its pod ends (the node's pod watch: a deletion's start or a terminal pod refuses the old token
+before any pod-end check, so a pod re-created under its name never takes it; a relist drops
+the successes of pods it lacks); exactly one pod name and one pod UID or 403; concurrent first uses of a token
 make one review; a review slower than 2 s is 503 (``kube.TokenReviewer`` against a slow HTTP
 server on 127.0.0.1); the flood (non-JWT tokens refused without a review, JWT-shaped junk
 rate-limited, refusals cached apart so the valid token keeps its cached success);
@@ -25,7 +27,7 @@ from typing import Any
 import pytest
 from agent_support import AUDIENCE, DriverFactory, FakeReviews, standin_agent
 from kubernetes import client as k8s
-from rlenergy_agent import identity, kube, podlife, service
+from rlenergy_agent import annotations, identity, kube, podlife, service
 
 from rlenergy.api import node as api_node
 from rlenergy.sdk import trainer
@@ -96,6 +98,65 @@ def test_a_pod_recreated_under_its_name_refuses_the_old_token_and_takes_the_new(
     # the new pod's first signal is taken, with its own UID
     caller = auth.authenticate(f"Bearer {new_token}")
     assert identity.authorize(agent, caller) == NEW
+
+
+def _seen(pod: service.PodRef, *, deleting: bool = False, phase: str = "Running") -> Any:
+    return annotations.PodEvent(
+        pod.namespace, pod.name, pod.uid, "node-1", "trainer", {}, deleting=deleting, phase=phase
+    )
+
+
+def test_a_watched_deletion_refuses_the_old_token_before_any_pod_end_check(
+    make_driver: DriverFactory,
+) -> None:
+    drv = make_driver(2)
+    agent = standin_agent(
+        {service.PodRef(OLD.namespace, OLD.name): list(drv.uuids)}, PLAN, lambda: drv.virtual_s
+    )
+    reviews, current = FakeReviews(), Pods(OLD)
+    auth = reviews.authenticator(current_pod=current)
+    old_token = reviews.issue(OLD)
+    agent.phase(
+        identity.authorize(agent, auth.authenticate(f"Bearer {old_token}")), "generation", 0
+    )
+    ends = identity.PodEndTokens(auth)
+    # The node's pod watch: a running pod changes nothing, the old token stays cached.
+    assert ends.handle(_seen(OLD)) == []
+    auth.authenticate(f"Bearer {old_token}")
+    assert reviews.calls == 1
+    # Its deletion starts; the pod is then re-created under its name. No pod-end check (the
+    # API listing every few seconds) has run: the watch alone refuses the old token.
+    assert ends.handle(_seen(OLD, deleting=True)) == [f"ended {OLD.uid}"]
+    current.now[(OLD.namespace, OLD.name)] = identity.PodFacts(NEW.uid, "node-1")
+    with pytest.raises(identity.AuthError, match="has ended") as info:
+        identity.authorize(agent, auth.authenticate(f"Bearer {old_token}"), gpus=list(drv.uuids))
+    assert info.value.status == 403
+    assert identity.authorize(agent, auth.authenticate(f"Bearer {reviews.issue(NEW)}")) == NEW
+
+
+def test_a_terminal_pod_is_refused_and_a_relist_drops_pods_gone_meanwhile() -> None:
+    reviews, current = FakeReviews(), Pods(OLD)
+    auth = reviews.authenticator(current_pod=current)
+    ends = identity.PodEndTokens(auth)
+    token = reviews.issue(OLD)
+    auth.authenticate(f"Bearer {token}")
+    ends.keep({OLD.uid})  # a relist that has the pod keeps its cached success
+    auth.authenticate(f"Bearer {token}")
+    assert reviews.calls == 1
+    ends.keep({NEW.uid})  # a relist without it: reviewed again at the next use, not refused
+    auth.authenticate(f"Bearer {token}")
+    assert reviews.calls == 2
+    assert ends.handle(_seen(OLD, phase="Succeeded")) == [f"ended {OLD.uid}"]
+    with pytest.raises(identity.AuthError, match="has ended") as info:
+        auth.authenticate(f"Bearer {token}")
+    assert info.value.status == 403
+    other = reviews.issue(NEW)
+    current.now[(NEW.namespace, NEW.name)] = identity.PodFacts(NEW.uid, "node-1")
+    auth.authenticate(f"Bearer {other}")
+    ends.forget(NEW.uid)  # the watch's DELETED event
+    with pytest.raises(identity.AuthError, match="has ended"):
+        auth.authenticate(f"Bearer {other}")
+    assert ends.ended == 2
 
 
 def test_the_old_token_is_refused_on_first_use_after_recreation_without_any_cache() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from cryptography.x509.oid import NameOID
-from rlenergy_dev.devcluster import realnode
+from rlenergy_dev.devcluster import process, realnode
 from rlenergy_dev.devcluster.certs import client_cert, generate_pki
-from rlenergy_dev.devcluster.errors import MissingBinaryError
+from rlenergy_dev.devcluster.errors import DevClusterError, MissingBinaryError
 
 from rlenergy.api import tls
 
@@ -196,3 +196,33 @@ def test_missing_nvidia_container_runtime_names_the_fix(
 
 def test_unmount_under_touches_nothing_outside(tmp_path: Path) -> None:
     assert realnode.unmount_under(tmp_path) == []
+
+
+def _node_with_spawn(
+    tmp_path: Path,
+) -> tuple[realnode.RealNode, dict[int, subprocess.Popen[bytes]]]:
+    popens: dict[int, subprocess.Popen[bytes]] = {}
+
+    def spawn(name: str, argv: list[str]) -> process.ProcessRecord:
+        proc, rec = process.spawn(name, argv, tmp_path / f"{name}.log")
+        popens[proc.pid] = proc
+        return rec
+
+    bins = realnode.NodeBinaries(*(tmp_path / n for n in "abcdefg"))
+    return realnode.RealNode(tmp_path / "node", bins, spawn, popens), popens
+
+
+def test_restart_kubelet_runs_the_same_command_line_again(tmp_path: Path) -> None:
+    node, popens = _node_with_spawn(tmp_path)
+    with pytest.raises(DevClusterError, match="never started"):
+        node.restart_kubelet()
+    node.kubelet = node._spawn("kubelet", ["sleep", "60"])
+    old = node.kubelet
+    try:
+        stopped_s = node.restart_kubelet(down_s=0.2, grace=5.0)
+        assert node.kubelet.pid != old.pid and node.kubelet.argv == old.argv
+        assert popens[old.pid].poll() is not None and popens[node.kubelet.pid].poll() is None
+        assert 0 <= stopped_s < 5.0
+        assert (tmp_path / "kubelet.log").read_text().count("$ sleep 60") == 2
+    finally:
+        process.terminate(node.processes, popens, grace=1.0)
