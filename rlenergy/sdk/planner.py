@@ -10,7 +10,8 @@ DP ranks) owns one ``RolloutPlanner`` and calls it directly, with no server in b
   per-prompt lengths), unless the guard (``placement.lockstep_makespan_s``) predicts the
   even split (verl's ``DataProto.chunk``, kept within the budgets too) to end no later;
   ``assign(prompt_ids, prompt_tokens, servers)`` is the same rule as a plain list of server
-  indices, for a dispatcher's hook;
+  indices, for a dispatcher's hook (``assignment``: with the ``queued`` flags and predicted
+  lengths; verl's request router, ``rlenergy.sdk.verl_placement``, calls it);
 * ``progress(reports)`` while decoding: the newest ``ProgressReport`` per active rank; returns
   a ``ReleaseDecision`` when the release rule (``release.FlexFloorPlanner``) lets finished
   ranks go, and opens its round;
@@ -235,12 +236,34 @@ class RolloutPlanner:
             InvalidInputError: ``servers < 1``, inputs of different lengths, or
                 ``kv_budget_bytes`` without one entry per server.
         """
+        chosen, _ = self.assignment(
+            prompt_ids, prompt_tokens, servers, kv_budget_bytes=kv_budget_bytes
+        )
+        return list(chosen.worker_of)
+
+    def assignment(
+        self,
+        prompt_ids: Sequence[Hashable],
+        prompt_tokens: Sequence[int],
+        servers: int,
+        *,
+        kv_budget_bytes: Sequence[int] | None = None,
+    ) -> tuple[placement.Placement, list[float]]:
+        """``assign`` with what a router reports: the placement and the predicted lengths.
+
+        Returns:
+            The ``Placement`` (server per sample, ``queued`` per sample, predicted peak KV per
+            server, bytes) and the predicted response length per sample, tokens, shape
+            ``(n,)``.
+
+        Raises:
+            InvalidInputError: as ``assign``.
+        """
         if servers < 1:
             raise errors.InvalidInputError("servers", "need at least one rollout server")
         if len(prompt_tokens) != len(prompt_ids):
             raise errors.InvalidInputError("prompt_tokens", "need one prompt length per sample")
-        chosen, _ = self._place(list(prompt_ids), list(prompt_tokens), servers, kv_budget_bytes)
-        return list(chosen.worker_of)
+        return self._place(list(prompt_ids), list(prompt_tokens), servers, kv_budget_bytes)
 
     def _place(
         self,

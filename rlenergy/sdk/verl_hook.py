@@ -999,7 +999,9 @@ def install() -> None:
     workload count (the legacy ``RayPPOTrainer`` now; verl's default v1 ``PPOTrainer`` when
     its module is first imported, so processes that never run the driver do not import it),
     the async rollout pool's weight versions; the rollout servers (imported later, only in
-    their own processes) publish their metrics URL on import. Best effort: a process without
+    their own processes) publish their metrics URL on import; verl's ``AgentLoopManager``
+    announces each batch to a FlexFloor request router when the job names one
+    (``rlenergy.sdk.verl_placement``; otherwise it runs as before). Best effort: a process without
     verl, or with a verl whose classes moved, logs one line naming what it left unpatched and
     runs at default clocks; every wrapper's own work is guarded (:func:`safely`), so the hook
     never fails the job.
@@ -1030,6 +1032,15 @@ def install() -> None:
     after_import(
         V1_TRAINER_CLASS[0],
         lambda mod: _patch_logged(mod.__name__, V1_TRAINER_CLASS[1], patch_v1_trainer),
+    )
+    from rlenergy.sdk import verl_placement  # noqa: PLC0415 - it imports this module
+
+    manager = verl_placement.MANAGER_CLASS
+    after_import(
+        manager[0],
+        lambda mod: _patch_logged(
+            mod.__name__, manager[1], verl_placement.patch_agent_loop_manager
+        ),
     )
     for (module, name), engine in ENGINE_SERVERS.items():
 

@@ -43,6 +43,7 @@ with warnings.catch_warnings():
     import torch
     import verl.trainer.main_ppo  # noqa: F401
     from verl.checkpoint_engine.base import CheckpointEngineWorker
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
     from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
@@ -65,6 +66,7 @@ def hooked(monkeypatch: pytest.MonkeyPatch) -> None:
         (RayPPOTrainer, ["_update_actor"]),
         (PPOTrainer, ["_update_actor"]),
         (CheckpointEngineWorker, [verl_hook.WEIGHTS_METHOD]),
+        (AgentLoopManager, ["generate_sequences"]),
     ):
         for name in names:
             monkeypatch.setattr(cls, name, cls.__dict__[name])
