@@ -9,13 +9,15 @@ tears everything down.
 
 Each rank is a process of the pinned verl (``.venv-verl``, ``make venv-verl``) running
 ``rlenergy_dev.podtrainer``, the trainer of the real-node e2e's pod: verl 0.9.1's real
-worker and driver methods on a CPU torch model, hooked by ``rlenergy.sdk.verl_hook.install``
+worker and driver methods on a CPU torch model (verl's default v1 trainer, ``PPOTrainerSync``,
+over real TransferQueue on a local Ray per rank; ``--trainer legacy``: the legacy
+``RayPPOTrainer``), hooked by ``rlenergy.sdk.verl_hook.install``
 (the one setting docs/verl.md gives a verl job), replaying a real verl trace's phase times
 (time-compressed) closed-loop on the clock its GPUs run. Its signals reach its node's agent
 with a token the API server bound to its trainer pod object; the GPUs' physics follow what it
 runs (``podtrainer.WorkFeed``), and the measured energy is compared with the simulator's truth.
 
-    python -m rlenergy_dev.demo [--steps 40] [--plot out/demo.png]
+    python -m rlenergy_dev.demo [--steps 40] [--plot out/demo.png] [--trainer v1|legacy]
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--trace", default=fullstack.DEFAULT_TRACE)
     ap.add_argument("--plot", type=Path, default=ROOT / "out" / "demo.png")
+    ap.add_argument(
+        "--trainer",
+        choices=podtrainer.TRAINERS,
+        default="v1",
+        help="the ranks' verl trainer: verl's default v1 (sync mode) or the legacy RayPPOTrainer",
+    )
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     _ensure_bins()
@@ -103,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
             replay = work / "replay.json"
             replay.write_text(json.dumps(podtrainer.replay_document(job, stack.sku)))
             _say(
-                f"3 verl ranks (verl 0.9.1 on a CPU model, the hook installed) replay "
+                f"3 verl ranks (verl 0.9.1's {args.trainer} trainer on a CPU model, the hook "
+                f"installed) replay "
                 f"{args.trace} ({args.steps} steps, time x1/{factor:.0f})"
             )
             print("  " + cluster.kubectl("get", "rlep", "-n", NAMESPACE).stdout.splitlines()[0])
-            records = _run_ranks(stack, replay, args.steps, work, cluster)
+            records = _run_ranks(stack, replay, args.steps, work, cluster, args.trainer)
             deadline = time.monotonic() + 60
             status = stack.policy_status()
             while (status.get("totals", {}).get("throughStep") or 0) < args.steps:
@@ -128,13 +137,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_ranks(
-    stack: fullstack.FullStack, replay: Path, steps: int, work: Path, cluster: DevCluster
+    stack: fullstack.FullStack,
+    replay: Path,
+    steps: int,
+    work: Path,
+    cluster: DevCluster,
+    trainer: str = "v1",
 ) -> list[dict[str, Any]]:
     """Run one verl rank per node to the end of the replay; returns every rank's step records.
 
     Each rank is ``podtrainer`` in ``.venv-verl`` with its node's GPUs
     (``NVIDIA_VISIBLE_DEVICES``, the stand-in library and state file as pynvml's), its trainer
     pod's token and its node agent's socket; a ``WorkFeed`` per node runs the GPUs' physics.
+    ``trainer``: ``podtrainer``'s ``--trainer`` (the v1 ranks start their local Rays one at a
+    time, ``--ray-start-lock``).
 
     Raises:
         RuntimeError: ``.venv-verl`` is missing, or a rank failed (with its log's tail).
@@ -159,6 +175,7 @@ def _run_ranks(
             cmd = [
                 str(VERL_PYTHON), "-W", "ignore", "-m", "rlenergy_dev.podtrainer",
                 "--replay", str(replay), "--work-file", str(work_file), "--steps", str(steps),
+                "--trainer", trainer, "--ray-start-lock", str(work / "ray-start.lock"),
             ]  # fmt: skip
             ranks.append((a, subprocess.Popen(cmd, env=env, stdout=log, stderr=log), log))
         last = time.monotonic()

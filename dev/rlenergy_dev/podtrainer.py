@@ -3,15 +3,25 @@
 The real-node end-to-end test (tests/e2e/test_real_node.py) runs this module in the project's
 agent image (``python3 -m rlenergy_dev.podtrainer``) in a pod that requests
 ``nvidia.com/gpu``, with the pinned verl and torch of ``.venv-verl`` on ``PYTHONPATH`` (a
-read-only hostPath: a verl image in miniature). The trainer is verl's own code, hooked the way a
-verl job is hooked: :func:`run` calls ``rlenergy.sdk.verl_hook.install`` (what Ray's
-``worker_process_setup_hook`` runs in each worker process) and then, per step, verl's real
-methods on a CPU rank (``rlenergy_dev.verlrank``): ``ActorRolloutRefWorker.
-update_weights`` (the hook enters generation), the rollout server's token counter decoding
-(vLLM's metric names, read by the hook over HTTP), ``compute_log_prob`` (the hook enters
-training; its forward hook on the actor module counts the tokens), ``RayPPOTrainer.
-_update_actor`` on a batch with a DAPO-dropped group and an aborted sample (the hook counts the
-valid tokens, ends the step and returns its ``rlenergy/*`` metrics in verl's metrics dict). Each
+read-only hostPath: a verl image in miniature); ``make demo`` runs it as a process per node.
+The trainer is verl's own code, hooked the way a verl job is hooked: :func:`run` calls
+``rlenergy.sdk.verl_hook.install`` (what Ray's ``worker_process_setup_hook`` runs in each
+worker process) and then, per step, verl's real methods on a CPU rank
+(``rlenergy_dev.verlrank``).
+
+By default (``--trainer v1``) that is verl 0.9.1's default trainer, the v1 ``PPOTrainerSync``
+(``rlenergy_dev.verlv1``), over the real TransferQueue on a local Ray in the process (its
+controller and one storage unit, Ray actors on loopback): ``ActorRolloutRefWorker.
+update_weights`` (``on_step_end``'s weight sync; the hook enters generation), the trainer's
+``prepare_step`` submitting the step's prompts to the rollout, which decodes them through the
+rollout server's token counter (vLLM's metric names, read by the hook over HTTP) and writes
+the trajectories to TransferQueue as verl's agent loop does, its ``ReplayBuffer`` with DAPO's
+``filter_groups`` (it evicts the group that scores alike and refills), ``compute_log_prob``
+(the hook enters training; its forward hook on the actor module counts the tokens) and
+``PPOTrainer._update_actor`` on the batch the replay buffer handed the step, which holds an
+aborted sample (the hook counts the valid tokens, ends the step and puts its ``rlenergy/*``
+metrics in verl's metrics dict). ``--trainer legacy`` runs verl's legacy
+``RayPPOTrainer._update_actor`` (``trainer.use_v1=false``) on the same batch instead. Each
 step's metrics are printed as one JSON line (``STEP {...}``) for the test.
 
 The work is closed-loop on the clock the pod's GPUs really run, as
@@ -63,8 +73,9 @@ def step_batch(workload: Any, index: int) -> dict[str, Any]:
     """The batch of replay step ``index`` that reaches ``update_actor``, and what it must count.
 
     :data:`GROUPS` groups of :data:`GROUP` samples at the trace's mean lengths over
-    :data:`LENGTH_SCALE`, spread 0.5x-1.5x; group ``index % GROUPS`` scores alike (DAPO drops
-    it) and one sample of the next group is aborted (no response token).
+    :data:`LENGTH_SCALE`, spread 0.5x-1.5x; group ``index % (GROUPS - 1)`` scores alike (DAPO
+    drops it; it is among the ``GROUPS - 1`` groups the v1 trainer submits first, the last group
+    comes with its refill) and one sample of the next group is aborted (no response token).
 
     Args:
         workload: the step's ``rlenergy.sim.workload.TokenWorkload``.
@@ -80,7 +91,8 @@ def step_batch(workload: Any, index: int) -> dict[str, Any]:
     per = max(workload.samples, 1)
     mean_len = max(4, round(workload.response_tokens / per / LENGTH_SCALE))
     mean_prompt = max(2, round(workload.prompt_tokens / per / LENGTH_SCALE))
-    dropped, aborted = index % GROUPS, ((index + 1) % GROUPS) * GROUP
+    dropped = index % (GROUPS - 1)
+    aborted = (dropped + 1) * GROUP
     lengths, prompts, scores, uids = [], [], [], []
     for i in range(n):
         spread = 0.5 + ((i * 7 + index) % n) / (n - 1)
@@ -327,11 +339,14 @@ def run(
     *,
     max_steps: int = 0,
     loop: bool = False,
+    trainer: str = "v1",
+    ray_start_lock: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Run every replay step through verl's hooked methods; returns each step's record.
 
     Steps are numbered from 1, as verl's ``global_steps``. With ``loop`` the replay starts
-    over (step numbers go on) until the process is stopped.
+    over (step numbers go on) until the process is stopped. ``trainer``: one of
+    :data:`TRAINERS`; ``ray_start_lock``: see ``verlv1.start_transfer_queue``.
     """
     from rlenergy_agent.nvml import lib  # noqa: PLC0415 - pynvml, only in the pod
 
@@ -355,8 +370,11 @@ def run(
 
     _label_at_signals(verl_hook.hook(), work)
     engine = verlrank.CpuEngine(chunk_tokens=32)
-    rank = _Rank(verlrank, engine, clock, work)
     verl_hook.patch_engine_server(verlrank.VllmServer, "vllm")  # as install does on its import
+    if trainer == "v1":
+        rank: _Rank = _V1Rank(verlrank, engine, clock, work, ray_start_lock)
+    else:
+        rank = _Rank(verlrank, engine, clock, work)
     asyncio.run(rank.vllm.launch_server())  # publishes its /metrics for the pod's hook
     out = []
     steps = replay["steps"][: max_steps or None]
@@ -370,7 +388,7 @@ def run(
             if not loop:
                 break
     finally:
-        rank.vllm.close()
+        rank.close()
         lib.shutdown()
         os.close(log_fd)
     return out
@@ -400,7 +418,12 @@ def _label_at_signals(hook: Any, work: Callable[..., None]) -> None:
 
 
 class _Rank:
-    """The pod's verl rank: a worker, the driver's update path and a vLLM server."""
+    """The pod's verl rank: a worker, the driver's update path and a vLLM server.
+
+    The legacy trainer's step (``trainer.use_v1=false``): the driver's ``RayPPOTrainer.
+    _update_actor`` on the batch ``RayPPOTrainer.fit`` holds, DAPO's groups dropped by
+    ``verlrank.dapo_keep``. :class:`_V1Rank` runs verl's default trainer instead.
+    """
 
     def __init__(self, verlrank: Any, engine: Any, clock: Any, work: Any) -> None:
         self.verlrank = verlrank
@@ -411,18 +434,16 @@ class _Rank:
         self.clock = clock
         self.work = work
 
-    def step(self, s: int, step: Mapping[str, Any]) -> dict[str, Any]:
-        """Step ``s``: generation (weights in, decode), the reward gap, training."""
-        from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: PLC0415
-        from verl.workers.utils.padding import left_right_2_no_padding  # noqa: PLC0415
+    def close(self) -> None:
+        """Stop what the rank started."""
+        self.vllm.close()
 
-        record: dict[str, Any] = {"step": s, "seconds": {}, "clocks": {}}
+    def generate(self, s: int, step: Mapping[str, Any], record: dict[str, Any]) -> None:
+        """Generation of step ``s``: decoding closed-loop on the clock, then the reward gap."""
         gen = step["phases"]["generation"]
-        asyncio.run(self.verlrank.weights_done(self.worker, s - 1))  # generation of step s
         self.work(gen["kind"], f"generation-{s}")  # the rollout decodes once weights are in
         phase = PhaseWork(gen["times_s"], self.clock)
-        spec = step["batch"]
-        self.vllm.hold(len(spec["lengths"]))
+        self.vllm.hold(len(step["batch"]["lengths"]))
         decoded = [0.0]
 
         def decode(done: float) -> None:
@@ -437,12 +458,12 @@ class _Rank:
         record["clocks"]["generation"] = phase.clocks
         time.sleep(step["other_time_s"])  # reward: still generation to the hook, as in verl
 
+    def pace_training(self, s: int, step: Mapping[str, Any], tokens: int) -> list[PhaseWork]:
+        """Pace the engine's forward chunks on the training phase's work (``tokens`` in all).
+
+        Returns the phase's work, filled in at the engine's first forward chunk.
+        """
         train = step["phases"]["training"]
-        batch = self.verlrank.batch_of(
-            spec["lengths"], spec["prompts"], spec["scores"], spec["uids"]
-        )
-        batch = batch[self.verlrank.dapo_keep(batch)]
-        tokens = 2 * int(batch.batch["attention_mask"].sum())  # log-prob pass + update pass
         base = self.engine.forwarded
         training: list[PhaseWork] = []
 
@@ -456,15 +477,154 @@ class _Rank:
                 self.work("idle", tail_label(f"training-{s}"))
 
         self.engine.pace = pace
+        return training
+
+    @staticmethod
+    def finish(
+        record: dict[str, Any], training: list[PhaseWork], metrics: Mapping[str, Any]
+    ) -> None:
+        """Put the training phase's time and clocks and verl's scalar metrics in ``record``."""
+        record["seconds"]["training"] = training[0].last - training[0].start
+        record["clocks"]["training"] = training[0].clocks
+        record["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+    def step(self, s: int, step: Mapping[str, Any]) -> dict[str, Any]:
+        """Step ``s``: generation (weights in, decode), the reward gap, training."""
+        from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: PLC0415
+        from verl.workers.utils.padding import left_right_2_no_padding  # noqa: PLC0415
+
+        record: dict[str, Any] = {"step": s, "seconds": {}, "clocks": {}}
+        asyncio.run(self.verlrank.weights_done(self.worker, s - 1))  # generation of step s
+        self.generate(s, step, record)
+        spec = step["batch"]
+        batch = self.verlrank.batch_of(
+            spec["lengths"], spec["prompts"], spec["scores"], spec["uids"]
+        )
+        batch = batch[self.verlrank.dapo_keep(batch)]
+        tokens = 2 * int(batch.batch["attention_mask"].sum())  # log-prob pass + update pass
+        training = self.pace_training(s, step, tokens)
         td = left_right_2_no_padding(batch.to_tensordict())
         ActorRolloutRefWorker.compute_log_prob(self.worker, td)  # the hook enters training
         metrics = self.trainer._update_actor(batch).meta_info["metrics"]  # ends the step
         self.engine.pace = None
-        record["seconds"]["training"] = training[0].last - training[0].start
-        record["clocks"]["training"] = training[0].clocks
+        self.finish(record, training, metrics)
         record["kept_uids"] = sorted(set(batch.non_tensor_batch["uid"]))
-        record["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         return record
+
+
+class _SpecRollout:
+    """The v1 trainer's agent loop manager, scripted by the replay's batch.
+
+    ``generate_sequences`` is what ``AgentLoopManagerTQ.generate_sequences`` does with vLLM
+    faked: the step's first submission runs the generation phase (``_Rank.generate``: decoding
+    closed-loop on the clock, the reward gap); then each submitted prompt gets the next group
+    of the replay's batch (``step_batch``), written to TransferQueue
+    (``verlv1.put_group``), and once those are used up a group that scores alike (DAPO's
+    ``filter_groups`` evicts it). The first ``GROUPS - 1`` groups hold the dropped one; the
+    replay buffer's refill (two prompts per evicted group in sync mode) gets the last group
+    and one that scores alike, so the batch the step trains on is the replay batch's kept
+    groups.
+
+    Attributes:
+        written: trajectory key -> (prompt tokens, response tokens) of the step.
+        spec_uids: the trainer's prompt uid -> the replay batch's group uid.
+    """
+
+    def __init__(self, rank: _Rank, verlv1: Any) -> None:
+        self.rank = rank
+        self.verlv1 = verlv1
+        self.written: dict[str, tuple[int, int]] = {}
+        self.spec_uids: dict[str, str] = {}
+        self._step: tuple[int, Mapping[str, Any], dict[str, Any]] | None = None
+        self._next = 0
+
+    def begin(self, s: int, step: Mapping[str, Any], record: dict[str, Any]) -> None:
+        """Script step ``s`` from the replay's ``step``; ``record`` gets the generation's time."""
+        self._step, self._next = (s, step, record), 0
+        self.written, self.spec_uids = {}, {}
+
+    def generate_sequences(self, prompts: Any) -> None:
+        """Generate the submitted prompts' groups into TransferQueue."""
+        assert self._step is not None, "begin() first"
+        s, step, record = self._step
+        if self._next == 0:
+            self.rank.generate(s, step, record)
+        spec = step["batch"]
+        for uid in list(prompts["uid"]):
+            g, self._next = self._next, self._next + 1
+            members = range(g * GROUP, (g + 1) * GROUP)
+            if g < GROUPS:
+                samples = [
+                    (spec["prompts"][i], spec["lengths"][i], spec["scores"][i]) for i in members
+                ]
+                self.spec_uids[uid] = f"step{step['index']}-g{g}"
+            else:  # a refill past the replay's batch: alike scores, evicted
+                samples = [(spec["prompts"][0], max(spec["lengths"]), 1.0)] * GROUP
+                self.spec_uids[uid] = f"step{step['index']}-surplus{g}"
+            self.written.update(self.verlv1.put_group(uid, samples, s))
+
+
+class _V1Rank(_Rank):
+    """The pod's verl rank on verl 0.9.1's default (v1) trainer, ``trainer_mode`` ``sync``.
+
+    verl's real ``PPOTrainerSync`` (``rlenergy_dev.verlv1``) over real TransferQueue on a
+    local Ray in this process: per step the driver's ``prepare_step`` submits the step's
+    prompts, its ``ReplayBuffer`` (DAPO's ``filter_groups``: evicts the group that scores
+    alike, refills through ``_add_prompts_to_generate``) hands the step its batch, the
+    worker's ``compute_log_prob`` (``_compute_old_log_prob``'s call, through ``tqbridge``) and
+    the driver's ``PPOTrainer._update_actor`` train on it, and ``fit``'s cleanup clears it.
+    """
+
+    def __init__(
+        self, verlrank: Any, engine: Any, clock: Any, work: Any, start_lock: Path | None = None
+    ) -> None:
+        super().__init__(verlrank, engine, clock, work)
+        from rlenergy_dev import verlv1  # noqa: PLC0415 - Ray and TransferQueue, in the pod
+
+        self.verlv1 = verlv1
+        # the controller and one storage unit: two actors, two Ray CPUs (the lightest Ray)
+        verlv1.start_transfer_queue(num_cpus=2, storage_units=1, start_lock=start_lock)
+        self.rollout = _SpecRollout(self, verlv1)
+        self.trainer = verlv1.v1_trainer(
+            "sync",
+            verlv1.v1_worker(self.worker),
+            self.rollout,
+            group=GROUP,
+            prompts_per_step=GROUPS - 1,
+        )
+
+    def close(self) -> None:
+        """Stop the vLLM server, TransferQueue and Ray."""
+        super().close()
+        self.verlv1.stop_transfer_queue()
+
+    def step(self, s: int, step: Mapping[str, Any]) -> dict[str, Any]:
+        """Step ``s`` of the v1 trainer: weights in, generation, the replay buffer, training."""
+        record: dict[str, Any] = {"step": s, "seconds": {}, "clocks": {}}
+        # on_init_end / the previous step's on_step_end: the weights go in, generation of step s
+        asyncio.run(self.verlrank.weights_done(self.worker, s - 1))
+        self.trainer.global_steps = s
+        self.rollout.begin(s, step, record)
+        self.trainer.prepare_step()  # registers the step's prompts; the rollout generates them
+        batch, metrics = self.trainer.replay_buffer.sample(
+            global_steps=s, partition_id=self.verlv1.PARTITION, batch_size=GROUPS - 1
+        )
+        lengths = [self.rollout.written[k] for k in batch.keys]
+        tokens = 2 * sum(p + r for p, r in lengths)  # log-prob pass + update pass
+        training = self.pace_training(s, step, tokens)
+        self.trainer.actor_rollout_wg.compute_log_prob(batch)  # the hook enters training
+        self.trainer._update_actor(batch, metrics)  # verl's v1 method: ends the step
+        self.engine.pace = None
+        self.finish(record, training, metrics)
+        uids = {k.split("_")[0] for k in batch.keys}
+        record["kept_uids"] = sorted(self.rollout.spec_uids[u] for u in uids)
+        self.verlv1.clear(batch)  # fit's cleanup
+        return record
+
+
+TRAINERS = ("v1", "legacy")
+"""``--trainer``: verl 0.9.1's default v1 trainer (:class:`_V1Rank`), or the legacy
+``RayPPOTrainer`` (:class:`_Rank`)."""
 
 
 def visible_gpus() -> list[str]:
@@ -497,12 +657,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work-file", type=Path, required=True, help="work log, for the host")
     parser.add_argument("--steps", type=int, default=0, help="replay only the first N steps")
     parser.add_argument("--loop", action="store_true", help="start over until stopped")
+    parser.add_argument(
+        "--trainer",
+        choices=TRAINERS,
+        default="v1",
+        help="verl's default v1 trainer (sync mode) or the legacy RayPPOTrainer",
+    )
+    parser.add_argument(
+        "--ray-start-lock",
+        type=Path,
+        help="lock this file while starting the v1 trainer's local Ray (ranks of one machine)",
+    )
     args = parser.parse_args(argv)
     uuids = visible_gpus()
     if not uuids:
         parser.error("no GPU visible (NVML lists none): the pod got no nvidia.com/gpu")
     replay = json.loads(args.replay.read_text())
-    run(replay, args.work_file, uuids, max_steps=args.steps, loop=args.loop)
+    run(
+        replay,
+        args.work_file,
+        uuids,
+        max_steps=args.steps,
+        loop=args.loop,
+        trainer=args.trainer,
+        ray_start_lock=args.ray_start_lock,
+    )
     print("replay done", flush=True)
     return 0
 

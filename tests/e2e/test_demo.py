@@ -2,7 +2,8 @@
 
 ``rlenergy_dev.demo.main``: its own dev cluster, ``helm install``, the operator and 3
 node agents on the stand-in NVML, 3 verl ranks (``.venv-verl``: verl 0.9.1's real methods
-through ``rlenergy.sdk.verl_hook.install``). What the user reads must hold: every step in the
+and its default v1 trainer, real TransferQueue on a local Ray per rank, through
+``rlenergy.sdk.verl_hook.install``). What the user reads must hold: every step in the
 policy status (the demo waits for it), each phase window's measured energy within 1 % of the
 simulator's truth, the ``rlenergy/*`` keys in verl's metrics dict, the plot written, no GPU
 left locked once the policy is deleted.

@@ -19,7 +19,8 @@ pod Ready -> apply a policy -> the operator's agent DaemonSet runs its pod on th
 under that runtime class -> a trainer pod (``nvidia.com/gpu: 2``, the agent image running
 ``rlenergy_dev.podtrainer``, mounted from the checkout's ``dev/`` as the image ships no dev
 tooling, with the pinned verl and torch mounted from
-``.venv-verl``: verl 0.9.1's real worker and driver methods under ``verl_hook.install``,
+``.venv-verl``: verl 0.9.1's real worker and driver methods under ``verl_hook.install``, its
+default v1 trainer over real TransferQueue on a local Ray in the pod,
 replaying a verl trace time-compressed, with the projected service-account token for the
 agent) -> each step's ``rlenergy/*`` keys in verl's metrics dict (``_check_verl_metrics``) ->
 its GPUs' clocks change per phase (read from
@@ -468,7 +469,7 @@ def _user_day(
         t0 = time.monotonic()
         status = wait_until(
             all_steps,
-            timeout=STEPS * 10 + 120,
+            timeout=STEPS * 10 + 180,  # the v1 trainer starts its Ray and TransferQueue first
             interval=1,
             what=f"{STEPS} steps in the policy status",
         )
@@ -655,9 +656,10 @@ def _check_locked_throughput(
 def _check_verl_metrics(log: str, replay: dict[str, Any], figures: dict[str, Any]) -> None:
     """Each of the first ``STEPS`` steps returned its ``rlenergy/*`` keys in verl's metrics.
 
-    The pod prints, per step, the metrics dict ``RayPPOTrainer._update_actor`` returned
+    The pod prints, per step, the metrics dict verl's v1 ``PPOTrainer._update_actor`` filled
     (``podtrainer.STEP_LINE``). Valid tokens and trained samples are the replay batch's own
-    count (``podtrainer.step_batch``: the DAPO-dropped group and the aborted sample out);
+    count (``podtrainer.step_batch``: the group verl's replay buffer evicted by DAPO's
+    ``filter_groups`` and the aborted sample out);
     the generated tokens are what the hook read from the rollout server's ``/metrics``, the
     phase's decoded tokens; the energy per phase is the agent's answer to the step's end.
     """
@@ -667,6 +669,7 @@ def _check_verl_metrics(log: str, replay: dict[str, Any], figures: dict[str, Any
         r, spec = records[s], replay["steps"][s - 1]
         m = r["metrics"]
         assert spec["batch"]["dropped_uid"] not in r["kept_uids"], r
+        assert m["training/filter_groups/evicted_samples"] >= 1, (s, m)  # verl's DAPO eviction
         assert m["rlenergy/valid_tokens"] == spec["batch"]["valid_tokens"], (s, m)
         assert m["rlenergy/trained_samples"] == spec["batch"]["trained_samples"], (s, m)
         assert m["rlenergy/aborted_samples"] == 1, (s, m)
