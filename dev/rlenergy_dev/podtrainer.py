@@ -288,6 +288,49 @@ def step_records(log: str) -> list[dict[str, Any]]:
     ]
 
 
+def step_record_mismatches(
+    record: Mapping[str, Any], spec: Mapping[str, Any], *, dapo_evicts: bool = True
+) -> list[str]:
+    """What a trainer's step record (:func:`step_records`) gets wrong against its replay step.
+
+    Checked: the DAPO-dropped group is out of the trained batch (and, with ``dapo_evicts``, verl's
+    replay buffer counted an eviction: the v1 trainer's ``training/filter_groups/
+    evicted_samples``), the valid tokens and trained samples are the replay batch's own count,
+    one aborted sample, verl's own ``actor/pg_loss`` beside the hook's keys, the generated tokens
+    are the phase's decoded tokens (relative 1e-6) and the energy per valid token is the phases'
+    energy over the valid tokens.
+
+    Returns:
+        One line per mismatch (empty: the record is right).
+    """
+    m, batch = record["metrics"], spec["batch"]
+    wrong = []
+    if batch["dropped_uid"] in record["kept_uids"] or len(record["kept_uids"]) != GROUPS - 1:
+        wrong.append(f"kept groups {record['kept_uids']} (dropped {batch['dropped_uid']})")
+    if dapo_evicts and not m.get("training/filter_groups/evicted_samples", 0) >= 1:
+        wrong.append("verl's replay buffer evicted no sample")
+    for key, want in (
+        ("valid_tokens", batch["valid_tokens"]),
+        ("trained_samples", batch["trained_samples"]),
+        ("aborted_samples", 1),
+    ):
+        if m.get(f"rlenergy/{key}") != want:
+            wrong.append(f"rlenergy/{key} {m.get(f'rlenergy/{key}')} != {want}")
+    if "actor/pg_loss" not in m:
+        wrong.append(f"no actor/pg_loss among {sorted(m)}")
+    tokens = spec["phases"]["generation"]["tokens"]
+    if abs(m.get("rlenergy/generated_tokens", -1) - tokens) > 1e-6 * abs(tokens):
+        wrong.append(f"rlenergy/generated_tokens {m.get('rlenergy/generated_tokens')} != {tokens}")
+    joules = [m.get(f"rlenergy/energy/{ph}_j", 0) for ph in PHASES]
+    if not all(j > 0 for j in joules):
+        wrong.append(f"phase energies {joules} not all > 0")
+    elif m.get("rlenergy/valid_tokens"):
+        per_token = sum(joules) / m["rlenergy/valid_tokens"]
+        if abs(m.get("rlenergy/energy_per_valid_token_j", -1) - per_token) > 1e-6 * per_token:
+            wrong.append(f"energy_per_valid_token_j {m.get('rlenergy/energy_per_valid_token_j')}")
+    return wrong
+
+
 def _time_at(times: Mapping[str, float], clock_mhz: float) -> float:
     """Phase time at the effective clock: the entry of the nearest tabulated clock."""
     best = min(times, key=lambda k: abs(int(k) - clock_mhz))
