@@ -3,7 +3,9 @@
 Starts the agent's real signal server and ops server over 8 stand-in GPUs held by one pod,
 with ``--series`` extra phase series in the counters (10,000: what 5,000 phase names made when
 any name was accepted), runs ``--scrapers`` threads that GET /metrics in a loop, and sends
-``--signals`` phase signals through the trainer SDK, timing each round trip. Prints p50/p99.
+``--signals`` phase signals through the trainer SDK, timing each round trip. Prints p50/p99
+and how many scrapes the ops port answered 503 (its connection cap,
+``server.MAX_OPS_CONNECTIONS``); a scraper answered 503 scrapes again.
 ``SRC`` (default: this checkout) is the source tree to measure, so a baseline tree (``git
 worktree add /tmp/base <commit>``) is measured the same way on the same machine.
 
@@ -18,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -59,12 +62,20 @@ def main() -> int:
     ops.start()
     stop = threading.Event()
     scrapes = [0]
+    busy = [0]
 
     def scrape() -> None:
         url = f"http://127.0.0.1:{ops.port}/metrics"
         while not stop.is_set():
-            with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - loopback
-                resp.read()
+            try:
+                with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - loopback
+                    resp.read()
+            except urllib.error.HTTPError as exc:  # 503: every ops slot taken; scrape again
+                exc.close()
+                if exc.code != 503:
+                    raise
+                busy[0] += 1
+                continue
             scrapes[0] += 1
 
     threads = [threading.Thread(target=scrape, daemon=True) for _ in range(args.scrapers)]
@@ -88,6 +99,7 @@ def main() -> int:
     p99 = lat[max(int(0.99 * len(lat)) - 1, 0)]
     print(
         f"{tree}: series={args.series} scrapers={args.scrapers} scrapes={scrapes[0]} "
+        f"scrapes answered 503={busy[0]} "
         f"signal p50={statistics.median(lat) * 1e3:.2f} ms p99={p99 * 1e3:.2f} ms"
     )
     return 0

@@ -92,7 +92,9 @@ def _trainer_role(cluster: DevCluster, name: str) -> dict[str, Any]:
     docs = [d for d in yaml.safe_load_all(out) if d]
     role = next(d for d in docs if d["metadata"]["name"].endswith("-trainer-annotations"))
     assert role["kind"] == "ClusterRole" and role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        # marks the role's holders for the chart's own-pod admission policy (test_privilege)
+        {"apiGroups": ["rlenergy.io"], "resources": ["phaseannotations"], "verbs": ["patch"]},
     ]
     role["metadata"] = {"name": name}
     return role

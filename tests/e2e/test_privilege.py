@@ -8,9 +8,17 @@ allow/deny below is the API server's answer, through one of three real paths:
   token's user info, shown by a TokenReview), and the agent's own ``ReportWriter`` writing
   reports with it. The chart's ValidatingAdmissionPolicy lets it write node A's report and
   refuses node B's (create, a patch moving a report to another node, a patch of B's report,
-  a label naming B) and every write with a token bound to no pod; reads stay allowed;
-* **SubjectAccessReviews** for each ServiceAccount the chart creates and for a tenant user
-  (``RBAC_MATRIX``, ``NAMESPACED_MATRIX``): which verbs on which resources, cluster-wide and
+  a label naming B), every write with a token bound to no pod, and a report created under a
+  name other than its policy's report of node A (B's report name squatted, an old unhashed
+  name, a free name) or labelled for another policy; reads stay allowed;
+* **a trainer's pod-bound token** through the SDK's ``PodAnnotator``: a ServiceAccount bound
+  to the chart's ``trainer-annotations`` ClusterRole patches its own pod's ``rlenergy.io/*``
+  annotations; the chart's second policy refuses it another pod of its namespace, any other
+  annotation, label or spec change of its own pod, and any patch with a token bound to no
+  pod; an admin is not limited;
+* **SubjectAccessReviews** for each ServiceAccount the chart creates, for a tenant user and
+  for a trainer ServiceAccount bound to ``trainer-annotations`` (``RBAC_MATRIX``,
+  ``NAMESPACED_MATRIX``): which verbs on which resources, cluster-wide and
   namespaced install;
 * **the operator run with its ServiceAccount's token** (not the admin's): a tenant who may
   create policies but not scale a StatefulSet names that StatefulSet in a policy; the
@@ -22,6 +30,7 @@ allow/deny below is the API server's answer, through one of three real paths:
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -40,13 +49,18 @@ from rlenergy_agent import kube as agent_kube
 from rlenergy_dev import fullstack, standin
 from rlenergy_dev.devcluster import K8S_VERSION, DevCluster
 
+from rlenergy import errors
+from rlenergy.api import naming
 from rlenergy.api import node as api_node
+from rlenergy.sdk import annotate
 from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rl-energy"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 TENANT = "alice@team.example"
+TRAINER_SA = "trainer"
+"""The trainers' ServiceAccount in team a, bound to the chart's trainer-annotations role."""
 KUBE = K8S_VERSION.lstrip("v")
 
 
@@ -201,8 +215,10 @@ def _api(cluster: DevCluster, token: str, tmp_path: Path) -> Any:
     return agent_kube.load_api(str(cfg))
 
 
-def _report(node: str) -> api_node.NodeReport:
-    return factories.node_report(node, policy="p", gpus=[api_node.GpuStatus(uuid=f"GPU-{node}-00")])
+def _report(node: str, policy: str = "p") -> api_node.NodeReport:
+    return factories.node_report(
+        node, policy=policy, gpus=[api_node.GpuStatus(uuid=f"GPU-{node}-00")]
+    )
 
 
 def _refused(exc: pytest.ExceptionInfo[ApiException], text: str) -> None:
@@ -281,6 +297,153 @@ def test_a_token_bound_to_no_pod_writes_no_report(
     _refused(exc, "the node agent's token names no node")
 
 
+def _create(api: Any, ns: str, body: dict[str, Any]) -> None:
+    api.create_namespaced_custom_object(
+        agent_kube.GROUP, agent_kube.VERSION, ns, agent_kube.REPORT_PLURAL, body
+    )
+
+
+def test_an_agent_creates_reports_only_under_its_own_report_names(
+    dev_cluster: DevCluster, install: Install, teams: dict[str, str], tmp_path: Path
+):
+    node_a, node_b = dev_cluster.nodes[0], dev_cluster.nodes[1]
+    ns = teams["a"]
+    token = _token(dev_cluster, install, install.agent_sa, _agent_pod(dev_cluster, install, node_a))
+    api = _api(dev_cluster, token, tmp_path)
+    own = agent_kube.ReportWriter(api, ns, "sq", node_a, max_retries=1)
+    # node B's report name, taken first by node A's agent with a spec and labels of node A
+    for name in (
+        naming.report_name("sq", node_b),  # the squat: B's agent could never write its report
+        naming.legacy_report_name("sq", node_a),  # the unhashed name of before
+        f"sq-{node_a}-free",
+    ):
+        body = own.body(_report(node_a, "sq"))
+        body["metadata"]["name"] = name
+        with pytest.raises(ApiException) as exc:
+            _create(api, ns, body)
+        _refused(exc, f"may create only its own report of policy sq, named sq-{node_a}-<hash>")
+    # labelled for another policy than its spec names
+    body = own.body(_report(node_a, "sq"))
+    body["metadata"]["labels"]["rlenergy.io/policy"] = "other"
+    with pytest.raises(ApiException) as exc:
+        _create(api, ns, body)
+    _refused(exc, "the report of policy sq may not be labelled rlenergy.io/policy=other")
+    # A's own name is taken; B's agent writes B's report under its name, nobody squats it
+    own.write(_report(node_a, "sq"))
+    token_b = _token(
+        dev_cluster, install, install.agent_sa, _agent_pod(dev_cluster, install, node_b)
+    )
+    theirs = agent_kube.ReportWriter(_api(dev_cluster, token_b, tmp_path), ns, "sq", node_b)
+    theirs.write(_report(node_b, "sq"))
+    stored = get_json(dev_cluster, "rlenr", naming.report_name("sq", node_b), "-n", ns)
+    assert stored["spec"]["nodeName"] == node_b
+    assert get_json(dev_cluster, "rlenr", own.name, "-n", ns)["spec"]["nodeName"] == node_a
+
+
+# ----- trainer annotations: its own pod, rlenergy.io/* only ---------------------------------
+def _ca_file(cluster: DevCluster, path: Path) -> str:
+    kc = yaml.safe_load(cluster.kubeconfig.read_text())
+    path.write_bytes(base64.b64decode(kc["clusters"][0]["cluster"]["certificate-authority-data"]))
+    return str(path)
+
+
+def _tenant_pod(cluster: DevCluster, ns: str, name: str, sa: str) -> str:
+    """A pod of ``sa`` on KWOK node 0 (KWOK runs it); its UID."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "trainer"}},
+        "spec": {
+            "serviceAccountName": sa,
+            "nodeName": cluster.nodes[0],
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "t", "image": "registry.invalid/trainer:1"}],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    return str(get_json(cluster, "pod", name, "-n", ns)["metadata"]["uid"])
+
+
+@pytest.fixture(scope="module")
+def trainer(dev_cluster: DevCluster, install: Install, teams: dict[str, str]) -> str:
+    """Team a's trainer ServiceAccount, bound to the chart's trainer-annotations ClusterRole."""
+    ns = teams["a"]
+    dev_cluster.kubectl("create", "serviceaccount", TRAINER_SA, "-n", ns)
+    dev_cluster.kubectl(
+        "create", "rolebinding", "trainers", "-n", ns,
+        f"--clusterrole={install.release}-rl-energy-trainer-annotations",
+        f"--serviceaccount={ns}:{TRAINER_SA}",
+    )  # fmt: skip
+    return TRAINER_SA
+
+
+def _pod_annotator(
+    cluster: DevCluster, ns: str, pod: str, token: str, tmp_path: Path
+) -> annotate.PodAnnotator:
+    path = tmp_path / f"token-{uuid.uuid4().hex[:6]}"
+    path.write_text(token)
+    return annotate.PodAnnotator(
+        cluster.server, ns, pod, token_file=str(path),
+        ca_file=_ca_file(cluster, tmp_path / "ca.crt"), strict=True,
+    )  # fmt: skip
+
+
+def _kubectl_as(cluster: DevCluster, token: str, tmp_path: Path, *args: str) -> Any:
+    kc = _token_kubeconfig(cluster, token, tmp_path / f"kc-{uuid.uuid4().hex[:6]}")
+    return cluster.kubectl(f"--kubeconfig={kc}", *args, check=False)
+
+
+@pytest.mark.timeout(180)
+def test_a_trainer_annotates_only_its_own_pods_rlenergy_keys(
+    dev_cluster: DevCluster, install: Install, teams: dict[str, str], trainer: str,
+    tmp_path: Path,
+):  # fmt: skip
+    ns = teams["a"]
+    _tenant_pod(dev_cluster, ns, "trainer-0", trainer)
+    _tenant_pod(dev_cluster, ns, "other-job", "default")
+    token = _token(dev_cluster, Install(install.release, ns), trainer, "trainer-0")
+    own = _pod_annotator(dev_cluster, ns, "trainer-0", token, tmp_path)
+    other = _pod_annotator(dev_cluster, ns, "other-job", token, tmp_path)
+
+    def refused_other() -> bool:
+        try:
+            other.phase("generation", step=1)
+        except errors.PermanentError as exc:
+            return "HTTP 403" in str(exc)
+        return False
+
+    # the policy compiles within a second of the install (see _wait_enforced)
+    wait_until(refused_other, timeout=60, what="the trainer-annotations policy in force")
+    res = _kubectl_as(
+        dev_cluster, token, tmp_path, "annotate", "pod", "other-job", "-n", ns,
+        "rlenergy.io/phase=training",
+    )  # fmt: skip
+    assert res.returncode != 0, res
+    assert "lets pod trainer-0 patch only itself, not pod other-job" in res.stderr, res.stderr
+    assert own.phase("generation", step=1)
+    assert own.end_step(1, samples=2, response_tokens=10, prompt_tokens=5, valid_tokens=10)
+    notes = get_json(dev_cluster, "pod", "trainer-0", "-n", ns)["metadata"]["annotations"]
+    assert notes["rlenergy.io/phase"] == "generation" and notes["rlenergy.io/step"] == "1"
+    # its own pod's other annotations, labels and spec: refused
+    for args, text in (
+        (("annotate", "pod", "trainer-0", "team.example/owner=b"), "only rlenergy.io/*"),
+        (("label", "pod", "trainer-0", "app=someone-else", "--overwrite"), "not its spec, labels"),
+        (("label", "pod", "trainer-0", "rlenergy.io/job=x"), "not its spec, labels"),
+    ):
+        res = _kubectl_as(dev_cluster, token, tmp_path, *args, "-n", ns)
+        assert res.returncode != 0 and text in res.stderr, (args, res.stderr)
+    # a token of the same ServiceAccount bound to no pod: refused even on its own pod
+    unbound = _token(dev_cluster, Install(install.release, ns), trainer)
+    res = _kubectl_as(
+        dev_cluster, unbound, tmp_path, "annotate", "pod", "trainer-0", "-n", ns,
+        "rlenergy.io/phase=training", "--overwrite",
+    )  # fmt: skip
+    assert res.returncode != 0 and "only with a token bound to its own pod" in res.stderr, res
+    # an admin (not a holder of the role) is not limited
+    dev_cluster.kubectl("annotate", "pod", "other-job", "-n", ns, "team.example/owner=b")
+    dev_cluster.kubectl("label", "pod", "trainer-0", "-n", ns, "team.example/reviewed=yes")
+
+
 # ----- the RBAC matrix -----------------------------------------------------------------------
 # (who, verb, group/resource[/subresource], namespace: "a"/"b" team, "rel" release, "" cluster)
 RBAC_MATRIX: list[tuple[str, str, str, str, bool]] = [
@@ -343,6 +506,18 @@ RBAC_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("tenant", "patch", "apps/statefulsets", "a", False),
     ("tenant", "create", "rlenergy.io/rlenergypolicies", "b", False),
     ("tenant", "patch", "rlenergy.io/rlenergynodereports", "a", False),
+    ("tenant", "patch", "/pods", "a", False),
+    # trainer-annotations: pods patch (narrowed to its own pod by admission) and the marker
+    ("trainer", "patch", "/pods", "a", True),
+    ("trainer", "patch", "rlenergy.io/phaseannotations", "a", True),
+    ("trainer", "unrestricted", "rlenergy.io/phaseannotations", "a", False),
+    ("trainer", "update", "/pods", "a", False),
+    ("trainer", "delete", "/pods", "a", False),
+    ("trainer", "patch", "/pods/status", "a", False),
+    ("trainer", "patch", "/pods", "b", False),
+    ("trainer", "get", "/secrets", "a", False),
+    ("trainer", "patch", "rlenergy.io/rlenergynodereports", "a", False),
+    ("trainer", "patch", "rlenergy.io/rlenergypolicies", "a", False),
 ]
 NAMESPACED_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("operator", "watch", "rlenergy.io/rlenergypolicies", "b", True),
@@ -373,13 +548,15 @@ NAMESPACED_MATRIX: list[tuple[str, str, str, str, bool]] = [
 ]
 
 
-def _subject(inst: Install, who: str) -> tuple[str, list[str]]:
+def _subject(inst: Install, teams: dict[str, str], who: str) -> tuple[str, list[str]]:
     if who == "tenant":
         return TENANT, ["system:authenticated"]
-    sa = inst.operator_sa if who == "operator" else inst.agent_sa
-    return f"system:serviceaccount:{inst.namespace}:{sa}", [
+    ns, sa = inst.namespace, inst.operator_sa if who == "operator" else inst.agent_sa
+    if who == "trainer":
+        ns, sa = teams["a"], TRAINER_SA
+    return f"system:serviceaccount:{ns}:{sa}", [
         "system:serviceaccounts",
-        f"system:serviceaccounts:{inst.namespace}",
+        f"system:serviceaccounts:{ns}",
         "system:authenticated",
     ]
 
@@ -391,7 +568,7 @@ def _allowed(
     """The API server's SubjectAccessReview answer."""
     group, _, rest = what.partition("/")
     resource, _, sub = rest.partition("/")
-    user, groups = _subject(inst, who)
+    user, groups = _subject(inst, teams, who)
     ns = {"rel": inst.namespace, "": ""}.get(where, teams.get(where, where))
     review = {
         "apiVersion": "authorization.k8s.io/v1",
@@ -447,7 +624,7 @@ def tenant(dev_cluster: DevCluster, teams: dict[str, str]) -> str:
 
 @pytest.mark.parametrize("who,verb,what,where,allowed", RBAC_MATRIX, ids=str)
 def test_rbac_matrix(
-    dev_cluster: DevCluster, install: Install, teams: dict[str, str], tenant: str,
+    dev_cluster: DevCluster, install: Install, teams: dict[str, str], tenant: str, trainer: str,
     who: str, verb: str, what: str, where: str, allowed: bool,
 ):  # fmt: skip
     got = _allowed(dev_cluster, install, teams, who, verb, what, where)

@@ -74,6 +74,10 @@ def _cited_names(text: str) -> set[str]:
     return {n for n in found if "<" not in n}
 
 
+TRAINER_OBJECTS = {"ClusterRole", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+"""The trainer-annotations role and the admission policy that limits it to the caller's pod."""
+
+
 @NEEDS_HELM
 def test_rbac_names_the_pages_cite_are_rendered() -> None:
     rendered = _names(render(*ALL_FEATURES))
@@ -84,7 +88,7 @@ def test_rbac_names_the_pages_cite_are_rendered() -> None:
             cited.setdefault(name, set()).add(page.name)
     unknown = {n: sorted(p) for n, p in cited.items() if n not in rendered and n not in not_objects}
     assert not unknown, f"names the chart does not render for release {RELEASE}: {unknown}"
-    assert rendered["rl-energy-trainer-annotations"] == {"ClusterRole"}
+    assert rendered["rl-energy-trainer-annotations"] == TRAINER_OBJECTS
     assert rendered["rl-energy-agent"] >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
     assert {"rl-energy-trainer-annotations", "rl-energy-agent"} <= set(cited)
 
@@ -258,7 +262,8 @@ def test_notes_for_the_docs_release() -> None:
     assert f"labelled {VALUES['agent']['gpuNodeLabel']}." in notes
     assert f"port {VALUES['agent']['metricsPort']}." in notes
     roles = set(re.findall(r"--clusterrole=([\w.-]+)", notes))
-    assert roles == {"rl-energy-trainer-annotations"} and rendered[roles.pop()] == {"ClusterRole"}
+    assert roles == {"rl-energy-trainer-annotations"}
+    assert rendered["rl-energy-trainer-annotations"] == TRAINER_OBJECTS
     assert _check_crd_commands("NOTES.txt", cmds) == {
         n for n, g in _crds().items() if g == "rlenergy.io"
     }
@@ -281,7 +286,7 @@ def test_notes_follow_the_release_and_values_given() -> None:
     assert any(c.startswith("kubectl label namespace ml-ops") for c in commands(notes))
     roles = set(re.findall(r"--clusterrole=([\w.-]+)", notes))
     assert roles == {"prod-rl-energy-trainer-annotations"}
-    assert rendered["prod-rl-energy-trainer-annotations"] == {"ClusterRole"}
+    assert rendered["prod-rl-energy-trainer-annotations"] == TRAINER_OBJECTS
     assert "helm uninstall prod -n ml-ops" in commands(notes)
     assert "WARNING: agent.tolerateGpuTaint=false" in notes
 
