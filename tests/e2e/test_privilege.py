@@ -33,7 +33,10 @@ from __future__ import annotations
 import base64
 import json
 import re
+import ssl
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -388,9 +391,26 @@ def _pod_annotator(
     )  # fmt: skip
 
 
-def _kubectl_as(cluster: DevCluster, token: str, tmp_path: Path, *args: str) -> Any:
-    kc = _token_kubeconfig(cluster, token, tmp_path / f"kc-{uuid.uuid4().hex[:6]}")
-    return cluster.kubectl(f"--kubeconfig={kc}", *args, check=False)
+def _patch_pod(
+    cluster: DevCluster, token: str, ns: str, pod: str, meta: dict[str, Any], ca: str
+) -> tuple[int, str]:
+    """A JSON merge patch of ``pod``'s metadata with ``token``: the status and the message.
+
+    One PATCH and nothing else, as the SDK sends (``kubectl annotate`` and ``kubectl patch``
+    GET the pod first, which the trainer-annotations role does not allow).
+    """
+    req = urllib.request.Request(  # noqa: S310 - the dev cluster's https URL
+        f"{cluster.server}/api/v1/namespaces/{ns}/pods/{pod}",
+        data=json.dumps({"metadata": meta}).encode(),
+        method="PATCH",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": annotate.MERGE_PATCH},
+    )
+    try:
+        with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=ca)) as resp:
+            return resp.status, ""
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, str(json.loads(exc.read()).get("message", ""))
 
 
 @pytest.mark.timeout(180)
@@ -402,6 +422,7 @@ def test_a_trainer_annotates_only_its_own_pods_rlenergy_keys(
     _tenant_pod(dev_cluster, ns, "trainer-0", trainer)
     _tenant_pod(dev_cluster, ns, "other-job", "default")
     token = _token(dev_cluster, Install(install.release, ns), trainer, "trainer-0")
+    ca = _ca_file(dev_cluster, tmp_path / "ca.crt")
     own = _pod_annotator(dev_cluster, ns, "trainer-0", token, tmp_path)
     other = _pod_annotator(dev_cluster, ns, "other-job", token, tmp_path)
 
@@ -414,32 +435,34 @@ def test_a_trainer_annotates_only_its_own_pods_rlenergy_keys(
 
     # the policy compiles within a second of the install (see _wait_enforced)
     wait_until(refused_other, timeout=60, what="the trainer-annotations policy in force")
-    res = _kubectl_as(
-        dev_cluster, token, tmp_path, "annotate", "pod", "other-job", "-n", ns,
-        "rlenergy.io/phase=training",
-    )  # fmt: skip
-    assert res.returncode != 0, res
-    assert "lets pod trainer-0 patch only itself, not pod other-job" in res.stderr, res.stderr
+    status, msg = _patch_pod(
+        dev_cluster, token, ns, "other-job", {"annotations": {"rlenergy.io/phase": "idle"}}, ca
+    )
+    assert status == 403 and msg.endswith("lets pod trainer-0 patch only itself, not pod other-job")
     assert own.phase("generation", step=1)
     assert own.end_step(1, samples=2, response_tokens=10, prompt_tokens=5, valid_tokens=10)
     notes = get_json(dev_cluster, "pod", "trainer-0", "-n", ns)["metadata"]["annotations"]
     assert notes["rlenergy.io/phase"] == "generation" and notes["rlenergy.io/step"] == "1"
-    # its own pod's other annotations, labels and spec: refused
-    for args, text in (
-        (("annotate", "pod", "trainer-0", "team.example/owner=b"), "only rlenergy.io/*"),
-        (("label", "pod", "trainer-0", "app=someone-else", "--overwrite"), "not its spec, labels"),
-        (("label", "pod", "trainer-0", "rlenergy.io/job=x"), "not its spec, labels"),
+    # its own pod's other annotations, labels and finalizers: refused
+    for meta, text in (
+        ({"annotations": {"team.example/owner": "b"}}, "changes only rlenergy.io/* annotations"),
+        ({"annotations": {"rlenergy.io/phase": None}}, ""),  # its own keys: removed
+        ({"labels": {"app": "someone-else"}}, "not its spec, labels, owners or finalizers"),
+        ({"labels": {"rlenergy.io/job": "x"}}, "not its spec, labels, owners or finalizers"),
+        ({"finalizers": ["team.example/hold"]}, "not its spec, labels, owners or finalizers"),
     ):
-        res = _kubectl_as(dev_cluster, token, tmp_path, *args, "-n", ns)
-        assert res.returncode != 0 and text in res.stderr, (args, res.stderr)
+        status, msg = _patch_pod(dev_cluster, token, ns, "trainer-0", meta, ca)
+        if text:
+            assert status == 403 and text in msg, (meta, status, msg)
+        else:
+            assert status == 200, (meta, status, msg)
     # a token of the same ServiceAccount bound to no pod: refused even on its own pod
     unbound = _token(dev_cluster, Install(install.release, ns), trainer)
-    res = _kubectl_as(
-        dev_cluster, unbound, tmp_path, "annotate", "pod", "trainer-0", "-n", ns,
-        "rlenergy.io/phase=training", "--overwrite",
-    )  # fmt: skip
-    assert res.returncode != 0 and "only with a token bound to its own pod" in res.stderr, res
-    # an admin (not a holder of the role) is not limited
+    status, msg = _patch_pod(
+        dev_cluster, unbound, ns, "trainer-0", {"annotations": {"rlenergy.io/step": "2"}}, ca
+    )
+    assert status == 403 and "only with a token bound to its own pod" in msg, msg
+    # an admin (no holder of the role) is not limited
     dev_cluster.kubectl("annotate", "pod", "other-job", "-n", ns, "team.example/owner=b")
     dev_cluster.kubectl("label", "pod", "trainer-0", "-n", ns, "team.example/reviewed=yes")
 
