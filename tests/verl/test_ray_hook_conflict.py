@@ -14,6 +14,7 @@ We test these aspects:
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def state() -> dict[str, Any]:
     return _state()
 
 
-@ray.remote(max_restarts=1)
+@ray.remote(max_restarts=1, max_task_retries=3)
 class Rank:
     def state(self) -> dict[str, Any]:
         return _state()
@@ -93,8 +94,12 @@ def test_the_jobs_hook_is_one_hook_and_a_restarted_actor_installs_once(tmp_path:
 
         rank = Rank.remote()  # type: ignore[attr-defined]
         first = ray.get(rank.state.remote(), timeout=300)
-        ray.kill(rank, no_restart=False)
-        again = ray.get(rank.state.remote(), timeout=300)
+        ray.kill(rank, no_restart=False)  # asynchronous: a call may still reach the old process
+        deadline = time.monotonic() + 300
+        again = first
+        while again["pid"] == first["pid"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+            again = ray.get(rank.state.remote(), timeout=300)
         assert again["pid"] != first["pid"], (first, again)
         assert again["patched"] and again["installed"] and again["conflict"] is None
         assert ray.get(rank.install_again.remote(), timeout=120) == again["watches"]
