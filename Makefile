@@ -64,11 +64,13 @@ demo-sim: $(STAMP)
 	$(VENV)/bin/rlenergy simulate --trace $(TRACE) --gpu $(GPU) --mode $(MODE) --plot out/demo-sim.png
 
 ## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy,
-## Debian's prometheus (apt-get download; for the Prometheus e2e test) into the same bin dir, and
-## the real node's kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh).
+## Debian's prometheus (apt-get download; for the Prometheus e2e test) and the KubeRay operator
+## (Go module proxy; for the RayJob e2e test) into the same bin dir, and the real node's
+## kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh).
 bins:
 	bash hack/controlplane-bins.sh
 	bash hack/prometheus-bin.sh
+	bash hack/kuberay-bin.sh
 	bash hack/node-bins.sh
 
 ## The pinned vLLM / SGLang wheels (pyproject [tool.rlenergy.engines]) for the adapter source

@@ -200,6 +200,13 @@ class AgentCollector(Collector):
             "default governor (node report: expiredLeases).",
             labels=["node", "policy"],
         )
+        sleeps = CounterMetricFamily(
+            "rlenergy_agent_sleep_checks",
+            "Engine sleeps checked against the GPUs' memory and power, by result: Verified "
+            "(saving claimed), Mismatch (signalled, memory or power did not drop), Unknown "
+            "(node report: sleepChecks).",
+            labels=["node", "policy", "result"],
+        )
         tokens = CounterMetricFamily(
             "rlenergy_agent_valid_tokens",
             "Valid tokens of the steps ended here (each node reports its job's tokens), count.",
@@ -231,6 +238,8 @@ class AgentCollector(Collector):
         tokens.add_metric([node, policy], snap.valid_tokens_total)
         stalled_s.add_metric([node, policy], snap.stalled_s_total)
         leases.add_metric([node, policy], snap.leases_expired_total)
+        for result, n in sorted(snap.sleep_results.items()):
+            sleeps.add_metric([node, policy, result], n)
         for phase, ratio in sorted(snap.saving_ratio.items()):
             if phase:
                 saving.add_metric([node, policy, phase], ratio)
@@ -238,7 +247,7 @@ class AgentCollector(Collector):
                 job_saving.add_metric([node, policy], ratio)
         hist = a.latency_hist
         lat.add_metric([node], hist.buckets(), sum_value=hist.sum)
-        yield from (stalled_s, leases, tokens, saving, job_saving, lat, plan_step)
+        yield from (stalled_s, leases, sleeps, tokens, saving, job_saving, lat, plan_step)
 
     def _rest(self) -> Iterator[Metric]:
         """NVML calls and health, discovery, releases, the pod map and the GPU lifecycle."""
@@ -392,6 +401,7 @@ class _Snapshot:
     valid_tokens_total: float
     stalled_s_total: float
     leases_expired_total: int
+    sleep_results: dict[str, int]
     saving_ratio: dict[str, float]
 
 
@@ -409,6 +419,7 @@ def _snapshot(a: service.Agent) -> _Snapshot:
             valid_tokens_total=a.valid_tokens_total,
             stalled_s_total=a.stalled_s_total,
             leases_expired_total=a.leases_expired_total,
+            sleep_results=dict(a.sleep_results),
             saving_ratio=dict(a.saving_ratio),
         )
 

@@ -237,6 +237,7 @@ class StepRecords(AgentState):
                 rollout=self.dispatch,
                 ended_pods=list(self.ended_pods),
                 expired_leases=list(self.expired_leases),
+                sleep_checks=list(self.sleep_checks),
                 conditions=self.node_conditions(),
             )
 

@@ -1,12 +1,12 @@
 """The agent's listeners: the trainer signal socket, the TLS signal port, the health/metrics port.
 
-* Signals: HTTP over a Unix socket (``/v1/phase``, ``/v1/progress``, ``/v1/step``; FlexFloor:
-  ``/v1/park``, ``/v1/unpark``, ``/v1/rollout``, ``/v1/rollout/lost``), mounted into trainer
-  pods; bodies and answers are the models of ``rlenergy.api.signals``. Each request carries
-  the pod's projected service-account token (``Authorization: Bearer``);
-  ``identity.TokenAuthenticator`` checks it (TokenReview, cached) and ``identity.authorize``
-  decides, in one place, that the pod is on this node and names only its own GPUs; the
-  agent then requires the pod to be one the serving policy selects
+* Signals: HTTP over a Unix socket (``/v1/phase``, ``/v1/progress``, ``/v1/step``, engine
+  sleeps ``/v1/sleep``; FlexFloor: ``/v1/park``, ``/v1/unpark``, ``/v1/rollout``,
+  ``/v1/rollout/lost``), mounted into trainer pods; bodies and answers are the models of
+  ``rlenergy.api.signals``. Each request carries the pod's projected service-account token
+  (``Authorization: Bearer``); ``identity.TokenAuthenticator`` checks it (TokenReview,
+  cached) and ``identity.authorize`` decides, in one place, that the pod is on this node and
+  names only its own GPUs; the agent then requires the pod to be one the serving policy selects
   (``state.AgentState.check_selected``). No token or a bad one: 401; another node's pod,
   another pod's GPUs or a pod the policy does not select: 403.
 * The same signals over TLS on a TCP port of the node's IP (``TlsSignalServer``): trainer
@@ -158,6 +158,8 @@ def dispatch(
     if isinstance(req, api_node.RolloutDispatch):
         agent.publish_rollout(pod, req)
         return signals.PodAnswer(pod=who)
+    if isinstance(req, signals.SleepRequest):
+        return signals.SleepAnswer(pod=who, check=agent.sleep(pod, req.step, req.stage))
     if isinstance(req, signals.LostWorkersRequest):
         return signals.LostWorkersAnswer(pod=who, lost_workers=list(agent.lost_workers))
     raise TypeError(f"no handler for {type(req).__name__}")

@@ -50,6 +50,7 @@ from rlenergy_agent.pods import PodRef as PodRef
 from rlenergy_agent.pods import StaticPodMap as StaticPodMap
 from rlenergy_agent.probes import ProbeSlices
 from rlenergy_agent.records import StepRecords
+from rlenergy_agent.sleeps import SleepChecks
 from rlenergy_agent.state import IDLE, IDLE_PHASES, _Open, _Park, _Probe
 from rlenergy_agent.state import MAX_STEPS_KEPT as MAX_STEPS_KEPT
 from rlenergy_agent.state import SignalRefused as SignalRefused
@@ -84,7 +85,7 @@ class PhaseResult:
     boundary_s: float | None = None
 
 
-class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds):
+class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds, SleepChecks):
     """One node's agent for one policy.
 
     Args:
@@ -157,6 +158,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
         self._stop = threading.Event()
         self._prober: threading.Thread | None = None
         self._init_leases()
+        self._init_sleeps()
         actuator.sharers = self.sharers_of
 
     def _init_rollout(self) -> None:

@@ -262,6 +262,8 @@ class AgentState:
     expired_leases: collections.deque[api_node.ExpiredLease]
     phase_longest_s: dict[str, float]
     leases_expired_total: int
+    sleep_checks: collections.deque[api_node.SleepCheck]
+    sleep_results: dict[str, int]
     lost_workers: list[str]
     report_due: bool
     discovery: tuple[str, str] | None

@@ -541,6 +541,24 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *mw) {
     return NVML_SUCCESS;
 }
 
+/* nvmlMemory_t (v1): total, free, used framebuffer memory in bytes (NVML API reference). */
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    ENTER(device);
+    if (device->fail_memory) return device->fail_memory;
+    if (memory == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t total = device->memory_total_bytes, used = device->memory_used_bytes;
+    memory->total = total;
+    memory->used = used < total ? used : total;
+    memory->free = total - memory->used;
+    return NVML_SUCCESS;
+}
+
 /* Instant power at the lock held now (the driver's table), else the driver's last update. */
 static uint32_t instant_power_mw(const standin_gpu_t *g) {
     uint32_t locked = __atomic_load_n(&g->locked, __ATOMIC_SEQ_CST);

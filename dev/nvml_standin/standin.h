@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #define STANDIN_MAGIC 0x524C4E56u /* "RLNV" */
-#define STANDIN_VERSION 1u
+#define STANDIN_VERSION 2u
 #define STANDIN_MAX_GPUS 16
 #define STANDIN_MAX_CLOCKS 160
 #define STANDIN_MAX_MIG 7
@@ -64,6 +64,11 @@ typedef struct {
      * sensor does within milliseconds), not the power of the driver's last update. */
     uint32_t power_unlocked_mw;   /* unlocked (default governor); 0 = use power_instant_mw */
     uint32_t power_at_lock_mw[STANDIN_MAX_CLOCKS]; /* locked at sm_clocks_mhz[i]; 0 = unknown */
+    /* written by the driver: framebuffer memory (nvmlDeviceGetMemoryInfo), bytes */
+    uint64_t memory_total_bytes;
+    uint64_t memory_used_bytes;
+    int32_t fail_memory;          /* fault: nvmlDeviceGetMemoryInfo returns this, 0 = none */
+    uint32_t pad_memory;
 } standin_gpu_t;
 
 typedef struct {

@@ -31,7 +31,7 @@ from pathlib import Path
 from rlenergy.gpu import models
 
 MAGIC = 0x524C4E56
-VERSION = 1
+VERSION = 2
 MAX_GPUS = 16
 MAX_CLOCKS = 160
 MAX_MIG = 7
@@ -52,6 +52,12 @@ UNKNOWN = 999
 
 FROZEN_POWER_FACTOR = 1.2
 """Power of a frozen engine's GPU over the SKU's idle power (``StandinDriver.freeze``) [MODEL]."""
+
+MEMORY_TOTAL_BYTES = {"h100-sxm": 80 * 2**30, "h200": 141 * 10**9, "b200": 180 * 10**9}
+"""Framebuffer memory per SKU key, bytes (the products' data sheets: H100 SXM 80 GB, H200
+141 GB, B200 180 GB); another SKU gets 80 GiB."""
+MEMORY_BASE_BYTES = 512 * 2**20
+"""Memory a GPU shows used with no process on it (driver context), bytes [MODEL]."""
 
 ARCH_PASCAL = 6
 ARCH_VOLTA = 7
@@ -103,6 +109,10 @@ class GpuState(ctypes.Structure):
         ("mig_slices", ctypes.c_uint32 * MAX_MIG),
         ("power_unlocked_mw", ctypes.c_uint32),
         ("power_at_lock_mw", ctypes.c_uint32 * MAX_CLOCKS),
+        ("memory_total_bytes", ctypes.c_uint64),
+        ("memory_used_bytes", ctypes.c_uint64),
+        ("fail_memory", ctypes.c_int32),
+        ("pad_memory", ctypes.c_uint32),
     ]
 
 
@@ -262,6 +272,8 @@ class StandinDriver:
             g.power_limit_mw = int(sku.power_limit_w * 1000)
             g.min_power_limit_mw = int(sku.min_power_limit_w * 1000)
             g.idle = 1
+            g.memory_total_bytes = MEMORY_TOTAL_BYTES.get(sku.key, 80 * 2**30)
+            g.memory_used_bytes = MEMORY_BASE_BYTES
             sim = _Sim(sku, (power_spread or {}).get(uuid, 1.0), offset_mj=counter_offset_mj)
             sim.avg_w = sim.power_w = sku.idle_power_w * sim.spread
             self._sims[uuid] = sim
@@ -358,6 +370,19 @@ class StandinDriver:
                 sim.kind = kind
                 sim.label = label or kind
                 self._write_sensors(self.gpu(u), sim)
+
+    def set_memory_used(self, uuids: Sequence[str], used_bytes: int | None = None) -> None:
+        """``uuids`` show ``used_bytes`` of framebuffer memory in use from now on.
+
+        ``None``: what no process holds (``MEMORY_BASE_BYTES``); an engine that allocated
+        its weights and KV cache shows most of ``memory_total_bytes``, one put to sleep
+        (weights offloaded, KV cache freed) drops back near the base.
+        """
+        with self._lock:
+            for u in uuids:
+                self.gpu(u).memory_used_bytes = (
+                    MEMORY_BASE_BYTES if used_bytes is None else int(used_bytes)
+                )
 
     def freeze(self, uuids: Sequence[str], frozen: bool = True) -> None:
         """A hung engine on ``uuids`` from now on (``frozen=False``: it recovers).

@@ -468,6 +468,48 @@ class ExpiredLease(_Wire):
     )
 
 
+SleepResult = Literal["Verified", "Mismatch", "Unknown"]
+
+
+class SleepGpuReading(_Wire):
+    """One GPU read by the agent before and after an engine's sleep."""
+
+    gpu: str = Field(max_length=96, description="GPU UUID.")
+    memory_before_bytes: int | None = Field(
+        None, ge=0, description="Framebuffer memory in use at the sleep's start, bytes."
+    )
+    memory_after_bytes: int | None = Field(
+        None, ge=0, description="Framebuffer memory in use after the sleep returned, bytes."
+    )
+    power_before_watts: float | None = Field(
+        None, ge=0, description="Power at the sleep's start (instant power where NVML has it), W."
+    )
+    power_after_watts: float | None = Field(
+        None, ge=0, description="Power after the sleep returned, read the same way, W."
+    )
+
+
+class SleepCheck(_Wire):
+    """An engine sleep a trainer pod signalled, checked against the GPUs' memory and power."""
+
+    pod: str = Field(max_length=317, description="namespace/name of the signalling pod.")
+    step: int = Field(ge=0, description="RL step of the sleep.")
+    result: SleepResult = Field(
+        description="Verified: memory and power dropped on every GPU; Mismatch: the sleep was "
+        "signalled but memory or power did not drop on a GPU (the engine kept its memory or "
+        "kept working); Unknown: a reading failed, nothing is claimed."
+    )
+    reason: str = Field("", max_length=1024, description="What did not drop, for humans.")
+    saved_watts: float | None = Field(
+        None,
+        ge=0,
+        description="Power the sleep freed, summed over the GPUs, W; set only when Verified.",
+    )
+    gpus: list[SleepGpuReading] = Field(
+        default_factory=list, max_length=64, description="The readings per GPU."
+    )
+
+
 NodeConditionType = Literal["PodResourcesListed", "GpusSettled"]
 
 
@@ -529,6 +571,13 @@ class NodeReport(_Wire):
         max_length=64,
         description="Phases whose trainer stopped signalling past the lease, newest last "
         "(bounded); their GPUs were returned to the default governor.",
+    )
+    sleep_checks: list[SleepCheck] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Engine sleeps the trainer signalled, each checked against the GPUs' "
+        "memory and power, newest last (bounded); a sleep's saving is claimed only when "
+        "Verified.",
     )
     conditions: list[NodeCondition] = Field(
         default_factory=list,

@@ -28,13 +28,19 @@ unreachable).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 from pydantic import Field
 
 from rlenergy.api import naming
-from rlenergy.api.node import MAX_STEP, MAX_TOKENS, RolloutDispatch, TokenWorkloadReport
+from rlenergy.api.node import (
+    MAX_STEP,
+    MAX_TOKENS,
+    RolloutDispatch,
+    SleepCheck,
+    TokenWorkloadReport,
+)
 
 TOKEN_AUDIENCE = "rlenergy-agent"
 """Default audience of the trainer pod's projected token (chart value ``agent.tokenAudience``)."""
@@ -222,6 +228,24 @@ class LostWorkersAnswer(_Wire):
     )
 
 
+class SleepRequest(_Wire):
+    """The pod's engine is put to sleep (``begin``) or slept (``end``).
+
+    ``begin`` comes before the engine's sleep call, ``end`` after it returned: the agent reads
+    the pod's GPUs' memory and power at each.
+    """
+
+    step: int = Field(ge=0, le=MAX_STEP, description="RL step of the sleep.")
+    stage: Literal["begin", "end"] = Field(description="begin: before the sleep; end: after.")
+
+
+class SleepAnswer(_Wire):
+    """The answer to a sleep signal: the check, once the sleep ended (``None`` at ``begin``)."""
+
+    pod: str
+    check: SleepCheck | None = None
+
+
 class PodAnswer(_Wire):
     """The answer to progress, step and rollout signals: who was heard."""
 
@@ -255,6 +279,7 @@ REQUESTS: dict[str, type[pydantic.BaseModel]] = {
     "/v1/unpark": UnparkRequest,
     "/v1/rollout": RolloutDispatch,
     "/v1/rollout/lost": LostWorkersRequest,
+    "/v1/sleep": SleepRequest,
 }
 """The request model of each signal path."""
 

@@ -128,3 +128,19 @@ class Gpu(Protocol):
     def clock_event_reasons(self) -> frozenset[ClockEventReason]:
         """Reasons the clock is held below the requested one right now."""
         ...
+
+
+@runtime_checkable
+class MemoryReading(Protocol):
+    """A GPU that reports its framebuffer memory in use (NVML ``nvmlDeviceGetMemoryInfo``).
+
+    Optional next to :class:`Gpu`: a backend without it leaves a sleep unverified.
+    """
+
+    def memory_used_bytes(self) -> int:
+        """Framebuffer memory in use, bytes.
+
+        Raises:
+            GpuError: the read failed (``GpuNotSupportedError`` where the driver has none).
+        """
+        ...

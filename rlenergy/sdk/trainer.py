@@ -433,6 +433,29 @@ class RLEnergyClient:
         )
         return self._signal("/v1/step", signals.StepRequest, step=step, workload=workload)
 
+    def sleep_begin(self, step: int) -> None:
+        """Say this pod's engine is about to be put to sleep (before the engine's call).
+
+        The agent reads the pod's GPUs' memory in use and power now, to check the sleep
+        against them at :meth:`sleep_end`.
+        """
+        self._signal("/v1/sleep", signals.SleepRequest, step=step, stage="begin")
+
+    def sleep_end(self, step: int) -> dict[str, Any]:
+        """Say this pod's engine slept (after the engine's call returned).
+
+        Returns:
+            The agent's check (``SleepCheck`` as JSON): ``result`` ``Verified`` (memory and
+            power dropped on every GPU; ``savedWatts`` is the power freed), ``Mismatch`` (one
+            of them did not: no saving claimed, ``reason`` says which) or ``Unknown``; empty
+            when the agent was unreachable and not ``strict``.
+
+        Raises:
+            AgentRefusedError: ``strict`` and the agent refused (no ``sleep_begin`` of ``step``).
+        """
+        answer = self._signal("/v1/sleep", signals.SleepRequest, step=step, stage="end")
+        return dict(answer.get("check") or {})
+
     def park(self, step: int, *, gpus: Sequence[str] = ()) -> dict[str, Any]:
         """Park this pod's GPUs (or ``gpus``, each the pod's own): a released rollout worker.
 

@@ -70,6 +70,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -988,6 +989,83 @@ def ray_version_problem(version: str) -> str | None:
     )
 
 
+RESERVED_HOOK_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
+"""The environment variable Ray reserves for the job's setup hook (``ray_constants
+.WORKER_PROCESS_SETUP_HOOK_ENV_VAR``): ``ray.init`` (or the job supervisor) turns the runtime
+env's ``worker_process_setup_hook`` into it, and each worker process runs what it names."""
+
+HOOK_PATH = "rlenergy.sdk.verl_hook.install"
+"""This hook as the module-path string a runtime env names (``docs/verl.md``)."""
+
+_CALLABLE_KEY = "ray_runtime_env_func::"
+"""How Ray's reserved variable names a hook given as a callable, not a module path
+(``ray/_private/runtime_env/setup_hook.py``, ``RUNTIME_ENV_FUNC_IDENTIFIER``)."""
+
+
+def setup_hook_conflict(reserved: str | None, declared: object) -> str | None:
+    """One line on what to change when a job carries two different setup hooks.
+
+    Args:
+        reserved: the value of ``RESERVED_HOOK_VAR`` in this process (``None``: unset, as
+            outside a Ray worker); a module path, or a callable's key.
+        declared: the ``worker_process_setup_hook`` of this process's Ray runtime env
+            (``None``: none, or no Ray); a module path, or a callable's ``__name__``.
+
+    Returns:
+        ``None`` when one hook governs the job: the reserved variable is unset, names this
+        hook, or names the hook the runtime env declares (a user's own hook that calls
+        :func:`install`, the documented fallback). Otherwise the line: the reserved variable
+        was set by hand (a pod's ``env``, ``env_vars``) or inherited from a parent job with a
+        different hook, Ray runs only what it names, and a nested ``ray.init`` with the other
+        hook is refused (``Conflicting worker_process_setup_hook``, or ``is not permitted``
+        before Ray ``RAY_NESTED_INIT``).
+    """
+    if not reserved or reserved == HOOK_PATH:
+        return None
+    if declared is None or declared == reserved:
+        return None
+    if reserved.startswith(_CALLABLE_KEY) and "." not in str(declared):
+        return None  # a callable hook: Ray keeps only its __name__ in the runtime env
+    shown = "a callable" if reserved.startswith(_CALLABLE_KEY) else repr(reserved)
+    return (
+        f"Ray's reserved {RESERVED_HOOK_VAR} already names {shown}, but this job's runtime env "
+        f"sets worker_process_setup_hook {declared!r}: two setup hooks in one job; remove "
+        f"{RESERVED_HOOK_VAR} from the pod's env and the runtime env's env_vars and set "
+        f"worker_process_setup_hook once, at job level (RayJob.spec.runtimeEnvYAML), or call "
+        f"{HOOK_PATH}() from your own hook; running unhooked, at default clocks"
+    )
+
+
+JOB_CONFIG_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Where Ray's job supervisor (``ray job submit``, a KubeRay RayJob) hands the entrypoint
+driver its job config, ``{"runtime_env": {...}}``
+(``ray_constants.RAY_JOB_CONFIG_JSON_ENV_VAR``)."""
+
+
+def _declared_hook() -> object:
+    """The job's ``worker_process_setup_hook`` as declared (``None``: none, or unknown).
+
+    A submitted job's driver reads it from ``JOB_CONFIG_VAR``; a Ray worker from its job
+    config (the core worker's ``get_job_config()``, set before the setup hook runs). Never
+    ``ray.get_runtime_context().runtime_env``: inside a setup hook, before the worker's first
+    task, Ray 2.55.1 crashes the worker process with SIGSEGV there.
+    """
+    text = os.environ.get(JOB_CONFIG_VAR)
+    if text:
+        return dict(json.loads(text).get("runtime_env") or {}).get("worker_process_setup_hook")
+    ray_worker = sys.modules.get("ray._private.worker")
+    worker = getattr(ray_worker, "global_worker", None)
+    if worker is None or not worker.connected:
+        return None
+    env = worker.core_worker.get_job_config().runtime_env_info.serialized_runtime_env
+    return dict(json.loads(env)).get("worker_process_setup_hook") if env else None
+
+
+_INSTALL_LOCK = threading.Lock()
+_INSTALLED: dict[str, bool] = {}
+"""Set once :func:`install` ran in this process (tests restore verl's classes and clear it)."""
+
+
 TESTED_VERL = "0.9.1"
 """The verl release the hook's wrappers are matched to (pyproject's ``verl`` extra)."""
 
@@ -1005,7 +1083,27 @@ def install() -> None:
     verl, or with a verl whose classes moved, logs one line naming what it left unpatched and
     runs at default clocks; every wrapper's own work is guarded (:func:`safely`), so the hook
     never fails the job.
+
+    Idempotent: a second call in one process (a user's hook that calls it, an actor's
+    restarted task) changes nothing and logs nothing. Under two different setup hooks in one
+    job (:func:`setup_hook_conflict`) it logs that one line and installs nothing.
     """
+    with _INSTALL_LOCK:
+        if _INSTALLED:
+            return
+        _INSTALLED["done"] = True
+        try:
+            conflict = setup_hook_conflict(os.environ.get(RESERVED_HOOK_VAR), _declared_hook())
+        except Exception as exc:  # noqa: BLE001 - the check never fails the job
+            conflict = None
+            log.debug("rlenergy verl hook: runtime env unreadable: %s", exc)
+        if conflict is not None:
+            log.warning("rlenergy verl hook: %s", conflict)
+            return
+        _install()
+
+
+def _install() -> None:
     missing = [
         why
         for (module, name), patch in (
@@ -1066,6 +1164,7 @@ __all__ = [
     "patch_trainer",
     "patch_v1_trainer",
     "safely",
+    "setup_hook_conflict",
     "v1_workload",
     "patch_worker",
     "pool_phases",

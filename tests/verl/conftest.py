@@ -72,6 +72,7 @@ def hooked(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setattr(cls, name, cls.__dict__[name])
     monkeypatch.setattr(verl_hook, "_HOOK", None)
     monkeypatch.setattr(verl_hook, "_POOL", None)
+    monkeypatch.setattr(verl_hook, "_INSTALLED", {})  # install() runs once per process
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # install's import watches
     verl_hook.install()
 

@@ -370,6 +370,15 @@ class NvmlGpu:
         return lib.instant_power_mw(self._handle)
 
     @_nvml_reads
+    def memory_used_bytes(self) -> int:
+        """Framebuffer memory in use, bytes (``base.MemoryReading``).
+
+        Raises:
+            GpuNotSupportedError: the driver does not report memory on this GPU.
+        """
+        return lib.memory_used_bytes(self._handle)
+
+    @_nvml_reads
     def power_limit_mw(self) -> int:
         """Enforced power limit, mW."""
         return lib.enforced_power_limit_mw(self._handle)

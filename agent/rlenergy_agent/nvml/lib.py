@@ -329,6 +329,11 @@ def power_usage_mw(handle: Handle) -> int:
     return int(_call("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage, handle))
 
 
+def memory_used_bytes(handle: Handle) -> int:
+    """Framebuffer memory in use, bytes (``nvmlDeviceGetMemoryInfo``'s ``used``)."""
+    return int(_call("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, handle).used)
+
+
 def instant_power_mw(handle: Handle) -> int:
     """Instantaneous power from the field ``NVML_FI_DEV_POWER_INSTANT``, mW.
 
