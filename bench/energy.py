@@ -212,6 +212,7 @@ def _run(run: tuple[str, str, str, int, int]) -> dict[str, object]:
         "phase_throughput_margin": phase_margin,
         "threshold_margin": threshold_margin,
         "threshold_kept": threshold_margin >= 0,
+        "held_saving": rep.margin_oracle_saving[eerl.LOCK_MARGIN],
         "online_to_ceiling": rep.online_to_held(eerl.LOCK_MARGIN),
         "learning_cost_pp": rep.learning_cost_pp[eerl.LOCK_MARGIN],
         "min_throughput_ratio": rep.min_throughput_ratio,
