@@ -29,7 +29,8 @@ another showed (seed 0 kept every phase's threshold; seed 1 missed generation's 
 TinyZero, ``b200:saturating-decode``, sync). Runs go to ``--jobs`` processes.
 
 Usage: ``python bench/energy.py [--steps 200,1000] [--seeds 0,1,2] [--jobs N]
-[--family both|first|published] [--traces a,b] [--modes sync,async] [--json]``
+[--family both|first|published] [--gpus a,b] [--traces a,b] [--modes sync,async]
+[--json]``
 (``make bench-energy``).
 """
 
@@ -68,11 +69,13 @@ def main() -> int:
     parser.add_argument("--family", choices=("both", "first", "published"), default="both")
     parser.add_argument("--traces", default="", help="comma-separated (default: every shipped)")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--gpus", default="", help="comma-separated (default: the families')")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     gpus = (GPUS if args.family != "published" else ()) + (
         published.curve_names() if args.family != "first" else ()
     )
+    gpus = tuple(g for g in args.gpus.split(",") if g) or gpus
     names = [t for t in args.traces.split(",") if t] or traces.packaged_trace_names()
     seeds = [int(x) for x in args.seeds.split(",") if x]
     lengths = [int(x) for x in args.steps.split(",") if x]
@@ -163,6 +166,7 @@ def main() -> int:
                 + (f"; {unknown} rows without a status figure" if unknown else ""),
                 file=summary,
             )
+            print(_bounds_line(family, fam), file=summary)
         for m in CEILING_MARGINS:
             key = f"{m:g}"
             worst_c = min(fam, key=lambda r: r["ceiling"][key])
@@ -220,6 +224,9 @@ def _run(run: tuple[str, str, str, int, int]) -> dict[str, object]:
         "measured_energy_error": rep.measured_energy_error,
         "status_saving_error_pp": rep.status_errors[0],
         "status_ratio_error": rep.status_errors[1],
+        "status_misses": dict(
+            zip(("off", "unresolved", "range_pp", "range_ratio"), rep.status_misses(), strict=True)
+        ),
         "clocks": {p.name: p.final_clock_mhz for p in rep.phases},
         "oracle_clocks": {p.name: p.oracle_clock_mhz for p in rep.phases},
         "ceiling": {f"{m:g}": x for m, x in rep.margin_oracle_to_oracle.items()},
@@ -273,6 +280,21 @@ def _yardstick_line(label: str, steps: int, fam: list[dict[str, Any]]) -> str:
         f"(medians: "
         + ", ".join(f"{k} {v:.2f}" for k, v in parts.items())
         + f"); threshold kept over the whole run on {kept} of {len(fam)} rows (target every row)"
+    )
+
+
+def _bounds_line(label: str, fam: list[dict[str, Any]]) -> str:
+    """Status figures off target, and whether the status's bounds hold the truth there."""
+    off = sum(r["status_misses"]["off"] for r in fam)
+    unresolved = sum(r["status_misses"]["unresolved"] for r in fam)
+    rows = sum(r["status_misses"]["unresolved"] > 0 for r in fam)
+    wide_pp = max(fam, key=lambda r: r["status_misses"]["range_pp"])
+    wide_ratio = max(fam, key=lambda r: r["status_misses"]["range_ratio"])
+    return (
+        f"{label}: status bounds (the default counterfactual's range): {off} figures over "
+        f"target, the truth outside their bounds on {unresolved} of them ({rows} rows; target "
+        f"0); widest bounds {wide_pp['status_misses']['range_pp']:.2f} pp {_where(wide_pp)}, "
+        f"throughput ratio {wide_ratio['status_misses']['range_ratio']:.4f} {_where(wide_ratio)}"
     )
 
 

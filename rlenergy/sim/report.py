@@ -71,6 +71,11 @@ class SimulationReport:
     reported: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
     """What the operator's status would report (``sim.status``): per phase and ``total``,
     (saving as a fraction, throughput ratio)."""
+    reported_range: dict[str, tuple[tuple[float, float] | None, tuple[float, float] | None]] = (
+        dataclasses.field(default_factory=dict)
+    )
+    """The bounds the status's evidence allows (``sim.status.Sums.saving_range``): per phase
+    and ``total``, ((saving low, high), (throughput ratio low, high))."""
     truth: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     """The same figures in truth: per phase and ``total``, (saving, throughput ratio) vs the
     default governor on the same steps (``total``: phase time only, as the status counts)."""
@@ -101,6 +106,42 @@ class SimulationReport:
             sav.append(100.0 * abs(saving - true_saving))
             thr.append(abs(ratio - true_ratio))
         return (max(sav), max(thr)) if sav else (None, None)
+
+    def status_misses(
+        self, saving_pp: float = 1.0, ratio: float = 0.01
+    ) -> tuple[int, int, float, float]:
+        """Status figures off the truth, and whether their bounds hold the truth.
+
+        Args:
+            saving_pp: tolerance of a saving figure, percentage points.
+            ratio: tolerance of a throughput ratio figure.
+
+        Returns:
+            (figures over their tolerance, of them those whose bounds miss the truth as well,
+            widest saving range in pp, widest throughput ratio range) over the phases and the
+            job total; a figure without bounds counts as missed.
+        """
+        off = unresolved = 0
+        wide_pp = wide_ratio = 0.0
+        for key, (sav, thr) in self.reported.items():
+            true_sav, true_thr = self.truth[key]
+            sav_range, thr_range = self.reported_range.get(key, (None, None))
+            for point, truth, rng, tol, scale in (
+                (sav, true_sav, sav_range, saving_pp, 100.0),
+                (thr, true_thr, thr_range, ratio, 1.0),
+            ):
+                if rng is not None:
+                    width = scale * (rng[1] - rng[0])
+                    if scale == 1.0:
+                        wide_ratio = max(wide_ratio, width)
+                    else:
+                        wide_pp = max(wide_pp, width)
+                if point is not None and scale * abs(point - truth) <= tol:
+                    continue
+                off += 1
+                if rng is None or not rng[0] - 1e-12 <= truth <= rng[1] + 1e-12:
+                    unresolved += 1
+        return off, unresolved, wide_pp, wide_ratio
 
     @property
     def online_saving(self) -> float:
@@ -448,6 +489,10 @@ def simulate(
     account.add_idle(measured_total - account.phase_measured_j)
     reported = {name: (acc.saving, acc.throughput_ratio) for name, acc in account.phases.items()}
     reported["total"] = (account.total.saving, account.total.throughput_ratio)
+    reported_range = {
+        name: (acc.saving_range, acc.throughput_ratio_range)
+        for name, acc in [*account.phases.items(), ("total", account.total)]
+    }
     truth = {p.name: (p.saving, p.throughput_ratio) for p in phase_reports}
     other_s = sum(s.other_time_s for s in replay.steps)
     truth["total"] = (
@@ -472,6 +517,7 @@ def simulate(
         results=tuple(results),
         default_steps=tuple(default_steps),
         reported=reported,
+        reported_range=reported_range,
         truth={k: v for k, v in truth.items() if k in reported},
         margin_oracle_saving=margin_oracle_saving,
         learning_cost_pp=cost,
