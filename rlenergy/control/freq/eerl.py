@@ -1271,7 +1271,7 @@ class PhaseController:
         other window returns its ``default_equivalent`` as both bounds (default-governor
         windows are exact; probed windows' paired slices are independent per window).
         """
-        point = self.default_equivalent(obs, workload)
+        point = DefaultEquivalent(*self.default_equivalent(obs, workload))
         fit, clock = self.fit, base.ran_clock_mhz(obs)
         if (
             point.energy_j is None
