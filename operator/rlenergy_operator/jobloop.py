@@ -483,7 +483,8 @@ class JobLoop:
             saving_low_percent=low if point is not None else None,
             saving_high_percent=high if point is not None else None,
             throughput_ratio=_ratio(a.predicted_default_seconds, a.measured_seconds),
-            **_ratio_range(a),
+            throughput_ratio_low=_ratio(a.predicted_default_low_seconds, a.measured_seconds),
+            throughput_ratio_high=_ratio(a.predicted_default_high_seconds, a.measured_seconds),
         )
 
 

@@ -188,4 +188,3 @@ _BOUND_FIELDS = (
     "predicted_default_low_seconds",
     "predicted_default_high_seconds",
 )
-
