@@ -32,7 +32,9 @@ default governor on error; trials measure inside a phase, because measurements a
    phase too short for ``slices_per_phase`` slices gets proportionally less probe time per
    step, so it needs more steps for the same evidence (the job's trial budget,
    ``max_trial_fraction`` of the steps, still bounds them).
-5. Monitor: a locked phase runs a short in-phase check every ``monitor_interval_steps``; its
+5. Monitor: a locked phase runs a short in-phase check every ``monitor_interval_steps``
+   (``SETTLED_MONITOR_FACTOR`` times as far apart once the lock's own monitor blocks prove it
+   with room to spare, ``PhaseController._settled``); its
    blocks refine the fit (the lock may move down once proven), a check whose upper bound
    misses the threshold steps the lock up at once, a workload drift past ``drift_threshold``
    beyond the range the lock's trial steps spanned (mean context length for generation,
@@ -128,6 +130,13 @@ STATUS_Z = 2.0
 """Standard errors on either side of a locked window's ratios in the bounds of its default
 counterfactual (``PhaseController.default_equivalent_range``) [heuristic: about 95 % where the
 blocks are normal]."""
+SETTLED_MIN_BLOCKS = 12
+"""Monitor blocks at a lock before its checks may be spaced out (``_settled``): four times
+``min_blocks`` [heuristic]."""
+SETTLED_MONITOR_FACTOR = 4
+"""How much wider monitor checks are spaced once a lock is settled (``_settled``): on
+1,000-step runs the checks' default-governor slices were the largest part of the learning cost
+(``report.learning_cost``, probes 0.16-1.30 points of the job's energy) [heuristic]."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -558,11 +567,11 @@ class PhaseController:
         # and they come twice as often): not while the run owes its threshold some
         # (``repay_ratio``).
         unsure = self._uncertain() and self.repay_ratio <= self.threshold
-        interval = (
-            max(self.ctl.monitor_interval_steps // 2, 1)
-            if unsure
-            else self.ctl.monitor_interval_steps
-        )
+        interval = self.ctl.monitor_interval_steps
+        if unsure:
+            interval = max(interval // 2, 1)
+        elif self._settled():
+            interval *= SETTLED_MONITOR_FACTOR
         due = lock.steps > 0 and lock.steps % interval == 0
         if clock is not None and allow_probe and due and n_slices:
             # While the lock is held up by uncertainty, the check also probes the lowest clock
@@ -601,6 +610,30 @@ class PhaseController:
             if c < self.f_default_mhz and fit.throughput_ratio(c) >= PROBE_MIN_RATIO:
                 return c if low is None else min(c, low)
         return low
+
+    def _settled(self) -> bool:
+        """True once the lock's own monitor blocks prove it with room to spare.
+
+        At least ``SETTLED_MIN_BLOCKS`` monitor blocks at the lock whose lower confidence bound
+        (Student's t) clears ``lock_target``, and the next lower allowed clock shown to miss
+        it (the fit's upper bound under the target; the checks' blocks are what moves a lock
+        down a step):
+        checks then add little but their default-governor slices, so ``_decide_locked`` spaces
+        them ``SETTLED_MONITOR_FACTOR`` times wider.
+        """
+        stats, fit, clock = self._monitor, self.fit, self.locked_clock_mhz
+        if stats.n < SETTLED_MIN_BLOCKS or not math.isfinite(stats.stderr):
+            return False
+        lower = [c for c in self._allowed() if clock is not None and c < clock]
+        if fit is None:
+            return False
+        if lower:
+            below = max(lower)
+            z = probe.student_t_factor(max(fit.blocks - 1, 1), self.ctl.confidence_z)
+            if fit.throughput_ratio(below) + z * fit.throughput_stderr(below) >= self.lock_target:
+                return False
+        k = probe.student_t_factor(stats.n - 1, self.ctl.confidence_z)
+        return stats.throughput_mean - k * stats.stderr >= self.lock_target
 
     def _uncertain(self) -> bool:
         """True while the model's point estimate allows a clock well below the lock."""
