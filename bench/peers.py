@@ -15,8 +15,12 @@ seeds (every method runs on the same ``Job``: same steps, noise draws and GPUs):
 Saving = energy per valid token saved vs the default governor; throughput = default time / run
 time. ``EE/online`` = EE-RL's saving / the best online peer's among those whose throughput
 keeps the threshold (``inf`` when none saves anything); ``EE/static`` = EE-RL's / the best
-hindsight static clock's. The line before the last gives the ceiling of both ratios, the
-per-phase oracle (no learning cost) in EE-RL's place; the last line:
+hindsight static clock's; ``captured`` = the share of the per-phase oracle's advantage over
+the best online peer that EE-RL captures, (EE-RL - best online peer) / (oracle - best online
+peer), in savings (``rlenergy.sim.peers.capture_share``; 1.0 where the oracle has no advantage and EE-RL loses
+none). Before the last line: the ceiling of both ratios (the per-phase oracle, no learning
+cost, in EE-RL's place), then the worst captured share and the rows below
+``TARGET_CAPTURED``, with the targets; the last line:
 ``worst EE-RL / best online peer X; worst EE-RL / best hindsight static clock Y``.
 
 Usage: ``python bench/peers.py [--steps 200] [--seeds 0,1,2] [--traces a,b] [--json out]``
@@ -52,6 +56,11 @@ GPUS = ("h100-sxm", "b200")
 MODES = ("sync", "async")
 ONLINE = ("zeus-stock", "zeus-slowdown", "static-sweep")
 HINDSIGHT = ("static-clock", "static-power", "oracle")
+TARGET_CAPTURED = 0.8
+"""Target share of the per-phase oracle's advantage over the best online peer that EE-RL
+captures, on every row."""
+TARGET_TO_STATIC = 0.98
+"""Target of EE-RL's saving over the best hindsight static clock's, on every row."""
 
 
 def run_row(trace: str, gpu: str, mode: sim_job.Mode, steps: int, seed: int) -> dict[str, Any]:
@@ -152,6 +161,9 @@ def main() -> int:
                     "oracle_to_static_clock": _ratio(
                         methods["oracle"][0], methods["static-clock"][0]
                     ),
+                    "captured": peers.capture_share(
+                        ee, max(ok_online, default=0.0), methods["oracle"][0]
+                    ),
                 }
                 rows.append(row)
                 print(
@@ -164,11 +176,14 @@ def main() -> int:
     table = Table(
         title=f"EE-RL vs peers: saving / throughput vs default ({args.steps} steps, seeds {args.seeds})"
     )
-    cols = ["trace", "gpu", "mode", "ee-rl", *ONLINE, *HINDSIGHT, "EE/online", "EE/static"]
+    cols = [
+        *("trace", "gpu", "mode", "ee-rl", *ONLINE, *HINDSIGHT),
+        *("EE/online", "EE/static", "captured"),
+    ]
     for col in cols:
         table.add_column(col, justify="left" if col in ("trace", "gpu", "mode") else "right")
     for r in rows:
-        cells = [f"{r['methods'][m][0]:+.1%} {r['methods'][m][1]:.3f}" for m in cols[3:-2]]
+        cells = [f"{r['methods'][m][0]:+.1%} {r['methods'][m][1]:.3f}" for m in cols[3:-3]]
         table.add_row(
             r["trace"][:40],
             r["gpu"],
@@ -176,6 +191,7 @@ def main() -> int:
             *cells,
             f"{r['ee_to_online']:.2f}",
             f"{r['ee_to_static_clock']:.2f}",
+            f"{r['captured']:.2f}",
         )
     Console(width=250).print(table)
     print(f"{len(rows)} rows x {len(seeds)} seeds in {elapsed:.0f} s")
@@ -197,6 +213,15 @@ def main() -> int:
         f"{cap_online['mode']}); worst oracle / best hindsight static clock "
         f"{cap_static['oracle_to_static_clock']:.2f} ({cap_static['trace']} "
         f"{cap_static['gpu']} {cap_static['mode']})"
+    )
+    worst_captured = min(rows, key=lambda r: r["captured"])
+    print(
+        f"captured share of the per-phase oracle's advantage over the best online peer: worst "
+        f"{worst_captured['captured']:.2f} ({worst_captured['trace']} {worst_captured['gpu']} "
+        f"{worst_captured['mode']}), below {TARGET_CAPTURED} on "
+        f"{sum(r['captured'] < TARGET_CAPTURED for r in rows)} of {len(rows)} rows; targets: "
+        f"captured >= {TARGET_CAPTURED}, EE-RL / best online peer > 1, EE-RL / best hindsight "
+        f"static clock >= {TARGET_TO_STATIC}, on every row"
     )
     print(
         f"worst EE-RL / best online peer {worst_online['ee_to_online']:.2f}; "

@@ -133,6 +133,16 @@ def fmt_percent(value: float | None) -> str:
     return UNKNOWN if value is None else f"{value:.1f} %"
 
 
+def fmt_saving(value: float | None, low: float | None, high: float | None) -> str:
+    """A saving with the range its evidence allows: ``12.3 % (10.1..13.0)``.
+
+    The range is left out where unknown or narrower than the one decimal shown.
+    """
+    if value is None or low is None or high is None or round(high - low, 1) == 0:
+        return fmt_percent(value)
+    return f"{value:.1f} % ({low:.1f}..{high:.1f})"
+
+
 def fmt_joules(value: float | None) -> str:
     """Energy in joules with an SI prefix: ``812 J``, ``45.3 kJ``, ``1.21 MJ``; ``—`` if unknown."""
     if value is None:
@@ -194,7 +204,8 @@ def totals_line(status: api_status.RLEnergyPolicyStatus) -> Text:
     if t is None:
         return Text("Totals: no complete RL step accounted yet")
     text = (
-        f"Saving {fmt_percent(t.saving_percent)} ({fmt_joules(t.saved_joules)} saved of "
+        f"Saving {fmt_saving(t.saving_percent, t.saving_low_percent, t.saving_high_percent)} "
+        f"({fmt_joules(t.saved_joules)} saved of "
         f"{fmt_joules(t.predicted_default_joules)} predicted at the default governor, "
         f"{t.compared_steps} compared steps)  ·  throughput ratio {fmt_ratio(t.throughput_ratio)}"
         f"  ·  steps {t.steps} (through step {t.through_step}, missed {t.missed_steps}, "
@@ -289,7 +300,7 @@ def phase_table(status: api_status.RLEnergyPolicyStatus) -> Table:
             _plan_cell(status.plan, name),
             Text(fmt_ratio(ph.throughput_ratio), style="red" if below else ""),
             fmt_ratio(ph.min_throughput_ratio),
-            fmt_percent(ph.saving.percent),
+            fmt_saving(ph.saving.percent, ph.saving.low_percent, ph.saving.high_percent),
             fmt_joules(ph.saving.joules),
             UNKNOWN
             if ph.energy_per_valid_token_joules is None
@@ -434,7 +445,11 @@ def summary_table(rows: Sequence[tuple[PolicyView, ReportsView]]) -> Table:
             policy.name,
             policy.controller_mode,
             _phase_clocks(st),
-            fmt_percent(None if totals is None else totals.saving_percent),
+            UNKNOWN
+            if totals is None
+            else fmt_saving(
+                totals.saving_percent, totals.saving_low_percent, totals.saving_high_percent
+            ),
             fmt_ratio(None if totals is None else totals.throughput_ratio),
             f"{ready_nodes}/{len(reports.reports)}",
             str(problems),

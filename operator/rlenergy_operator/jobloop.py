@@ -61,6 +61,10 @@ class PhaseAccount:
     predicted_default_joules: float = 0.0
     measured_seconds: float = 0.0
     predicted_default_seconds: float = 0.0
+    predicted_default_low_joules: float = 0.0
+    predicted_default_high_joules: float = 0.0
+    predicted_default_low_seconds: float = 0.0
+    predicted_default_high_seconds: float = 0.0
     energy_per_valid_token_joules: float | None = None
     predicted_default_energy_per_valid_token_joules: float | None = None
     basis_energy_source: str | None = None
@@ -84,6 +88,10 @@ class Account:
     predicted_default_joules: float = 0.0
     measured_seconds: float = 0.0
     predicted_default_seconds: float = 0.0
+    predicted_default_low_joules: float = 0.0
+    predicted_default_high_joules: float = 0.0
+    predicted_default_low_seconds: float = 0.0
+    predicted_default_high_seconds: float = 0.0
     valid_tokens: float = 0.0
     compared_steps: int = 0
     unknown_energy_steps: int = 0
@@ -100,6 +108,46 @@ _PHASE_FIELDS = tuple(f.name for f in dataclasses.fields(PhaseAccount))
 
 def _fields(source: object, names: Sequence[str]) -> dict[str, Any]:
     return {n: getattr(source, n) for n in names}
+
+
+_BOUNDS = (
+    ("predicted_default_low_joules", "predicted_default_joules"),
+    ("predicted_default_high_joules", "predicted_default_joules"),
+    ("predicted_default_low_seconds", "predicted_default_seconds"),
+    ("predicted_default_high_seconds", "predicted_default_seconds"),
+)
+"""Each bound's sum and the point sum it brackets (``PhaseAccount`` and ``Account`` alike)."""
+
+
+def _bounds_from_point(acc: PhaseAccount | Account) -> None:
+    """A checkpoint written without bounds: its compared windows count as exact.
+
+    (A status written before the bounds existed restores them as 0; the windows it folded
+    then widen nothing.)
+    """
+    if all(getattr(acc, bound) == 0.0 for bound, _ in _BOUNDS):
+        for bound, point in _BOUNDS:
+            setattr(acc, bound, getattr(acc, point))
+
+
+def _add_bounds(
+    acc: PhaseAccount | Account, low: tuple[float, float], high: tuple[float, float]
+) -> None:
+    """Fold one compared window's (or step's) bounds: each (energy J, time s)."""
+    acc.predicted_default_low_joules += low[0]
+    acc.predicted_default_high_joules += high[0]
+    acc.predicted_default_low_seconds += low[1]
+    acc.predicted_default_high_seconds += high[1]
+
+
+def _pct_range(measured: float, low: float, high: float) -> tuple[float | None, float | None]:
+    """(low, high) saving percent the bounds of the predicted default energy allow."""
+    return _pct(low - measured, low), _pct(high - measured, high)
+
+
+def _slowest(times: Sequence[float]) -> float:
+    """The step time of pools that run at once: the slowest pool's, s (0 with none)."""
+    return max(times, default=0.0)
 
 
 def _pct(saved: float, predicted: float) -> float | None:
@@ -162,9 +210,11 @@ class JobLoop:
             loop.account = Account(
                 **_fields(status.totals, _TOTALS_FIELDS), phases=loop.account.phases
             )
+            _bounds_from_point(loop.account)
             for ph in status.phases:
                 if ph.name in loop.account.phases:
                     loop.account.phases[ph.name] = PhaseAccount(**_fields(ph, _PHASE_FIELDS))
+                    _bounds_from_point(loop.account.phases[ph.name])
             rebuilt = measured_from_reports(status.totals, reports, pools=spec.mode == "async")
             if rebuilt is not None:
                 loop.rebuilt = True
@@ -256,12 +306,14 @@ class JobLoop:
         pred_energy: float | None = job.idle_energy_j
         pred_times: list[float] = []
         meas_times: list[float] = []
+        bounds: list[tuple[tuple[float, float], tuple[float, float]]] = []
         times: dict[str, tuple[float, float]] = {}
         other_source = False
         for name, ph in obs.phases.items():
             pa = acc.phases.setdefault(name, PhaseAccount())
             pc = self.controller.phases.get(name)
             p_e, p_t = _predict(pc, ph, obs.workload)
+            low, high = _predict_range(pc, ph, obs.workload, (p_e, p_t))
             basis = pa.basis_energy_source
             if basis and ph.energy_source and ph.energy_source != basis:
                 # Like with like: the default-governor side comes from the basis source (a
@@ -272,6 +324,7 @@ class JobLoop:
                 pa.predicted_default_joules += p_e
                 pa.measured_seconds += ph.duration_s
                 pa.predicted_default_seconds += p_t
+                _add_bounds(pa, low, high)
             pa.energy_per_valid_token_joules = (
                 ph.energy_j / valid if ph.energy_j is not None and valid > 0 else None
             )
@@ -283,11 +336,14 @@ class JobLoop:
                 pred_times.append(p_t)
                 meas_times.append(ph.duration_s)
                 times[name] = (ph.duration_s, p_t)
+                bounds.append((low, high))
+        idle_pred_j = job.idle_energy_j or 0.0
         if self.spec.mode == "async" and pred_energy is not None and job.idle_energy_j is not None:
             # The pools' waits are no constant: under the default governor each waits as long
             # as the slower pool's default time leaves it (base.async_default_idle_j).
             idle_j = job.idle_energy_j
-            pred_energy += base.async_default_idle_j(idle_j, obs.pool_idle, times) - idle_j
+            idle_pred_j = base.async_default_idle_j(idle_j, obs.pool_idle, times)
+            pred_energy += idle_pred_j - idle_j
         acc.source_mismatch_steps += other_source
         if step_energy is None or not energy_known:
             return  # unknown energy: measured as unknown (``_measure``), never compared
@@ -296,12 +352,12 @@ class JobLoop:
         acc.compared_steps += 1
         acc.compared_measured_joules += step_energy
         acc.predicted_default_joules += pred_energy
-        if self.spec.mode == "async":  # pools run at once: the slower one sets the step
-            acc.measured_seconds += max(meas_times, default=0.0)
-            acc.predicted_default_seconds += max(pred_times, default=0.0)
-        else:
-            acc.measured_seconds += sum(meas_times)
-            acc.predicted_default_seconds += sum(pred_times)
+        pick = _slowest if self.spec.mode == "async" else sum  # async: pools run at once
+        acc.measured_seconds += pick(meas_times)
+        acc.predicted_default_seconds += pick(pred_times)
+        low_t, high_t = pick([b[0][1] for b in bounds]), pick([b[1][1] for b in bounds])
+        low_j, high_j = (idle_pred_j + sum(b[k][0] for b in bounds) for k in (0, 1))
+        _add_bounds(acc, (low_j, low_t), (high_j, high_t))
 
     # ----- outputs -----------------------------------------------------------------------
     @property
@@ -365,10 +421,8 @@ class JobLoop:
                         "throughput_ratio": _ratio(
                             pa.predicted_default_seconds, pa.measured_seconds
                         ),
-                        "saving": api_status.Saving(
-                            percent=_pct(saved, pa.predicted_default_joules),
-                            joules=saved if pa.predicted_default_joules > 0 else None,
-                        ),
+                        **_ratio_range(pa),
+                        "saving": _saving(pa, saved),
                         "selections": s.get("selections", 0),
                         "last_retrial_reason": retrials[-1]
                         if isinstance(retrials, list) and retrials
@@ -416,12 +470,46 @@ class JobLoop:
         """Job totals (the restart checkpoint included)."""
         a = self.account
         saved = a.predicted_default_joules - a.compared_measured_joules
+        low, high = _pct_range(
+            a.compared_measured_joules,
+            a.predicted_default_low_joules,
+            a.predicted_default_high_joules,
+        )
+        point = _pct(saved, a.predicted_default_joules)
         return api_status.Totals(
             **_fields(a, _TOTALS_FIELDS),
             saved_joules=saved,
-            saving_percent=_pct(saved, a.predicted_default_joules),
+            saving_percent=point,
+            saving_low_percent=low if point is not None else None,
+            saving_high_percent=high if point is not None else None,
             throughput_ratio=_ratio(a.predicted_default_seconds, a.measured_seconds),
+            throughput_ratio_low=_ratio(a.predicted_default_low_seconds, a.measured_seconds),
+            throughput_ratio_high=_ratio(a.predicted_default_high_seconds, a.measured_seconds),
         )
+
+
+def _saving(pa: PhaseAccount, saved: float) -> api_status.Saving:
+    """A phase's saving: the point figure and the range its bounds allow."""
+    point = _pct(saved, pa.predicted_default_joules)
+    low, high = _pct_range(
+        pa.compared_measured_joules,
+        pa.predicted_default_low_joules,
+        pa.predicted_default_high_joules,
+    )
+    return api_status.Saving(
+        percent=point,
+        joules=saved if pa.predicted_default_joules > 0 else None,
+        low_percent=low if point is not None else None,
+        high_percent=high if point is not None else None,
+    )
+
+
+def _ratio_range(acc: PhaseAccount | Account) -> dict[str, float | None]:
+    """``throughput_ratio_low`` and ``_high`` of a phase or the job, by field name."""
+    return {
+        "throughput_ratio_low": _ratio(acc.predicted_default_low_seconds, acc.measured_seconds),
+        "throughput_ratio_high": _ratio(acc.predicted_default_high_seconds, acc.measured_seconds),
+    }
 
 
 def first_plan(
@@ -581,6 +669,24 @@ def measured_from_reports(
     if counted != (checkpoint.through_step, checkpoint.steps, checkpoint.missed_steps):
         return None
     return acc
+
+
+def _predict_range(
+    pc: eerl.PhaseController | None,
+    ph: base.PhaseObservation,
+    workload: api_workload.TokenWorkload,
+    point: tuple[float | None, float | None],
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(low, high) bounds, each (energy J, time s), of the window's default counterfactual.
+
+    ``eerl.PhaseController.default_equivalent_range``; the point itself where it gives none
+    (0 where the point is unknown: such a window is not compared).
+    """
+    p_e, p_t = point[0] or 0.0, point[1] or 0.0
+    if pc is None:
+        return (p_e, p_t), (p_e, p_t)
+    low, high = pc.default_equivalent_range(ph, workload)
+    return (low.energy_j or p_e, low.time_s or p_t), (high.energy_j or p_e, high.time_s or p_t)
 
 
 def _predict(

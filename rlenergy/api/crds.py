@@ -205,6 +205,18 @@ def policy_crd() -> dict[str, Any]:
                         _col("Train MHz", "integer", train, "Training clock (empty: default)"),
                         _col("Saving %", "number", ".status.totals.savingPercent", "Energy saved"),
                         _col(
+                            "Low %",
+                            "number",
+                            ".status.totals.savingLowPercent",
+                            "Lowest saving the evidence allows",
+                        ),
+                        _col(
+                            "High %",
+                            "number",
+                            ".status.totals.savingHighPercent",
+                            "Highest saving the evidence allows",
+                        ),
+                        _col(
                             "Tput",
                             "number",
                             ".status.totals.throughputRatio",

@@ -198,3 +198,21 @@ def saving(run: sim_job.Totals, default: sim_job.Totals) -> float:
 def throughput(run: sim_job.Totals, default: sim_job.Totals) -> float:
     """Whole-job throughput vs the default governor (default time / run time)."""
     return default.time_s / run.time_s if run.time_s > 0 else math.inf
+
+
+def capture_share(ee: float, peer: float, oracle: float) -> float:
+    """Share of the oracle's saving advantage over ``peer`` that ``ee`` captures.
+
+    Args:
+        ee: EE-RL's saving, fraction of default energy per valid token.
+        peer: the best online peer's saving (0.0 when none keeps the threshold).
+        oracle: the per-phase oracle's saving.
+
+    Returns:
+        (ee - peer) / (oracle - peer); where the oracle leads the peer by under 1e-9, 1.0 if
+        ``ee`` is no more than 1e-9 behind the peer, else 0.0.
+    """
+    gap = oracle - peer
+    if gap <= 1e-9:
+        return 1.0 if ee >= peer - 1e-9 else 0.0
+    return (ee - peer) / gap

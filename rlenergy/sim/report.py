@@ -10,7 +10,7 @@ steps count in every figure. Callers: ``rlenergy.cli`` (``rlenergy simulate``) a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlenergy import errors
@@ -71,6 +71,11 @@ class SimulationReport:
     reported: dict[str, tuple[float | None, float | None]] = dataclasses.field(default_factory=dict)
     """What the operator's status would report (``sim.status``): per phase and ``total``,
     (saving as a fraction, throughput ratio)."""
+    reported_range: dict[str, tuple[tuple[float, float] | None, tuple[float, float] | None]] = (
+        dataclasses.field(default_factory=dict)
+    )
+    """The bounds the status's evidence allows (``sim.status.Sums.saving_range``): per phase
+    and ``total``, ((saving low, high), (throughput ratio low, high))."""
     truth: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     """The same figures in truth: per phase and ``total``, (saving, throughput ratio) vs the
     default governor on the same steps (``total``: phase time only, as the status counts)."""
@@ -78,6 +83,11 @@ class SimulationReport:
     """Per margin of ``simulate(oracle_margins=...)``: the saving (fraction of default energy
     per valid token) of the oracle held that far above every threshold, with no learning
     cost: what any controller that keeps a verified margin can reach at most."""
+    learning_cost_pp: dict[float, dict[str, float]] = dataclasses.field(default_factory=dict)
+    """Per margin of ``simulate(oracle_margins=...)``: the online run's energy above that held
+    oracle's, in percentage points of the job's default-governor energy, by what each phase
+    window ran (``learning_cost``); the parts sum to the held oracle's saving less the online
+    saving, x 100."""
 
     @property
     def status_errors(self) -> tuple[float | None, float | None]:
@@ -96,6 +106,42 @@ class SimulationReport:
             sav.append(100.0 * abs(saving - true_saving))
             thr.append(abs(ratio - true_ratio))
         return (max(sav), max(thr)) if sav else (None, None)
+
+    def status_misses(
+        self, saving_pp: float = 1.0, ratio: float = 0.01
+    ) -> tuple[int, int, float, float]:
+        """Status figures off the truth, and whether their bounds hold the truth.
+
+        Args:
+            saving_pp: tolerance of a saving figure, percentage points.
+            ratio: tolerance of a throughput ratio figure.
+
+        Returns:
+            (figures over their tolerance, of them those whose bounds miss the truth as well,
+            widest saving range in pp, widest throughput ratio range) over the phases and the
+            job total; a figure without bounds counts as missed.
+        """
+        off = unresolved = 0
+        wide_pp = wide_ratio = 0.0
+        for key, (sav, thr) in self.reported.items():
+            true_sav, true_thr = self.truth[key]
+            sav_range, thr_range = self.reported_range.get(key, (None, None))
+            for point, truth, rng, tol, scale in (
+                (sav, true_sav, sav_range, saving_pp, 100.0),
+                (thr, true_thr, thr_range, ratio, 1.0),
+            ):
+                if rng is not None:
+                    width = scale * (rng[1] - rng[0])
+                    if scale == 1.0:
+                        wide_ratio = max(wide_ratio, width)
+                    else:
+                        wide_pp = max(wide_pp, width)
+                if point is not None and scale * abs(point - truth) <= tol:
+                    continue
+                off += 1
+                if rng is None or not rng[0] - 1e-12 <= truth <= rng[1] + 1e-12:
+                    unresolved += 1
+        return off, unresolved, wide_pp, wide_ratio
 
     @property
     def online_saving(self) -> float:
@@ -119,6 +165,20 @@ class SimulationReport:
         As ``online_to_oracle``: the ceiling of online/oracle under that margin.
         """
         return {m: self._to_oracle(s) for m, s in self.margin_oracle_saving.items()}
+
+    def online_to_held(self, margin: float) -> float:
+        """Online saving / the saving of the oracle held ``margin`` above every threshold.
+
+        The yardstick for a controller that verifies its threshold with that margin (1.0 when
+        the held oracle saves nothing and neither does the run; 0.0 when only the run loses).
+
+        Raises:
+            KeyError: ``margin`` was not among ``simulate``'s ``oracle_margins``.
+        """
+        held = self.margin_oracle_saving[margin]
+        if held <= 1e-9:
+            return 1.0 if self.online_saving >= -1e-9 else 0.0
+        return self.online_saving / held
 
     def _to_oracle(self, saving: float) -> float:
         if self.oracle_saving <= 1e-9:
@@ -195,6 +255,61 @@ class SimulationReport:
 def _saving(run: sim_job.Totals, default: sim_job.Totals) -> float:
     """Fraction of ``default``'s energy per valid token that ``run`` saves."""
     return 1.0 - run.energy_per_valid_token_j / default.energy_per_valid_token_j
+
+
+COST_PARTS = ("warm-up", "probes", "interim clocks", "lock offset", "fallback", "idle")
+"""The parts of ``learning_cost``, in its order."""
+
+
+def learning_cost(
+    job: sim_job.Job,
+    results: Sequence[sim_job.StepResult],
+    held_clocks_mhz: Mapping[str, int | None],
+    final_clocks_mhz: Mapping[str, int | None],
+    default_energy_j: float,
+) -> dict[str, float]:
+    """The online run's energy above a fixed-clock run's, step by step, by what each window ran.
+
+    Each step's phase windows are compared with the same step (same noise) at
+    ``held_clocks_mhz`` (``Job.step_truth``, locks released at idle as the agent does) and the
+    difference goes to one part: ``probes`` (the window ran probe slices: trials and monitor
+    checks), ``warm-up`` (default governor before the first lock), ``fallback``, ``lock
+    offset`` (locked at the phase's final clock, ``final_clocks_mhz``) or ``interim clocks``
+    (any other lock or trial window). ``idle`` is the rest of the step: the GPUs' idle draw,
+    which in async mode follows the pools' times.
+
+    Returns:
+        Per part of ``COST_PARTS``, percentage points of ``default_energy_j`` (J, > 0); the
+        parts sum to 100 x (online energy - held run's energy) / ``default_energy_j``.
+    """
+    parts = dict.fromkeys(COST_PARTS, 0.0)
+    steps = {s.index: s for s in job.replay.steps}
+    for r in results:
+        _, held_j, _, held_phase_j = job.step_truth(
+            steps[r.index], held_clocks_mhz, idle_locked=False
+        )
+        for p in job.phases:
+            parts[_cost_part(r, p, final_clocks_mhz.get(p))] += (
+                r.phase_energy_j[p] - held_phase_j[p]
+            )
+        parts["idle"] += (r.energy_j - sum(r.phase_energy_j.values())) - (
+            held_j - sum(held_phase_j.values())
+        )
+    return {k: 100.0 * v / default_energy_j for k, v in parts.items()}
+
+
+def _cost_part(r: sim_job.StepResult, phase: str, final_clock_mhz: int | None) -> str:
+    """Which ``COST_PARTS`` entry one phase window of a step belongs to."""
+    state = r.states.get(phase, "warmup")
+    if r.probing.get(phase):
+        return "probes"
+    if state in ("warmup", "observe"):
+        return "warm-up"
+    if state == "fallback":
+        return "fallback"
+    if state == "locked" and r.clocks_mhz.get(phase) == final_clock_mhz:
+        return "lock offset"
+    return "interim clocks"
 
 
 def _timeline(
@@ -343,6 +458,11 @@ def simulate(
     margin_oracle_saving = {
         m: _saving(h.totals, default) for m, h in zip(oracle_margins, held, strict=True)
     }
+    final_clocks = {n: pc.locked_clock_mhz for n, pc in controller.phases.items()}
+    cost = {
+        m: learning_cost(job, results, h.clocks_mhz, final_clocks, default.energy_j)
+        for m, h in zip(oracle_margins, held, strict=True)
+    }
     measured = [r.measured_energy_j for r in results]
     summary = controller.summary()
     phase_reports = []
@@ -369,6 +489,10 @@ def simulate(
     account.add_idle(measured_total - account.phase_measured_j)
     reported = {name: (acc.saving, acc.throughput_ratio) for name, acc in account.phases.items()}
     reported["total"] = (account.total.saving, account.total.throughput_ratio)
+    reported_range = {
+        name: (acc.saving_range, acc.throughput_ratio_range)
+        for name, acc in [*account.phases.items(), ("total", account.total)]
+    }
     truth = {p.name: (p.saving, p.throughput_ratio) for p in phase_reports}
     other_s = sum(s.other_time_s for s in replay.steps)
     truth["total"] = (
@@ -393,6 +517,8 @@ def simulate(
         results=tuple(results),
         default_steps=tuple(default_steps),
         reported=reported,
+        reported_range=reported_range,
         truth={k: v for k, v in truth.items() if k in reported},
         margin_oracle_saving=margin_oracle_saving,
+        learning_cost_pp=cost,
     )

@@ -10,6 +10,11 @@ longer or shorter wait under the default governor (``base.async_default_idle_j``
 is the sum of the phase times (the slower pool's in async mode). ``StatusAccount`` does the
 same fold beside ``sim.job.run_job`` (it wraps the controller as the policy), so the bench can
 print the status's saving and throughput ratio next to the simulator's truth.
+
+Beside each point figure it folds the bounds of the default counterfactual
+(``eerl.PhaseController.default_equivalent_range``): the range of saving and throughput ratio
+that the status's evidence allows, which the bench checks the truth against where the point
+figure is off.
 """
 
 from __future__ import annotations
@@ -27,6 +32,43 @@ class Sums:
     predicted_j: float = 0.0
     measured_s: float = 0.0
     predicted_s: float = 0.0
+    predicted_low_j: float = 0.0
+    predicted_high_j: float = 0.0
+    predicted_low_s: float = 0.0
+    predicted_high_s: float = 0.0
+
+    def add(
+        self,
+        measured: tuple[float, float],
+        point: tuple[float, float],
+        low: tuple[float, float],
+        high: tuple[float, float],
+    ) -> None:
+        """Fold one compared window: each argument (energy J, time s)."""
+        self.measured_j += measured[0]
+        self.measured_s += measured[1]
+        self.predicted_j += point[0]
+        self.predicted_s += point[1]
+        self.predicted_low_j += low[0]
+        self.predicted_low_s += low[1]
+        self.predicted_high_j += high[0]
+        self.predicted_high_s += high[1]
+
+    @property
+    def saving_range(self) -> tuple[float, float] | None:
+        """(low, high) saving the bounds of the default counterfactual allow (None: none)."""
+        if self.predicted_low_j <= 0 or self.predicted_high_j <= 0:
+            return None
+        return 1.0 - self.measured_j / self.predicted_low_j, 1.0 - (
+            self.measured_j / self.predicted_high_j
+        )
+
+    @property
+    def throughput_ratio_range(self) -> tuple[float, float] | None:
+        """(low, high) throughput ratio the bounds allow (None: nothing compared)."""
+        if self.measured_s <= 0:
+            return None
+        return self.predicted_low_s / self.measured_s, self.predicted_high_s / self.measured_s
 
     @property
     def saving(self) -> float | None:
@@ -66,32 +108,37 @@ class StatusAccount:
     def observe(self, observation: base.StepObservation) -> None:
         """Fold the step (before the controller learns from it), then forward it."""
         times: list[tuple[float, float]] = []
-        energy: list[tuple[float, float]] = []
+        windows: list[tuple[tuple[float, float], ...]] = []
         for name, ph in observation.phases.items():
             pc = self.controller.phases.get(name)
+            p_e: float | None
+            p_t: float | None
             if pc is not None:
                 p_e, p_t = pc.default_equivalent(ph, observation.workload)
+                low, high = pc.default_equivalent_range(ph, observation.workload)
             elif ph.error is None and ph.requested_clock_mhz is None and not ph.slices:
                 p_e, p_t = ph.energy_j, ph.duration_s
+                low = high = eerl.DefaultEquivalent(p_e, p_t)
             else:
                 p_e, p_t = None, None
             if ph.energy_j is not None:
                 self.phase_measured_j += ph.energy_j
             if ph.energy_j is None or p_e is None or p_t is None:
                 continue
-            acc = self.phases.setdefault(name, Sums())
-            acc.measured_j += ph.energy_j
-            acc.predicted_j += p_e
-            acc.measured_s += ph.duration_s
-            acc.predicted_s += p_t
+            window = (
+                (ph.energy_j, ph.duration_s),
+                (p_e, p_t),
+                (low.energy_j or p_e, low.time_s or p_t),
+                (high.energy_j or p_e, high.time_s or p_t),
+            )
+            self.phases.setdefault(name, Sums()).add(*window)
             times.append((ph.duration_s, p_t))
-            energy.append((ph.energy_j, p_e))
-        if len(times) == len(observation.phases):
+            windows.append(window)
+        if len(windows) == len(observation.phases):
             pick = max if self.async_mode else sum
-            self.total.measured_s += pick(t for t, _ in times)
-            self.total.predicted_s += pick(p for _, p in times)
-            self.total.measured_j += sum(e for e, _ in energy)
-            self.total.predicted_j += sum(p for _, p in energy)
+            self.total.add(
+                *((sum(w[k][0] for w in windows), pick(w[k][1] for w in windows)) for k in range(4))
+            )
             idle = [p.energy_j for p in observation.pool_idle.values()]
             if self.async_mode and idle and all(j is not None for j in idle):
                 idle_j = sum(j or 0.0 for j in idle)
@@ -109,3 +156,5 @@ class StatusAccount:
         """
         self.total.measured_j += idle_j
         self.total.predicted_j += idle_j + self.idle_extra_j
+        self.total.predicted_low_j += idle_j + self.idle_extra_j
+        self.total.predicted_high_j += idle_j + self.idle_extra_j

@@ -60,6 +60,19 @@ class Saving(_Status):
         ),
     )
     joules: float | None = Field(None, description="Predicted default minus measured, J.")
+    low_percent: float | None = Field(
+        None,
+        description=(
+            "Lowest saving the evidence allows, %: against the low bound of the default "
+            "counterfactual (a locked clock's ratio from the clock model or the blocks measured "
+            "at it, whichever is lower, less 2 standard errors); absent with percent."
+        ),
+    )
+    high_percent: float | None = Field(
+        None,
+        description="Highest saving the evidence allows, %: against the high bound; absent "
+        "with percent.",
+    )
 
 
 class PhaseStatus(_Status):
@@ -127,6 +140,36 @@ class PhaseStatus(_Status):
         ge=0,
         description="Predicted default-governor phase time of the compared steps, s.",
     )
+    predicted_default_low_joules: float = Field(
+        0.0,
+        ge=0,
+        description="Low bound of predictedDefaultJoules over the same windows, J.",
+    )
+    predicted_default_high_joules: float = Field(
+        0.0,
+        ge=0,
+        description="High bound of predictedDefaultJoules over the same windows, J.",
+    )
+    predicted_default_low_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Low bound of predictedDefaultSeconds over the same windows, s.",
+    )
+    predicted_default_high_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="High bound of predictedDefaultSeconds over the same windows, s.",
+    )
+    throughput_ratio_low: float | None = Field(
+        None,
+        description="Lowest throughput ratio the evidence allows (predictedDefaultLowSeconds / "
+        "measuredSeconds).",
+    )
+    throughput_ratio_high: float | None = Field(
+        None,
+        description="Highest throughput ratio the evidence allows (predictedDefaultHighSeconds "
+        "/ measuredSeconds).",
+    )
     basis_energy_source: str | None = Field(
         None,
         description=(
@@ -180,6 +223,26 @@ class Totals(_Status):
         ge=0,
         description="Predicted default-governor busy time of the compared steps, s.",
     )
+    predicted_default_low_joules: float = Field(
+        0.0,
+        ge=0,
+        description="Low bound of predictedDefaultJoules over the same windows, J.",
+    )
+    predicted_default_high_joules: float = Field(
+        0.0,
+        ge=0,
+        description="High bound of predictedDefaultJoules over the same windows, J.",
+    )
+    predicted_default_low_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Low bound of predictedDefaultSeconds over the same windows, s.",
+    )
+    predicted_default_high_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="High bound of predictedDefaultSeconds over the same windows, s.",
+    )
     saving_percent: float | None = Field(
         None,
         description="savedJoules / predictedDefaultJoules x 100; absent when not computable.",
@@ -187,6 +250,26 @@ class Totals(_Status):
     throughput_ratio: float | None = Field(
         None,
         description="Predicted default step time / measured step time over the compared steps.",
+    )
+    throughput_ratio_low: float | None = Field(
+        None,
+        description="Lowest throughput ratio the evidence allows (predictedDefaultLowSeconds / "
+        "measuredSeconds).",
+    )
+    throughput_ratio_high: float | None = Field(
+        None,
+        description="Highest throughput ratio the evidence allows (predictedDefaultHighSeconds "
+        "/ measuredSeconds).",
+    )
+    saving_low_percent: float | None = Field(
+        None,
+        description="Lowest saving the evidence allows, % (predictedDefaultLowJoules less "
+        "comparedMeasuredJoules over it); absent with savingPercent.",
+    )
+    saving_high_percent: float | None = Field(
+        None,
+        description="Highest saving the evidence allows, % (predictedDefaultHighJoules); "
+        "absent with savingPercent.",
     )
     valid_tokens: float = Field(
         0.0, ge=0, description="Valid training tokens (responses that reach the update)."

@@ -32,7 +32,9 @@ default governor on error; trials measure inside a phase, because measurements a
    phase too short for ``slices_per_phase`` slices gets proportionally less probe time per
    step, so it needs more steps for the same evidence (the job's trial budget,
    ``max_trial_fraction`` of the steps, still bounds them).
-5. Monitor: a locked phase runs a short in-phase check every ``monitor_interval_steps``; its
+5. Monitor: a locked phase runs a short in-phase check every ``monitor_interval_steps``
+   (``SETTLED_MONITOR_FACTOR`` times as far apart once the lock's own monitor blocks prove it
+   with room to spare, ``PhaseController._settled``); its
    blocks refine the fit (the lock may move down once proven), a check whose upper bound
    misses the threshold steps the lock up at once, a workload drift past ``drift_threshold``
    beyond the range the lock's trial steps spanned (mean context length for generation,
@@ -124,6 +126,17 @@ per-step noise makes max(pool times) exceed both means."""
 MEASURED_Z = 2.0
 """A locked window's default counterfactual takes the paired blocks measured at its clock over
 the fit once their mean is this many standard errors off it [heuristic]."""
+STATUS_Z = 2.0
+"""Standard errors on either side of a locked window's ratios in the bounds of its default
+counterfactual (``PhaseController.default_equivalent_range``) [heuristic: about 95 % where the
+blocks are normal]."""
+SETTLED_MIN_BLOCKS = 12
+"""Monitor blocks at a lock before its checks may be spaced out (``_settled``): four times
+``min_blocks`` [heuristic]."""
+SETTLED_MONITOR_FACTOR = 4
+"""How much wider monitor checks are spaced once a lock is settled (``_settled``): on
+1,000-step runs the checks' default-governor slices were the largest part of the learning cost
+(``report.learning_cost``, probes 0.16-1.30 points of the job's energy) [heuristic]."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,11 +567,11 @@ class PhaseController:
         # and they come twice as often): not while the run owes its threshold some
         # (``repay_ratio``).
         unsure = self._uncertain() and self.repay_ratio <= self.threshold
-        interval = (
-            max(self.ctl.monitor_interval_steps // 2, 1)
-            if unsure
-            else self.ctl.monitor_interval_steps
-        )
+        interval = self.ctl.monitor_interval_steps
+        if unsure:
+            interval = max(interval // 2, 1)
+        elif self._settled():
+            interval *= SETTLED_MONITOR_FACTOR
         due = lock.steps > 0 and lock.steps % interval == 0
         if clock is not None and allow_probe and due and n_slices:
             # While the lock is held up by uncertainty, the check also probes the lowest clock
@@ -597,6 +610,30 @@ class PhaseController:
             if c < self.f_default_mhz and fit.throughput_ratio(c) >= PROBE_MIN_RATIO:
                 return c if low is None else min(c, low)
         return low
+
+    def _settled(self) -> bool:
+        """True once the lock's own monitor blocks prove it with room to spare.
+
+        At least ``SETTLED_MIN_BLOCKS`` monitor blocks at the lock whose lower confidence bound
+        (Student's t) clears ``lock_target``, and the next lower allowed clock shown to miss
+        it (the fit's upper bound under the target; the checks' blocks are what moves a lock
+        down a step):
+        checks then add little but their default-governor slices, so ``_decide_locked`` spaces
+        them ``SETTLED_MONITOR_FACTOR`` times wider.
+        """
+        stats, fit, clock = self._monitor, self.fit, self.locked_clock_mhz
+        if stats.n < SETTLED_MIN_BLOCKS or not math.isfinite(stats.stderr):
+            return False
+        lower = [c for c in self._allowed() if clock is not None and c < clock]
+        if fit is None:
+            return False
+        if lower:
+            below = max(lower)
+            z = probe.student_t_factor(max(fit.blocks - 1, 1), self.ctl.confidence_z)
+            if fit.throughput_ratio(below) + z * fit.throughput_stderr(below) >= self.lock_target:
+                return False
+        k = probe.student_t_factor(stats.n - 1, self.ctl.confidence_z)
+        return stats.throughput_mean - k * stats.stderr >= self.lock_target
 
     def _uncertain(self) -> bool:
         """True while the model's point estimate allows a clock well below the lock."""
@@ -1222,25 +1259,104 @@ class PhaseController:
         thr_fit, e_fit = fit.throughput_ratio(clock_mhz), fit.energy_ratio(clock_mhz)
         if self.ctl.async_mode:
             return thr_fit, e_fit  # measured: the blocks' own ratio made async rows worse
+        measured = self._measured_ratios(clock_mhz)
+        if measured is None or e_fit is None:
+            return thr_fit, e_fit
+        thr, thr_se, e, e_se = measured
+        return (
+            thr if abs(thr - thr_fit) > MEASURED_Z * thr_se else thr_fit,
+            e if abs(e - e_fit) > MEASURED_Z * e_se else e_fit,
+        )
+
+    def _measured_ratios(self, clock_mhz: int) -> tuple[float, float, float, float] | None:
+        """The paired blocks measured at ``clock_mhz`` (trials' and, at the lock, monitor's).
+
+        Returns:
+            (throughput ratio, its standard error, energy-per-token ratio, its standard
+            error), pooled over the blocks; None below ``min_blocks`` blocks with power.
+        """
         pools = [self.stats.get(clock_mhz)]
         if clock_mhz == self.locked_clock_mhz:
             pools.append(self._monitor)
         used = [st for st in pools if st is not None and st.n >= 2 and st.power_n >= 2]
         n = sum(st.n for st in used)
-        if n < self.ctl.min_blocks or e_fit is None:
-            return thr_fit, e_fit
+        if n < self.ctl.min_blocks:
+            return None
         thr = sum(st.n * st.throughput_mean for st in used) / n
         power = sum(st.n * (st.power_ratio or 0.0) for st in used) / n
-        if thr <= 0:
-            return thr_fit, e_fit
+        if thr <= 0 or power <= 0:
+            return None
         thr_se = math.sqrt(sum((st.n * st.stderr) ** 2 for st in used)) / n
         power_se = math.sqrt(sum((st.n * st.power_stderr) ** 2 for st in used)) / n
         e = power / thr
-        e_se = e * math.hypot(power_se / power, thr_se / thr)
-        return (
-            thr if abs(thr - thr_fit) > MEASURED_Z * thr_se else thr_fit,
-            e if abs(e - e_fit) > MEASURED_Z * e_se else e_fit,
+        return thr, thr_se, e, e * math.hypot(power_se / power, thr_se / thr)
+
+    def default_equivalent_range(
+        self, obs: base.PhaseObservation, workload: api_workload.TokenWorkload
+    ) -> tuple[DefaultEquivalent, DefaultEquivalent]:
+        """Bounds of ``default_equivalent``: (low, high) energy J and time s of the window.
+
+        Only a window at a locked clock judged by the fit carries an error that does not
+        average out over windows: every window at that clock shares it. Its bounds span the
+        fit's ratios and the ratios the paired blocks measured at that clock, each widened by
+        ``STATUS_Z`` standard errors (``_locked_ratio_range``): where the fit's shape misses
+        the curve between its blocks, the two disagree and the truth lies between them. Every
+        other window returns its ``default_equivalent`` as both bounds (default-governor
+        windows are exact; probed windows' paired slices are independent per window).
+        """
+        point = DefaultEquivalent(*self.default_equivalent(obs, workload))
+        fit, clock = self.fit, base.ran_clock_mhz(obs)
+        if (
+            point.energy_j is None
+            or point.time_s is None
+            or obs.error is not None
+            or obs.slices
+            or obs.energy_j is None
+            or clock is None
+            or fit is None
+            or fit.beta is None
+        ):
+            return point, point
+        bounds = self._locked_ratio_range(fit, clock)
+        if bounds is None:
+            return point, point
+        (thr_lo, thr_hi), (e_lo, e_hi) = bounds
+        low = DefaultEquivalent(
+            min(point.energy_j, obs.energy_j / e_hi), min(point.time_s, obs.duration_s * thr_lo)
         )
+        high = DefaultEquivalent(
+            max(point.energy_j, obs.energy_j / e_lo), max(point.time_s, obs.duration_s * thr_hi)
+        )
+        return low, high
+
+    def _locked_ratio_range(
+        self, fit: probe.CorrectedFit, clock_mhz: int
+    ) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """((throughput low, high), (energy-per-token low, high)) ratios at a locked clock.
+
+        The fit's ratios +- ``STATUS_Z`` of its throughput standard error (the energy ratio
+        moved with it: power / throughput), joined with the blocks' own (``_measured_ratios``)
+        +- ``STATUS_Z`` of theirs. None without a fitted energy ratio.
+        """
+        thr_fit, e_fit = fit.throughput_ratio(clock_mhz), fit.energy_ratio(clock_mhz)
+        if e_fit is None or thr_fit <= 0:
+            return None
+        se = fit.throughput_stderr(clock_mhz)
+        if not math.isfinite(se):
+            se = 0.0
+        thr_lo, thr_hi = thr_fit - STATUS_Z * se, min(thr_fit + STATUS_Z * se, 1.0)
+        power = e_fit * thr_fit
+        e_lo, e_hi = power / max(thr_hi, 1e-9), power / max(thr_lo, 1e-9)
+        measured = self._measured_ratios(clock_mhz)
+        if measured is not None:
+            thr, thr_se, e, e_se = measured
+            thr_lo = min(thr_lo, thr - STATUS_Z * thr_se)
+            thr_hi = max(thr_hi, thr + STATUS_Z * thr_se)
+            e_lo = min(e_lo, e - STATUS_Z * e_se)
+            e_hi = max(e_hi, e + STATUS_Z * e_se)
+        if thr_lo <= 0 or e_lo <= 0:
+            return None
+        return (thr_lo, thr_hi), (e_lo, e_hi)
 
     def estimate(self) -> tuple[float | None, float | None]:
         """(throughput ratio, energy-per-token ratio) of the locked clock vs default, if known."""

@@ -119,6 +119,8 @@ def test_names_columns_subresource():
     assert cols["Mode"] == ".spec.controller.mode"
     assert "generation" in cols["Gen MHz"] and "training" in cols["Train MHz"]
     assert cols["Saving %"] == ".status.totals.savingPercent"
+    assert cols["Low %"] == ".status.totals.savingLowPercent"  # the bounds the evidence allows
+    assert cols["High %"] == ".status.totals.savingHighPercent"
     assert cols["Tput"] == ".status.totals.throughputRatio"
     assert cols["Ready Nodes"] == ".status.nodes.ready"
     assert cols["Age"] == ".metadata.creationTimestamp"

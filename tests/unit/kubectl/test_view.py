@@ -351,3 +351,18 @@ def test_a_stalled_rollout_shows_only_while_true():
     )
     line = _text(view.condition_line(stalled))
     assert "RolloutStalled True (ProgressFrozen: gpu-a team-a/r0 (generation))" in line
+
+
+@pytest.mark.parametrize(
+    ("point", "low", "high", "shown"),
+    [
+        (12.34, 10.06, 13.01, "12.3 % (10.1..13.0)"),
+        (12.34, 12.33, 12.36, "12.3 %"),  # narrower than the decimal shown
+        (12.34, None, None, "12.3 %"),  # a status written without bounds
+        (None, 1.0, 2.0, "—"),
+    ],
+)
+def test_fmt_saving_shows_the_range_the_evidence_allows(
+    point: float | None, low: float | None, high: float | None, shown: str
+):
+    assert view.fmt_saving(point, low, high) == shown

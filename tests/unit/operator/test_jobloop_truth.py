@@ -9,7 +9,10 @@ the same noise, would have cost under the default governor (``sim.job.default_ru
 * each locked clock keeps its phase's threshold in truth (the lock's own ratio), and the whole
   run, trials included, stays within ``TRIAL_ALLOWANCE`` of it;
 * the comparison has teeth: a counterfactual biased by 10 % (every claimed saving inflated)
-  misses the truth by more than the tolerance.
+  misses the truth by more than the tolerance;
+* the status's bounds (``saving.lowPercent``/``highPercent``, ``throughputRatioLow``/``High``,
+  the totals' alike) bracket each point figure and hold the truth wherever the point is off by
+  more than the tolerance; a checkpoint written without bounds restores them as the point.
 
 The node reports carry no idle windows here (``SimNodes``), so the totals are compared with the
 phases' truth.
@@ -24,6 +27,7 @@ from rlenergy_operator import jobloop
 from sim_nodes import SimNodes, _PlanPolicy
 
 from rlenergy.api.v1alpha1 import policy
+from rlenergy.api.v1alpha1 import status as api_status
 from rlenergy.control.freq import eerl
 from rlenergy.sim import job as sim_job
 
@@ -127,3 +131,60 @@ def test_a_biased_counterfactual_misses_the_truth(monkeypatch: pytest.MonkeyPatc
     reported = _reported(loop)
     truth = {name: saving for name, saving, _ in _truth(job, online)}
     assert reported["total"][0] - truth["total"] > 3 * SAVING_TOLERANCE_PP, (reported, truth)
+
+
+def _bounded(loop: jobloop.JobLoop) -> dict[str, tuple[tuple[float, float, float], ...]]:
+    """Per phase and ``total``: ((low, point, high) saving %, (low, point, high) ratio)."""
+    out = {}
+    for ph in loop.phase_status():
+        sav, thr = ph.saving, ph.throughput_ratio
+        assert sav.percent is not None and sav.low_percent is not None
+        assert sav.high_percent is not None and thr is not None
+        assert ph.throughput_ratio_low is not None and ph.throughput_ratio_high is not None
+        out[ph.name] = (
+            (sav.low_percent, sav.percent, sav.high_percent),
+            (ph.throughput_ratio_low, thr, ph.throughput_ratio_high),
+        )
+    t = loop.totals()
+    assert t.saving_low_percent is not None and t.saving_percent is not None
+    assert t.saving_high_percent is not None and t.throughput_ratio is not None
+    assert t.throughput_ratio_low is not None and t.throughput_ratio_high is not None
+    out["total"] = (
+        (t.saving_low_percent, t.saving_percent, t.saving_high_percent),
+        (t.throughput_ratio_low, t.throughput_ratio, t.throughput_ratio_high),
+    )
+    return out
+
+
+def test_status_bounds_bracket_the_point_and_hold_the_truth_where_it_is_off() -> None:
+    loop, job, online = _run(0)
+    bounded = _bounded(loop)
+    widths = []
+    for name, saving, ratio in _truth(job, online):
+        for (low, point, high), truth, tol in zip(
+            bounded[name], (saving, ratio), (SAVING_TOLERANCE_PP, RATIO_TOLERANCE), strict=True
+        ):
+            assert low <= point + 1e-3 and point <= high + 1e-3, (name, low, point, high)
+            assert abs(point - truth) <= tol or low <= truth <= high, (name, truth, low, high)
+            widths.append(high - low)
+    assert max(widths) > 0  # the locked windows widen the bounds: not the point twice
+    # A checkpoint written before the bounds existed: its windows restore as exact.
+    status = api_status.RLEnergyPolicyStatus(
+        phases=[
+            ph.model_copy(update={f: 0.0 for f in _BOUND_FIELDS}) for ph in loop.phase_status()
+        ],
+        totals=loop.totals().model_copy(update={f: 0.0 for f in _BOUND_FIELDS}),
+    )
+    restored = jobloop.JobLoop.restore(SPEC, 1, status, []).totals()
+    assert restored.saving_low_percent == restored.saving_percent
+    assert restored.saving_high_percent == restored.saving_percent
+    assert restored.throughput_ratio_low == restored.throughput_ratio_high
+    assert restored.throughput_ratio_low == restored.throughput_ratio
+
+
+_BOUND_FIELDS = (
+    "predicted_default_low_joules",
+    "predicted_default_high_joules",
+    "predicted_default_low_seconds",
+    "predicted_default_high_seconds",
+)

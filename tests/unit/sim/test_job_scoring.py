@@ -539,3 +539,90 @@ def test_the_oracle_held_above_its_thresholds_saves_no_more_than_the_oracle() ->
     assert report.simulate(trace, "h100-sxm", steps=2).margin_oracle_saving == {}
     with pytest.raises(errors.InvalidInputError, match="oracle_margins"):
         report.simulate(trace, "h100-sxm", steps=2, oracle_margins=(-0.01,))
+
+
+def _result(
+    index: int,
+    energy_j: Mapping[str, float],
+    idle_j: float,
+    states: Mapping[str, str],
+    clocks_mhz: Mapping[str, int | None] | None = None,
+    probing: Mapping[str, bool] | None = None,
+) -> sim_job.StepResult:
+    return sim_job.StepResult(
+        index=index,
+        time_s=0.0,
+        energy_j=sum(energy_j.values()) + idle_j,
+        measured_energy_j=None,
+        phase_time_s={},
+        phase_energy_j=dict(energy_j),
+        clocks_mhz=dict(clocks_mhz or {}),
+        states=dict(states),
+        probing=dict(probing or {}),
+    )
+
+
+def test_learning_cost_splits_each_window_above_the_held_run_by_what_it_ran(quiet: None) -> None:
+    """Against the held clocks (generation 500 MHz, training 800 MHz; per step 2625 J, 10830 J
+    and 50 W x 2 GPUs x 10 s = 1000 J of unlocked idle), each window's excess goes to what it
+    ran; the parts are points of the default run's 4 x 17000 J."""
+    job = sim_job.Job(_replay(*[(10, 20, 10)] * 4), SKU)
+    gen, train = "generation", "training"
+    results = [
+        _result(0, {gen: 4000.0, train: 12000.0}, 1000.0, {gen: "warmup", train: "warmup"}),
+        _result(
+            1,
+            {gen: 3000.0, train: 11000.0},
+            1000.0,
+            {gen: "trial", train: "trial"},
+            {train: 900},
+            {gen: True},
+        ),
+        _result(
+            2,
+            {gen: 2800.0, train: 10830.0},
+            1200.0,
+            {gen: "locked", train: "locked"},
+            {gen: 600, train: 800},
+        ),
+        _result(
+            3,
+            {gen: 2625.0, train: 12000.0},
+            1000.0,
+            {gen: "locked", train: "fallback"},
+            {gen: 500},
+        ),
+    ]
+    cost = report.learning_cost(
+        job, results, {gen: 500, train: 800}, {gen: 500, train: 800}, 4 * 17000.0
+    )
+    assert list(cost) == list(report.COST_PARTS)
+    pp = 100.0 / 68000.0
+    assert cost == pytest.approx(
+        {
+            "warm-up": (1375.0 + 1170.0) * pp,
+            "probes": 375.0 * pp,
+            "interim clocks": (170.0 + 175.0) * pp,  # a trial window and a lock at 600 MHz
+            "lock offset": 0.0,  # generation at 500 MHz in step 3, training at 800 in step 2
+            "fallback": 1170.0 * pp,
+            "idle": 200.0 * pp,
+        }
+    )
+
+
+def test_learning_cost_is_the_held_oracles_saving_less_the_online_saving() -> None:
+    """On a whole simulated run (noise on), the parts sum to the gap of the savings, and the
+    warm-up's default-governor steps cost energy against a clock-saving oracle."""
+    for mode in ("sync", "async"):
+        rep = report.simulate(
+            "verl-gpg-qwen2-7b-fsdp-8gpu", "b200", mode, steps=30, oracle_margins=(0.002,)
+        )
+        cost = rep.learning_cost_pp[0.002]
+        gap_pp = 100.0 * (rep.margin_oracle_saving[0.002] - rep.online_saving)
+        assert sum(cost.values()) == pytest.approx(gap_pp, abs=1e-9)
+        assert cost["warm-up"] > 0.0
+        assert rep.online_to_held(0.002) == pytest.approx(
+            rep.online_saving / rep.margin_oracle_saving[0.002]
+        )
+    with pytest.raises(KeyError):
+        rep.online_to_held(0.005)

@@ -103,3 +103,14 @@ def test_static_sweep_user_pays_for_its_sweep_then_locks_one_clock(mode: sim_job
 def test_static_sweep_user_refuses_a_one_step_setting() -> None:
     with pytest.raises(ValueError, match="steps_per_setting"):
         peers.StaticSweepUser(workload.PHASES, [1500], 0.95, steps_per_setting=1)
+
+
+def test_capture_share_is_the_part_of_the_oracles_lead_over_the_peer_ee_rl_takes() -> None:
+    # The oracle saves 10 %, the best online peer 4 %: EE-RL at 8.8 % takes 0.8 of the lead.
+    assert peers.capture_share(0.088, 0.04, 0.10) == pytest.approx(0.8)
+    assert peers.capture_share(0.10, 0.04, 0.10) == pytest.approx(1.0)
+    assert peers.capture_share(0.03, 0.04, 0.10) == pytest.approx(-1 / 6)  # behind the peer
+    assert peers.capture_share(0.06, 0.0, 0.10) == pytest.approx(0.6)  # no peer keeps it
+    # No lead to take: even with the peer is all there is; behind it, nothing.
+    assert peers.capture_share(0.05, 0.05, 0.05) == 1.0
+    assert peers.capture_share(0.04, 0.05, 0.05) == 0.0

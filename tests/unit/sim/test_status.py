@@ -65,3 +65,35 @@ def test_the_account_folds_what_the_controller_predicts() -> None:
     assert (acc.total.measured_j, acc.total.predicted_j) == (50.0, 50.0)
     assert gen.saving == 0.0 and gen.throughput_ratio == 1.0
     assert status.Sums().saving is None and status.Sums().throughput_ratio is None
+
+
+def test_the_status_bounds_hold_the_point_and_count_what_they_miss() -> None:
+    """``Sums`` folds each window's default-counterfactual bounds beside its point; the
+    saving and ratio ranges bracket the point figures, and ``status_misses`` counts a figure
+    off its tolerance as unresolved only where the truth lies outside its bounds."""
+    acc = status.Sums()
+    acc.add((90.0, 10.0), (100.0, 9.5), (95.0, 9.0), (110.0, 9.8))
+    acc.add((45.0, 5.0), (50.0, 4.75), (50.0, 4.75), (50.0, 4.75))  # a default-like window
+    assert acc.saving == pytest.approx(1 - 135.0 / 150.0)
+    assert acc.saving_range == pytest.approx((1 - 135.0 / 145.0, 1 - 135.0 / 160.0))
+    assert acc.throughput_ratio_range == pytest.approx((13.75 / 15.0, 14.55 / 15.0))
+    lo, hi = acc.saving_range or (0.0, 0.0)
+    assert lo <= acc.saving <= hi
+    assert status.Sums().saving_range is None and status.Sums().throughput_ratio_range is None
+    rep = report.simulate("tinyzero-ppo-qwen25-05b-countdown-rtx4090", "b200:hbm-decode", steps=40)
+    for key, (sav, thr) in rep.reported.items():
+        sav_range, thr_range = rep.reported_range[key]
+        assert sav_range is not None and thr_range is not None and sav is not None
+        assert sav_range[0] - 1e-12 <= sav <= sav_range[1] + 1e-12, key
+        assert thr is not None and thr_range[0] - 1e-12 <= thr <= thr_range[1] + 1e-12, key
+    off, unresolved, wide_pp, wide_ratio = rep.status_misses()
+    assert 0 <= unresolved <= off and wide_pp > 0 and wide_ratio > 0
+    # With no tolerance every figure is off; the truth inside the bounds resolves it.
+    off_all, unresolved_all, _, _ = rep.status_misses(saving_pp=-1.0, ratio=-1.0)
+    assert off_all == 2 * len(rep.reported)
+    inside = sum(
+        rng is not None and rng[0] - 1e-12 <= truth <= rng[1] + 1e-12
+        for key, (true_sav, true_thr) in rep.truth.items()
+        for truth, rng in zip((true_sav, true_thr), rep.reported_range[key], strict=True)
+    )
+    assert unresolved_all == off_all - inside

@@ -210,6 +210,55 @@ def test_locked_windows_trust_the_blocks_at_their_clock_over_a_fit_they_contradi
     assert energy == pytest.approx(3000.0 / fit_e)
 
 
+def test_locked_window_bounds_span_the_fit_and_the_blocks_at_its_clock() -> None:
+    """``default_equivalent_range``: a locked window judged by the fit (async mode keeps it)
+    has bounds from the fit's ratio and the blocks' own, each +- ``STATUS_Z`` standard errors;
+    a default-governor window and a failed one are their own bounds."""
+    from rlenergy.api import workload as api_workload
+    from rlenergy.control.freq import probe
+
+    settings = config.phase_settings(
+        api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
+    )[0]
+    pc = eerl.PhaseController(settings, eerl.ControllerSettings(async_mode=True))
+    pc.fit = probe.PhaseModelFit(
+        u=0.1, u_stderr=0.001, beta=0.5, f_max_mhz=1980, f_default_mhz=1980, blocks=10
+    )
+    fit_thr, fit_e = pc.fit.throughput_ratio(1410), pc.fit.energy_ratio(1410)
+    fit_se = pc.fit.throughput_stderr(1410)
+    assert fit_e is not None and fit_se > 0
+    wl = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)
+    locked = base.PhaseObservation("generation", 10.0, 3000.0, 1410)
+    point = pc.default_equivalent(locked, wl)
+    # Without blocks at the clock: the fit's ratio +- 2 of its standard errors.
+    low, high = pc.default_equivalent_range(locked, wl)
+    z = eerl.STATUS_Z
+    assert (low.time_s, high.time_s) == pytest.approx(
+        (10.0 * (fit_thr - z * fit_se), 10.0 * (fit_thr + z * fit_se))
+    )
+    power = fit_e * fit_thr
+    assert (low.energy_j, high.energy_j) == pytest.approx(
+        (3000.0 * (fit_thr - z * fit_se) / power, 3000.0 * (fit_thr + z * fit_se) / power)
+    )
+    # Blocks 0.05 faster than the fit: the upper bound reaches past their mean.
+    off = probe.RatioStats()
+    for d in (-0.002, 0.0, 0.002, 0.001):
+        off.add(fit_thr + 0.05 + d, fit_thr * fit_e - 0.03 + d)
+    pc.stats[1410] = off
+    assert pc.default_equivalent(locked, wl) == point  # async: the point stays the fit's
+    low, high = pc.default_equivalent_range(locked, wl)
+    assert low.time_s == pytest.approx(10.0 * (fit_thr - z * fit_se))
+    assert high.time_s == pytest.approx(10.0 * (off.throughput_mean + z * off.stderr))
+    assert low.energy_j <= 3000.0 / off.energy_per_token_ratio <= high.energy_j
+    assert low.energy_j <= point.energy_j <= high.energy_j
+    for window in (
+        base.PhaseObservation("generation", 9.0, 4000.0, None),
+        base.PhaseObservation("generation", 9.0, 4000.0, 1410, error="GpuLostError"),
+    ):
+        same = pc.default_equivalent(window, wl)
+        assert pc.default_equivalent_range(window, wl) == (same, same)
+
+
 def _phase_controller() -> eerl.PhaseController:
     settings = config.phase_settings(
         api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()

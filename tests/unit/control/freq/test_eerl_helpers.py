@@ -1034,6 +1034,27 @@ def _plain(clock: int | None = 1680, **kw: object) -> base.PhaseObservation:
     return base.PhaseObservation("generation", 1.25, 300.0, clock, clock, **kw)  # type: ignore[arg-type]
 
 
+def test_a_lock_its_monitor_blocks_prove_with_no_step_below_is_settled() -> None:
+    """``_settled``: 12 monitor blocks at 1680 MHz (0.9655 +- 0.002) clear the 0.952 target,
+    and 1530 MHz (0.9444) is below it: checks may be spaced out. Fewer blocks, blocks whose
+    bound misses the target, or a lock with a clock below it that the fit puts at the target
+    (1830 MHz over 1680 MHz) are not."""
+    pc = _locked_at(1680)
+    for i in range(eerl.SETTLED_MIN_BLOCKS - 1):
+        pc._monitor.add(_r(1680) + (0.002 if i % 2 else -0.002), _p(1680))
+    assert not pc._settled()  # 11 blocks
+    pc._monitor.add(_r(1680), _p(1680))
+    assert pc._settled()
+    high = _locked_at(1830)
+    for i in range(eerl.SETTLED_MIN_BLOCKS):
+        high._monitor.add(_r(1830) + (0.002 if i % 2 else -0.002), _p(1830))
+    assert not high._settled()  # 1680 MHz may still be proven
+    near = _locked_at(1680)
+    for i in range(eerl.SETTLED_MIN_BLOCKS):
+        near._monitor.add(0.953 + (0.01 if i % 2 else -0.01), _p(1680))
+    assert not near._settled()  # the bound is under 0.952
+
+
 def test_a_phase_held_at_default_locks_once_a_clock_meets_the_target() -> None:
     pc = _locked_at(None)
     pc._check_locked(_plain(None), WL)
