@@ -65,11 +65,13 @@ demo-sim: $(STAMP)
 
 ## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy,
 ## Debian's prometheus (apt-get download; for the Prometheus e2e test) into the same bin dir, and
-## the real node's kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh).
+## the real node's kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh),
+## and the dev cluster's OCI registry (Distribution) and crane (hack/registry-bins.sh).
 bins:
 	bash hack/controlplane-bins.sh
 	bash hack/prometheus-bin.sh
 	bash hack/node-bins.sh
+	bash hack/registry-bins.sh
 
 ## The pinned vLLM / SGLang wheels (pyproject [tool.rlenergy.engines]) for the adapter source
 ## checks; cached, never installed (hack/engine-wheels.sh).
