@@ -10,7 +10,8 @@ as in ``make demo`` (the KWOK nodes run no containers). We test these aspects:
 
 * the release comes from the registry (chart name and version of the OCI artifact) and the
   operator Deployment, its pods and the agent DaemonSet the operator renders name the
-  registry's images, whose manifests the registry serves with the digests crane pushed;
+  registry's images, whose manifests the registry serves with the digests ``make images``
+  recorded;
 * ``helm upgrade`` to a newer chart version pulled from the registry keeps the user's values
   and the registry image references.
 """
@@ -42,6 +43,7 @@ NEXT_VERSION = "0.1.1"
 DAEMONSET = "rlenergy-node-agent"
 FAST = {
     "RLENERGY_OPERATOR_RECONCILE_INTERVAL_S": "0.5",
+    "RLENERGY_OPERATOR_RESET_DEADLINE_S": "30",
     "RLENERGY_OPERATOR_AGENT_CHECK_INTERVAL_S": "1",
 }
 
@@ -83,13 +85,17 @@ def _release(c: DevCluster, ns: str, name: str) -> dict[str, Any]:
 
 def _images_in_registry(registry: Registry, published: dict[str, Any]) -> None:
     for name, digest in published["digests"].items():
+        built = json.loads((IMAGE_DIR / f"{name}.json").read_text())["manifest_digest"]
+        assert digest == built, (name, digest, built)  # crane pushed the archive's own manifest
         got, manifest = registry.manifest(f"rl-energy/{name}", TAG)
         assert got == digest, (name, got, digest)
-        assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+        assert manifest["config"]["mediaType"] == "application/vnd.oci.image.config.v1+json"
+        assert len(manifest["layers"]) == 2  # docs/images.md: base and application layers
 
 
 def test_helm_install_and_upgrade_from_the_registry(
     dev_cluster: DevCluster,
+    crds: None,
     namespace: str,
     registry: Registry,
     published: dict[str, Any],
