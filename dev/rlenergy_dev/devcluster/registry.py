@@ -55,6 +55,8 @@ MIRRORED = ("ghcr.io",)
 default image names (``ghcr.io/rl-energy/<image>``) are pulled from here."""
 FIX = "make bins"
 PORT_ATTEMPTS = 3
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""HTTP without any ``*_proxy`` of the environment: the registry is on the loopback."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ class Registry:
 
     def _v2_ok(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.host}/v2/", timeout=2) as res:
+            with _DIRECT.open(f"http://{self.host}/v2/", timeout=2) as res:
                 return bool(res.status == 200)
         except (OSError, urllib.error.URLError):
             return False
@@ -288,7 +290,7 @@ class Registry:
             headers={"Accept": ", ".join(MANIFEST_TYPES)},
         )
         try:
-            with urllib.request.urlopen(req, timeout=10) as res:
+            with _DIRECT.open(req, timeout=10) as res:
                 return res.headers["Docker-Content-Digest"], json.loads(res.read())
         except urllib.error.HTTPError as exc:
             raise DevClusterError(
@@ -312,6 +314,6 @@ class Registry:
         """``GET /v2/<repository>/tags/list``'s tags (``[]`` when the repository is unknown)."""
         with contextlib.suppress(urllib.error.HTTPError):
             url = f"http://{self.host}/v2/{repository}/tags/list"
-            with urllib.request.urlopen(url, timeout=10) as res:
+            with _DIRECT.open(url, timeout=10) as res:
                 return list(json.loads(res.read()).get("tags") or [])
         return []
