@@ -41,6 +41,8 @@ TAG = rlenergy_dev.project_version()
 NEXT_VERSION = "0.1.1"
 """The chart version of the upgrade (the same chart, packaged with ``--version``)."""
 DAEMONSET = "rlenergy-node-agent"
+pytestmark = pytest.mark.timeout(600)
+"""A cold dev cluster, the pushes and a local operator on 2 loaded cores."""
 FAST = {
     "RLENERGY_OPERATOR_RECONCILE_INTERVAL_S": "0.5",
     "RLENERGY_OPERATOR_RESET_DEADLINE_S": "30",
@@ -126,7 +128,7 @@ def test_helm_install_and_upgrade_from_the_registry(
                 ]
                 or None
             ),
-            timeout=60,
+            timeout=120,
             what="operator pods created",
         )
         assert {p["spec"]["containers"][0]["image"] for p in pods} == {operator_image}
@@ -148,7 +150,7 @@ def test_helm_install_and_upgrade_from_the_registry(
                     c.kubectl("get", "daemonset", DAEMONSET, "-n", namespace, "-o", "json",
                               check=False).stdout or None
                 ),
-                timeout=90,
+                timeout=180,
                 what="the agent DaemonSet",
             )  # fmt: skip
             agent = json.loads(ds)["spec"]["template"]["spec"]["containers"][0]
