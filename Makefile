@@ -64,14 +64,21 @@ demo-sim: $(STAMP)
 	$(VENV)/bin/rlenergy simulate --trace $(TRACE) --gpu $(GPU) --mode $(MODE) --plot out/demo-sim.png
 
 ## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy,
+<<<<<<< HEAD
 ## Debian's prometheus (apt-get download; for the Prometheus e2e test) and the KubeRay operator
 ## (Go module proxy; for the RayJob e2e test) into the same bin dir, and the real node's
 ## kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh).
+=======
+## Debian's prometheus (apt-get download; for the Prometheus e2e test) into the same bin dir, and
+## the real node's kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh),
+## and the dev cluster's OCI registry (Distribution) and crane (hack/registry-bins.sh).
+>>>>>>> wt-registry
 bins:
 	bash hack/controlplane-bins.sh
 	bash hack/prometheus-bin.sh
 	bash hack/kuberay-bin.sh
 	bash hack/node-bins.sh
+	bash hack/registry-bins.sh
 
 ## The pinned vLLM / SGLang wheels (pyproject [tool.rlenergy.engines]) for the adapter source
 ## checks; cached, never installed (hack/engine-wheels.sh).

@@ -4,7 +4,9 @@ The dev cluster runs with its real node (``DevCluster.start(real_node=True)``: c
 with CDI, runc the default runtime and NVIDIA Container Toolkit's ``nvidia-container-runtime``
 in CDI mode as the runtime handler ``nvidia``, a kubelet built from k8s v1.36.3, no KWOK node),
 as NVIDIA's GPU Operator (>= v25.10) leaves a node. The project's operator and agent images
-(``make images``) are imported into containerd. Eight stand-in GPUs (the stand-in
+(``make images``) and the chart are pushed to the cluster's registry (``registry=True``:
+Distribution on 127.0.0.1, containerd's mirror of ``ghcr.io``); the chart is installed with
+``helm install oci://...`` and the kubelet pulls the chart's default image names through it. Eight stand-in GPUs (the stand-in
 ``libnvidia-ml.so.1`` over a state file the test's ``StandinDriver`` owns) get a CDI spec
 (``RealNode.write_cdi_spec``: kind ``nvidia.com/gpu``, one device per UUID and ``all``) and are
 advertised by the device plugin (``rlenergy_dev.deviceplugin``) as ``nvidia.com/gpu``
@@ -86,7 +88,7 @@ pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
 def cluster() -> Iterator[DevCluster]:
     c = DevCluster(startup_timeout=180)
     try:
-        c.start(nodes=0, real_node=True)
+        c.start(nodes=0, real_node=True, registry=True)
     except MissingBinaryError as exc:
         pytest.fail(f"the real-node e2e test needs the node binaries: {exc}", pytrace=False)
     with c:
@@ -143,30 +145,21 @@ def _pod_rss_kib(pod_uid: str) -> dict[str, int]:
 
 
 def _values(c: DevCluster, node: RealNode, work: Path) -> dict[str, Any]:
-    """The chart values of the user's install: the agent keeps the chart's default runtime
-    class ``nvidia``, so NVML reaches it only through the toolkit's CDI injection."""
+    """The chart values of the user's install: the chart's default images (pulled by the
+    kubelet) and the agent's default runtime class ``nvidia``, so NVML reaches it only
+    through the toolkit's CDI injection."""
     tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "hostNetwork": True,
         "apiServer": {"host": "127.0.0.1", "port": c.server.rsplit(":", 1)[1]},
         "operator": {
             "replicas": 1,
-            "image": {
-                "repository": f"{IMAGE_REPO}/rl-energy-operator",
-                "tag": TAG,
-                "pullPolicy": "Never",
-            },
             "healthPort": free_port(),
             "metricsPort": free_port(),
             "reconcileIntervalS": 1,
             "tolerations": tolerate,
         },
         "agent": {
-            "image": {
-                "repository": f"{IMAGE_REPO}/rl-energy-agent",
-                "tag": TAG,
-                "pullPolicy": "Never",
-            },
             "metricsPort": free_port(),
             "stateDir": str(work / "agent-state"),
             "socketDir": str(work / "agent-socket"),
@@ -278,11 +271,13 @@ def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
         if not archive.is_file():
             pytest.fail(f"{archive} missing: build the images with `make images`", pytrace=False)
         t0 = time.monotonic()
-        node.import_image(archive)
-        figures[f"import_{name}_s"] = round(time.monotonic() - t0, 2)
-    assert {f"{IMAGE_REPO}/rl-energy-operator:{TAG}", f"{IMAGE_REPO}/rl-energy-agent:{TAG}"} <= set(
-        node.images()
-    ), node.images()
+        assert cluster.registry is not None  # ghcr.io's mirror: the kubelet pulls from it
+        cluster.registry.push_image(archive, name, TAG)
+        figures[f"push_{name}_s"] = round(time.monotonic() - t0, 2)
+    assert not {
+        f"{IMAGE_REPO}/rl-energy-operator:{TAG}",
+        f"{IMAGE_REPO}/rl-energy-agent:{TAG}",
+    } & set(node.images()), node.images()
 
     # Stand-in GPUs, their physics and the device plugin.
     lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
@@ -335,11 +330,16 @@ def _user_day(
     values = _values(c, node, work)
     vfile = work / "values.json"
     vfile.write_text(json.dumps(values))
+    assert c.registry is not None
+    chart, version = c.registry.push_chart(CHART)  # a published chart: helm install oci://...
     t0 = time.monotonic()
     c.helm(
         "install",
         RELEASE,
-        str(CHART),
+        chart,
+        "--version",
+        version,
+        "--plain-http",
         "-n",
         SYSTEM_NS,
         "--create-namespace",
@@ -350,6 +350,11 @@ def _user_day(
         "180s",
         timeout=240,
     )
+    pulled = c.registry.manifest_gets()  # containerd pulled the default ghcr.io names from it
+    assert any(
+        "/rl-energy/rl-energy-operator/manifests/" in p and a.startswith("containerd/")
+        for p, a in pulled
+    ), pulled
     op = wait_until(
         lambda: [
             p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/component=operator") if _ready(p)

@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
             help="also run one real node (containerd + kubelet, hostNetwork pods; root; "
             "docs/dev-cluster.md)",
         )
+        p.add_argument(
+            "--registry",
+            action="store_true",
+            help="also run an OCI registry on 127.0.0.1 (plain HTTP; the real node pulls from "
+            "it; docs/dev-cluster.md)",
+        )
         if name == "up":
             p.add_argument(
                 "--foreground",
@@ -156,6 +162,7 @@ def _up(args: argparse.Namespace) -> int:
         f"--gpu-product={args.gpu_product}",
         f"--timeout={args.timeout}",
         *(["--real-node"] if args.real_node else []),
+        *(["--registry"] if args.registry else []),
     ]
     t0 = time.monotonic()
     proc, rec = process.spawn("supervisor", argv, log, env=env, die_with_parent=False)
@@ -210,10 +217,13 @@ def _serve(args: argparse.Namespace, *, supervisor: bool) -> int:
             gpus_per_node=args.gpus_per_node,
             gpu_product=args.gpu_product,
             real_node=args.real_node,
+            registry=args.registry,
         )
         started = True
         timings = ", ".join(f"{k} {v:.1f}s" for k, v in cluster.timings.items())
         print(f"ready: {cluster.server} kubeconfig {cluster.kubeconfig} ({timings})", flush=True)
+        if cluster.registry is not None:
+            print(f"registry: {cluster.registry.host} (plain HTTP)", flush=True)
         if not supervisor:
             print(
                 f'export KUBECONFIG="{cluster.kubeconfig}"  # Ctrl-C stops the cluster', flush=True

@@ -51,6 +51,7 @@ from rlenergy_dev.devcluster.nodes import (
     node_name,
     nvidia_runtime_class_manifest,
 )
+from rlenergy_dev.devcluster.registry import Registry, resolve_registry_binaries
 
 LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.0.0.0/24"  # a config value only: nothing dials a Service IP
@@ -59,7 +60,9 @@ STATE_FILE = "state.json"
 OWNER_FILE = "owner.json"
 TMP_PREFIX = "rlenergy-devcluster-"
 #: What a cluster writes into its workdir (removed by stop() when the dir is not its own).
-WORKDIR_ENTRIES = ("pki", "etcd", "logs", "helm", "node", "kubeconfig", STATE_FILE, OWNER_FILE)
+WORKDIR_ENTRIES = (
+    "pki", "etcd", "logs", "helm", "node", "registry", "kubeconfig", STATE_FILE, OWNER_FILE,
+)  # fmt: skip
 STATE_VERSION = 1
 PORT_ATTEMPTS = 3
 
@@ -240,6 +243,7 @@ class DevCluster:
         self._pki: PkiPaths | None = None
         self._pki_mem: Pki | None = None
         self._real: realnode.RealNode | None = None
+        self._registry: Registry | None = None
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
         self._records: list[process.ProcessRecord] = []
         self._nodes: list[str] = []
@@ -274,6 +278,11 @@ class DevCluster:
     def real_node(self) -> realnode.RealNode | None:
         """The real node (containerd + kubelet) when started with ``real_node=True``."""
         return self._real
+
+    @property
+    def registry(self) -> Registry | None:
+        """The OCI registry (:mod:`rlenergy_dev.devcluster.registry`) of ``registry=True``."""
+        return self._registry
 
     @property
     def binaries(self) -> Binaries:
@@ -313,6 +322,7 @@ class DevCluster:
         gpu_product: str = DEFAULT_GPU_PRODUCT,
         *,
         real_node: bool = False,
+        registry: bool = False,
     ) -> DevCluster:
         """Start the control plane and create ``nodes`` Ready fake GPU nodes.
 
@@ -325,6 +335,9 @@ class DevCluster:
             gpu_product: ``nvidia.com/gpu.product`` label of each node.
             real_node: Also start the real node ``realnode`` (containerd + kubelet, see
                 :mod:`rlenergy_dev.devcluster.realnode`); its GPUs come from a device plugin.
+            registry: Also start an OCI registry on 127.0.0.1 (:attr:`registry`); the real
+                node's containerd pulls images named ``<registry host>/...`` from it and uses
+                it as the mirror of ``ghcr.io`` (the chart's default image names).
 
         Returns:
             ``self``, ready to use.
@@ -341,6 +354,7 @@ class DevCluster:
         node_bins = None
         if real_node:
             node_bins = realnode.resolve_node_binaries(self._bin_dir or default_bin_dir())
+        registry_bins = resolve_registry_binaries(self._bin_dir) if registry else None
         t_start = time.monotonic()
         self._stopped = False
         self._setup_workdir()
@@ -357,6 +371,8 @@ class DevCluster:
             self._write_state(ready=False)
             t0 = time.monotonic()
             self.add_nodes(nodes)
+            if registry_bins is not None:
+                self._start_registry()
             if node_bins is not None:
                 self._start_real_node(node_bins, gpu_product)
             self._wait_default_service_account()
@@ -384,6 +400,11 @@ class DevCluster:
             with contextlib.suppress(Exception):
                 real.stop()
             self._records = [r for r in self._records if r not in real.processes]
+        if self._registry is not None:
+            reg, self._registry = self._registry, None
+            self._records = [r for r in self._records if r is not reg.record]
+            with contextlib.suppress(Exception):
+                reg.stop()
         if self._records:
             terminate_in_order(self._records, self._popens)
         self._records.clear()
@@ -696,11 +717,29 @@ class DevCluster:
             ],
         )
 
+    def _start_registry(self) -> None:
+        """The OCI registry on a free loopback port (its process is in the state file)."""
+        assert self.workdir is not None
+        t0 = time.monotonic()
+        reg = Registry(
+            self.workdir / "registry", self._bin_dir, die_with_parent=self.die_with_parent
+        )
+        self._registry = reg.start(self.startup_timeout)
+        assert reg.record is not None
+        self._records.append(reg.record)
+        self.timings["registry"] = time.monotonic() - t0
+
     def _start_real_node(self, bins: realnode.NodeBinaries, gpu_product: str) -> None:
         """Containerd + kubelet of ``realnode``; waits until the node is Ready."""
         assert self.workdir is not None and self._pki is not None and self._pki_mem is not None
         t0 = time.monotonic()
-        node = realnode.RealNode(self.workdir / "node", bins, self._spawn, self._popens)
+        node = realnode.RealNode(
+            self.workdir / "node",
+            bins,
+            self._spawn,
+            self._popens,
+            registries=self._registry.containerd_hosts() if self._registry is not None else {},
+        )
         node.acquire()
         self._real = node
         node.start_containerd(self.startup_timeout)

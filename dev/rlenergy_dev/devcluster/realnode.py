@@ -6,8 +6,11 @@ module proxy; its own root, state and socket under the cluster's workdir) and a 
 from the same Kubernetes version as the control plane) that registers the node ``realnode``
 with InternalIP 127.0.0.1. Pods there really run in containers: the operator and agent images
 are imported into containerd's ``k8s.io`` namespace (:meth:`RealNode.import_image`), the pod
-sandbox image is a locally built pause binary (hack/images/pause.c), and no registry is ever
-contacted.
+sandbox image is a locally built pause binary (hack/images/pause.c). With ``registries``
+(``DevCluster.start(registry=True)``: the dev cluster's own registry,
+:mod:`rlenergy_dev.devcluster.registry`, for its own name and as the mirror of ``ghcr.io``)
+the kubelet pulls the images through containerd from that plain-HTTP loopback registry
+instead (``hosts.toml`` under containerd's ``config_path``).
 
 GPU runtime, as NVIDIA's GPU Operator (>= v25.10, CDI on) leaves a node: runc is containerd's
 default runtime, containerd's CRI plugin applies CDI devices (device plugins' ``Allocate``
@@ -46,7 +49,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -165,6 +168,28 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
     )
 
 
+def hosts_toml(namespace: str, host: str) -> str:
+    """The containerd ``hosts.toml`` of the registry namespace ``namespace``, served by ``host``.
+
+    Written to ``<config_path>/<namespace>/hosts.toml`` (containerd docs/hosts.md, "Registry
+    Host Namespace"); ``host`` is a plain-HTTP registry (``127.0.0.1:<port>``). When
+    ``namespace`` is ``host`` itself, images named ``<host>/...`` are pulled over HTTP from it,
+    as on a node set up for a private plain-HTTP registry; otherwise ``host`` is a pull mirror
+    of ``namespace`` (images named ``ghcr.io/...`` are fetched from ``host`` first, the
+    upstream ``https://<namespace>`` only when the mirror lacks them), as on an air-gapped
+    node.
+    """
+    server = f"http://{host}" if namespace == host else f"https://{namespace}"
+    return "\n".join(
+        [
+            f'server = "{server}"',
+            f'[host."http://{host}"]',
+            '  capabilities = ["pull", "resolve"]',
+            "",
+        ]
+    )
+
+
 def containerd_config(base: Path, shim: Path, nvidia_runtime: Path) -> str:
     """Containerd 2.x configuration (version 4, containerd v2.4) with everything under ``base``.
 
@@ -178,7 +203,9 @@ def containerd_config(base: Path, shim: Path, nvidia_runtime: Path) -> str:
     ``enable_cdi`` is gone) with the spec folders :data:`CDI_SPEC_DIRS`, so the CDI device names
     a device plugin returns from ``Allocate`` are applied to runc containers too. cgroupfs (no
     systemd), overlayfs, AppArmor off (the profile loader is not installed), the local pause
-    image. Keys: ``containerd config default`` of containerd v2.4.2.
+    image. Registry hosts are read from ``base/certs.d`` (``config_path``: one
+    ``<host>/hosts.toml`` each, :func:`hosts_toml`), read again at every pull. Keys:
+    ``containerd config default`` of containerd v2.4.2.
 
     Args:
         base: The node's containerd folder.
@@ -225,6 +252,8 @@ def containerd_config(base: Path, shim: Path, nvidia_runtime: Path) -> str:
             "  snapshotter = 'overlayfs'",
             "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
             f"  sandbox = '{PAUSE_IMAGE}'",
+            "[plugins.'io.containerd.cri.v1.images'.registry]",
+            f"  config_path = '{base / 'certs.d'}'",
             f"[{rt}]",
             "  disable_apparmor = true",
             "  enable_selinux = false",
@@ -473,6 +502,8 @@ class RealNode:
         bins: The node binaries.
         spawn: ``(name, argv) -> ProcessRecord``.
         popens: The cluster's Popen handles by pid (to reap).
+        registries: Registry namespace (the host part of image names) -> the plain-HTTP
+            registry (``127.0.0.1:<port>``) containerd pulls them from (:func:`hosts_toml`).
     """
 
     def __init__(
@@ -481,8 +512,10 @@ class RealNode:
         bins: NodeBinaries,
         spawn: Callable[[str, Sequence[str]], process.ProcessRecord],
         popens: dict[int, subprocess.Popen[bytes]],
+        registries: Mapping[str, str] | None = None,
     ) -> None:
         self.base = base
+        self.registries = dict(registries or {})
         self.bins = bins
         self.name = NAME
         self._spawn = spawn
@@ -557,6 +590,9 @@ class RealNode:
             nvidia_runtime_wrapper(self.bins.nvidia_runtime, toolkit / "config.toml")
         )
         wrapper.chmod(0o755)
+        for namespace, host in self.registries.items():
+            (ctd / "certs.d" / namespace).mkdir(parents=True, exist_ok=True)
+            (ctd / "certs.d" / namespace / "hosts.toml").write_text(hosts_toml(namespace, host))
         cfg = ctd / "config.toml"
         cfg.write_text(containerd_config(ctd, self.bins.shim, wrapper))
         # containerd looks a shim up on its PATH (for `ctr run` and shim clean-up); the shim
