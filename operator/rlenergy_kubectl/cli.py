@@ -213,9 +213,13 @@ def run_smoke(args: argparse.Namespace, out: Console) -> int:
         doc["podLog"] = failed
         print(json.dumps(doc, indent=2))
     else:
-        out.print(smoke.render(result, namespace=ns, elapsed_s=elapsed), highlight=False)
+        out.print(
+            smoke.render(result, namespace=ns, elapsed_s=elapsed), highlight=False, markup=False
+        )
         if failed:
-            out.print(f"the smoke pod ended early; its log:\n{failed}", highlight=False)
+            out.print(
+                f"the smoke pod ended early; its log:\n{failed}", highlight=False, markup=False
+            )
     return 0 if result.ok else 1
 
 
