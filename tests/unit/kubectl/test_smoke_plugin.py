@@ -11,14 +11,20 @@ We test these aspects:
 * ``evaluate`` finds the node report, the locked phases and the saving in a policy's status and
   its reports, and names what is missing; a saving of either sign counts, an unknown one not;
 * the text names each of the three with ``ok`` or ``MISSING`` and ends with PASS or FAIL; the
-  JSON object carries the same.
+  JSON object carries the same;
+* the command on a fake API (``kube`` replaced): namespace, policy, then the pod with the
+  DaemonSet's image, port and network (the namespace relabelled ``privileged`` for host
+  networking), polling until all three show, then pod, policy and namespace deleted; exit 1
+  with what is missing at the timeout, nothing deleted with ``--keep``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rlenergy_kubectl import smoke
 
 from rlenergy.api import signals
@@ -141,3 +147,98 @@ def test_text_and_json() -> None:
     assert doc["ok"] is True and doc["missing"] == []
     assert doc["locksMHz"] == {"generation": 1155} and doc["savingPercent"] == 9.8
     assert doc["nodeReports"][0]["node"] == "gpu-node-1"
+
+
+class FakeCluster:
+    """The API as ``cli.run_smoke`` sees it through ``kube``: a DaemonSet that appears after
+    the policy, a status that fills in after a few reads."""
+
+    def __init__(self, statuses: list[dict[str, Any] | None], *, host_network: bool) -> None:
+        self.statuses = statuses
+        self.calls: list[tuple[Any, ...]] = []
+        self.agent_reads = 0
+        self.host_network = host_network
+        self.policy: dict[str, Any] | None = None
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from rlenergy_kubectl import cli, kube
+
+        def agent_settings(_c: Any) -> kube.AgentSettings | None:
+            self.agent_reads += 1
+            if self.policy is None or self.agent_reads < 3:
+                return None
+            return kube.AgentSettings("reg/agent:9", 9555, "aud", self.host_network)
+
+        def ensure_namespace(_c: Any, name: str, labels: dict[str, str]) -> bool:
+            self.calls.append(("namespace", name, labels))
+            return True
+
+        def apply_policy(_c: Any, obj: dict[str, Any]) -> None:
+            self.policy = obj
+            self.calls.append(("policy", obj["metadata"]["name"]))
+
+        def get_policy(_c: Any, ns: str, name: str) -> dict[str, Any]:
+            status = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+            return _policy(status)
+
+        fakes = {
+            "connect": lambda *_a: None,
+            "agent_settings": agent_settings,
+            "ensure_namespace": ensure_namespace,
+            "label_namespace": lambda _c, n, labels: self.calls.append(("label", n, labels)),
+            "apply_policy": apply_policy,
+            "read_pod": lambda *_a: None,
+            "create_pod": lambda _c, obj: self.calls.append(("pod", obj)),
+            "get_policy": get_policy,
+            "list_node_reports": lambda *_a: {smoke.POLICY: [_report()]},
+            "delete": lambda _c, kind, ns, name: self.calls.append(("delete", kind, name)),
+            "policy_exists": lambda *_a: False,
+            "pod_log_tail": lambda *_a: "",
+        }
+        for name, fn in fakes.items():
+            monkeypatch.setattr(kube, name, fn)
+        monkeypatch.setattr(cli.time, "sleep", lambda _s: None)
+
+
+def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    from rlenergy_kubectl import cli
+
+    code = cli.main(argv)
+    return code, capsys.readouterr().out
+
+
+def test_smoke_command_end_to_end_on_a_fake_api(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = FakeCluster(
+        [None, _status(locked=False, saving=None), _status(locked=True, saving=4.5)],
+        host_network=True,
+    )
+    api.install(monkeypatch)
+    code, out = _run_cli(["smoke", "-o", "json"], capsys)
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["ok"] and doc["image"] == "reg/agent:9" and doc["savingPercent"] == 4.5
+    kinds = [c[0] for c in api.calls]
+    # namespace first (restricted: no DaemonSet yet), privileged once the agents show hostNetwork
+    assert api.calls[0] == ("namespace", smoke.NAMESPACE, smoke.namespace_labels(False))
+    assert ("label", smoke.NAMESPACE, smoke.namespace_labels(True)) in api.calls
+    assert kinds.index("policy") < kinds.index("label") < kinds.index("pod")
+    pod = next(c[1] for c in api.calls if c[0] == "pod")
+    assert pod["spec"]["hostNetwork"] is True
+    assert pod["spec"]["containers"][0]["image"] == "reg/agent:9"
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env[signals.PORT_ENV] == "9555"
+    # cleaned up: pod, policy, then the namespace it made
+    assert [c[1] for c in api.calls if c[0] == "delete"] == ["pod", "policy", "namespace"]
+
+
+def test_smoke_command_times_out_with_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = FakeCluster([_status(locked=False, saving=None)], host_network=False)
+    api.install(monkeypatch)
+    code, out = _run_cli(["smoke", "--timeout", "0.05", "--keep"], capsys)
+    assert code == 1
+    assert out.splitlines()[-1] == "FAIL: no lock, no saving", out
+    assert not [c for c in api.calls if c[0] in ("delete", "label")]
