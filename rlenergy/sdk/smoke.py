@@ -1,7 +1,7 @@
 """The smoke-test trainer: RL steps of two fixed-length phases signalled through the SDK.
 
 ``python3 -m rlenergy.sdk.smoke`` runs in the smoke pod (``kubectl rlenergy smoke``,
-docs/smoke-test.md). Each step signals ``generation`` for ``--phase-s`` seconds and then
+docs/kubectl-plugin.md). Each step signals ``generation`` for ``--phase-s`` seconds and then
 ``training`` for as long, reporting the phase's progress every ``PROGRESS_EVERY_S`` as a
 constant rate of work per second, and closes the step with a fixed token workload
 (``end_step``). It runs no GPU kernel: the phases take the same time at every clock, so the
