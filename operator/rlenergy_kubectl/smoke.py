@@ -133,7 +133,7 @@ def pod(
                     {"name": signals.CA_FILE_ENV, "value": f"{TOKEN_MOUNT}/ca.crt"},
                 ],
                 "resources": {
-                    "limits": {"nvidia.com/gpu": 1, "cpu": "200m", "memory": "128Mi"},
+                    "limits": {"nvidia.com/gpu": "1", "cpu": "200m", "memory": "128Mi"},
                     "requests": {"cpu": "50m", "memory": "64Mi"},
                 },
                 "securityContext": {

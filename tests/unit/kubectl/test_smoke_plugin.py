@@ -76,7 +76,7 @@ def test_pod_has_one_gpu_the_token_and_the_endpoint() -> None:
     (c,) = spec["containers"]
     assert c["image"] == "reg/agent@sha256:abc"
     assert c["command"][:3] == ["python3", "-m", "rlenergy.sdk.smoke"]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"  # a quantity: a string
     env = {e["name"]: e for e in c["env"]}
     assert env[signals.HOST_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     assert env[signals.PORT_ENV]["value"] == "9999"
