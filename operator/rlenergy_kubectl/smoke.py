@@ -68,7 +68,11 @@ PSA_LABELS = (
 
 
 def policy(namespace: str) -> dict[str, Any]:
-    """The smoke ``RLEnergyPolicy`` (enforce, ``WARMUP_STEPS``, ``TRIAL_STEPS``)."""
+    """The smoke ``RLEnergyPolicy`` (enforce, ``WARMUP_STEPS``, ``TRIAL_STEPS``).
+
+    ``maxTrialFraction: 1``: trials may run on every step, so the first lock comes within tens
+    of steps (with the default 0.25 the trial budget spreads them over about 100 steps).
+    """
     return {
         "apiVersion": "rlenergy.io/v1alpha1",
         "kind": "RLEnergyPolicy",
@@ -79,6 +83,7 @@ def policy(namespace: str) -> dict[str, Any]:
                 "mode": "enforce",
                 "warmupSteps": WARMUP_STEPS,
                 "trialSteps": TRIAL_STEPS,
+                "maxTrialFraction": 1.0,
             },
         },
     }
