@@ -47,9 +47,10 @@ DEFAULT_IMAGE = "ghcr.io/rl-energy/rl-energy-agent:0.1.0"
 """The image of the shipped manifest (the chart's default ``agent.image``); the plugin uses the
 image the cluster's agent DaemonSet runs."""
 STEPS = 240
-"""RL steps the pod runs at most (the plugin deletes it once the result is in): 4 minutes."""
-PHASE_S = 0.5
-"""Length of each smoke phase, s."""
+"""RL steps the pod runs at most (the plugin deletes it once the result is in): 8 minutes."""
+PHASE_S = 1.0
+"""Length of each smoke phase, s (long enough for 8 in-phase probe slices at the progress
+cadence a busy node's TLS round trip allows: ``rlenergy.sdk.smoke.PROGRESS_EVERY_S``)."""
 WARMUP_STEPS = 2
 """Default-governor steps before the controller's first trial."""
 TRIAL_STEPS = 4

@@ -32,8 +32,11 @@ from rlenergy.sdk import trainer
 
 PHASES = ("generation", "training")
 """The phases of a smoke step, in order (the policy's default phases)."""
-PROGRESS_EVERY_S = 0.02
-"""Progress report period, s (the SDK asks for reports every few tens of ms)."""
+PROGRESS_EVERY_S = 0.01
+"""Progress report pause, s. The agent's in-phase probe slices are at least 4 report gaps long
+(``eerl.SLICE_PER_PROGRESS_GAP``) and a phase needs 8 of them (``probe.BLOCK``); over TLS on a
+busy node a report takes about 10 ms more, so 1 s phases keep in-phase trials. With 20 ms
+pauses and 0.5 s phases the real-node run fell back to whole-step trials and locked no clock."""
 MIN_SLEEP_S = 1e-4
 """A phase with less than this left is over, s (no sleep shorter than the clock resolves)."""
 RATE_PER_S = 1000.0
@@ -149,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlenergy.sdk.smoke", description=__doc__)
     parser.add_argument("--steps", type=int, default=60, help="RL steps to run (default 60)")
     parser.add_argument(
-        "--phase-s", type=float, default=0.5, help="length of each phase, s (default 0.5)"
+        "--phase-s", type=float, default=1.0, help="length of each phase, s (default 1.0)"
     )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.phase_s <= 0:
