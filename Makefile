@@ -64,15 +64,10 @@ demo-sim: $(STAMP)
 	$(VENV)/bin/rlenergy simulate --trace $(TRACE) --gpu $(GPU) --mode $(MODE) --plot out/demo-sim.png
 
 ## Control-plane binaries (etcd, kube-apiserver, KCM, scheduler, kwok, helm) into ~/.cache/rl-energy,
-<<<<<<< HEAD
 ## Debian's prometheus (apt-get download; for the Prometheus e2e test) and the KubeRay operator
-## (Go module proxy; for the RayJob e2e test) into the same bin dir, and the real node's
-## kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh).
-=======
-## Debian's prometheus (apt-get download; for the Prometheus e2e test) into the same bin dir, and
-## the real node's kubelet, containerd + runc (apt, root) and pause image (hack/node-bins.sh),
-## and the dev cluster's OCI registry (Distribution) and crane (hack/registry-bins.sh).
->>>>>>> wt-registry
+## (Go module proxy; for the RayJob e2e test) into the same bin dir, the real node's kubelet,
+## containerd + runc (apt, root) and pause image (hack/node-bins.sh), and the dev cluster's OCI
+## registry (Distribution) and crane (hack/registry-bins.sh).
 bins:
 	bash hack/controlplane-bins.sh
 	bash hack/prometheus-bin.sh
@@ -159,10 +154,12 @@ test-privilege: $(STAMP) bins
 mutation: $(STAMP)
 	$(PY) hack/mutation.py run --jobs $(MUTATION_JOBS) $(MUTATION_MODULES)
 
-## The real-node e2e test alone (tests/e2e/test_real_node.py): the chart with the real images on a
-## real kubelet + containerd node, fake GPUs from the device plugin (docs/dev-cluster.md). Root.
+## The real-node e2e tests alone (tests/e2e/test_real_node.py, and test_runbook.py: install.md's
+## runbook as written, smoke test and uninstall): the chart with the real images on a real
+## kubelet + containerd node, fake GPUs from the device plugin (docs/dev-cluster.md). Root.
 test-realnode: $(STAMP) $(VERL_STAMP) bins images
-	$(PY) -m pytest -q -m realnode tests/e2e/test_real_node.py tests/e2e/test_real_node_day_two.py
+	$(PY) -m pytest -q -m realnode tests/e2e/test_real_node.py tests/e2e/test_real_node_day_two.py \
+		tests/e2e/test_runbook.py
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins
