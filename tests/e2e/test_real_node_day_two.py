@@ -86,7 +86,7 @@ STEADY_S = 2.0
 HOLD_TRIES = 6
 LOCK_WAIT_S = 180.0
 """How long the controller may take to lock a phase of the kubelet case's trainer, s (19.1-19.5 s
-from its first signal in four runs at load average 4-8: 2 warm-up steps and a trial round of
+from its first signal in six runs at load average 4-8: 2 warm-up steps and a trial round of
 in-phase probes, on 3 s steps)."""
 RESULTS = ROOT / "build" / "realnode-day-two.json"
 DIAGNOSTICS = ROOT / "build" / "realnode-day-two"
