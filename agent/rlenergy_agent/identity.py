@@ -568,6 +568,19 @@ def _listed(agent: service.Agent, caller: Caller) -> service.PodRef | None:
     )
 
 
+def _unsynced(agent: service.Agent, caller: Caller) -> bool:
+    """The listing names no GPU pod while ``caller`` is a pod the agent governs.
+
+    A restarted kubelet lists no pod until it has synced its pods (about 1 s in the real-node
+    kubelet-restart e2e); the pod-end watch keeps such a pod's locks (``podlife``), so its
+    signals get a retryable 503 meanwhile, not a 403 that a strict trainer takes as final.
+    """
+    if agent.podmap.pods():
+        return False
+    ref = service.PodRef(caller.namespace, caller.pod_name, caller.pod_uid)
+    return any(pods.same_pod(p, ref) for p in agent.governed_pods())
+
+
 def _listing_allows(agent: service.Agent, caller: Caller) -> None:
     """The kubelet's listing is young enough to attribute GPUs to ``caller``.
 
@@ -626,6 +639,12 @@ def authorize(agent: service.Agent, caller: Caller, gpus: Sequence[str] = ()) ->
     ):
         agent.podmap.recheck()  # a pod started since the node loop's last listing
         pod = _listed(agent, caller)
+    if pod is None and _unsynced(agent, caller):
+        raise AuthError(
+            f"the kubelet's PodResources listing names no GPU pod (a restarted kubelet before "
+            f"its pods are synced); pod {caller} keeps its GPUs: retry",
+            503,
+        )
     if pod is None or (pod.uid and pod.uid != caller.pod_uid):
         agent.refused += 1
         why = (

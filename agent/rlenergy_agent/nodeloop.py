@@ -30,16 +30,33 @@ log = logging.getLogger("rlenergy_agent")
 def rediscover(
     finder: kube_t.PolicyDiscovery, agent: service.Agent, last: selector.Discovery | None
 ) -> selector.Discovery | None:
-    """The policy governing the node's GPU pods now; ``None`` when the API failed.
+    """The policy governing the node's GPU pods now; ``None`` when the current one stays.
 
-    The caller then keeps its current policy. A changed outcome is logged: a conflict as an
-    error (the node governs nothing until one selector is narrowed), else at info.
+    ``None`` (the caller keeps its current policy) when the API failed, or when the kubelet's
+    listing names no GPU pod while pods the matched policy governs have not ended: a restarted
+    kubelet lists no pod until its pod manager has synced (about 1 s in the real-node
+    kubelet-restart e2e, ``tests/e2e/test_real_node_day_two.py``), and leaving the policy then
+    reset every lock of the running job there. Whether a governed pod ended is the pod-end
+    watch's call (``podlife``: the API's word, or an absence past the listing's
+    ``reset_after_s``); once it has reset them, an empty listing leaves the policy. A changed
+    outcome is logged: a conflict as an error (the node governs nothing until one selector is
+    narrowed), else at info.
     """
     try:
         found = finder.discover((p.namespace, p.name) for p in agent.podmap.pods())
     except Exception as exc:  # noqa: BLE001 - keep the current policy on API errors
         log.warning("policy discovery failed, keeping the current policy: %s", exc)
         return None
+    if found.reason == "NoGpuPods" and last is not None and last.reason == "Matched":
+        governed = agent.governed_pods()
+        if governed:
+            log.info(
+                "policy discovery: the kubelet lists no GPU pod, but %s of policy %s have not "
+                "ended: keeping the policy",
+                ", ".join(sorted(str(p) for p in governed)),
+                last.policy,
+            )
+            return None
     if last is None or (found.reason, found.policy, found.message) != (
         last.reason,
         last.policy,

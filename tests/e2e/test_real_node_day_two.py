@@ -5,15 +5,20 @@ tests/e2e/test_real_node.py brings it up: the chart with the real images, eight 
 advertised by the CDI device plugin, the agent under the RuntimeClass ``nvidia``), one policy.
 The trainer pods run ``SIGNALLER`` in the agent image: the SDK (``RLEnergyClient``, strict)
 over the agent's socket with the pod's projected token, generation and training phases with
-progress reports every 0.1 s and a step end; every signal's outcome is appended, with its wall
-time, to a JSON-lines file in the pod's hostPath work folder, which the test reads. A trainer
-also copies its token there and stays in its phase, still reporting progress, while a ``hold``
-file is in that folder. We test these aspects:
+progress reports and a step end; every signal's outcome is appended, with its wall time, to a
+JSON-lines file in the pod's hostPath work folder, which the test reads. A trainer also copies
+its token there and stays in its phase, still reporting progress, while a ``hold`` file is in
+that folder. The kubelet case needs a phase the controller has locked, so its trainer runs
+1.5 s phases with a report every 20 ms: fine enough for in-phase probe slices, which decide a
+trial within a few steps; 0.5 s phases with reports every 0.1 s resolve no slice, and their
+whole-step trials, eight steps a probe block under the default trial budget, had not locked a
+phase after 300 s on a busy machine. We test these aspects:
 
 * the kubelet restarted (SIGTERM, 2 s down, same command line) while the controller's lock is
   held: every 10 ms sample of the trainer's GPUs shows that lock throughout (no reset by the
-  restart itself), the agent's node report names the same lock afterwards, the agent pod is
-  not restarted, and the trainer's accepted signals never pause for more than 10 s;
+  restart itself), the agent pod is not restarted, the trainer's accepted signals never pause
+  for more than 10 s, and afterwards, with the locked phase held again, the agent's node
+  report names the lock its GPUs hold;
 * the agent DaemonSet rolled (``kubectl rollout restart``: a template annotation) while two
   trainer pods signal: neither pod's accepted signals pause for more than 10 s, no GPU outside
   the two pods is ever locked, and after both pods are deleted every GPU is back at the
@@ -23,11 +28,13 @@ file is in that folder. We test these aspects:
   longer than the agent's review cache lives, while the new pod's own first signal is accepted.
 
 Figures (signal gaps, restart and roll times) are printed and written to
-``build/realnode-day-two.json``.
+``build/realnode-day-two.json``; a failed kubelet case leaves the agent's, the operator's and
+the kubelet's logs, the pods, events, node reports and policy in ``build/realnode-day-two/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -67,6 +74,7 @@ pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
 NS = "team-day-two"
 AGENT_SELECTOR = "app.kubernetes.io/name=rlenergy-node-agent"
 AGENT_DS = "rlenergy-node-agent"
+OPERATOR_SELECTOR = "app.kubernetes.io/component=operator"
 SIGNAL_GAP_BOUND_S = 10.0
 """Longest pause of a trainer's accepted signals a kubelet restart or an agent roll may cause, s."""
 KUBELET_DOWN_S = 2.0
@@ -76,12 +84,19 @@ AFTER_S = 10.0
 STEADY_S = 2.0
 """How long a held phase's lock must stay put before the kubelet is restarted, s."""
 HOLD_TRIES = 6
+LOCK_WAIT_S = 180.0
+"""How long the controller may take to lock a phase of the kubelet case's trainer, s (19.1-19.5 s
+from its first signal in six runs at load average 4-8: 2 warm-up steps and a trial round of
+in-phase probes, on 3 s steps)."""
 RESULTS = ROOT / "build" / "realnode-day-two.json"
+DIAGNOSTICS = ROOT / "build" / "realnode-day-two"
+"""Where a failed case leaves the agent's log, the kubelet's, the trainer pods and the events."""
 
 SIGNALLER = r"""
-import json, os, shutil, time
+import json, os, shutil, sys, time
 from rlenergy.sdk import trainer
 
+PHASE_S, REPORT_S = float(sys.argv[1]), float(sys.argv[2])
 W = "/var/run/rlenergy-work"
 shutil.copy("/var/run/secrets/rlenergy/token", W + "/token")
 client = trainer.RLEnergyClient(strict=True)
@@ -109,16 +124,24 @@ while True:
         send(phase, client.phase, phase, step=step)
         work.write((json.dumps({"kind": phase, "label": phase, "at": time.monotonic()})
                     + "\n").encode())
-        t0, done = time.monotonic(), 0.0
-        while time.monotonic() - t0 < 0.5 or os.path.exists(W + "/hold"):
-            time.sleep(0.1)
-            done += 100.0
-            send("progress", client.progress_total, done)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < PHASE_S or os.path.exists(W + "/hold"):
+            time.sleep(REPORT_S)
+            send("progress", client.progress_total, 1000.0 * (time.monotonic() - t0))
     send("step", client.end_step, step, samples=64, response_tokens=64000.0,
          prompt_tokens=16000.0, valid_tokens=64000.0)
 """
 """The trainer pods' program (the agent image's Python and SDK; no verl: these cases are about
-signals and locks, not the workload)."""
+signals and locks, not the workload). Arguments: the phase length and the time between progress
+reports, s. Its progress runs at 1000 units/s whatever the SM clock (a phase bound elsewhere than
+the SMs), so every clock keeps the throughput and EE-RL locks the allowed clock of least power."""
+SIGNAL_PHASE_S, SIGNAL_REPORT_S = 0.5, 0.1
+"""The rollout and re-created-pod trainers' phase length and report period, s."""
+LOCK_PHASE_S, LOCK_REPORT_S = 1.5, 0.02
+"""The kubelet case's trainer: phase length and report period, s. Probe slices must span
+``eerl.SLICE_PER_PROGRESS_GAP`` report gaps and a probe block is ``probe.BLOCK`` slices, so a
+phase needs at least 8 x 4 report gaps (0.64 s at 20 ms; 1.5 s leaves room for reports slowed
+to 45 ms by a busy machine)."""
 
 
 @dataclasses.dataclass
@@ -134,6 +157,30 @@ class Day:
     labels: dict[str, str]
     policy: str
     figures: dict[str, Any]
+
+
+@contextlib.contextmanager
+def _diagnostics(d: Day, case: str) -> Iterator[None]:
+    """On a failure inside, write what explains it to ``DIAGNOSTICS / case``."""
+    try:
+        yield
+    except BaseException:
+        out = DIAGNOSTICS / case
+        out.mkdir(parents=True, exist_ok=True)
+        c = d.cluster
+        for name, args in {
+            "agent.log": ("logs", "-n", SYSTEM_NS, "-l", AGENT_SELECTOR, "--tail=-1"),
+            "operator.log": ("logs", "-n", SYSTEM_NS, "-l", OPERATOR_SELECTOR, "--tail=-1"),
+            "pods.yaml": ("get", "pods", "-A", "-o", "yaml"),
+            "events.txt": ("get", "events", "-A", "--sort-by=.lastTimestamp"),
+            "reports.yaml": ("get", "rlenergynodereports", "-A", "-o", "yaml"),
+            "policy.yaml": ("get", "rlep", "-A", "-o", "yaml"),
+        }.items():
+            res = c.kubectl(*args, check=False, timeout=60)
+            (out / name).write_text(res.stdout + res.stderr)
+        if d.node.kubelet is not None:
+            (out / "kubelet.log").write_text(Path(d.node.kubelet.log).read_text(errors="replace"))
+        raise
 
 
 def _agent(c: DevCluster) -> dict[str, Any]:
@@ -234,11 +281,16 @@ class Trainer:
             flag.unlink(missing_ok=True)
 
 
-def _start_trainer(d: Day, name: str, folder: str) -> Trainer:
+def _signaller(phase_s: float = SIGNAL_PHASE_S, report_s: float = SIGNAL_REPORT_S) -> list[str]:
+    """The command of a ``SIGNALLER`` pod with phases of ``phase_s`` and reports every ``report_s``."""
+    return ["python3", "-c", SIGNALLER, str(phase_s), str(report_s)]
+
+
+def _start_trainer(d: Day, name: str, folder: str, command: list[str] | None = None) -> Trainer:
     """Create a ``SIGNALLER`` pod with 2 GPUs; wait for its allocation and its first signal."""
     work = d.work / folder
     n = len(d.plugin.allocations)
-    pod = _trainer_pod(name, NS, d.labels, d.socket_dir, work, ["python3", "-c", SIGNALLER], 2)
+    pod = _trainer_pod(name, NS, d.labels, d.socket_dir, work, command or _signaller(), 2)
     d.cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
     wait_until(lambda: len(d.plugin.allocations) > n, timeout=60, what=f"{name}'s allocation")
     gpus = d.plugin.allocations[n]
@@ -317,14 +369,25 @@ class LockSampler:
 def _locked_phase(d: Day) -> tuple[str, int]:
     """A phase the controller has settled on a clock (``state: locked``): (name, clock MHz)."""
 
+    seen: list[dict[str, Any]] = []
+
     def locked() -> tuple[str, int] | None:
         status = get_json(d.cluster, "rlep", d.policy, "-n", NS).get("status", {})
+        seen[:] = [
+            {k: ph.get(k) for k in ("name", "state", "clockMHz", "probeEvidence")}
+            for ph in status.get("phases") or ()
+        ] + [{"steps": status.get("totals", {}).get("steps")}]
         for ph in status.get("phases") or ():
             if ph.get("state") == "locked" and ph.get("clockMHz"):
                 return str(ph["name"]), int(ph["clockMHz"])
         return None
 
-    return wait_until(locked, timeout=300, interval=1, what="a phase locked by the controller")
+    try:
+        return wait_until(locked, timeout=LOCK_WAIT_S, interval=1, what="a locked phase")
+    except pytest.fail.Exception:
+        pytest.fail(
+            f"no phase locked by the controller after {LOCK_WAIT_S} s: {seen}", pytrace=False
+        )
 
 
 def _hold_a_steady_lock(d: Day, t: Trainer, feed: podtrainer.WorkFeed, phase: str) -> int:
@@ -361,10 +424,14 @@ def test_kubelet_restart_keeps_the_lock_and_the_signals(day: Day) -> None:
     feed = podtrainer.WorkFeed(
         d.driver, d.work / "steady" / "work.jsonl", lambda: holder[0] if holder else ()
     ).start()
-    try:
-        t = _start_trainer(d, "steady", "steady")
+    with contextlib.ExitStack() as cleanup, _diagnostics(d, "kubelet_restart"):
+        cleanup.callback(d.driver.start)
+        cleanup.callback(feed.stop)
+        t = _start_trainer(d, "steady", "steady", _signaller(LOCK_PHASE_S, LOCK_REPORT_S))
         holder.append(t.gpus)
+        t_signal = time.monotonic()
         phase, _ = _locked_phase(d)
+        fig["first_signal_to_locked_phase_s"] = round(time.monotonic() - t_signal, 1)
         lock = _hold_a_steady_lock(d, t, feed, phase)
         fig["phase"], fig["lock_mhz"] = phase, lock
         agent_uid = _agent(d.cluster)["metadata"]["uid"]
@@ -404,7 +471,9 @@ def test_kubelet_restart_keeps_the_lock_and_the_signals(day: Day) -> None:
             gpus = get_json(d.cluster, "rlenergynodereports", name, "-n", NS)["spec"]["gpus"]
             return {g["uuid"]: g.get("lockedClockMHz") for g in gpus if g["uuid"] in t.gpus}
 
-        t.hold(True)  # the report is read while the lock cannot move
+        # The report is read while the lock cannot move: the locked phase held again (a phase
+        # held at random may be a probe's, whose slices switch clocks all along).
+        fig["lock_after_restart_mhz"] = _hold_a_steady_lock(d, t, feed, phase)
         try:
             wait_until(
                 lambda: reported() == _locks(d.driver, t.gpus),
@@ -413,9 +482,6 @@ def test_kubelet_restart_keeps_the_lock_and_the_signals(day: Day) -> None:
         finally:
             t.hold(False)
         fig["trainer_delete_to_reset_s"] = round(_delete(d, t), 2)
-    finally:
-        feed.stop()
-        d.driver.start()
 
 
 def test_agent_rollout_while_two_trainers_signal(day: Day) -> None:
@@ -473,8 +539,7 @@ def test_recreated_pod_refuses_the_old_token(day: Day) -> None:
     t0 = time.monotonic()
     n = len(d.plugin.allocations)
     pod = _trainer_pod(
-        "again", NS, d.labels, d.socket_dir, d.work / "again-2",
-        ["python3", "-c", SIGNALLER], 2,
+        "again", NS, d.labels, d.socket_dir, d.work / "again-2", _signaller(), 2,
     )  # fmt: skip
     d.cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
     wait_until(lambda: len(d.plugin.allocations) > n, timeout=60, what="the new allocation")

@@ -6,7 +6,10 @@ We test these aspects:
 * leaving a policy resets its clocks before anything else, writes the old policy a last report
   with every reset acknowledged, and the new policy's report starts without the old steps;
 * a conflict is logged as an error once (not at every poll), an API error keeps the current
-  policy; the outcome is exported as ``rlenergy_agent_policy_discovery``.
+  policy; the outcome is exported as ``rlenergy_agent_policy_discovery``;
+* a listing with no GPU pod (a restarted kubelet's first answers) keeps the matched policy
+  and its locks while a pod it governs has not ended, and leaves it once the pod-end watch
+  has reset that pod.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 from agent_support import DriverFactory, standin_agent
 from rlenergy_agent import __main__ as agent_main
-from rlenergy_agent import kube, metrics, service
+from rlenergy_agent import kube, metrics, pods, service
 
 from rlenergy.api import node as api_node
 from rlenergy.api import selector
@@ -219,3 +222,29 @@ def test_a_conflict_is_logged_once_as_an_error_and_exported(
     # an API error keeps what we have (None: no change)
     assert agent_main.rediscover(_Finder(OSError("refused")), agent, again) is None  # type: ignore[arg-type]
     assert agent.discovery == ("Conflict", "")
+
+
+def test_an_empty_listing_keeps_the_policy_while_its_pods_run(make_driver: DriverFactory) -> None:
+    drv, agent = _agent(make_driver)
+    matched = selector.Discovery(
+        selector.PolicyRef("team-a", "grpo"), "Matched", "grpo selects team-a/trainer-0",
+        ("team-a/trainer-0",),
+    )  # fmt: skip
+    assert agent_main.rediscover(_Finder(matched), agent, None) == matched
+    agent.phase(POD, "generation", 0)  # governed, GPUs locked
+    assert all(drv.gpu(u).locked for u in drv.uuids)
+
+    class _Empty:
+        def discover(self, gpu_pods: Any) -> selector.Discovery:
+            return selector.discover([selector.PodLabels(ns, n, {}) for ns, n in gpu_pods], [])
+
+    agent.podmap = pods.StaticPodMap({})  # the restarted kubelet lists no pod yet
+    assert agent_main.rediscover(_Empty(), agent, matched) is None  # type: ignore[arg-type]
+    assert agent.discovery == ("Matched", "team-a/grpo")
+    assert agent.selected == frozenset({("team-a", "trainer-0")})
+    assert all(drv.gpu(u).locked for u in drv.uuids)
+    # The pod-end watch found it ended: the next empty listing leaves the policy.
+    agent.pod_gone(POD, "EndedInApi")
+    found = agent_main.rediscover(_Empty(), agent, matched)  # type: ignore[arg-type]
+    assert found is not None and found.reason == "NoGpuPods"
+    assert agent.selected == frozenset()

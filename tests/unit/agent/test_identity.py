@@ -3,7 +3,8 @@
 We test: the review cache (one TokenReview per token, reused until the token's expiry and at
 most ``max_ttl_s``, bounded in size, refusals cached briefly, 503 when the API cannot be
 asked); the checks on the review (audience, pod binding); ``authorize`` (other node, other
-UID, other pod's GPUs, MIG instances); the SDK's token file (re-read on rotation and after a
+UID, other pod's GPUs, MIG instances; a governed pod a restarted kubelet does not list yet is
+told to retry, 503); the SDK's token file (re-read on rotation and after a
 401); the Kubernetes side (``kube.TokenReviewer`` on client objects). The real TokenReview
 against a real API server runs in the e2e, chaos and bench harnesses.
 """
@@ -19,7 +20,7 @@ import pytest
 from agent_support import AUDIENCE, DriverFactory, FakeReviews, standin_agent
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from rlenergy_agent import identity, kube, server, service
+from rlenergy_agent import identity, kube, pods, server, service
 
 from rlenergy.api import node as api_node
 from rlenergy.sdk import trainer
@@ -162,6 +163,31 @@ def test_authorize_node_uid_and_gpus(make_driver: DriverFactory) -> None:
     # a MIG instance of the pod's own GPU is the pod's
     agent.mig_parent["MIG-aaaa"] = drv.uuids[0]
     assert identity.authorize(agent, _caller(POD_A), ["MIG-aaaa"]) == POD_A
+
+
+def test_a_governed_pod_unlisted_by_a_restarted_kubelet_gets_503(
+    make_driver: DriverFactory,
+) -> None:
+    """A listing with no GPU pod (a restarted kubelet before its pods are synced): the pods
+    the agent governs are told to retry (503), any other caller is refused (403)."""
+    drv = make_driver(4)
+    agent = standin_agent(
+        {POD_A: list(drv.uuids[:2]), POD_B: list(drv.uuids[2:])}, PLAN, lambda: drv.virtual_s
+    )
+    agent.phase(POD_A, "generation", 0)  # POD_A governed, its GPUs locked
+    agent.podmap = pods.StaticPodMap({})
+    with pytest.raises(identity.AuthError, match="retry") as info:
+        identity.authorize(agent, _caller(POD_A))
+    assert info.value.status == 503
+    assert all(drv.gpu(u).locked for u in drv.uuids[:2])
+    with pytest.raises(identity.AuthError, match="holds no GPU") as info:
+        identity.authorize(agent, _caller(POD_B))
+    assert info.value.status == 403
+    # the listing names a GPU pod again: an unlisted governed caller is refused as before
+    agent.podmap = pods.StaticPodMap({POD_B: list(drv.uuids[2:])})
+    with pytest.raises(identity.AuthError, match="holds no GPU") as info:
+        identity.authorize(agent, _caller(POD_A))
+    assert info.value.status == 403
 
 
 def test_sdk_rereads_a_rotated_token_and_retries_once_after_401(
