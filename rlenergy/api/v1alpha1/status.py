@@ -75,7 +75,35 @@ class Saving(_Status):
     )
 
 
-class PhaseStatus(_Status):
+class _DefaultBounds(_Status):
+    """Bounds of the predicted default-governor figures, shared by a phase and the totals.
+
+    The controller's evidence +-2 standard errors (``STATUS_Z`` in rlenergy/control/freq/eerl.py).
+    """
+
+    predicted_default_low_joules: float = Field(
+        0.0,
+        ge=0,
+        description="Low bound of predictedDefaultJoules over the same windows, J.",
+    )
+    predicted_default_high_joules: float = Field(
+        0.0,
+        ge=0,
+        description="High bound of predictedDefaultJoules over the same windows, J.",
+    )
+    predicted_default_low_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Low bound of predictedDefaultSeconds over the same windows, s.",
+    )
+    predicted_default_high_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="High bound of predictedDefaultSeconds over the same windows, s.",
+    )
+
+
+class PhaseStatus(_DefaultBounds):
     """One phase: chosen clock, throughput and energy against the predicted default governor."""
 
     name: str = Field(description="Phase name.")
@@ -140,26 +168,6 @@ class PhaseStatus(_Status):
         ge=0,
         description="Predicted default-governor phase time of the compared steps, s.",
     )
-    predicted_default_low_joules: float = Field(
-        0.0,
-        ge=0,
-        description="Low bound of predictedDefaultJoules over the same windows, J.",
-    )
-    predicted_default_high_joules: float = Field(
-        0.0,
-        ge=0,
-        description="High bound of predictedDefaultJoules over the same windows, J.",
-    )
-    predicted_default_low_seconds: float = Field(
-        0.0,
-        ge=0,
-        description="Low bound of predictedDefaultSeconds over the same windows, s.",
-    )
-    predicted_default_high_seconds: float = Field(
-        0.0,
-        ge=0,
-        description="High bound of predictedDefaultSeconds over the same windows, s.",
-    )
     throughput_ratio_low: float | None = Field(
         None,
         description="Lowest throughput ratio the evidence allows (predictedDefaultLowSeconds / "
@@ -189,7 +197,7 @@ class PhaseStatus(_Status):
     )
 
 
-class Totals(_Status):
+class Totals(_DefaultBounds):
     """Job totals over every accounted step (source: the node reports)."""
 
     steps: int = Field(0, ge=0, description="Complete RL steps accounted.")
@@ -222,26 +230,6 @@ class Totals(_Status):
         0.0,
         ge=0,
         description="Predicted default-governor busy time of the compared steps, s.",
-    )
-    predicted_default_low_joules: float = Field(
-        0.0,
-        ge=0,
-        description="Low bound of predictedDefaultJoules over the same windows, J.",
-    )
-    predicted_default_high_joules: float = Field(
-        0.0,
-        ge=0,
-        description="High bound of predictedDefaultJoules over the same windows, J.",
-    )
-    predicted_default_low_seconds: float = Field(
-        0.0,
-        ge=0,
-        description="Low bound of predictedDefaultSeconds over the same windows, s.",
-    )
-    predicted_default_high_seconds: float = Field(
-        0.0,
-        ge=0,
-        description="High bound of predictedDefaultSeconds over the same windows, s.",
     )
     saving_percent: float | None = Field(
         None,
