@@ -17,8 +17,9 @@ phase after 300 s on a busy machine. We test these aspects:
 * the kubelet restarted (SIGTERM, 2 s down, same command line) while the controller's lock is
   held: every 10 ms sample of the trainer's GPUs shows that lock throughout (no reset by the
   restart itself), the agent pod is not restarted, the trainer's accepted signals never pause
-  for more than 10 s, and afterwards, with the locked phase held again, the agent's node
-  report names the lock its GPUs hold;
+  for more than 10 s, and afterwards, with the locked phase held again, the agent's
+  ``/metrics`` name the lock its GPUs hold (the node report is written as steps end, and a
+  held phase ends none);
 * the agent DaemonSet rolled (``kubectl rollout restart``: a template annotation) while two
   trainer pods signal: neither pod's accepted signals pause for more than 10 s, no GPU outside
   the two pods is ever locked, and after both pods are deleted every GPU is back at the
@@ -39,6 +40,7 @@ import dataclasses
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e_support import get_json, wait_until
-from rlenergy_agent.kube import report_name
+from prometheus_client.parser import text_string_to_metric_families
 from rlenergy_dev import deviceplugin, podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
 from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
@@ -157,6 +159,8 @@ class Day:
     labels: dict[str, str]
     policy: str
     figures: dict[str, Any]
+    metrics_port: int
+    """The agent's ops port (``/metrics``) on the node's 127.0.0.1 (hostNetwork)."""
 
 
 @contextlib.contextmanager
@@ -237,7 +241,7 @@ def day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day]:
             yield Day(
                 c, node, driver, plugin, work, Path(values["agent"]["socketDir"]),
                 dict(policy["spec"]["selector"]["matchLabels"]), policy["metadata"]["name"],
-                figures,
+                figures, int(values["agent"]["metricsPort"]),
             )  # fmt: skip
             c.kubectl("delete", "rlep", policy["metadata"]["name"], "-n", NS, "--timeout=90s",
                       timeout=120)  # fmt: skip
@@ -366,6 +370,41 @@ class LockSampler:
         self._thread.join()
 
 
+def _gone(d: Day, t: Trainer) -> None:
+    """``t``'s pod deleted (if still there) and its GPUs unlocked, as far as 60 s allow."""
+    d.cluster.kubectl(
+        "delete", "pod", t.name, "-n", NS, "--ignore-not-found", "--timeout=60s", check=False
+    )
+    deadline = time.monotonic() + 60
+    while set(_locks(d.driver, t.gpus).values()) != {None} and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _agent_locks(d: Day, gpus: tuple[str, ...]) -> dict[str, int | None]:
+    """The SM clock lock the agent holds on each of ``gpus``, as its ``/metrics`` says, MHz.
+
+    ``rlenergy_agent_gpu_clock_locked`` 1 and the plan's requested
+    ``rlenergy_agent_gpu_sm_clock_hertz``; None where it holds no lock.
+    """
+    url = f"http://127.0.0.1:{d.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the node's loopback
+        text = resp.read().decode()
+    held: dict[str, bool] = {}
+    requested: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            uuid = sample.labels.get("gpu_uuid")
+            if uuid not in gpus:
+                continue
+            if sample.name == "rlenergy_agent_gpu_clock_locked":
+                held[uuid] = sample.value == 1.0
+            elif sample.name == "rlenergy_agent_gpu_sm_clock_hertz" and (
+                sample.labels.get("kind") == "requested"
+            ):
+                requested[uuid] = round(sample.value / 1e6)
+    return {u: requested.get(u) if held.get(u) else None for u in gpus}
+
+
 def _locked_phase(d: Day) -> tuple[str, int]:
     """A phase the controller has settled on a clock (``state: locked``): (name, clock MHz)."""
 
@@ -428,6 +467,7 @@ def test_kubelet_restart_keeps_the_lock_and_the_signals(day: Day) -> None:
         cleanup.callback(d.driver.start)
         cleanup.callback(feed.stop)
         t = _start_trainer(d, "steady", "steady", _signaller(LOCK_PHASE_S, LOCK_REPORT_S))
+        cleanup.callback(_gone, d, t)  # a failure here must not leave a lock to the next case
         holder.append(t.gpus)
         t_signal = time.monotonic()
         phase, _ = _locked_phase(d)
@@ -461,23 +501,19 @@ def test_kubelet_restart_keeps_the_lock_and_the_signals(day: Day) -> None:
         assert gap <= SIGNAL_GAP_BOUND_S, (gap, refused[:10])
         assert t.accepted_since(t_restart + KUBELET_DOWN_S) > 0
 
-        # The agent pod kept running, and its report names the lock the GPUs hold.
+        # The agent pod kept running, and its live view (/metrics) names the lock the GPUs
+        # hold. Not the node report: it is written when a step ends, and a held phase ends none.
         agent = _agent(d.cluster)
         assert agent["metadata"]["uid"] == agent_uid
         assert all(s.get("restartCount", 0) == 0 for s in agent["status"]["containerStatuses"])
-        name = report_name(d.policy, d.node.name)
 
-        def reported() -> dict[str, Any]:
-            gpus = get_json(d.cluster, "rlenergynodereports", name, "-n", NS)["spec"]["gpus"]
-            return {g["uuid"]: g.get("lockedClockMHz") for g in gpus if g["uuid"] in t.gpus}
-
-        # The report is read while the lock cannot move: the locked phase held again (a phase
-        # held at random may be a probe's, whose slices switch clocks all along).
+        # Read while the lock cannot move: the locked phase held again (a phase held at random
+        # may be a probe's, whose slices switch clocks all along).
         fig["lock_after_restart_mhz"] = _hold_a_steady_lock(d, t, feed, phase)
         try:
             wait_until(
-                lambda: reported() == _locks(d.driver, t.gpus),
-                timeout=30, interval=0.5, what="the node report naming the GPUs' lock",
+                lambda: _agent_locks(d, t.gpus) == _locks(d.driver, t.gpus),
+                timeout=30, interval=0.5, what="the agent's /metrics naming the GPUs' lock",
             )  # fmt: skip
         finally:
             t.hold(False)
