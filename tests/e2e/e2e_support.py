@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from rlenergy_dev.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 NODES = 3
@@ -35,3 +35,17 @@ def wait_until(
 
 def get_json(cluster: DevCluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def real_node_cluster(who: str, **start: Any) -> DevCluster:
+    """A started dev cluster with its real node and no KWOK node (``start``: more arguments of
+    ``DevCluster.start``, e.g. ``registry=True``); the caller enters it (``with``) to stop it.
+
+    Missing node binaries fail the test, naming ``who`` and ``make bins``'s error.
+    """
+    c = DevCluster(startup_timeout=180)
+    try:
+        c.start(nodes=0, real_node=True, **start)
+    except MissingBinaryError as exc:
+        pytest.fail(f"{who} needs the node binaries: {exc}", pytrace=False)
+    return c

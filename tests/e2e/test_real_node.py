@@ -51,11 +51,11 @@ from typing import Any
 import pytest
 import rlenergy_dev
 import yaml
-from e2e_support import get_json, wait_until
+from e2e_support import get_json, real_node_cluster, wait_until
 from rlenergy_agent.actuator import snap_clock_mhz
 from rlenergy_agent.kube import report_name
 from rlenergy_dev import deviceplugin, fullstack, podtrainer, standin
-from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
+from rlenergy_dev.devcluster import DevCluster
 from rlenergy_dev.devcluster.cluster import free_port
 from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
 
@@ -87,12 +87,7 @@ pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[DevCluster]:
-    c = DevCluster(startup_timeout=180)
-    try:
-        c.start(nodes=0, real_node=True, registry=True)
-    except MissingBinaryError as exc:
-        pytest.fail(f"the real-node e2e test needs the node binaries: {exc}", pytrace=False)
-    with c:
+    with real_node_cluster("the real-node e2e test", registry=True) as c:
         yield c
 
 

@@ -47,10 +47,10 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import get_json, wait_until
+from e2e_support import get_json, real_node_cluster, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from rlenergy_dev import deviceplugin, podtrainer, standin
-from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
+from rlenergy_dev.devcluster import DevCluster
 from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
 from test_real_node import (
     CHART,
@@ -199,11 +199,7 @@ def _agent(c: DevCluster) -> dict[str, Any]:
 def day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day]:
     """The real node, the chart installed with the real images, the policy, the agent Ready."""
     t_start = time.monotonic()
-    c = DevCluster(startup_timeout=180)
-    try:
-        c.start(nodes=0, real_node=True)
-    except MissingBinaryError as exc:
-        pytest.fail(f"the real-node e2e tests need the node binaries: {exc}", pytrace=False)
+    c = real_node_cluster("the day-two real-node e2e test")
     figures: dict[str, Any] = {"cluster_start_s": c.timings}
     with c:
         assert c.real_node is not None

@@ -44,9 +44,9 @@ from typing import Any
 
 import pytest
 import rlenergy_dev
-from e2e_support import get_json, wait_until
+from e2e_support import get_json, real_node_cluster, wait_until
 from rlenergy_dev import deviceplugin, standin
-from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
+from rlenergy_dev.devcluster import DevCluster
 from rlenergy_dev.devcluster.cluster import free_port
 from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
 from runbook_support import runbook, shape
@@ -73,12 +73,7 @@ pytestmark = [pytest.mark.realnode, pytest.mark.timeout(1500)]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[DevCluster]:
-    c = DevCluster(startup_timeout=180)
-    try:
-        c.start(nodes=0, real_node=True)
-    except MissingBinaryError as exc:
-        pytest.fail(f"the runbook e2e test needs the node binaries: {exc}", pytrace=False)
-    with c:
+    with real_node_cluster("the runbook e2e test") as c:
         yield c
 
 
