@@ -78,7 +78,10 @@ def ensure_daemonset(body: dict[str, Any]) -> str:
     before and ``body`` leaves out is removed, a field only another manager owns (a label
     someone added) stays. A DaemonSet the operator wrote before it applied server-side first
     has its legacy field manager's fields moved to the apply's (``upgrade_managed_fields``).
-    One GET before the apply tells created, updated and unchanged apart.
+    One GET before the apply tells created, updated and unchanged apart: unchanged when the
+    object's content (``builders.apply_body``: metadata labels and annotations, ``spec``) is
+    the same before and after. Not the ``resourceVersion``: the DaemonSet controller's status
+    writes move it between the GET and the apply.
     """
     apps = kubernetes.client.AppsV1Api(_api())
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -93,8 +96,8 @@ def ensure_daemonset(body: dict[str, Any]) -> str:
     )
     if before is None:
         return "created"
-    after = str(_api().sanitize_for_serialization(applied)["metadata"].get("resourceVersion"))
-    return "unchanged" if after == before else "updated"
+    after = builders.apply_body(_api().sanitize_for_serialization(applied))
+    return "unchanged" if after == builders.apply_body(before) else "updated"
 
 
 UPGRADE_ATTEMPTS = 5
@@ -102,8 +105,8 @@ UPGRADE_ATTEMPTS = 5
 DaemonSet controller writes ``status`` right after a create) before the error propagates."""
 
 
-def _read_and_upgrade(namespace: str, name: str) -> str | None:
-    """The live DaemonSet's ``resourceVersion`` as read ('' if unset); its fields upgraded.
+def _read_and_upgrade(namespace: str, name: str) -> dict[str, Any] | None:
+    """The live DaemonSet as read (a plain dict); its managed fields upgraded.
 
     None when the DaemonSet does not exist. An upgrade refused because the object changed since
     the read (422, the JSON patch's ``test`` failed; 409) reads again, up to
@@ -114,14 +117,14 @@ def _read_and_upgrade(namespace: str, name: str) -> str | None:
         current = _unless_missing(apps.read_namespaced_daemon_set, name, namespace)
         if current is None:
             return None
-        live = _api().sanitize_for_serialization(current)
+        live: dict[str, Any] = _api().sanitize_for_serialization(current)
         try:
             upgrade_managed_fields(live)
         except k8s_errors.ApiException as exc:
             if exc.status not in (409, 422) or attempt == UPGRADE_ATTEMPTS - 1:
                 raise
             continue
-        return str(live["metadata"].get("resourceVersion") or "")
+        return live
     raise AssertionError("unreachable")  # pragma: no cover
 
 

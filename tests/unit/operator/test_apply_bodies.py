@@ -8,7 +8,9 @@ We test these aspects:
   manager, force) and tells created, updated and unchanged apart;
 * the fields the operator's pre-apply writes own (the Python client's default manager, an
   Update) move into its Apply entry, other managers' entries untouched, and the upgrade
-  patch tests the resourceVersion it read.
+  patch tests the resourceVersion it read;
+* unchanged means the same content: a status write between the read and the apply (it moves
+  the resourceVersion) is still unchanged, a changed label is updated.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def test_a_daemonset_written_before_apply_is_upgraded_first(apps: _Apps):
         **ds,
         "metadata": {**ds["metadata"], "resourceVersion": "4", "managedFields": [LEGACY]},
     }
-    assert kube.ensure_daemonset(ds) == "updated"
+    assert kube.ensure_daemonset(ds) == "unchanged"  # only the managed fields moved
     (ops, kw), (body, apply_kw) = apps.patches
     assert kw == {"_content_type": "application/json-patch+json"}
     assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "4"}
@@ -197,7 +199,7 @@ def test_an_upgrade_that_loses_the_race_reads_again(apps: _Apps, monkeypatch: py
         return patch(name, ns, body, **kw)
 
     monkeypatch.setattr(apps, "patch_namespaced_daemon_set", racing)
-    assert kube.ensure_daemonset(ds) == "updated"
+    assert kube.ensure_daemonset(ds) == "unchanged"
     (ops, _), _apply = apps.patches
     assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "6"}
     refusals["left"] = kube.UPGRADE_ATTEMPTS  # never wins: the refusal propagates
@@ -205,3 +207,31 @@ def test_an_upgrade_that_loses_the_race_reads_again(apps: _Apps, monkeypatch: py
     with pytest.raises(kube.ApiError) as refused:
         kube.ensure_daemonset(ds)
     assert refused.value.status == 422
+
+
+def test_a_status_write_between_read_and_apply_is_still_unchanged(
+    apps: _Apps, monkeypatch: pytest.MonkeyPatch
+):
+    """The DaemonSet controller writes status after our GET: same content, unchanged."""
+    ds = builders.agent_daemonset(_cfg())
+    assert kube.ensure_daemonset(ds) == "created"
+    read = apps.read_namespaced_daemon_set
+
+    def read_then_status_write(name: str, ns: str) -> dict[str, Any]:
+        seen = read(name, ns)
+        assert apps.live is not None
+        rv = str(int(apps.live["metadata"]["resourceVersion"]) + 1)
+        apps.live = {
+            **apps.live,
+            "metadata": {**apps.live["metadata"], "resourceVersion": rv},
+            "status": {"numberReady": 1},
+        }
+        return seen
+
+    monkeypatch.setattr(apps, "read_namespaced_daemon_set", read_then_status_write)
+    assert kube.ensure_daemonset(ds) == "unchanged"
+    labelled = {
+        **ds,
+        "metadata": {**ds["metadata"], "labels": {**ds["metadata"]["labels"], "x": "y"}},
+    }
+    assert kube.ensure_daemonset(labelled) == "updated"
