@@ -68,6 +68,8 @@ PAUSE_IMAGE = "rlenergy.local/pause:1"
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 """Fixed by the kubelet (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 DevicePluginPath)."""
 LOCK_FILE = Path("/run/rlenergy-realnode.lock")
+LOCK_WAIT_ENV = "RLENERGY_REALNODE_LOCK_WAIT_S"
+"""Seconds ``acquire`` waits for another holder of ``LOCK_FILE`` (default 0: fail at once)."""
 CNI_BIN_DIR = Path("/usr/lib/cni")
 """Debian's containernetworking-plugins put the CNI plugins here."""
 LABELS = {
@@ -551,20 +553,31 @@ class RealNode:
     def acquire(self) -> None:
         """Take the machine-wide real-node lock.
 
+        Waits up to ``RLENERGY_REALNODE_LOCK_WAIT_S`` seconds (environment; default 0) for a
+        holder to finish, so runs that share a machine can queue.
+
         Raises:
-            DevClusterError: Another live process holds it.
+            DevClusterError: Another live process still holds it.
         """
+        wait_s = float(os.environ.get(LOCK_WAIT_ENV) or 0)
+        deadline = time.monotonic() + wait_s
         fh = open(LOCK_FILE, "a+")  # noqa: SIM115 - held until release()
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(2.0)
+                    continue
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
             fh.close()
             raise DevClusterError(
                 f"another real node runs on this machine (lock {LOCK_FILE} held by {holder}); "
                 "the kubelet's device-plugin folder is machine-wide, so only one can. Stop it "
-                "with `python -m rlenergy_dev.devcluster down` (or end that test run) and retry."
+                "with `python -m rlenergy_dev.devcluster down` (or end that test run) and retry, "
+                f"or set {LOCK_WAIT_ENV} to the seconds to wait for it."
             ) from None
         fh.seek(0)
         fh.truncate()
@@ -793,6 +806,10 @@ class RealNode:
         for leftover in ("kubelet.sock", "kubelet_internal_checkpoint"):
             with contextlib.suppress(OSError):
                 (DEVICE_PLUGIN_DIR / leftover).unlink()
+        self.release()
+
+    def release(self) -> None:
+        """Let go of the machine-wide real-node lock (``acquire``); nothing when not held."""
         if self._lock is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._lock, fcntl.LOCK_UN)

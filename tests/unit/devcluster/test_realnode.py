@@ -4,6 +4,7 @@ The node itself runs in tests/e2e/test_real_node.py; these check what is written
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tomllib
@@ -226,3 +227,27 @@ def test_restart_kubelet_runs_the_same_command_line_again(tmp_path: Path) -> Non
         assert (tmp_path / "kubelet.log").read_text().count("$ sleep 60") == 2
     finally:
         process.terminate(node.processes, popens, grace=1.0)
+
+
+def test_the_machine_lock_fails_at_once_or_waits_for_its_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+    import threading
+
+    monkeypatch.setattr(realnode, "LOCK_FILE", tmp_path / "realnode.lock")
+    holder = open(realnode.LOCK_FILE, "a+")  # noqa: SIM115 - released below
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    holder.write("pid 1 workdir /elsewhere\n")
+    holder.flush()
+    node, _ = _node_with_spawn(tmp_path)
+    monkeypatch.delenv(realnode.LOCK_WAIT_ENV, raising=False)
+    with pytest.raises(
+        DevClusterError, match=f"held by pid 1 workdir /elsewhere.*{realnode.LOCK_WAIT_ENV}"
+    ):
+        node.acquire()
+    monkeypatch.setenv(realnode.LOCK_WAIT_ENV, "30")
+    threading.Timer(0.5, lambda: (fcntl.flock(holder, fcntl.LOCK_UN), holder.close())).start()
+    node.acquire()  # the holder lets go while it waits
+    assert realnode.LOCK_FILE.read_text().startswith(f"pid {os.getpid()} ")
+    node.release()
