@@ -65,6 +65,7 @@ def rediscover(
         level = logging.ERROR if found.reason == "Conflict" else logging.INFO
         log.log(level, "policy discovery: %s: %s", found.reason, found.message)
     agent.discovery = (found.reason, "" if found.policy is None else str(found.policy))
+    agent.discovery_pending = False  # signals are judged from here on (check_serving)
     # Only the pods the policy selects may signal (Matched); none while no policy governs.
     agent.selected = frozenset(
         (ns, name)
