@@ -599,6 +599,9 @@ RBAC_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("operator", "patch", "/nodes", "", False),
     ("operator", "get", "/secrets", "rel", False),
     ("operator", "delete", "/pods", "a", False),
+    ("operator", "list", "/pods", "a", True),  # the nodes hosting a policy's pods
+    ("operator", "watch", "/pods", "a", False),
+    ("operator", "patch", "/pods", "a", False),
     ("operator", "create", "/serviceaccounts/token", "rel", False),
     ("operator", "create", "authentication.k8s.io/tokenreviews", "", False),
     ("operator", "create", "rbac.authorization.k8s.io/clusterrolebindings", "", False),
@@ -661,6 +664,8 @@ NAMESPACED_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("operator", "create", "/events", "b", True),
     ("operator", "create", "apps/daemonsets", "rel", True),
     ("operator", "list", "/nodes", "", True),  # cluster-wide: nodes are cluster-scoped
+    ("operator", "list", "/pods", "b", True),  # its namespace's pods only
+    ("operator", "list", "/pods", "a", False),
     ("operator", "list", "rlenergy.io/rlenergypolicies", "a", False),
     ("operator", "watch", "rlenergy.io/rlenergypolicies", "", False),
     ("operator", "get", "rlenergy.io/rlenergynodereports", "a", False),
@@ -774,7 +779,8 @@ def test_rbac_matrix_of_the_namespaced_install(
 
 
 # ----- no confused deputy ---------------------------------------------------------------------
-def _pool(name: str, replicas: int) -> dict[str, Any]:
+def _pool(name: str, replicas: int, node: str) -> dict[str, Any]:
+    """A StatefulSet whose pods run on ``node`` (KWOK), the node whose report publishes."""
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
@@ -786,7 +792,10 @@ def _pool(name: str, replicas: int) -> dict[str, Any]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "w", "image": "registry.invalid/w:1"}]},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "w", "image": "registry.invalid/w:1"}],
+                },
             },
         },
     }
@@ -814,7 +823,8 @@ def _scale_policy(name: str, pool: str) -> dict[str, Any]:
 
 
 def _publish(cluster: DevCluster, ns: str, policy: str, step: int, nxt: int) -> None:
-    """The dispatcher's publication in node 0's report (as its agent relays it)."""
+    """The dispatcher's publication in node 0's report (as its agent relays it); the policy's
+    pods run there (the operator reads only the reports of nodes that host them)."""
     node = cluster.nodes[0]
     report = {
         "apiVersion": "rlenergy.io/v1alpha1",
@@ -892,7 +902,8 @@ def test_a_tenant_cannot_get_a_workload_scaled_until_it_opts_in(
     dev_cluster: DevCluster, install: Install, teams: dict[str, str], tenant: str, tmp_path: Path
 ):
     ns, pool, name = teams["a"], "rollout-pool", "tenant-rollout"
-    dev_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(_pool(pool, 4)))
+    pods = _pool(pool, 4, dev_cluster.nodes[0])
+    dev_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pods))
     # the tenant may create the policy, not scale the StatefulSet, nor opt it in
     dev_cluster.kubectl(
         "apply", "-n", ns, f"--as={tenant}", "-f", "-", input=json.dumps(_scale_policy(name, pool))
