@@ -2,7 +2,8 @@
 
 We test these aspects: a pod the serving policy does not select is refused (403), and a stopping
 agent, one that has not yet discovered its policy, or one whose discovery missed a pod it
-governs answers 503 (retry) instead; extreme numbers and far steps are refused; phase names,
+governs answers 503 (retry) instead; another tenant's policy selecting a co-located pod of its
+own leaves the governed job's policy, locks and signals alone; extreme numbers and far steps are refused; phase names,
 metric series and per-pod energy stay bounded; replica holders cannot lock a shared GPU; report
 names are hashed.
 
@@ -470,3 +471,45 @@ def test_a_governed_pod_a_discovery_misses_gets_retry(node: tuple[Any, ...]) -> 
     agent.pod_gone(TEAM_A)
     status, answer = post(sock, "/v1/phase", own, '{"phase": "training", "step": 1}')
     assert status == 403 and "is not selected" in answer["error"], answer
+
+
+class _TwoTenants(_Finder):
+    """team-a's policy selects ``app=rl``; team-b's selects ``app=spoil`` in team-b."""
+
+    def discover(self, gpu_pods: Any) -> selector.Discovery:
+        pods = [selector.PodLabels(ns, n, self.labels.get((ns, n), {})) for ns, n in gpu_pods]
+        return selector.discover(
+            pods,
+            [
+                selector.PolicySelector(
+                    selector.PolicyRef("team-a", "pol"), {"matchLabels": {"app": "rl"}}
+                ),
+                selector.PolicySelector(
+                    selector.PolicyRef("team-b", "spoiler"), {"matchLabels": {"app": "spoil"}}
+                ),
+            ],
+        )
+
+
+def test_another_tenants_policy_does_not_reset_the_governed_job(node: tuple[Any, ...]) -> None:
+    drv, agent, reviews, sock = node
+    labels = {("team-a", "trainer-0"): {"app": "rl"}, ("team-a", "rollout-0"): {"app": "rl"}}
+    first = nodeloop.rediscover(_TwoTenants(labels), agent, None)  # type: ignore[arg-type]
+    assert first is not None and first.reason == "Matched"
+    own = reviews.issue(TEAM_A)
+    assert post(sock, "/v1/phase", own, '{"phase": "generation", "step": 1}')[0] == 200
+    # team-b labels its pod on this node for a policy of its own
+    labels[("team-b", "spoiler-0")] = {"app": "spoil"}
+    found = nodeloop.rediscover(_TwoTenants(labels), agent, first)  # type: ignore[arg-type]
+    assert found is not None and found.reason == "Matched"
+    assert found.policy == selector.PolicyRef("team-a", "pol")
+    assert found.ungoverned == ("team-b/spoiler-0",)
+    assert agent.discovery == ("Matched", "team-a/pol")
+    # team-a's job keeps its lock and goes on signalling; team-b's pod is not governed here
+    assert agent.actuator.controls[drv.uuids[0]].applied_mhz == 1395
+    assert post(sock, "/v1/phase", own, '{"phase": "training", "step": 1}')[0] == 200
+    status, answer = post(sock, "/v1/phase", reviews.issue(TEAM_B), '{"phase":"idle","step":1}')
+    assert status == 403 and "not selected" in answer["error"], answer
+    # a fresh agent (no current policy) still sees the conflict and governs none
+    again = nodeloop.rediscover(_TwoTenants(labels), agent, None)  # type: ignore[arg-type]
+    assert again is not None and again.reason == "Conflict"
