@@ -464,6 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plan is not None:
         agent.set_plan(_plan_file(args.plan))
     stop = threading.Event()
+    agent.discovery_pending = discover  # 503 to every signal until the first discovery
     api, auth, pod_ends = _callers(settings, agent)
     try:
         signals = server.SignalServer(settings.socket_path, agent, auth)
@@ -481,6 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("signal %d: resetting clocks and stopping", signum)
+        agent.stopping = True  # 503 (retry) to signals from here on, not 403
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -40,13 +40,18 @@ def rediscover(
     watch's call (``podlife``: the API's word, or an absence past the listing's
     ``reset_after_s``); once it has reset them, an empty listing leaves the policy. A changed
     outcome is logged: a conflict as an error (the node governs nothing until one selector is
-    narrowed), else at info.
+    narrowed), another policy's pods left ungoverned as a warning, else at info. The policy the
+    node governs keeps its own pods when another policy's pods arrive
+    (``selector.keep_current``): another tenant cannot reset a running job's locks by
+    selecting a co-located pod of its own.
     """
     try:
         found = finder.discover((p.namespace, p.name) for p in agent.podmap.pods())
     except Exception as exc:  # noqa: BLE001 - keep the current policy on API errors
         log.warning("policy discovery failed, keeping the current policy: %s", exc)
         return None
+    current = last.policy if last is not None and last.reason == "Matched" else None
+    found = selector.keep_current(found, current)  # another tenant's pods arrived
     if found.reason == "NoGpuPods" and last is not None and last.reason == "Matched":
         governed = agent.governed_pods()
         if governed:
@@ -62,9 +67,16 @@ def rediscover(
         last.policy,
         last.message,
     ):
-        level = logging.ERROR if found.reason == "Conflict" else logging.INFO
+        level = (
+            logging.ERROR
+            if found.reason == "Conflict"
+            else logging.WARNING
+            if found.ungoverned
+            else logging.INFO
+        )
         log.log(level, "policy discovery: %s: %s", found.reason, found.message)
     agent.discovery = (found.reason, "" if found.policy is None else str(found.policy))
+    agent.discovery_pending = False  # signals are judged from here on (check_serving)
     # Only the pods the policy selects may signal (Matched); none while no policy governs.
     agent.selected = frozenset(
         (ns, name)

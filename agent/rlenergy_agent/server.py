@@ -8,7 +8,9 @@
   cached) and ``identity.authorize`` decides, in one place, that the pod is on this node and
   names only its own GPUs; the agent then requires the pod to be one the serving policy selects
   (``state.AgentState.check_selected``). No token or a bad one: 401; another node's pod,
-  another pod's GPUs or a pod the policy does not select: 403.
+  another pod's GPUs or a pod the policy does not select: 403. While the agent stops or has
+  not yet discovered its policy, and for a pod it governs that discovery dropped for a moment:
+  503 (retry), never a 403 that a trainer takes as final.
 * The same signals over TLS on a TCP port of the node's IP (``TlsSignalServer``): trainer
   pods reach it at their ``status.hostIP`` and need no hostPath (Pod Security
   ``restricted``); the serving certificate is the node's (``tlsserve``), signed by the CA the
@@ -208,6 +210,11 @@ class _Handler(endpoint.BoundedHandler):
         # Read (at most MAX_BODY_BYTES) before the token check, so a refused caller's connection
         # stays framed and its client can retry on it.
         raw = self.rfile.read(length) or b"{}"
+        try:
+            self.agent.check_serving()  # stopping, or no policy discovered yet: 503
+        except service.SignalRefused as exc:
+            self._refuse(exc.status, str(exc))
+            return
         try:
             caller = self.auth.authenticate(self.headers.get("Authorization"))
         except identity.AuthError as exc:

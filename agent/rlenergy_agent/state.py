@@ -19,7 +19,7 @@ from rlenergy.api import node as api_node
 from rlenergy.api import phases as api_phases
 from rlenergy.gpu import errors as gpu_errors
 from rlenergy_agent import actuator as act
-from rlenergy_agent import crosscheck, energy, histogram, shares, stalls
+from rlenergy_agent import crosscheck, energy, histogram, pods, shares, stalls
 from rlenergy_agent.pods import PodMap, PodRef
 
 log = logging.getLogger("rlenergy_agent.service")
@@ -270,12 +270,22 @@ class AgentState:
     newest_step: int
     selected: frozenset[tuple[str, str]] | None
     discovery_due: bool
+    stopping: bool = False
+    """SIGTERM arrived: the agent resets its clocks and exits; every signal gets 503 (retry:
+    the next agent on the node serves the same socket), never a 403 a trainer takes as final."""
+    discovery_pending: bool = False
+    """The agent discovers its policy (no policy in the settings) and no discovery has
+    succeeded yet: every signal gets 503 until one has (``nodeloop.rediscover``)."""
     _wake: threading.Event
     _stop: threading.Event
     _prober: threading.Thread | None
 
     def gpus_of(self, pod: PodRef) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(physical GPUs, devices) of ``pod`` (``service.Agent.gpus_of``)."""
+        raise NotImplementedError
+
+    def governed_pods(self) -> set[PodRef]:
+        """Pods this agent acts for (``podends.PodEnds.governed_pods``)."""
         raise NotImplementedError
 
     def signal_gpus(
@@ -359,6 +369,25 @@ class AgentState:
             400,
         )
 
+    def check_serving(self) -> None:
+        """Refuse every signal, retryably, while the agent cannot judge one.
+
+        Raises:
+            SignalRefused: 503 while the agent stops (``stopping``) or before its first policy
+                discovery (``discovery_pending``).
+        """
+        if self.stopping:
+            raise SignalRefused(
+                "the node agent is stopping (a restart or a DaemonSet roll) and resets its "
+                "clocks: retry; the next agent on this node serves the same socket",
+                503,
+            )
+        if self.discovery_pending:
+            raise SignalRefused(
+                "the node agent has not yet discovered the policy governing this node: retry",
+                503,
+            )
+
     def check_selected(self, pod: PodRef) -> None:
         """Refuse a pod the policy this agent serves does not select.
 
@@ -368,13 +397,23 @@ class AgentState:
         asks the node loop to discover again at its next pass (a pod that just started).
 
         Raises:
-            SignalRefused: 403, naming the pod and the policy.
+            SignalRefused: 503 as ``check_serving``, or for a pod the agent governs (its
+                windows, locks or parks are held: discovery dropped it for a moment, e.g. an
+                empty kubelet listing, and a lasting change resets it first,
+                ``nodeloop.leave_policy``); 403 for any other pod, naming it and the policy.
         """
+        self.check_serving()
         selected = self.selected
         if selected is None or (pod.namespace, pod.name) in selected:
             return
-        self.refused += 1
         self.discovery_due = True
+        if any(pods.same_pod(p, pod) for p in self.governed_pods()):
+            raise SignalRefused(
+                f"pod {pod} is governed here, but the newest policy discovery does not select "
+                "it: retry",
+                503,
+            )
+        self.refused += 1
         serving = self.policy_name or "none"
         raise SignalRefused(
             f"pod {pod} is not selected by the policy this node serves ({serving}): only the "

@@ -245,11 +245,13 @@ class FullStack:
     def start_agents(self, *, timeout_s: float = 60.0) -> None:
         """Start one agent per node on the stand-in NVML; returns once each is listening."""
         kubectl = trainers.kubectl_for(self.kubeconfig)
+        labels = self.selector_labels()
         for a in self.agents:
             if a.pod is None:  # a restarted agent keeps its trainer pod
                 a.pod = trainers.create_trainer(
-                    kubectl, self.namespace, f"trainer-{a.node}", a.node, self.workdir / "tokens"
-                )
+                    kubectl, self.namespace, f"trainer-{a.node}", a.node, self.workdir / "tokens",
+                    labels=labels,
+                )  # fmt: skip
             env = {
                 **rlenergy_dev.source_env(os.environ),
                 **a.driver.env(self.lib_dir),
@@ -345,6 +347,25 @@ class FullStack:
         self.close()
 
     # ----- plan synchronisation -------------------------------------------------------------
+    def selector_labels(self) -> dict[str, str]:
+        """The policy's ``spec.selector.matchLabels`` ({} while it does not exist).
+
+        The trainer pods carry them, as a job's pods do, so the operator reads their nodes'
+        reports (it ignores the reports of nodes that host none of the policy's pods).
+        """
+        if self._api is None:
+            self._api = kube.load_api(str(self.kubeconfig))
+        try:
+            obj = self._api.get_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.POLICY_PLURAL, self.policy
+            )
+        except kube.ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        selector = (obj.get("spec") or {}).get("selector") or {}
+        return {str(k): str(v) for k, v in (selector.get("matchLabels") or {}).items()}
+
     def policy_status(self) -> dict[str, Any]:
         """The policy's ``status`` (empty when the policy is missing)."""
         if self._api is None:

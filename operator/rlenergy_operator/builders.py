@@ -106,6 +106,34 @@ def _tls_ports(cfg: settings.OperatorConfig) -> list[dict[str, Any]]:
     ]
 
 
+def _agent_security_context(cfg: settings.OperatorConfig) -> dict[str, Any]:
+    """The agent container's securityContext.
+
+    ``CAP_SYS_ADMIN`` alone (NVML's clock writes), the runtime's default seccomp profile, and
+    ``cfg.agent_apparmor_profile`` when set.
+    ``RuntimeDefault`` seccomp (containerd's and CRI-O's default profile) still refuses, among
+    others, ``keyctl``, ``add_key``, ``kexec_load`` and module loading; with ``CAP_SYS_ADMIN``
+    it allows ``mount``, ``unshare``, ``setns`` and ``bpf``, which only a node-local profile
+    (``Localhost``) could refuse.
+    """
+    ctx: dict[str, Any] = {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    profile = cfg.agent_apparmor_profile
+    if profile.startswith("localhost/"):
+        ctx["appArmorProfile"] = {
+            "type": "Localhost",
+            "localhostProfile": profile.removeprefix("localhost/"),
+        }
+    elif profile:
+        ctx["appArmorProfile"] = {"type": profile}
+    return ctx
+
+
 def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
     """The cluster's single node-agent DaemonSet (one writer per GPU).
 
@@ -165,12 +193,7 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             "requests": {"cpu": cfg.agent_cpu_request, "memory": cfg.agent_memory_request},
             "limits": {"memory": cfg.agent_memory_limit},
         },
-        "securityContext": {
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
-        },
+        "securityContext": _agent_security_context(cfg),
         "volumeMounts": [
             {
                 "name": "pod-resources",

@@ -36,6 +36,7 @@ import kopf
 
 from rlenergy import errors
 from rlenergy.api import node as api_node
+from rlenergy.api import selector as api_selector
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy.api.v1alpha1 import policy as api_policy
 from rlenergy.api.v1alpha1 import status as api_status
@@ -49,6 +50,7 @@ from rlenergy_operator import (
     liveness,
     loopstatus,
     metrics,
+    podnodes,
     rollout,
     scheduling,
 )
@@ -105,6 +107,8 @@ class PolicyMemo:
         agents_checked: whether ``policy_agents_check`` has run for this policy.
         agents_unschedulable: its last finding that no agent can schedule.
         agents_missing: its last finding of GPU nodes without an agent.
+        pod_nodes: the nodes hosting its pods, whose reports the loop reads (``podnodes``).
+        ignored_nodes: nodes whose reports the last pass ignored (none of its pods there).
     """
 
     loop: jobloop.JobLoop | None = None
@@ -114,6 +118,8 @@ class PolicyMemo:
     agents_checked: bool = False
     agents_unschedulable: builders.Finding | None = None
     agents_missing: builders.Finding | None = None
+    pod_nodes: podnodes.PodNodes | None = None
+    ignored_nodes: frozenset[str] = frozenset()
 
 
 def _shared(memo: kopf.Memo) -> OperatorMemo:
@@ -341,9 +347,10 @@ def _fold(
     after = -1 if loop is None else loop.account.through_step  # records after the checkpoint
     got = None if indexed is None else indexed.get(key, ())
     try:
-        reports = pm.reports.refresh(*key, after, logger, got)
+        fresh = pm.reports.refresh(*key, after, logger, got)
+        reports = _from_pod_nodes(pm, parsed, key[0], fresh, logger)
     except kube.ApiError as exc:
-        raise _temporary("listing node reports", exc) from exc
+        raise _temporary("listing node reports or the policy's pods", exc) from exc
     if loop is None:
         loop = pm.loop = jobloop.JobLoop.restore(parsed, generation, current, reports)
         logger.info(
@@ -358,6 +365,38 @@ def _fold(
     folded = loop.advance(reports)
     _shared(memo).checkpoints[key] = loop.account.through_step
     return loop, reports, folded
+
+
+def _from_pod_nodes(
+    pm: PolicyMemo, parsed: api_policy.RLEnergyPolicySpec, namespace: str,
+    reports: list[api_node.NodeReport], logger: kopf.Logger,
+) -> list[api_node.NodeReport]:  # fmt: skip
+    """The reports of the nodes that host the policy's pods (``podnodes``).
+
+    The other reports' nodes go to ``pm.ignored_nodes``; those the pass before did not ignore
+    are logged once. A malformed selector reads no report (``policy_reconcile`` reports it).
+
+    Raises:
+        kube.ApiError: the pods could not be listed.
+    """
+    if parsed.selector is None:
+        return reports
+    if pm.pod_nodes is None:
+        pm.pod_nodes = podnodes.PodNodes(kube.pods, time.monotonic)
+    try:
+        nodes = pm.pod_nodes.nodes(namespace, parsed.selector, (r.node_name for r in reports))
+    except api_selector.InvalidSelectorError:
+        return []
+    kept, ignored = podnodes.from_hosting_nodes(reports, nodes)
+    new = sorted(set(ignored) - pm.ignored_nodes)
+    pm.ignored_nodes = frozenset(ignored)
+    if new:
+        logger.warning(
+            "ignoring the node reports of %s: no pod of this policy runs there (the agent "
+            "of a node reports only for the policy of its own pods)",
+            ", ".join(new),
+        )
+    return kept
 
 
 def _delivered(memo: kopf.Memo, key: tuple[str, str], version: str) -> None:

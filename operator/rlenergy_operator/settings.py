@@ -97,6 +97,13 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     ca_secret: str = pydantic.Field("rlenergy-ca", min_length=1)
     """Secret in ``namespace`` holding the operator's CA (``tls.crt``, ``tls.key``; created
     when missing). Default rlenergy-ca."""
+    agent_apparmor_profile: str = pydantic.Field(
+        "", pattern=r"^(|RuntimeDefault|Unconfined|localhost/[A-Za-z0-9._/-]+)$"
+    )
+    """AppArmor profile of the agent container (``securityContext.appArmorProfile``):
+    ``RuntimeDefault``, ``Unconfined`` or ``localhost/<profile loaded on the node>``; empty:
+    the field is left out and the runtime decides (containerd applies its default profile on
+    hosts with AppArmor, none elsewhere). Default empty."""
     agent_host_network: bool = False
     """Run the agent pods in the node's network namespace (``hostNetwork``): for nodes without
     a pod network, like the dev cluster's real node (docs/dev-cluster.md). Default false."""

@@ -7,7 +7,8 @@ pods' namespaces whose ``spec.selector`` matches the pod's labels -> that policy
 ``matchExpressions`` ANDed; ``In``, ``NotIn``, ``Exists``, ``DoesNotExist``; ``NotIn`` and
 ``DoesNotExist`` match a pod without the key; a missing selector matches nothing, an empty one
 everything). ``discover`` never guesses: two policies for one node is a conflict, and the agent
-then governs nothing.
+then governs nothing, unless it already governed one of them and that one's pods are its own
+alone (``keep_current``): it keeps them, and the newcomer's pods stay ungoverned on the node.
 
 Callers: ``rlenergy_agent.__main__`` (discovery at every plan poll).
 """
@@ -95,12 +96,17 @@ class Discovery:
         message: one line for the log and the operator (names pods and policies).
         pods: ``ns/name`` of the GPU pods the policy governs (Matched), or of the pods involved
             in the conflict.
+        owners: ``ns/name`` of each selected GPU pod -> the policies selecting it, sorted.
+        ungoverned: pods of other policies on the node that the governing policy leaves alone
+            (``keep_current``).
     """
 
     policy: PolicyRef | None
     reason: DiscoveryReason
     message: str
     pods: tuple[str, ...] = ()
+    owners: Mapping[str, tuple[PolicyRef, ...]] = dataclasses.field(default_factory=dict)
+    ungoverned: tuple[str, ...] = ()
 
 
 def discover(pods: Iterable[PodLabels], policies: Iterable[PolicySelector]) -> Discovery:
@@ -137,6 +143,7 @@ def discover(pods: Iterable[PodLabels], policies: Iterable[PolicySelector]) -> D
     if not chosen:
         names = ", ".join(f"{p.namespace}/{p.name}" for p in gpu_pods)
         return Discovery(None, "NoMatch", f"no RLEnergyPolicy selects the GPU pods {names}{note}")
+    owners = {pod: tuple(refs) for pod, refs in chosen.items()}
     multi = {pod: refs for pod, refs in chosen.items() if len(refs) > 1}
     if multi:
         first, refs = next(iter(sorted(multi.items())))
@@ -147,6 +154,7 @@ def discover(pods: Iterable[PodLabels], policies: Iterable[PolicySelector]) -> D
             + ", ".join(str(r) for r in refs)
             + "): governing none on this node until one selector is narrowed",
             tuple(sorted(multi)),
+            owners,
         )
     distinct = sorted({refs[0] for refs in chosen.values()})
     if len(distinct) > 1:
@@ -157,7 +165,45 @@ def discover(pods: Iterable[PodLabels], policies: Iterable[PolicySelector]) -> D
             f"GPU pods of this node belong to {len(distinct)} policies ({parts}): one agent "
             "drives one plan per node, governing none",
             tuple(sorted(chosen)),
+            owners,
         )
     (ref,) = distinct
     governed = tuple(sorted(chosen))
-    return Discovery(ref, "Matched", f"{ref} selects {', '.join(governed)}{note}", governed)
+    return Discovery(ref, "Matched", f"{ref} selects {', '.join(governed)}{note}", governed, owners)
+
+
+def keep_current(found: Discovery, current: PolicyRef | None) -> Discovery:
+    """The policy governing the node keeps its pods when another policy's pods arrive.
+
+    A Conflict between policies that select different pods (a policy selects only pods of its
+    own namespace, so every other tenant's policy is such a one) leaves ``current`` governing
+    the pods only it selects; the other policies' pods on the node stay ungoverned here
+    (``ungoverned``, named in the message) until ``current`` has no pod left on the node. Before,
+    a policy selecting one co-located pod of another namespace made the node govern none and
+    reset the running job's locks. A pod that ``current`` shares with another policy keeps the
+    Conflict (both would drive its GPUs). Without a current policy (the agent just started, or
+    the node governed none) the Conflict stands too: nothing says which job came first.
+
+    Args:
+        found: ``discover``'s outcome now.
+        current: the policy the node governed until now (``None``: none).
+
+    Returns:
+        ``found``, or a Matched outcome for ``current`` over its own pods.
+    """
+    if found.reason != "Conflict" or current is None:
+        return found
+    mine = tuple(sorted(p for p, refs in found.owners.items() if current in refs))
+    if not mine or any(found.owners[p] != (current,) for p in mine):
+        return found
+    others = tuple(sorted(p for p in found.owners if p not in mine))
+    parts = ", ".join(f"{p} -> {found.owners[p][0]}" for p in others)
+    return Discovery(
+        current,
+        "Matched",
+        f"{current} keeps governing {', '.join(mine)}; the GPU pods of other policies on this "
+        f"node stay ungoverned here ({parts}): one agent drives one plan per node",
+        mine,
+        found.owners,
+        others,
+    )

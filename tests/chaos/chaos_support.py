@@ -154,10 +154,12 @@ class Agent:
         self.driver = standin.StandinDriver(
             self.work / "state", [(u, models.get_sku("h100-sxm")) for u in self.uuids]
         )
-        # the trainer rank: a real pod object on the node and a token bound to it
+        # the trainer rank: a real pod object on the node, labelled for the policy (the
+        # operator reads only the reports of nodes hosting its pods), and a token bound to it
         self.pod = trainers.create_trainer(
-            stack.cluster.kubectl, stack.namespace, f"trainer-{node}", node, self.work
-        )
+            stack.cluster.kubectl, stack.namespace, f"trainer-{node}", node, self.work,
+            labels={"app": stack.policy},
+        )  # fmt: skip
         env = dict(os.environ)
         env.update(self.driver.env(lib_dir))
         env.update(

@@ -5,7 +5,8 @@ We test these aspects:
   server (OpenAPI schema + CEL) with a message naming the field;
 * each sample in crds/samples gets Ready with observedGeneration, and the single node-agent
   DaemonSet lands on the GPU nodes (status fields read back intact);
-* a test client drives the simulator for 3 fake nodes and writes RLEnergyNodeReports: the
+* a test client drives the simulator for 3 fake nodes (a pod of the job on each) and writes
+  RLEnergyNodeReports: the
   policy's status gets per-phase savings and totals, ``kubectl get rlep`` shows the saving, the
   plan changes after the trials; killing the operator mid-run and restarting it loses no
   report and double counts nothing (totals equal the sum of the reports);
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests" / "unit" / "operator"))
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "api"))
 
 from api_invalid_specs import invalid_cases  # noqa: E402
+from sim_nodes import NODES as SIM_NODES  # noqa: E402
 from sim_nodes import SimNodes  # noqa: E402
 
 from tests import factories  # noqa: E402
@@ -236,6 +238,23 @@ def _write_reports(cluster: DevCluster, ns: str, reports: list[api_node.NodeRepo
     )
 
 
+def _job_pods(cluster: DevCluster, ns: str, policy: str) -> None:
+    """One pod of the job on each simulated node (KWOK runs it), labelled for the policy: the
+    operator reads only the reports of nodes that host the policy's pods."""
+    for node in SIM_NODES:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"trainer-{node}", "labels": {"app": policy}},
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "t", "image": "registry.invalid/trainer:1"}],
+            },
+        }
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pod))
+
+
 def _report_energy(reports: list[api_node.NodeReport]) -> tuple[float, int, float]:
     """(joules, steps, valid tokens) summed over the reports' step records."""
     joules = 0.0
@@ -262,6 +281,7 @@ def test_simulated_job_gets_savings_and_survives_an_operator_kill(
         "-",
         input=_policy(name, controller={"warmupSteps": 2, "trialSteps": 4}),
     )
+    _job_pods(dev_cluster, namespace, name)
     wait_until(
         lambda: _condition(_status(dev_cluster, namespace, name), "Ready").get("status") == "True",
         timeout=120,

@@ -16,6 +16,10 @@ allow/deny below is the API server's answer, through one of three real paths:
   annotations; the chart's second policy refuses it another pod of its namespace, any other
   annotation, label or spec change of its own pod, and any patch with a token bound to no
   pod; an admin is not limited;
+* **the socket-read-only policy**: a pod outside the release namespace that mounts the agent's
+  socket folder (``agent.socketDir``, under any spelling, a path inside it, the ``/run``
+  alias) writable in any container (init and ephemeral ones too) is refused with the fix
+  (``readOnly: true``); read-only mounts, other folders and the agent's own namespace pass;
 * **SubjectAccessReviews** for each ServiceAccount the chart creates, for a tenant user and
   for a trainer ServiceAccount bound to ``trainer-annotations`` (``RBAC_MATRIX``,
   ``NAMESPACED_MATRIX``): which verbs on which resources, cluster-wide and
@@ -480,6 +484,99 @@ def _trainer_checks(
     dev_cluster.kubectl("label", "pod", "trainer-0", "-n", ns, "team.example/reviewed=yes")
 
 
+# ----- the agent's socket folder: read-only outside the agent's namespace -------------------
+SOCKET_DIR = "/var/run/rlenergy"
+"""The chart's default ``agent.socketDir``."""
+
+
+def _socket_pod(name: str, path: str, *, read_only: bool, init: bool = False) -> dict[str, Any]:
+    """A trainer pod mounting the hostPath ``path`` at the SDK's socket folder; with ``init``
+    an init container mounts it as well, writable, and the main container read-only."""
+    mount: dict[str, Any] = {"name": "rlenergy", "mountPath": SOCKET_DIR}
+    if read_only or init:
+        mount["readOnly"] = True
+    spec: dict[str, Any] = {
+        "nodeName": "absent-node",  # never runs: every check here is the admission answer
+        "containers": [
+            {"name": "trainer", "image": "registry.invalid/t:1", "volumeMounts": [mount]}
+        ],
+        "volumes": [{"name": "rlenergy", "hostPath": {"path": path, "type": "Directory"}}],
+    }
+    if init:
+        spec["initContainers"] = [
+            {
+                "name": "setup",
+                "image": "registry.invalid/t:1",
+                "volumeMounts": [{"name": "rlenergy", "mountPath": "/mnt"}],
+            }
+        ]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def _admission(cluster: DevCluster, ns: str, pod: dict[str, Any]) -> str:
+    """A server-side dry-run create of ``pod`` in ``ns``: '' when admitted, else the error."""
+    res = cluster.kubectl(
+        "create", "--dry-run=server", "-n", ns, "-f", "-", input=json.dumps(pod), check=False
+    )
+    return "" if res.returncode == 0 else res.stderr
+
+
+@pytest.mark.timeout(180)
+def test_trainer_pods_mount_the_agents_socket_folder_read_only(
+    dev_cluster: DevCluster, install: Install, teams: dict[str, str]
+):
+    ns = teams["a"]
+    fix = "set readOnly: true on that volumeMount"
+    wait_until(
+        lambda: (
+            fix in _admission(dev_cluster, ns, _socket_pod("probe", SOCKET_DIR, read_only=False))
+        ),
+        timeout=60,
+        what="the socket-read-only policy in force",
+    )
+    why = _admission(dev_cluster, ns, _socket_pod("rw", SOCKET_DIR, read_only=False))
+    assert (
+        "container(s) trainer of pod rw mount the rl-energy agent's socket folder "
+        f"{SOCKET_DIR} (hostPath volume rlenergy) writable: {fix}"
+    ) in why, why
+    # the same folder under other spellings, a path inside it, the /run alias
+    for path in ("/var/run//rlenergy/", "/var/run/./rlenergy", "/run/rlenergy",
+                 f"{SOCKET_DIR}/agent.sock"):  # fmt: skip
+        why = _admission(dev_cluster, ns, _socket_pod("rw", path, read_only=False))
+        assert fix in why, (path, why)
+    # a writable init container, the main one read-only: refused, naming the init container
+    why = _admission(dev_cluster, ns, _socket_pod("init", SOCKET_DIR, read_only=True, init=True))
+    assert "container(s) setup of pod init mount" in why, why
+    # read-only: admitted; other folders (a sibling sharing the prefix, a parent): admitted
+    assert _admission(dev_cluster, ns, _socket_pod("ro", SOCKET_DIR, read_only=True)) == ""
+    for path in ("/var/run/rlenergy-engines", "/var/run/other", "/var/run"):
+        assert _admission(dev_cluster, ns, _socket_pod("rw", path, read_only=False)) == "", path
+    # the agent's own namespace (the DaemonSet mounts the folder writable to bind the socket)
+    own = _socket_pod("agent", SOCKET_DIR, read_only=False)
+    assert _admission(dev_cluster, install.namespace, own) == ""
+    # an ephemeral container added to a running trainer pod: the same rule
+    pod = _socket_pod("running", SOCKET_DIR, read_only=True)
+    dev_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pod))
+    core = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(config_file=str(dev_cluster.kubeconfig))
+    )
+    debug = {"name": "debug", "image": "registry.invalid/d:1", "targetContainerName": "trainer"}
+    try:
+        for read_only, refused in ((False, True), (True, False)):
+            mount = {"name": "rlenergy", "mountPath": "/mnt", "readOnly": read_only}
+            body = {"spec": {"ephemeralContainers": [{**debug, "volumeMounts": [mount]}]}}
+            try:
+                core.patch_namespaced_pod_ephemeralcontainers("running", ns, body, dry_run="All")
+            except ApiException as exc:
+                assert refused and exc.status == 403, exc
+                assert "container(s) debug of pod running mount" in str(exc.body), exc.body
+            else:
+                assert not refused
+    finally:
+        core.api_client.close()
+        dev_cluster.kubectl("delete", "pod", "running", "-n", ns, "--wait=false", check=False)
+
+
 # ----- the RBAC matrix -----------------------------------------------------------------------
 # (who, verb, group/resource[/subresource], namespace: "a"/"b" team, "rel" release, "" cluster)
 RBAC_MATRIX: list[tuple[str, str, str, str, bool]] = [
@@ -502,6 +599,9 @@ RBAC_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("operator", "patch", "/nodes", "", False),
     ("operator", "get", "/secrets", "rel", False),
     ("operator", "delete", "/pods", "a", False),
+    ("operator", "list", "/pods", "a", True),  # the nodes hosting a policy's pods
+    ("operator", "watch", "/pods", "a", False),
+    ("operator", "patch", "/pods", "a", False),
     ("operator", "create", "/serviceaccounts/token", "rel", False),
     ("operator", "create", "authentication.k8s.io/tokenreviews", "", False),
     ("operator", "create", "rbac.authorization.k8s.io/clusterrolebindings", "", False),
@@ -564,6 +664,8 @@ NAMESPACED_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("operator", "create", "/events", "b", True),
     ("operator", "create", "apps/daemonsets", "rel", True),
     ("operator", "list", "/nodes", "", True),  # cluster-wide: nodes are cluster-scoped
+    ("operator", "list", "/pods", "b", True),  # its namespace's pods only
+    ("operator", "list", "/pods", "a", False),
     ("operator", "list", "rlenergy.io/rlenergypolicies", "a", False),
     ("operator", "watch", "rlenergy.io/rlenergypolicies", "", False),
     ("operator", "get", "rlenergy.io/rlenergynodereports", "a", False),
@@ -677,7 +779,8 @@ def test_rbac_matrix_of_the_namespaced_install(
 
 
 # ----- no confused deputy ---------------------------------------------------------------------
-def _pool(name: str, replicas: int) -> dict[str, Any]:
+def _pool(name: str, replicas: int, node: str) -> dict[str, Any]:
+    """A StatefulSet whose pods run on ``node`` (KWOK), the node whose report publishes."""
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
@@ -689,7 +792,10 @@ def _pool(name: str, replicas: int) -> dict[str, Any]:
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "w", "image": "registry.invalid/w:1"}]},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "w", "image": "registry.invalid/w:1"}],
+                },
             },
         },
     }
@@ -717,7 +823,8 @@ def _scale_policy(name: str, pool: str) -> dict[str, Any]:
 
 
 def _publish(cluster: DevCluster, ns: str, policy: str, step: int, nxt: int) -> None:
-    """The dispatcher's publication in node 0's report (as its agent relays it)."""
+    """The dispatcher's publication in node 0's report (as its agent relays it); the policy's
+    pods run there (the operator reads only the reports of nodes that host them)."""
     node = cluster.nodes[0]
     report = {
         "apiVersion": "rlenergy.io/v1alpha1",
@@ -795,7 +902,8 @@ def test_a_tenant_cannot_get_a_workload_scaled_until_it_opts_in(
     dev_cluster: DevCluster, install: Install, teams: dict[str, str], tenant: str, tmp_path: Path
 ):
     ns, pool, name = teams["a"], "rollout-pool", "tenant-rollout"
-    dev_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(_pool(pool, 4)))
+    pods = _pool(pool, 4, dev_cluster.nodes[0])
+    dev_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pods))
     # the tenant may create the policy, not scale the StatefulSet, nor opt it in
     dev_cluster.kubectl(
         "apply", "-n", ns, f"--as={tenant}", "-f", "-", input=json.dumps(_scale_policy(name, pool))
@@ -908,9 +1016,28 @@ def test_the_chart_ships_the_policy_only_when_asked(dev_cluster: DevCluster):
         ("ValidatingAdmissionPolicy", "rl-rl-energy-trainer-annotations"),
         ("ValidatingAdmissionPolicyBinding", "rl-rl-energy-trainer-annotations"),
     }
-    assert reports | trainers <= kinds()
+    sockets = {
+        ("ValidatingAdmissionPolicy", "rl-rl-energy-socket-read-only"),
+        ("ValidatingAdmissionPolicyBinding", "rl-rl-energy-socket-read-only"),
+    }
+    assert reports | trainers | sockets <= kinds()
     without = kinds("--set", "rbac.nodeScopedReports=false")
-    assert not reports & without and trainers <= without  # the trainers' policy always ships
+    assert not reports & without and trainers | sockets <= without  # these two always ship
+    # the socket policy follows agent.socketDir (cleaned) and the release namespace
+    res = dev_cluster.helm(
+        "template", "rl", str(CHART), "-n", "gpu-ops", "--kube-version", KUBE,
+        "--set", "agent.socketDir=/srv/rl-sock/", "-s", "templates/admission.yaml",
+    )  # fmt: skip
+    (vap,) = [
+        d
+        for d in yaml.safe_load_all(res.stdout)
+        if d
+        and d["metadata"]["name"] == "rl-rl-energy-socket-read-only"
+        and d["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    variables = {v["name"]: v["expression"] for v in vap["spec"]["variables"]}
+    assert json.loads(variables["socketDirs"]) == ["/srv/rl-sock"]
+    assert vap["spec"]["matchConditions"][0]["expression"] == "request.namespace != 'gpu-ops'"
     bad = dev_cluster.helm(
         "template",
         "rl",

@@ -218,7 +218,12 @@ def _trainer_pod(
                     "env": env,
                     "resources": resources,
                     "volumeMounts": [
-                        {"name": "agent-socket", "mountPath": "/var/run/rlenergy"},
+                        # read-only: the chart's socket-read-only policy refuses a writable one
+                        {
+                            "name": "agent-socket",
+                            "mountPath": "/var/run/rlenergy",
+                            "readOnly": True,
+                        },
                         {"name": "replay", "mountPath": "/etc/rlenergy-replay"},
                         {"name": "work", "mountPath": "/var/run/rlenergy-work"},
                         {

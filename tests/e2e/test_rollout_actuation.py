@@ -20,8 +20,9 @@ We check:
   untouched), grows it back 2 -> 4; the pool is never seen below the floor;
 * status.rollout: the floor, the released GPU-seconds equal to the node report's, occupied
   GPU-seconds and tokens per occupied GPU-second, nothing parked at the end;
-* a LeaderWorkerSet (its CRD's /scale subresource, no controller) is resized through the same
-  generic code path: 3 -> 2, 2 -> 1 refused, 2 -> 3;
+* a LeaderWorkerSet (its CRD's /scale subresource, no controller; its pods made by hand on
+  node 0, whose report publishes) is resized through the same generic code path: 3 -> 2,
+  2 -> 1 refused, 2 -> 3;
 * a RayCluster worker group (its CRD, no KubeRay controller): 3 -> 2 names the released pod
   (both GPUs parked in the node report) in ``scaleStrategy.workersToDelete``; 2 -> 1 with no
   released pod known is refused (``WorkersUnknown``, a Warning event, replicas untouched);
@@ -124,6 +125,24 @@ def _scale_decision(stack: Any, step: int) -> dict[str, Any] | None:
     """``status.rollout.scale`` once it is the decision for ``step``, else None."""
     s = stack.policy_status().get("rollout", {}).get("scale") or {}
     return s if s.get("forStep") == step else None
+
+
+def _worker_pods(dev_cluster: Any, namespace: str, names: list[str]) -> None:
+    """Pods of the policy (label ``app: POOL``) on the first node, as a worker set's controller
+    would make them (none runs here): the operator reads only the reports of nodes that host
+    the policy's pods."""
+    for name in names:
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": POOL}},
+            "spec": {
+                "nodeName": dev_cluster.nodes[0],
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "w", "image": "registry.invalid/rollout-worker:1"}],
+            },
+        }
+        dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
 
 
 def _publish_rollout(
@@ -419,6 +438,7 @@ def test_leaderworkerset_is_resized_through_the_generic_scale_subresource(
         "spec": {"replicas": 3, "leaderWorkerTemplate": {"size": 2}},
     }
     dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(lws))
+    _worker_pods(dev_cluster, namespace, [f"{POOL}-{i}" for i in range(3)])
     policy = _policy()
     policy["spec"]["rollout"]["workerSetRef"] = {"kind": "LeaderWorkerSet", "name": POOL}
     name = policy["metadata"]["name"]
@@ -504,6 +524,7 @@ def test_raycluster_worker_group_deletes_the_released_pod_by_name(
         dev_cluster.kubeconfig, namespace, name, dev_cluster.nodes[:1], tmp_path / "stack", lib_dir
     )
     pods = [f"{cluster}-{group}-worker-{s}" for s in ("a2b4c", "d5f7g", "h9j2k")]
+    _worker_pods(dev_cluster, namespace, pods)
 
     def publish(step: int, nxt: int, parked: dict[str, bool]) -> None:
         gpus = [

@@ -1,5 +1,12 @@
 """Tenants on one node: signals bound to the serving policy, bounded fields, bounded state.
 
+We test these aspects: a pod the serving policy does not select is refused (403), and a stopping
+agent, one that has not yet discovered its policy, or one whose discovery missed a pod it
+governs answers 503 (retry) instead; another tenant's policy selecting a co-located pod of its
+own leaves the governed job's policy, locks and signals alone; extreme numbers and far steps are refused; phase names,
+metric series and per-pod energy stay bounded; replica holders cannot lock a shared GPU; report
+names are hashed.
+
 Every test talks to the agent's real signal server (``server.SignalServer`` on a Unix socket)
 over the stand-in NVML, with tokens a fake TokenReview binds to pods (``FakeReviews``). Raw
 HTTP is sent where the SDK would refuse the body itself (numbers it cannot produce).
@@ -410,3 +417,99 @@ def test_a_parked_pods_next_step_goes_straight_to_the_plan_clock(
     agent.phase(TEAM_A, "generation", 4)  # its park ends with step 3; one write: the plan's
     assert not agent.parked and drv.gpu(g0).lock_max_mhz == 1395
     assert agent.actuator.controls[g0].writes == writes + 1
+
+
+def test_a_stopping_agent_answers_retry_not_forbidden(node: tuple[Any, ...]) -> None:
+    drv, agent, reviews, sock = node
+    _discover(agent)
+    own = reviews.issue(TEAM_A)
+    assert post(sock, "/v1/phase", own, '{"phase": "generation", "step": 1}')[0] == 200
+    assert agent.actuator.controls[drv.uuids[0]].applied_mhz == 1395
+    refused, reviewed = agent.refused, reviews.calls
+    agent.stopping = True  # what the agent's SIGTERM handler sets before it resets its clocks
+    for token in (own, reviews.issue(TEAM_B), "not-a-token"):
+        status, answer = post(sock, "/v1/phase", token, '{"phase": "training", "step": 1}')
+        assert status == 503, answer
+        assert "the node agent is stopping" in answer["error"] and "retry" in answer["error"]
+    assert reviews.calls == reviewed  # answered before any TokenReview
+    assert agent.actuator.controls[drv.uuids[0]].applied_mhz == 1395  # not the training clock
+    assert agent.refused == refused
+
+
+def test_signals_wait_for_the_first_policy_discovery(node: tuple[Any, ...]) -> None:
+    drv, agent, reviews, sock = node
+    agent.discovery_pending = True  # the agent discovers its policy (main), none found yet
+    own = reviews.issue(TEAM_A)
+    status, answer = post(sock, "/v1/phase", own, '{"phase": "generation", "step": 1}')
+    assert status == 503 and "not yet discovered the policy" in answer["error"], answer
+    status, answer = post(sock, "/v1/phase", reviews.issue(TEAM_B), '{"phase":"idle","step":1}')
+    assert status == 503, answer  # not let through while nothing is known (selected is None)
+    assert agent.actuator.controls[drv.uuids[3]].applied_mhz is None
+    _discover(agent)
+    assert not agent.discovery_pending
+    assert post(sock, "/v1/phase", own, '{"phase": "generation", "step": 1}')[0] == 200
+    assert post(sock, "/v1/phase", reviews.issue(TEAM_B), '{"phase":"idle","step":1}')[0] == 403
+
+
+def test_a_governed_pod_a_discovery_misses_gets_retry(node: tuple[Any, ...]) -> None:
+    drv, agent, reviews, sock = node
+    _discover(agent)
+    own = reviews.issue(TEAM_A)
+    assert post(sock, "/v1/phase", own, '{"phase": "generation", "step": 1}')[0] == 200
+    # a discovery over a listing that misses the trainer (a restarted kubelet's partial list)
+    found = nodeloop.rediscover(
+        _Finder({("team-a", "rollout-0"): {"app": "rl"}}),
+        agent,
+        None,  # type: ignore[arg-type]
+    )
+    assert found is not None and found.reason == "Matched"
+    assert ("team-a", "trainer-0") not in (agent.selected or ())
+    status, answer = post(sock, "/v1/phase", own, '{"phase": "training", "step": 1}')
+    assert status == 503 and "governed here" in answer["error"], answer
+    assert agent.actuator.controls[drv.uuids[0]].applied_mhz == 1395  # its lock is kept
+    # once its clocks are reset (the pod ended, or the node left the policy): 403
+    agent.pod_gone(TEAM_A)
+    status, answer = post(sock, "/v1/phase", own, '{"phase": "training", "step": 1}')
+    assert status == 403 and "is not selected" in answer["error"], answer
+
+
+class _TwoTenants(_Finder):
+    """team-a's policy selects ``app=rl``; team-b's selects ``app=spoil`` in team-b."""
+
+    def discover(self, gpu_pods: Any) -> selector.Discovery:
+        pods = [selector.PodLabels(ns, n, self.labels.get((ns, n), {})) for ns, n in gpu_pods]
+        return selector.discover(
+            pods,
+            [
+                selector.PolicySelector(
+                    selector.PolicyRef("team-a", "pol"), {"matchLabels": {"app": "rl"}}
+                ),
+                selector.PolicySelector(
+                    selector.PolicyRef("team-b", "spoiler"), {"matchLabels": {"app": "spoil"}}
+                ),
+            ],
+        )
+
+
+def test_another_tenants_policy_does_not_reset_the_governed_job(node: tuple[Any, ...]) -> None:
+    drv, agent, reviews, sock = node
+    labels = {("team-a", "trainer-0"): {"app": "rl"}, ("team-a", "rollout-0"): {"app": "rl"}}
+    first = nodeloop.rediscover(_TwoTenants(labels), agent, None)  # type: ignore[arg-type]
+    assert first is not None and first.reason == "Matched"
+    own = reviews.issue(TEAM_A)
+    assert post(sock, "/v1/phase", own, '{"phase": "generation", "step": 1}')[0] == 200
+    # team-b labels its pod on this node for a policy of its own
+    labels[("team-b", "spoiler-0")] = {"app": "spoil"}
+    found = nodeloop.rediscover(_TwoTenants(labels), agent, first)  # type: ignore[arg-type]
+    assert found is not None and found.reason == "Matched"
+    assert found.policy == selector.PolicyRef("team-a", "pol")
+    assert found.ungoverned == ("team-b/spoiler-0",)
+    assert agent.discovery == ("Matched", "team-a/pol")
+    # team-a's job keeps its lock and goes on signalling; team-b's pod is not governed here
+    assert agent.actuator.controls[drv.uuids[0]].applied_mhz == 1395
+    assert post(sock, "/v1/phase", own, '{"phase": "training", "step": 1}')[0] == 200
+    status, answer = post(sock, "/v1/phase", reviews.issue(TEAM_B), '{"phase":"idle","step":1}')
+    assert status == 403 and "not selected" in answer["error"], answer
+    # a fresh agent (no current policy) still sees the conflict and governs none
+    again = nodeloop.rediscover(_TwoTenants(labels), agent, None)  # type: ignore[arg-type]
+    assert again is not None and again.reason == "Conflict"

@@ -9,7 +9,10 @@ We test these aspects:
 * invalid selectors raise (and select nothing in discovery, named in the message);
 * discovery: one match, no GPU pods, no match, other namespaces ignored, a pod selected by two
   policies and two pods of different policies are conflicts (no policy, every name in the
-  message).
+  message);
+* ``keep_current``: the policy the node governs keeps the pods only it selects when another
+  policy's pods arrive (those named ungoverned); without a current policy, or when one of its
+  pods is another policy's too, the conflict stands.
 """
 
 from __future__ import annotations
@@ -239,3 +242,48 @@ def test_an_invalid_selector_selects_nothing_and_is_named() -> None:
     d = sel.discover([_pod("team-a", "w-0", job="grpo-7b")], [GRPO, bad])
     assert d.policy == sel.PolicyRef("team-a", "grpo")
     assert "invalid selector" in d.message and "team-a/bad" in d.message
+
+
+DPO = _pol("team-b", "dpo", {"matchLabels": {"job": "dpo"}})
+GRPO_REF, DPO_REF = sel.PolicyRef("team-a", "grpo"), sel.PolicyRef("team-b", "dpo")
+
+
+def test_the_governing_policy_keeps_its_pods_when_another_tenants_arrive() -> None:
+    pods = [
+        _pod("team-a", "w-0", job="grpo-7b"),
+        _pod("team-a", "w-1", job="grpo-7b"),
+        _pod("team-b", "spoiler", job="dpo"),
+    ]
+    found = sel.discover(pods, [GRPO, DPO])
+    assert found.reason == "Conflict"
+    assert found.owners == {
+        "team-a/w-0": (GRPO_REF,),
+        "team-a/w-1": (GRPO_REF,),
+        "team-b/spoiler": (DPO_REF,),
+    }
+    kept = sel.keep_current(found, GRPO_REF)
+    assert (kept.policy, kept.reason) == (GRPO_REF, "Matched")
+    assert kept.pods == ("team-a/w-0", "team-a/w-1")
+    assert kept.ungoverned == ("team-b/spoiler",)
+    assert "team-b/spoiler -> team-b/dpo" in kept.message and "keeps governing" in kept.message
+    # seen from the other side: the node governed team-b's job first, team-a's pods wait
+    kept = sel.keep_current(found, DPO_REF)
+    assert (kept.policy, kept.pods, kept.ungoverned) == (
+        DPO_REF,
+        ("team-b/spoiler",),
+        ("team-a/w-0", "team-a/w-1"),
+    )
+
+
+def test_a_conflict_without_a_current_policy_or_over_its_own_pod_stands() -> None:
+    pods = [_pod("team-a", "w-0", job="grpo-7b"), _pod("team-b", "d-0", job="dpo")]
+    found = sel.discover(pods, [GRPO, DPO])
+    assert sel.keep_current(found, None) == found  # nothing says which job came first
+    assert sel.keep_current(found, sel.PolicyRef("team-c", "gone")) == found  # none of its pods
+    # a pod of the current policy that another policy selects too: both would drive its GPUs
+    wide = _pol("team-a", "all", {"matchExpressions": [{"key": "job", "operator": "Exists"}]})
+    shared = sel.discover([_pod("team-a", "w-0", job="grpo-7b")], [GRPO, wide])
+    assert sel.keep_current(shared, GRPO_REF) == shared
+    # no conflict: unchanged
+    matched = sel.discover([_pod("team-a", "w-0", job="grpo-7b")], [GRPO])
+    assert sel.keep_current(matched, GRPO_REF) == matched

@@ -2,7 +2,8 @@
 
 We test these aspects:
 * the node-agent DaemonSet: GPU nodes only, tolerates the nvidia.com/gpu taint, CAP_SYS_ADMIN
-  only (not privileged, everything else dropped), NODE_NAME from the downward API; the
+  only (not privileged, everything else dropped), seccomp RuntimeDefault, AppArmor only when
+  set (RuntimeDefault, Unconfined, localhost/<profile>), NODE_NAME from the downward API; the
   signal-socket hostPath at the SDK's default folder; no policy (agents discover it); liveness
   and readiness probes on /healthz;
 * conditions keep lastTransitionTime while their status holds;
@@ -83,6 +84,28 @@ def test_agent_daemonset_socket_dir_is_a_setting(monkeypatch: pytest.MonkeyPatch
     ]
     with pytest.raises(ValueError, match="pattern"):
         settings.OperatorConfig(agent_socket_dir="relative")
+
+
+def test_agent_runs_under_the_default_seccomp_profile_and_a_chosen_apparmor_profile(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    def context() -> dict:
+        pod = builders.agent_daemonset(settings.OperatorConfig())["spec"]["template"]["spec"]
+        return dict(pod["containers"][0]["securityContext"])
+
+    ctx = context()
+    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert "appArmorProfile" not in ctx  # default: the runtime decides (nodes without AppArmor)
+    for value, field in (
+        ("RuntimeDefault", {"type": "RuntimeDefault"}),
+        ("localhost/rlenergy-agent", {"type": "Localhost", "localhostProfile": "rlenergy-agent"}),
+    ):
+        monkeypatch.setenv("RLENERGY_OPERATOR_AGENT_APPARMOR_PROFILE", value)
+        assert context()["appArmorProfile"] == field
+    for bad in ("runtime/default", "localhost/", "Localhost"):
+        with pytest.raises(ValueError, match="pattern"):
+            settings.OperatorConfig(agent_apparmor_profile=bad)
 
 
 def test_agent_daemonset_for_a_node_without_pod_network(monkeypatch: pytest.MonkeyPatch):

@@ -88,6 +88,9 @@ def test_a_new_leader_folds_over_every_report_while_its_index_refills(monkeypatc
         kube, "node_report_versions", lambda ns, p: {n: v for n, (v, _) in api.items()}
     )
     monkeypatch.setattr(kube, "node_report", lambda ns, name: api.get(name))
+    # the job's pods, one per node (the loop reads the reports of their nodes only)
+    pods = [{"metadata": {"labels": {"job": "grpo"}}, "spec": {"nodeName": n}} for n in NODES]
+    monkeypatch.setattr(kube, "pods", lambda ns, selector: pods if selector == "job=grpo" else [])
     indexed = {
         ("ns", "p"): [node_reports.IndexedReport.from_spec("p.gpu-node-0", "9", _wire(now[0]), -1)]
     }
