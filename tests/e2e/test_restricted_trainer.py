@@ -25,12 +25,15 @@ namespace), since ``restricted`` forbids hostPath volumes in the pod. We test th
   hostPath, no host network; its IP is on the bridge and its ``status.hostIP`` the node's;
 * with no agent socket in the pod, its signals reach the agent only over TLS at
   ``status.hostIP:9403``: its GPUs' clocks are locked per phase (generation and training at
-  different clocks, no other GPU locked) and the policy status counts the steps and a
-  generation saving;
+  different clocks, no other GPU locked) and the policy status counts the steps and accounts
+  the saving of each phase (its sign after 20 steps on a loaded machine is a figure, see
+  ``_governed``);
+* admission of that pod through the webhook (server-side dry runs, each answer injected) and
+  without it (no opt-in label): p50 and p99, the webhook's under its 5 s timeout;
 * with the operator scaled to zero, the same pod is admitted at once, unchanged, and runs
   ungoverned (no lock on its GPUs); the operator, back, warns on the policy (``PodNotInjected``).
 
-Figures (wall times, admission time with the operator down) are printed and written to
+Figures (wall times, admission latency, admission time with the operator down) are printed and written to
 ``build/restricted-e2e.json``.
 """
 
@@ -40,6 +43,7 @@ import collections
 import ipaddress
 import json
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -79,6 +83,8 @@ NONROOT_UID = 65532
 """The images' non-root user ``rlenergy`` (hack/images/build.py)."""
 NET = PodNetwork(bridge="rle0", subnet="10.88.0.0/24", gateway="10.88.0.1")
 RESULTS = ROOT / "build" / "restricted-e2e.json"
+ADMISSIONS = 100
+"""Dry-run admissions timed with and without the webhook (p99 of 100: the second highest)."""
 RESTRICTED = {
     "allowPrivilegeEscalation": False,
     "runAsNonRoot": True,
@@ -228,7 +234,7 @@ def _trainer_pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
                         {"name": "RLENERGY_ENGINE_DIR", "value": "/var/run/rlenergy-engines"},
                         {"name": "HOME", "value": "/var/run/rlenergy-engines"},
                     ],
-                    "resources": {"limits": {"nvidia.com/gpu": 2}},
+                    "resources": {"limits": {"nvidia.com/gpu": "2"}},
                     "securityContext": RESTRICTED,
                     "volumeMounts": [
                         {"name": "replay", "mountPath": "/etc/rlenergy-replay"},
@@ -417,7 +423,45 @@ def _day(
         timeout=30, interval=0.05, what="the deleted trainer's GPUs reset",
     )  # fmt: skip
     figures["trainer_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
+    _admission_latency(c, labels, figures)
     _operator_down(c, driver, plugin, trainer_gpus, labels, figures)
+
+
+def _admission_latency(c: DevCluster, labels: dict[str, str], figures: dict[str, Any]) -> None:
+    """Server-side dry-run creations of the trainer pod (Python client, one connection): with
+    the opt-in label (the API server calls the webhook through its Service; every answer is
+    injected, so none was admitted by ``failurePolicy: Ignore``) and without it (no call)."""
+    from kubernetes import client, config
+
+    api = client.CoreV1Api(config.new_client_from_config(str(c.kubeconfig)))
+
+    def admit_ms(opt_in: bool, n: int) -> list[float]:
+        out = []
+        for i in range(n):
+            body = _trainer_pod(f"lat-{i}", labels)
+            if not opt_in:
+                del body["metadata"]["labels"]["rlenergy.io/inject"]
+            t0 = time.perf_counter()
+            pod = api.create_namespaced_pod(NS, body, dry_run="All")
+            out.append((time.perf_counter() - t0) * 1e3)
+            names = {v.name for v in pod.spec.volumes}
+            assert ("rlenergy-agent" in names) is opt_in, names
+        return out
+
+    admit_ms(True, 5)  # warm the connection and the webhook's
+    with_hook, without = admit_ms(True, ADMISSIONS), admit_ms(False, ADMISSIONS)
+
+    def p99(v: list[float]) -> float:
+        return sorted(v)[int(0.99 * (len(v) - 1))]
+
+    figures["admission_ms"] = {
+        "webhook_p50": round(statistics.median(with_hook), 1),
+        "webhook_p99": round(p99(with_hook), 1),
+        "no_webhook_p50": round(statistics.median(without), 1),
+        "no_webhook_p99": round(p99(without), 1),
+        "n": ADMISSIONS,
+    }
+    assert p99(with_hook) < 5000, figures  # under the webhook's timeoutSeconds
 
 
 def _governed(
@@ -468,11 +512,20 @@ def _governed(
     locked = {k: set(v) - {None} for k, v in locks_by_kind.items() if k != "idle"}
     assert locked.get("generation") and locked.get("training"), locks_by_kind
     assert locked["generation"] != locked["training"], locks_by_kind
-    figures["policy_totals"] = status["totals"]
+    totals = figures["policy_totals"] = status["totals"]
     figures["policy_phases"] = status.get("phases")
-    generation = next(p for p in status["phases"] if p["name"] == "generation")
-    figures["generation_saving"] = generation["saving"]
-    assert generation["saving"]["joules"] > 0, generation
+    assert totals["savedJoules"] == pytest.approx(
+        totals["predictedDefaultJoules"] - totals["comparedMeasuredJoules"], rel=1e-6
+    ), totals
+    assert totals["comparedMeasuredJoules"] > 0 and totals["validTokens"] > 0, totals
+    savings = {p["name"]: p["saving"] for p in status["phases"]}
+    figures["phase_saving"] = savings
+    # The sign of a 20-step saving is not asserted: on this shared 2-core machine the pod's CPU
+    # share moves a phase's time, and with it its energy, by more than the trials save (the
+    # generation saving was +1.3 %, +1.9 % and -5.1 % in three runs with the same locks); the
+    # locks above are what shows the pod governed, the long-run saving is `make bench-energy`'s.
+    assert set(savings) == {"generation", "training"}, savings
+    assert all(isinstance(v["joules"], float | int) for v in savings.values()), savings
 
 
 def _operator_down(
