@@ -43,6 +43,7 @@ import collections
 import ipaddress
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -304,6 +305,7 @@ def test_restricted_trainer_pod(cluster: DevCluster) -> None:
         feed.stop()
         plugin.stop()
         driver.close()
+        shutil.rmtree(work, ignore_errors=True)
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps(figures, indent=2, default=str))
         print(json.dumps(figures, indent=2, default=str))
