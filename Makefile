@@ -155,11 +155,13 @@ mutation: $(STAMP)
 	$(PY) hack/mutation.py run --jobs $(MUTATION_JOBS) $(MUTATION_MODULES)
 
 ## The real-node e2e tests alone (tests/e2e/test_real_node.py, and test_runbook.py: install.md's
-## runbook as written, smoke test and uninstall): the chart with the real images on a real
-## kubelet + containerd node, fake GPUs from the device plugin (docs/dev-cluster.md). Root.
+## runbook as written, smoke test and uninstall; test_restricted_trainer.py: a Pod Security
+## restricted trainer pod on a bridge pod network in the test's own network namespace): the chart
+## with the real images on a real kubelet + containerd node, fake GPUs from the device plugin
+## (docs/dev-cluster.md). Root.
 test-realnode: $(STAMP) $(VERL_STAMP) bins images
 	$(PY) -m pytest -q -m realnode tests/e2e/test_real_node.py tests/e2e/test_real_node_day_two.py \
-		tests/e2e/test_runbook.py
+		tests/e2e/test_runbook.py tests/e2e/test_restricted_trainer.py
 
 ## Chaos tests (tests/chaos): API server/etcd restarts, operator/agent kills, NVML faults.
 test-chaos: $(STAMP) bins

@@ -334,8 +334,21 @@ class TlsSignalServer:
         auth: identity.TokenAuthenticator,
         certificate: endpoint.ServingCertificate,
     ) -> None:
+        # HTTP/1.1: the connection stays open after an answer (every answer has a
+        # Content-Length, every refusal reads its body or closes), so the SDK's one connection
+        # carries all of a trainer's signals and pays one handshake; with HTTP/1.0 (the socket
+        # listener's, where a connection costs no handshake) each signal paid one. TCP_NODELAY:
+        # an answer's headers and body are two writes, and on a kept connection Nagle held the
+        # body until the caller's delayed ACK (40 ms on Linux) of the headers.
         handler = type(
-            "TlsHandler", (endpoint.TlsHandlerMixin, _Handler), {"agent": agent, "auth": auth}
+            "TlsHandler",
+            (endpoint.TlsHandlerMixin, _Handler),
+            {
+                "agent": agent,
+                "auth": auth,
+                "protocol_version": "HTTP/1.1",
+                "disable_nagle_algorithm": True,
+            },
         )
         self._server = _TlsHTTPServer((host, port), handler, certificate)
         self.port = int(self._server.server_address[1])

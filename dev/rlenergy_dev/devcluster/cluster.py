@@ -85,6 +85,14 @@ KCM_CONTROLLERS = (
     "pod-garbage-collector-controller",
 )
 
+POD_NETWORK_CONTROLLERS = (
+    "endpoints-controller",
+    "persistentvolume-binder-controller",
+)
+"""Controllers a cluster with a pod network adds: a Service's Endpoints (the API server dials a
+webhook's pod there, ``--enable-aggregator-routing``) and the binding of claims to volumes that
+an administrator made (pods under Pod Security ``restricted`` mount host folders only so)."""
+
 #: KWOK stages (relative to sigs.k8s.io/kwok/kustomize/stage) as kwokctl's "fast" profile.
 KWOK_STAGES = (
     "node/fast/node-initialize.yaml",
@@ -244,6 +252,7 @@ class DevCluster:
         self._pki_mem: Pki | None = None
         self._real: realnode.RealNode | None = None
         self._registry: Registry | None = None
+        self._pod_network: realnode.PodNetwork | None = None
         self._popens: dict[int, subprocess.Popen[bytes]] = {}
         self._records: list[process.ProcessRecord] = []
         self._nodes: list[str] = []
@@ -323,6 +332,7 @@ class DevCluster:
         *,
         real_node: bool = False,
         registry: bool = False,
+        pod_network: realnode.PodNetwork | None = None,
     ) -> DevCluster:
         """Start the control plane and create ``nodes`` Ready fake GPU nodes.
 
@@ -338,6 +348,13 @@ class DevCluster:
             registry: Also start an OCI registry on 127.0.0.1 (:attr:`registry`); the real
                 node's containerd pulls images named ``<registry host>/...`` from it and uses
                 it as the mirror of ``ghcr.io`` (the chart's default image names).
+            pod_network: With ``real_node``: the real node's pod network (its IP is the
+                bridge's gateway, pods that are not ``hostNetwork`` get addresses on the
+                bridge), and the API server dials a Service's endpoints, not its cluster IP
+                (``--enable-aggregator-routing``: there is no kube-proxy), so it reaches a
+                webhook served by a pod. Only for a cluster started in a network namespace the
+                caller made, whose bridge exists (:func:`rlenergy_dev.devcluster.netns.
+                private_network`).
 
         Returns:
             ``self``, ready to use.
@@ -350,6 +367,9 @@ class DevCluster:
             raise DevClusterError("the dev cluster is already started")
         if nodes < 0:
             raise ValueError(f"nodes must be >= 0, got {nodes}")
+        if pod_network is not None and not real_node:
+            raise ValueError("pod_network needs real_node=True: only the real node runs pods")
+        self._pod_network = pod_network
         bins = self.binaries  # fail fast, before anything is started
         node_bins = None
         if real_node:
@@ -580,6 +600,10 @@ class DevCluster:
         self._records.append(rec)
         return rec
 
+    def _kcm_controllers(self) -> tuple[str, ...]:
+        """``KCM_CONTROLLERS``, and with a pod network ``POD_NETWORK_CONTROLLERS``."""
+        return KCM_CONTROLLERS + (POD_NETWORK_CONTROLLERS if self._pod_network else ())
+
     def _start_control_plane(self, bins: Binaries) -> None:
         assert self.workdir is not None
         t0 = time.monotonic()
@@ -656,6 +680,8 @@ class DevCluster:
                 "--max-mutating-requests-inflight=0",
                 "--profiling=false",
                 "--v=1",
+                # A pod network without kube-proxy: Services are reached at their endpoints.
+                *(["--enable-aggregator-routing=true"] if self._pod_network else []),
             ]
 
         self._start_on_free_ports(
@@ -683,7 +709,7 @@ class DevCluster:
                 f"--service-account-private-key-file={pki.sa_key}",
                 f"--root-ca-file={pki.serving_ca_cert}",
                 "--use-service-account-credentials=false",
-                f"--controllers={','.join(KCM_CONTROLLERS)}",
+                f"--controllers={','.join(self._kcm_controllers())}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--kube-api-qps=100",
                 "--kube-api-burst=200",
@@ -739,6 +765,7 @@ class DevCluster:
             self._spawn,
             self._popens,
             registries=self._registry.containerd_hosts() if self._registry is not None else {},
+            pod_network=self._pod_network,
         )
         node.acquire()
         self._real = node
@@ -775,7 +802,7 @@ class DevCluster:
                     (c for c in st.get("conditions", []) if c.get("type") == "Ready"), {}
                 )
                 status = f"{ready.get('status')} {ready.get('message', '')}"
-                if {"type": "InternalIP", "address": LOOPBACK} not in st.get("addresses", []):
+                if {"type": "InternalIP", "address": node.node_ip} not in st.get("addresses", []):
                     # The kubelet refuses a loopback --node-ip ("nodeIP can't be loopback
                     # address") and then leaves the addresses alone; early after registration
                     # it may still write its own empty list. Set InternalIP 127.0.0.1 (as for
@@ -783,7 +810,7 @@ class DevCluster:
                     # probes and `kubectl logs` dial 127.0.0.1, never the VM's own address.
                     self.kubectl(
                         "patch", "node", node.name, "--subresource=status", "--type=merge",
-                        "-p", json.dumps({"status": {"addresses": realnode.ADDRESSES}}),
+                        "-p", json.dumps({"status": {"addresses": node.addresses}}),
                         check=False,
                     )  # fmt: skip
                     stable = 0
@@ -794,7 +821,7 @@ class DevCluster:
             if time.monotonic() > deadline:
                 assert node.kubelet is not None
                 raise DevClusterError(
-                    f"node {node.name} not Ready with InternalIP {LOOPBACK} after "
+                    f"node {node.name} not Ready with InternalIP {node.node_ip} after "
                     f"{deadline - t0:.0f} s ({status}); last lines of {node.kubelet.log}:\n"
                     f"{process.tail(node.kubelet.log, 40)}"
                 )

@@ -23,10 +23,16 @@ answers, ``cdi.k8s.io/`` annotations), and NVIDIA Container Toolkit's
 (:func:`cdi_spec`), whose edits mount the stand-in ``libnvidia-ml.so.1`` and its state, so NVML
 reaches a pod only through CDI.
 
-Networking: there is no pod network. Only ``hostNetwork: true`` pods can run (their IP is the
-node's, 127.0.0.1); the CNI configuration is a loopback-only network, so containerd reports
-``NetworkReady`` and a pod that asks for its own network namespace gets no address and fails
-to start, as it must here (nothing may dial a pod IP in a private range).
+Networking: by default there is no pod network. Only ``hostNetwork: true`` pods can run (their
+IP is the node's, 127.0.0.1); the CNI configuration is a loopback-only network, so containerd
+reports ``NetworkReady`` and a pod that asks for its own network namespace gets no address and
+fails to start, as it must here (nothing may dial a pod IP in a private range). With a
+:class:`PodNetwork` (``DevCluster.start(pod_network=...)``), which is only for a cluster whose
+processes all run in a network namespace the caller made (:mod:`rlenergy_dev.devcluster.netns`),
+the node's IP is the gateway of a Linux bridge in that namespace and pods that are not
+``hostNetwork`` get an address on it from Debian's CNI ``bridge`` and ``host-local`` plugins
+(:func:`bridge_cni_config`), so they reach the node's IP (the agent's TLS endpoint) and
+nothing else.
 
 Settings chosen (docs/dev-cluster.md "Real node" says why): cgroup driver ``cgroupfs`` (this
 host has no systemd), ``failCgroupV1: false`` (the host mounts cgroup v1 controllers with a v2
@@ -41,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import ipaddress
 import json
 import os
 import platform
@@ -76,11 +83,14 @@ LABELS = {
     "type": "real",
     "nvidia.com/gpu.present": "true",
 }
+LOOPBACK_IP = "127.0.0.1"
+"""The node's IP without a pod network."""
 ADDRESSES = [
-    {"type": "InternalIP", "address": "127.0.0.1"},
+    {"type": "InternalIP", "address": LOOPBACK_IP},
     {"type": "Hostname", "address": NAME},
 ]
-"""The node's addresses (set by the dev cluster: the kubelet refuses a loopback node IP)."""
+"""The node's addresses without a pod network (set by the dev cluster: the kubelet refuses a
+loopback node IP)."""
 FIX = "make bins"
 NVIDIA_HANDLER = "nvidia"
 """containerd runtime handler of NVIDIA's container toolkit (the RuntimeClass ``nvidia``)."""
@@ -117,12 +127,82 @@ class NodeBinaries:
     shim: Path
 
 
+@dataclass(frozen=True)
+class PodNetwork:
+    """A pod network on a Linux bridge that the caller made in its own network namespace.
+
+    The bridge already exists and holds ``gateway``/<prefix of ``subnet``> when the node starts
+    (:func:`rlenergy_dev.devcluster.netns.add_bridge`); ``gateway`` is the node's IP.
+
+    Attributes:
+        bridge: The bridge's interface name (at most 15 characters, Linux ``IFNAMSIZ``).
+        subnet: The pods' IPv4 subnet, CIDR (e.g. ``10.88.0.0/24``).
+        gateway: The bridge's own address in ``subnet``: the node's InternalIP.
+    """
+
+    bridge: str
+    subnet: str
+    gateway: str
+
+    def __post_init__(self) -> None:
+        net = ipaddress.ip_network(self.subnet)  # ValueError for a malformed subnet
+        if ipaddress.ip_address(self.gateway) not in net:
+            raise ValueError(f"gateway {self.gateway} is not in the pod subnet {self.subnet}")
+        if not 0 < len(self.bridge) <= 15:
+            raise ValueError(f"bridge name {self.bridge!r} must have 1 to 15 characters")
+
+    @property
+    def prefix_len(self) -> int:
+        """The subnet's prefix length (``24`` for a /24)."""
+        return ipaddress.ip_network(self.subnet).prefixlen
+
+
+def node_addresses(node_ip: str) -> list[dict[str, str]]:
+    """The node's ``status.addresses``: InternalIP ``node_ip`` and its host name."""
+    return [{"type": "InternalIP", "address": node_ip}, {"type": "Hostname", "address": NAME}]
+
+
+def bridge_cni_config(net: PodNetwork, ipam_dir: Path) -> dict[str, Any]:
+    """The CNI network list (version 0.4.0) of ``net``: ``bridge`` with ``host-local``.
+
+    Debian's plugins. Each pod gets a veth on ``net.bridge`` and an address of ``net.subnet``;
+    the gateway (the node's IP) is the bridge's own address and the pod's default route
+    (``isGateway``), with no masquerading (nothing is routed out of the namespace: it has no
+    other interface). Keys:
+    containernetworking/plugins ``plugins/main/bridge`` and ``plugins/ipam/host-local`` READMEs.
+
+    Args:
+        net: The pod network.
+        ipam_dir: Where ``host-local`` records the addresses it gave (``dataDir``; the node's
+            own folder, not the machine-wide ``/var/lib/cni/networks``).
+    """
+    return {
+        "cniVersion": "0.4.0",
+        "name": "rlenergy-bridge",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": net.bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": net.subnet, "gateway": net.gateway}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": str(ipam_dir),
+                },
+            }
+        ],
+    }
+
+
 def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
-    """Locate the node's binaries, the CNI loopback plugin and the pause image.
+    """Locate the node's binaries, the CNI plugins and the pause image.
 
     The kubelet, containerd 2.x (``containerd``, ``containerd-shim-runc-v2``, ``ctr``) and
     ``nvidia-container-runtime`` are built into ``bin_dir`` by hack/node-bins.sh; runc and the
-    CNI plugins are Debian's.
+    CNI plugins (``loopback``, ``bridge``, ``host-local``) are Debian's.
 
     Args:
         bin_dir: The control-plane bin dir (the node's Go binaries are built there).
@@ -144,11 +224,12 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
             f"runc not found on PATH. Install Debian's runc with `{FIX}` as root "
             "(hack/node-bins.sh runs apt-get install runc containernetworking-plugins)."
         )
-    if not os.access(CNI_BIN_DIR / "loopback", os.X_OK):
-        raise MissingBinaryError(
-            f"{CNI_BIN_DIR}/loopback not found: `{FIX}` as root installs "
-            "containernetworking-plugins."
-        )
+    for plugin in ("loopback", "bridge", "host-local"):
+        if not os.access(CNI_BIN_DIR / plugin, os.X_OK):
+            raise MissingBinaryError(
+                f"{CNI_BIN_DIR}/{plugin} not found: `{FIX}` as root installs "
+                "containernetworking-plugins."
+            )
     pause = bin_dir.parent / "images" / "pause.oci.tar"
     if not pause.is_file():
         raise MissingBinaryError(f"pause image {pause} not found. Build it with `{FIX}`.")
@@ -403,21 +484,24 @@ def kubelet_config(
     healthz_port: int,
     client_ca: Path,
     taints: Sequence[dict[str, str]] = (),
+    address: str = LOOPBACK_IP,
 ) -> dict[str, Any]:
     """The KubeletConfiguration (v1beta1) of the real node.
 
     Args:
         runtime_socket: containerd's socket.
-        port: The kubelet's HTTPS port (127.0.0.1 only).
+        port: The kubelet's HTTPS port, on ``address`` only.
         healthz_port: The kubelet's /healthz port (127.0.0.1 only).
         client_ca: CA of the client certificates the kubelet's API accepts (the API server's
             admin certificate, for ``kubectl logs``).
         taints: Taints the node registers with.
+        address: The address the kubelet's API listens on: the node's IP, which the API server
+            dials for ``kubectl logs`` (``--kubelet-preferred-address-types=InternalIP``).
     """
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": "127.0.0.1",
+        "address": address,
         "port": port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
@@ -506,6 +590,8 @@ class RealNode:
         popens: The cluster's Popen handles by pid (to reap).
         registries: Registry namespace (the host part of image names) -> the plain-HTTP
             registry (``127.0.0.1:<port>``) containerd pulls them from (:func:`hosts_toml`).
+        pod_network: A bridge pod network (the node's IP is its gateway); ``None``: no pod
+            network, node IP 127.0.0.1, loopback-only CNI.
     """
 
     def __init__(
@@ -515,8 +601,10 @@ class RealNode:
         spawn: Callable[[str, Sequence[str]], process.ProcessRecord],
         popens: dict[int, subprocess.Popen[bytes]],
         registries: Mapping[str, str] | None = None,
+        pod_network: PodNetwork | None = None,
     ) -> None:
         self.base = base
+        self.pod_network = pod_network
         self.registries = dict(registries or {})
         self.bins = bins
         self.name = NAME
@@ -529,6 +617,16 @@ class RealNode:
         self._cdi_spec: Path | None = None
 
     # ------------------------------------------------------------------ paths
+    @property
+    def node_ip(self) -> str:
+        """The node's InternalIP: the pod network's gateway, else 127.0.0.1."""
+        return self.pod_network.gateway if self.pod_network is not None else LOOPBACK_IP
+
+    @property
+    def addresses(self) -> list[dict[str, str]]:
+        """The node's ``status.addresses`` (:func:`node_addresses`)."""
+        return node_addresses(self.node_ip)
+
     @property
     def runtime_socket(self) -> Path:
         """Containerd's socket."""
@@ -590,7 +688,11 @@ class RealNode:
         t0 = time.monotonic()
         ctd = self.base / "containerd"
         (ctd / "cni").mkdir(parents=True, exist_ok=True)
-        (ctd / "cni" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFIG, indent=2))
+        if self.pod_network is None:
+            (ctd / "cni" / "10-loopback.conflist").write_text(json.dumps(CNI_CONFIG, indent=2))
+        else:
+            conf = bridge_cni_config(self.pod_network, ctd / "cni-ipam")
+            (ctd / "cni" / "10-bridge.conflist").write_text(json.dumps(conf, indent=2))
         # The CDI spec folder exists before containerd starts, so its CDI cache watches it.
         CDI_SPEC_FILE.parent.mkdir(parents=True, exist_ok=True)
         toolkit = self.base / "toolkit"
@@ -650,6 +752,7 @@ class RealNode:
                     healthz_port=healthz_port,
                     client_ca=client_ca,
                     taints=taints,
+                    address=self.node_ip,
                 ),
                 sort_keys=False,
             )
@@ -663,7 +766,7 @@ class RealNode:
                 f"--root-dir={self.root_dir}",
                 f"--cert-dir={self.root_dir / 'pki'}",
                 f"--hostname-override={self.name}",
-                "--node-ip=127.0.0.1",
+                f"--node-ip={self.node_ip}",
                 "--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
                 "--v=1",
             ],

@@ -151,6 +151,65 @@ def test_cni_config_is_loopback_only() -> None:
     assert [p["type"] for p in realnode.CNI_CONFIG["plugins"]] == ["loopback"]
 
 
+NET = realnode.PodNetwork(bridge="rle0", subnet="10.88.0.0/24", gateway="10.88.0.1")
+
+
+def test_bridge_cni_config_gives_pods_the_subnet_with_the_node_as_gateway(
+    tmp_path: Path,
+) -> None:
+    conf = realnode.bridge_cni_config(NET, tmp_path / "ipam")
+    (plugin,) = conf["plugins"]
+    assert plugin["type"] == "bridge" and plugin["bridge"] == "rle0"
+    assert plugin["isGateway"] is True and plugin["ipMasq"] is False
+    ipam = plugin["ipam"]
+    assert ipam["type"] == "host-local"
+    assert ipam["ranges"] == [[{"subnet": "10.88.0.0/24", "gateway": "10.88.0.1"}]]
+    assert ipam["dataDir"] == str(tmp_path / "ipam")  # never the machine-wide folder
+
+
+@pytest.mark.parametrize(
+    ("bridge", "subnet", "gateway", "match"),
+    [
+        ("rle0", "10.88.0.0/24", "10.89.0.1", "not in the pod subnet"),
+        ("rle0", "10.88.0.1/24", "10.88.0.1", "host bits"),
+        ("", "10.88.0.0/24", "10.88.0.1", "1 to 15"),
+        ("a-bridge-name-too-long", "10.88.0.0/24", "10.88.0.1", "1 to 15"),
+    ],
+)
+def test_pod_network_refuses_what_cannot_be_made(
+    bridge: str, subnet: str, gateway: str, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        realnode.PodNetwork(bridge=bridge, subnet=subnet, gateway=gateway)
+
+
+def test_node_ip_is_the_gateway_with_a_pod_network_else_loopback(tmp_path: Path) -> None:
+    def spawn(name: str, argv: object) -> process.ProcessRecord:
+        raise AssertionError(f"nothing is started here: {name}")
+
+    def node(net: realnode.PodNetwork | None) -> realnode.RealNode:
+        bins = realnode.NodeBinaries(*(tmp_path / n for n in "abcdefg"))
+        return realnode.RealNode(tmp_path, bins, spawn, {}, pod_network=net)
+
+    assert node(None).node_ip == "127.0.0.1"
+    assert node(None).addresses == realnode.ADDRESSES
+    assert node(NET).node_ip == "10.88.0.1"
+    assert {"type": "InternalIP", "address": "10.88.0.1"} in node(NET).addresses
+    assert NET.prefix_len == 24
+
+
+def test_kubelet_listens_on_the_node_ip(tmp_path: Path) -> None:
+    cfg = realnode.kubelet_config(
+        runtime_socket=tmp_path / "c.sock",
+        port=1234,
+        healthz_port=1235,
+        client_ca=tmp_path / "ca.crt",
+        address="10.88.0.1",
+    )
+    assert cfg["address"] == "10.88.0.1"  # the API server dials the InternalIP for logs
+    assert cfg["healthzBindAddress"] == "127.0.0.1"
+
+
 def test_kubelet_client_certificate_names_the_node() -> None:
     pki = generate_pki()
     pair = client_cert(pki, "system:node:realnode", ("system:nodes",))
@@ -180,8 +239,9 @@ def test_missing_nvidia_container_runtime_names_the_fix(
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "pause.oci.tar").write_text("")
     (tmp_path / "cni").mkdir()
-    (tmp_path / "cni" / "loopback").write_text("")
-    (tmp_path / "cni" / "loopback").chmod(0o755)
+    for plugin in ("loopback", "bridge", "host-local"):
+        (tmp_path / "cni" / plugin).write_text("")
+        (tmp_path / "cni" / plugin).chmod(0o755)
     monkeypatch.setattr(realnode, "CNI_BIN_DIR", tmp_path / "cni")
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
     with pytest.raises(MissingBinaryError, match="nvidia-container-runtime.*make bins"):
