@@ -2,7 +2,7 @@
 
 One real-node dev cluster for the module (``DevCluster.start(real_node=True)``, as
 tests/e2e/test_real_node.py brings it up: the chart with the real images, eight stand-in GPUs
-advertised by the CDI device plugin, the agent under the RuntimeClass ``nvidia``), one policy.
+advertised by NVIDIA's device plugin (``cdi-cri``), the agent under the RuntimeClass ``nvidia``), one policy.
 The trainer pods run ``SIGNALLER`` in the agent image: the SDK (``RLEnergyClient``, strict)
 over the agent's socket with the pod's projected token, generation and training phases with
 progress reports and a step end; every signal's outcome is appended, with its wall time, to a
@@ -47,11 +47,12 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import get_json, real_node_cluster, wait_until
+from e2e_support import get_json, real_node_cluster, start_nvidia_device_plugin, wait_until
 from prometheus_client.parser import text_string_to_metric_families
-from rlenergy_dev import deviceplugin, podtrainer, standin
+from rlenergy_dev import podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster
-from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
+from rlenergy_dev.devcluster.nvidiaplugin import NvidiaDevicePlugin
+from rlenergy_dev.devcluster.realnode import RealNode
 from test_real_node import (
     CHART,
     GPUS,
@@ -153,7 +154,7 @@ class Day:
     cluster: DevCluster
     node: RealNode
     driver: standin.StandinDriver
-    plugin: deviceplugin.StandinDevicePlugin
+    plugin: NvidiaDevicePlugin
     work: Path
     socket_dir: Path
     labels: dict[str, str]
@@ -218,7 +219,7 @@ def day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day]:
         driver = standin.StandinDriver(state, [(u, sku) for u in uuids])
         driver.start()  # the counters run in real time (a case's WorkFeed takes over meanwhile)
         node.write_cdi_spec(lib_dir / "libnvidia-ml.so.1", state, uuids)
-        plugin = deviceplugin.StandinDevicePlugin(uuids, cdi_kind=CDI_KIND).start()
+        plugin = start_nvidia_device_plugin(node, driver, lib_dir)
         try:
             values = _values(c, node, work)
             (work / "values.json").write_text(json.dumps(values))
