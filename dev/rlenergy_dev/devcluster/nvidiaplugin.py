@@ -150,6 +150,7 @@ class NvidiaDevicePlugin:
         self._record: process.ProcessRecord | None = None
         self._allocations: list[tuple[str, ...]] = []
         self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
 
@@ -183,14 +184,19 @@ class NvidiaDevicePlugin:
         In the order the kubelet's checkpoint showed them (polled every 0.1 s).
         """
         self._poll()
-        return list(self._allocations)
+        with self._lock:
+            return list(self._allocations)
 
     def _poll(self) -> None:
         try:
             data = json.loads((self.plugin_dir / CHECKPOINT).read_text())["Data"]
         except (OSError, ValueError, KeyError, TypeError):
             return
-        for entry in data.get("PodDeviceEntries") or []:
+        with self._lock:
+            self._record_entries(data.get("PodDeviceEntries") or [])
+
+    def _record_entries(self, entries: list[dict[str, Any]]) -> None:
+        for entry in entries:
             if entry.get("ResourceName") != RESOURCE:
                 continue
             key = (str(entry.get("PodUID")), str(entry.get("ContainerName")))
