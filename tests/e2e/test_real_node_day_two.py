@@ -185,6 +185,8 @@ def _diagnostics(d: Day, case: str) -> Iterator[None]:
             (out / name).write_text(res.stdout + res.stderr)
         if d.node.kubelet is not None:
             (out / "kubelet.log").write_text(Path(d.node.kubelet.log).read_text(errors="replace"))
+        if d.plugin.log.exists():
+            (out / "device-plugin.log").write_text(d.plugin.log.read_text(errors="replace"))
         raise
 
 
@@ -565,41 +567,42 @@ def test_agent_rollout_while_two_trainers_signal(day: Day) -> None:
 def test_recreated_pod_refuses_the_old_token(day: Day) -> None:
     d, fig = day, dict[str, Any]()
     d.figures["recreated_pod"] = fig
-    old = _start_trainer(d, "again", "again-1")
-    token = d.work / "old-token"
-    token.write_bytes((old.work / "token").read_bytes())
-    d.cluster.kubectl("delete", "pod", "again", "-n", NS, "--wait=true", timeout=120)
-    t0 = time.monotonic()
-    n = len(d.plugin.allocations)
-    pod = _trainer_pod(
-        "again", NS, d.labels, d.socket_dir, d.work / "again-2", _signaller(), 2,
-    )  # fmt: skip
-    d.cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
-    wait_until(lambda: len(d.plugin.allocations) > n, timeout=60, what="the new allocation")
-    gpus = d.plugin.allocations[n]
-    # The old token, from the host's side of the agent socket, naming the new pod's GPUs:
-    # refused from its first use and past the agent's review cache (10 s).
-    client = trainer.RLEnergyClient(
-        str(d.socket_dir / "agent.sock"), strict=True, gpus=gpus, token_file=str(token)
-    )
-    answers: list[tuple[float, int | str]] = []
-    while time.monotonic() - t0 < 15.0:
-        try:
-            client.phase("generation", step=1)
-            answers.append((round(time.monotonic() - t0, 2), "ACCEPTED"))
-        except trainer.AgentRefusedError as exc:
-            answers.append((round(time.monotonic() - t0, 2), exc.status))
-        time.sleep(0.25)
-    client.close()
-    fig["old_token_answers"] = sorted({a for _, a in answers}, key=str)
-    fig["old_token_tries"] = len(answers)
-    # Never taken; the first answer a refusal (401: the API server no longer accepts the
-    # token; 403: the agent refuses its pod), not a 503 to retry.
-    assert answers and answers[0][1] in (401, 403), answers[:10]
-    assert all(a != "ACCEPTED" for _, a in answers), answers
-    new = Trainer("again", d.work / "again-2", gpus)
-    wait_until(lambda: new.signals(), timeout=180, interval=0.5, what="the new pod's signal")
-    first = new.signals()[0]
-    fig["new_pod_first_signal"] = first
-    assert first["ok"], new.signals()[:5]
-    fig["trainer_delete_to_reset_s"] = round(_delete(d, new), 2)
+    with _diagnostics(d, "recreated_pod"):
+        old = _start_trainer(d, "again", "again-1")
+        token = d.work / "old-token"
+        token.write_bytes((old.work / "token").read_bytes())
+        d.cluster.kubectl("delete", "pod", "again", "-n", NS, "--wait=true", timeout=120)
+        t0 = time.monotonic()
+        n = len(d.plugin.allocations)
+        pod = _trainer_pod(
+            "again", NS, d.labels, d.socket_dir, d.work / "again-2", _signaller(), 2,
+        )  # fmt: skip
+        d.cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        wait_until(lambda: len(d.plugin.allocations) > n, timeout=60, what="the new allocation")
+        gpus = d.plugin.allocations[n]
+        # The old token, from the host's side of the agent socket, naming the new pod's GPUs:
+        # refused from its first use and past the agent's review cache (10 s).
+        client = trainer.RLEnergyClient(
+            str(d.socket_dir / "agent.sock"), strict=True, gpus=gpus, token_file=str(token)
+        )
+        answers: list[tuple[float, int | str]] = []
+        while time.monotonic() - t0 < 15.0:
+            try:
+                client.phase("generation", step=1)
+                answers.append((round(time.monotonic() - t0, 2), "ACCEPTED"))
+            except trainer.AgentRefusedError as exc:
+                answers.append((round(time.monotonic() - t0, 2), exc.status))
+            time.sleep(0.25)
+        client.close()
+        fig["old_token_answers"] = sorted({a for _, a in answers}, key=str)
+        fig["old_token_tries"] = len(answers)
+        # Never taken; the first answer a refusal (401: the API server no longer accepts the
+        # token; 403: the agent refuses its pod), not a 503 to retry.
+        assert answers and answers[0][1] in (401, 403), answers[:10]
+        assert all(a != "ACCEPTED" for _, a in answers), answers
+        new = Trainer("again", d.work / "again-2", gpus)
+        wait_until(lambda: new.signals(), timeout=180, interval=0.5, what="the new pod's signal")
+        first = new.signals()[0]
+        fig["new_pod_first_signal"] = first
+        assert first["ok"], new.signals()[:5]
+        fig["trainer_delete_to_reset_s"] = round(_delete(d, new), 2)
