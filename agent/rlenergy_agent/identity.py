@@ -622,7 +622,8 @@ def authorize(agent: service.Agent, caller: Caller, gpus: Sequence[str] = ()) ->
 
     Raises:
         AuthError: 403 when the token's node is another node, the pod holds no GPU here (or a
-            pod of the same name with another UID does), or a named GPU is not the pod's; 503
+            pod of the same name with another UID does), or a named GPU is not the pod's (after
+            one more listing, at most every ``podmap.RECHECK_S``); 503
             when the kubelet's listing is too old to attribute GPUs (``_listing_allows``).
     """
     if caller.node_name and caller.node_name != agent.node_name:
@@ -655,10 +656,21 @@ def authorize(agent: service.Agent, caller: Caller, gpus: Sequence[str] = ()) ->
         )
         raise AuthError(f"pod {caller} {why}", 403)
     pod = service.PodRef(pod.namespace, pod.name, caller.pod_uid)
-    if gpus:
-        own, _devices = agent.gpus_of(pod)
-        foreign = [g for g in gpus if agent.mig_parent.get(g, g) not in own]
-        if foreign:
-            agent.refused += 1
-            raise AuthError(f"pod {caller} does not hold GPU(s) {', '.join(foreign)}", 403)
+    foreign = _foreign(agent, pod, gpus)
+    if foreign and isinstance(agent.podmap, pods.ListedPodMap):
+        # A pod re-created under its name may hold other GPUs than the listing's pod of that
+        # name (the kubelet allocates afresh): list again before refusing.
+        agent.podmap.recheck()
+        foreign = _foreign(agent, pod, gpus)
+    if foreign:
+        agent.refused += 1
+        raise AuthError(f"pod {caller} does not hold GPU(s) {', '.join(foreign)}", 403)
     return pod
+
+
+def _foreign(agent: service.Agent, pod: service.PodRef, gpus: Sequence[str]) -> list[str]:
+    """The GPUs (or MIG devices, by their parent) of ``gpus`` that ``pod`` does not hold."""
+    if not gpus:
+        return []
+    own, _devices = agent.gpus_of(pod)
+    return [g for g in gpus if agent.mig_parent.get(g, g) not in own]

@@ -38,6 +38,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_NOT_READY = 27,
@@ -181,6 +182,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
     case NVML_ERROR_NOT_READY: return "System is not in ready state";
@@ -625,4 +627,239 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
     u->gpu = device->util_gpu;
     u->memory = device->util_mem;
     return NVML_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * What NVIDIA's k8s-device-plugin (v0.17.4, through go-nvml, go-nvlib and go-gpuallocator)
+ * asks of a GPU besides the calls above: its device node, PCI identity, compute capability,
+ * topology and health events. Every value comes from the GPU's place in the state file, so a
+ * GPU keeps it inside a container that sees fewer GPUs (as /dev/nvidia<minor> does).
+ * ------------------------------------------------------------------------------------------ */
+
+static uint32_t state_index(nvmlDevice_t d) { return (uint32_t)(d - &g_state->gpus[0]); }
+
+/* The minor number of the GPU's device node /dev/nvidia<minor>: its index in the state file. */
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    ENTER(device);
+    if (minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = state_index(device);
+    return NVML_SUCCESS;
+}
+
+/* nvmlDeviceGetIndex: the GPU's NVML index in this process (its rank among the visible GPUs). */
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    ENTER(device);
+    if (index == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    uint32_t s = state_index(device);
+    for (uint32_t k = 0; k < g_n_visible; k++) {
+        if (g_visible[k] == s) {
+            *index = k;
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* nvmlPciInfo_t (v2 and v3 share this layout; nvml.h). */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;    /* (device ID << 16) | vendor ID */
+    unsigned int pciSubSystemId; /* (subsystem ID << 16) | subsystem vendor ID */
+    char busId[32];
+} nvmlPciInfo_t;
+
+#define PCI_VENDOR_NVIDIA 0x10DEu
+
+/* PCI device IDs of the boards the stand-in names (the PCI ID repository, pci-ids.ucw.cz). */
+static unsigned int pci_device_id(const standin_gpu_t *g) {
+    static const struct { const char *name; unsigned int id; } ids[] = {
+        {"H200", 0x2335u}, {"H100 80GB HBM3", 0x2330u}, {"H100", 0x2330u},
+        {"A100-SXM4-80GB", 0x20B2u}, {"A100", 0x20B0u}, {"L40S", 0x26B9u},
+        {"B200", 0x2901u}, {"GH200", 0x2342u},
+    };
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++)
+        if (strstr(g->name, ids[i].name) != NULL) return ids[i].id;
+    return 0u;
+}
+
+/* Stand-in GPU i sits at PCI bus 0x18 + 0x10 * i, domain 0, device 0, function 0 (an HGX-like
+ * spread; there is no such bus on the host, so /sys/bus/pci/devices/<busId> is absent and the
+ * device plugin reports no NUMA node, as it does for a GPU whose firmware gives none). */
+static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    ENTER(device);
+    if (pci == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    uint32_t i = state_index(device);
+    memset(pci, 0, sizeof *pci);
+    pci->domain = 0;
+    pci->bus = (0x18u + 0x10u * i) & 0xFFu;
+    pci->device = 0;
+    pci->pciDeviceId = (pci_device_id(device) << 16) | PCI_VENDOR_NVIDIA;
+    pci->pciSubSystemId = (0x16C1u << 16) | PCI_VENDOR_NVIDIA;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", pci->domain, pci->bus,
+             pci->device);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return pci_info(device, pci);
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return pci_info(device, pci);
+}
+
+/* CUDA compute capability of the GPU's architecture (nvmlDeviceArchitecture_t: 5 Volta 7.0,
+ * 6 Turing 7.5, 7 Ampere 8.0, 8 Ada 8.9, 9 Hopper 9.0, 10 Blackwell 10.0; CUDA C Programming
+ * Guide, "Compute Capabilities"). */
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    ENTER(device);
+    if (major == NULL || minor == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    static const int cc[][2] = {{7, 0}, {7, 5}, {8, 0}, {8, 9}, {9, 0}, {10, 0}};
+    uint32_t a = device->architecture;
+    if (a < 5 || a > 10) return NVML_ERROR_NOT_SUPPORTED;
+    *major = cc[a - 5][0];
+    *minor = cc[a - 5][1];
+    return NVML_SUCCESS;
+}
+
+/* nvmlBrandType_t: NVML_BRAND_NVIDIA (14) for data-center boards without another brand. */
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, int *brand) {
+    ENTER(device);
+    if (brand == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *brand = 14;
+    return NVML_SUCCESS;
+}
+
+/* nvmlGpuTopologyLevel_t */
+enum {
+    NVML_TOPOLOGY_INTERNAL = 0,
+    NVML_TOPOLOGY_SINGLE = 10,
+    NVML_TOPOLOGY_MULTIPLE = 20,
+    NVML_TOPOLOGY_HOSTBRIDGE = 30,
+    NVML_TOPOLOGY_NODE = 40,
+    NVML_TOPOLOGY_SYSTEM = 50,
+};
+
+/* The PCIe path between two GPUs, two sockets as on an HGX board: GPUs 0-3 and 4-7 (state
+ * index) hang off one CPU each, in pairs under one PCIe switch. */
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t d1, nvmlDevice_t d2, int *level) {
+    ENTER(d1);
+    ENTER(d2);
+    if (level == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    uint32_t a = state_index(d1), b = state_index(d2);
+    if (a == b) *level = NVML_TOPOLOGY_INTERNAL;
+    else if (a / 2 == b / 2) *level = NVML_TOPOLOGY_SINGLE;
+    else if (a / 4 == b / 4) *level = NVML_TOPOLOGY_NODE;
+    else *level = NVML_TOPOLOGY_SYSTEM;
+    return NVML_SUCCESS;
+}
+
+/* The stand-in GPUs have no NVLink (as PCIe boards): every link query is NOT_SUPPORTED. */
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *active) {
+    ENTER(device);
+    (void)link;
+    if (active == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                 nvmlPciInfo_t *pci) {
+    ENTER(device);
+    (void)link;
+    if (pci == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* Events (nvmlEventType*, nvml.h). The stand-in raises one: Xid 79 ("GPU has fallen off the
+ * bus") once for a registered GPU the driver marks lost (standin.StandinDriver.lose), as the
+ * kernel driver does; the other registered types never fire. */
+#define EVENT_SINGLE_BIT_ECC 0x1ull
+#define EVENT_DOUBLE_BIT_ECC 0x2ull
+#define EVENT_PSTATE 0x4ull
+#define EVENT_XID_CRITICAL 0x8ull
+#define EVENT_CLOCK 0x10ull
+#define EVENT_POWER_SOURCE 0x80ull
+#define EVENT_SUPPORTED \
+    (EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC | EVENT_PSTATE | EVENT_XID_CRITICAL | EVENT_CLOCK)
+#define XID_FALLEN_OFF_BUS 79ull
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+typedef struct {
+    uint32_t tag;
+    unsigned long long types[STANDIN_MAX_GPUS]; /* registered event types, by state index */
+    uint8_t lost_reported[STANDIN_MAX_GPUS];
+} event_set_t;
+#define EVENT_SET_TAG 0x45565354u
+
+nvmlReturn_t nvmlEventSetCreate(event_set_t **set) {
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    event_set_t *s = calloc(1, sizeof *s);
+    if (s == NULL) return NVML_ERROR_UNKNOWN;
+    s->tag = EVENT_SET_TAG;
+    *set = s;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetFree(event_set_t *set) {
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL || set->tag != EVENT_SET_TAG) return NVML_ERROR_INVALID_ARGUMENT;
+    set->tag = 0;
+    free(set);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    ENTER(device);
+    if (types == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *types = EVENT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
+                                      event_set_t *set) {
+    ENTER(device);
+    if (set == NULL || set->tag != EVENT_SET_TAG) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((types & ~EVENT_SUPPORTED) != 0) return NVML_ERROR_NOT_SUPPORTED;
+    set->types[state_index(device)] |= types;
+    return NVML_SUCCESS;
+}
+
+/* Waits up to timeout_ms for an event of the set: SUCCESS with the event, else TIMEOUT. */
+nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    if (!ready()) return NVML_ERROR_UNINITIALIZED;
+    if (set == NULL || set->tag != EVENT_SET_TAG || data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    const unsigned int step_ms = 50;
+    for (unsigned int waited = 0;; waited += step_ms) {
+        for (uint32_t i = 0; i < g_state->n_gpus && i < STANDIN_MAX_GPUS; i++) {
+            standin_gpu_t *g = &g_state->gpus[i];
+            int lost = __atomic_load_n(&g->fail_all, __ATOMIC_SEQ_CST) == NVML_ERROR_GPU_IS_LOST;
+            if (!lost) set->lost_reported[i] = 0;
+            if (lost && !set->lost_reported[i] && (set->types[i] & EVENT_XID_CRITICAL)) {
+                set->lost_reported[i] = 1;
+                memset(data, 0, sizeof *data);
+                data->device = g;
+                data->eventType = EVENT_XID_CRITICAL;
+                data->eventData = XID_FALLEN_OFF_BUS;
+                data->gpuInstanceId = 0xFFFFFFFFu;
+                data->computeInstanceId = 0xFFFFFFFFu;
+                return NVML_SUCCESS;
+            }
+        }
+        if (waited >= timeout_ms) return NVML_ERROR_TIMEOUT;
+        unsigned int left = timeout_ms - waited < step_ms ? timeout_ms - waited : step_ms;
+        struct timespec ts = {left / 1000u, (long)(left % 1000u) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+nvmlReturn_t nvmlEventSetWait(event_set_t *set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
 }

@@ -199,6 +199,43 @@ def build_library(build_dir: Path, *, cc: str = "gcc") -> Path:
     return build_dir
 
 
+def build_cuda_library(build_dir: Path, *, cc: str = "gcc") -> Path:
+    """Compile the stand-in CUDA driver library into ``build_dir/libcuda.so.1`` (when stale).
+
+    A driver root holds it next to the stand-in NVML (``rlenergy_dev.devcluster.nvidiaplugin``); its
+    ``cuInit`` answers CUDA_ERROR_NO_DEVICE (dev/nvml_standin/cuda_standin.c). Keep
+    ``build_dir`` off any library path that CUDA programs search.
+
+    Args:
+        build_dir: output folder (created); never inside a committed path.
+        cc: the C compiler.
+
+    Returns:
+        The path of ``libcuda.so.1``.
+
+    Raises:
+        FileNotFoundError: the C source or the compiler is missing.
+        subprocess.CalledProcessError: the compiler failed.
+    """
+    src = SOURCE_DIR / "cuda_standin.c"
+    if not src.exists():
+        raise FileNotFoundError(f"stand-in CUDA source not found at {src}")
+    if shutil.which(cc) is None:
+        raise FileNotFoundError(f"C compiler {cc!r} not found; install gcc")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    out = build_dir / "libcuda.so.1"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        tmp = build_dir / f".libcuda.{os.getpid()}.tmp"
+        flags = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]
+        subprocess.run(
+            [cc, *flags, "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(src)],
+            check=True,
+            capture_output=True,
+        )
+        tmp.replace(out)
+    return out
+
+
 @dataclasses.dataclass
 class _Sim:
     """Per-GPU simulation state (truth)."""

@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
+from rlenergy_dev.devcluster.nvidiaplugin import NvidiaDevicePlugin
+from rlenergy_dev.devcluster.realnode import RealNode
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 NODES = 3
@@ -49,3 +52,20 @@ def real_node_cluster(who: str, **start: Any) -> DevCluster:
     except MissingBinaryError as exc:
         pytest.fail(f"{who} needs the node binaries: {exc}", pytrace=False)
     return c
+
+
+def start_nvidia_device_plugin(
+    node: RealNode, driver: standin.StandinDriver, nvml_lib_dir: Path
+) -> NvidiaDevicePlugin:
+    """NVIDIA's device plugin on the real node over ``driver``'s GPUs (``cdi-cri``), registered.
+
+    Write the node's CDI specs first (``node.write_cdi_spec``): containerd resolves the plugin's
+    CDI device names through them.
+    """
+    return node.start_device_plugin(
+        nvml_lib=nvml_lib_dir / "libnvidia-ml.so.1",
+        cuda_lib=standin.build_cuda_library(nvml_lib_dir.parent / "cuda-standin"),
+        state=driver.path,
+        n_gpus=len(driver.uuids),
+        driver_version=driver.state.driver_version.decode(),
+    )

@@ -8,11 +8,12 @@ as NVIDIA's GPU Operator (>= v25.10) leaves a node. The project's operator and a
 Distribution on 127.0.0.1, containerd's mirror of ``ghcr.io``); the chart is installed with
 ``helm install oci://...`` and the kubelet pulls the chart's default image names through it. Eight stand-in GPUs (the stand-in
 ``libnvidia-ml.so.1`` over a state file the test's ``StandinDriver`` owns) get a CDI spec
-(``RealNode.write_cdi_spec``: kind ``nvidia.com/gpu``, one device per UUID and ``all``) and are
-advertised by the device plugin (``rlenergy_dev.deviceplugin``) as ``nvidia.com/gpu``
-with their UUIDs as device IDs, so the kubelet allocates them and its PodResources API reports
-them; its ``Allocate`` answers with CDI device names only (NVIDIA's ``cdi-cri`` strategy), so
-containerd's CDI injection is the only way NVML reaches a pod.
+(``RealNode.write_cdi_spec``: kinds ``nvidia.com/gpu`` and ``k8s.device-plugin.nvidia.com/gpu``,
+one device per UUID and ``all``) and are advertised as ``nvidia.com/gpu`` by NVIDIA's
+k8s-device-plugin v0.17.4 (``RealNode.start_device_plugin``: a host process over the stand-in
+NVML) with their UUIDs as device IDs, so the kubelet allocates them and its PodResources API
+reports them; its ``Allocate`` answers with CDI device names only (``cdi-cri``), so containerd's
+CDI injection is the only way NVML reaches a pod.
 
 The user's steps, in order: ``helm install`` the chart (hostNetwork, the API server at
 127.0.0.1, the agent under the chart's default RuntimeClass ``nvidia``: its NVML comes only from
@@ -51,13 +52,14 @@ from typing import Any
 import pytest
 import rlenergy_dev
 import yaml
-from e2e_support import get_json, real_node_cluster, wait_until
+from e2e_support import get_json, real_node_cluster, start_nvidia_device_plugin, wait_until
 from rlenergy_agent.actuator import snap_clock_mhz
 from rlenergy_agent.kube import report_name
-from rlenergy_dev import deviceplugin, fullstack, podtrainer, standin
+from rlenergy_dev import fullstack, podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster
 from rlenergy_dev.devcluster.cluster import free_port
-from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
+from rlenergy_dev.devcluster.nvidiaplugin import NvidiaDevicePlugin
+from rlenergy_dev.devcluster.realnode import RealNode
 
 from rlenergy.control.freq.eerl import INDIFFERENCE
 from rlenergy.gpu import models
@@ -289,9 +291,9 @@ def test_real_node_user_day(cluster: DevCluster, tmp_path: Path) -> None:
     driver = standin.StandinDriver(state, [(u, sku) for u in uuids])
     # The stand-in GPUs' CDI spec, read by the toolkit's runtime (handler `nvidia`).
     node.write_cdi_spec(lib_dir / "libnvidia-ml.so.1", state, uuids)
-    # Allocate answers with CDI device names only (NVIDIA's cdi-cri strategy): containerd applies
-    # the spec's edits, so the trainer gets the library, the state and its GPUs through CDI.
-    plugin = deviceplugin.StandinDevicePlugin(uuids, cdi_kind=CDI_KIND).start()
+    # NVIDIA's device plugin: Allocate answers with CDI device names only (cdi-cri): containerd
+    # applies the spec's edits, so the trainer gets the library, the state and its GPUs by CDI.
+    plugin = start_nvidia_device_plugin(node, driver, lib_dir)
     trainer_gpus: list[tuple[str, ...]] = []
     feed = podtrainer.WorkFeed(
         driver,
@@ -322,7 +324,7 @@ def _user_day(
     c: DevCluster,
     node: RealNode,
     driver: standin.StandinDriver,
-    plugin: deviceplugin.StandinDevicePlugin,
+    plugin: NvidiaDevicePlugin,
     feed: podtrainer.WorkFeed,
     trainer_gpus: list[tuple[str, ...]],
     work: Path,

@@ -2,7 +2,7 @@
 
 One real-node dev cluster for the module (``DevCluster.start(real_node=True)``, as
 tests/e2e/test_real_node.py brings it up: the chart with the real images, eight stand-in GPUs
-advertised by the CDI device plugin, the agent under the RuntimeClass ``nvidia``), one policy.
+advertised by NVIDIA's device plugin (``cdi-cri``), the agent under the RuntimeClass ``nvidia``), one policy.
 The trainer pods run ``SIGNALLER`` in the agent image: the SDK (``RLEnergyClient``, strict)
 over the agent's socket with the pod's projected token, generation and training phases with
 progress reports and a step end; every signal's outcome is appended, with its wall time, to a
@@ -47,11 +47,12 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import get_json, real_node_cluster, wait_until
+from e2e_support import get_json, real_node_cluster, start_nvidia_device_plugin, wait_until
 from prometheus_client.parser import text_string_to_metric_families
-from rlenergy_dev import deviceplugin, podtrainer, standin
+from rlenergy_dev import podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster
-from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
+from rlenergy_dev.devcluster.nvidiaplugin import NvidiaDevicePlugin
+from rlenergy_dev.devcluster.realnode import RealNode
 from test_real_node import (
     CHART,
     GPUS,
@@ -153,7 +154,7 @@ class Day:
     cluster: DevCluster
     node: RealNode
     driver: standin.StandinDriver
-    plugin: deviceplugin.StandinDevicePlugin
+    plugin: NvidiaDevicePlugin
     work: Path
     socket_dir: Path
     labels: dict[str, str]
@@ -184,6 +185,8 @@ def _diagnostics(d: Day, case: str) -> Iterator[None]:
             (out / name).write_text(res.stdout + res.stderr)
         if d.node.kubelet is not None:
             (out / "kubelet.log").write_text(Path(d.node.kubelet.log).read_text(errors="replace"))
+        if d.plugin.log.exists():
+            (out / "device-plugin.log").write_text(d.plugin.log.read_text(errors="replace"))
         raise
 
 
@@ -218,7 +221,7 @@ def day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day]:
         driver = standin.StandinDriver(state, [(u, sku) for u in uuids])
         driver.start()  # the counters run in real time (a case's WorkFeed takes over meanwhile)
         node.write_cdi_spec(lib_dir / "libnvidia-ml.so.1", state, uuids)
-        plugin = deviceplugin.StandinDevicePlugin(uuids, cdi_kind=CDI_KIND).start()
+        plugin = start_nvidia_device_plugin(node, driver, lib_dir)
         try:
             values = _values(c, node, work)
             (work / "values.json").write_text(json.dumps(values))
@@ -564,41 +567,42 @@ def test_agent_rollout_while_two_trainers_signal(day: Day) -> None:
 def test_recreated_pod_refuses_the_old_token(day: Day) -> None:
     d, fig = day, dict[str, Any]()
     d.figures["recreated_pod"] = fig
-    old = _start_trainer(d, "again", "again-1")
-    token = d.work / "old-token"
-    token.write_bytes((old.work / "token").read_bytes())
-    d.cluster.kubectl("delete", "pod", "again", "-n", NS, "--wait=true", timeout=120)
-    t0 = time.monotonic()
-    n = len(d.plugin.allocations)
-    pod = _trainer_pod(
-        "again", NS, d.labels, d.socket_dir, d.work / "again-2", _signaller(), 2,
-    )  # fmt: skip
-    d.cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
-    wait_until(lambda: len(d.plugin.allocations) > n, timeout=60, what="the new allocation")
-    gpus = d.plugin.allocations[n]
-    # The old token, from the host's side of the agent socket, naming the new pod's GPUs:
-    # refused from its first use and past the agent's review cache (10 s).
-    client = trainer.RLEnergyClient(
-        str(d.socket_dir / "agent.sock"), strict=True, gpus=gpus, token_file=str(token)
-    )
-    answers: list[tuple[float, int | str]] = []
-    while time.monotonic() - t0 < 15.0:
-        try:
-            client.phase("generation", step=1)
-            answers.append((round(time.monotonic() - t0, 2), "ACCEPTED"))
-        except trainer.AgentRefusedError as exc:
-            answers.append((round(time.monotonic() - t0, 2), exc.status))
-        time.sleep(0.25)
-    client.close()
-    fig["old_token_answers"] = sorted({a for _, a in answers}, key=str)
-    fig["old_token_tries"] = len(answers)
-    # Never taken; the first answer a refusal (401: the API server no longer accepts the
-    # token; 403: the agent refuses its pod), not a 503 to retry.
-    assert answers and answers[0][1] in (401, 403), answers[:10]
-    assert all(a != "ACCEPTED" for _, a in answers), answers
-    new = Trainer("again", d.work / "again-2", gpus)
-    wait_until(lambda: new.signals(), timeout=180, interval=0.5, what="the new pod's signal")
-    first = new.signals()[0]
-    fig["new_pod_first_signal"] = first
-    assert first["ok"], new.signals()[:5]
-    fig["trainer_delete_to_reset_s"] = round(_delete(d, new), 2)
+    with _diagnostics(d, "recreated_pod"):
+        old = _start_trainer(d, "again", "again-1")
+        token = d.work / "old-token"
+        token.write_bytes((old.work / "token").read_bytes())
+        d.cluster.kubectl("delete", "pod", "again", "-n", NS, "--wait=true", timeout=120)
+        t0 = time.monotonic()
+        n = len(d.plugin.allocations)
+        pod = _trainer_pod(
+            "again", NS, d.labels, d.socket_dir, d.work / "again-2", _signaller(), 2,
+        )  # fmt: skip
+        d.cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        wait_until(lambda: len(d.plugin.allocations) > n, timeout=60, what="the new allocation")
+        gpus = d.plugin.allocations[n]
+        # The old token, from the host's side of the agent socket, naming the new pod's GPUs:
+        # refused from its first use and past the agent's review cache (10 s).
+        client = trainer.RLEnergyClient(
+            str(d.socket_dir / "agent.sock"), strict=True, gpus=gpus, token_file=str(token)
+        )
+        answers: list[tuple[float, int | str]] = []
+        while time.monotonic() - t0 < 15.0:
+            try:
+                client.phase("generation", step=1)
+                answers.append((round(time.monotonic() - t0, 2), "ACCEPTED"))
+            except trainer.AgentRefusedError as exc:
+                answers.append((round(time.monotonic() - t0, 2), exc.status))
+            time.sleep(0.25)
+        client.close()
+        fig["old_token_answers"] = sorted({a for _, a in answers}, key=str)
+        fig["old_token_tries"] = len(answers)
+        # Never taken; the first answer a refusal (401: the API server no longer accepts the
+        # token; 403: the agent refuses its pod), not a 503 to retry.
+        assert answers and answers[0][1] in (401, 403), answers[:10]
+        assert all(a != "ACCEPTED" for _, a in answers), answers
+        new = Trainer("again", d.work / "again-2", gpus)
+        wait_until(lambda: new.signals(), timeout=180, interval=0.5, what="the new pod's signal")
+        first = new.signals()[0]
+        fig["new_pod_first_signal"] = first
+        assert first["ok"], new.signals()[:5]
+        fig["trainer_delete_to_reset_s"] = round(_delete(d, new), 2)

@@ -44,11 +44,11 @@ from typing import Any
 
 import pytest
 import rlenergy_dev
-from e2e_support import get_json, real_node_cluster, wait_until
-from rlenergy_dev import deviceplugin, standin
+from e2e_support import get_json, real_node_cluster, start_nvidia_device_plugin, wait_until
+from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster
 from rlenergy_dev.devcluster.cluster import free_port
-from rlenergy_dev.devcluster.realnode import CDI_KIND, RealNode
+from rlenergy_dev.devcluster.realnode import RealNode
 from runbook_support import runbook, shape
 
 from rlenergy.gpu import models
@@ -161,7 +161,7 @@ def test_install_runbook_as_written(cluster: DevCluster, tmp_path: Path) -> None
     uuids = [f"GPU-runbook-{i:02d}" for i in range(GPUS)]
     driver = standin.StandinDriver(state, [(u, models.get_sku("h100-sxm")) for u in uuids])
     node.write_cdi_spec(lib_dir / "libnvidia-ml.so.1", state, uuids)
-    plugin = deviceplugin.StandinDevicePlugin(uuids, cdi_kind=CDI_KIND).start()
+    plugin = start_nvidia_device_plugin(node, driver, lib_dir)
     driver.set_work(uuids, "generation")  # a steady memory-bound load on every GPU
     driver.start()
     try:

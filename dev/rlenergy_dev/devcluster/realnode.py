@@ -21,7 +21,11 @@ answers, ``cdi.k8s.io/`` annotations), and NVIDIA Container Toolkit's
 ``NVIDIA_VISIBLE_DEVICES=all`` (the agent) gets the edits of the CDI device
 ``nvidia.com/gpu=all``. :meth:`RealNode.write_cdi_spec` writes the stand-in GPUs' spec
 (:func:`cdi_spec`), whose edits mount the stand-in ``libnvidia-ml.so.1`` and its state, so NVML
-reaches a pod only through CDI.
+reaches a pod only through CDI. ``nvidia.com/gpu`` is advertised by NVIDIA's k8s-device-plugin
+(``rlenergy_dev.devcluster.nvidiaplugin``, a host process over the stand-in NVML) with
+``--device-list-strategy=cdi-cri``: its ``Allocate`` answers name the devices
+``k8s.device-plugin.nvidia.com/gpu=<uuid>``, which containerd resolves through the same spec
+under that kind.
 
 Networking: by default there is no pod network. Only ``hostNetwork: true`` pods can run (their
 IP is the node's, 127.0.0.1); the CNI configuration is a loopback-only network, so containerd
@@ -63,7 +67,7 @@ from typing import IO, Any
 
 import yaml
 
-from rlenergy_dev.devcluster import process
+from rlenergy_dev.devcluster import nvidiaplugin, process
 from rlenergy_dev.devcluster.errors import DevClusterError, MissingBinaryError
 
 NAME = "realnode"
@@ -100,6 +104,11 @@ CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 """Where CDI consumers read specs (the CDI specification's default spec directories)."""
 CDI_SPEC_FILE = Path("/var/run/cdi/rlenergy-standin-gpu.json")
 """The stand-in GPUs' CDI spec (a generated, run-time spec: /var/run/cdi)."""
+DEVICE_PLUGIN_CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+"""CDI kind of NVIDIA's device plugin's ``Allocate`` answers (``--device-list-strategy=cdi-cri``;
+``rlenergy_dev.devcluster.nvidiaplugin``)."""
+DEVICE_PLUGIN_CDI_SPEC_FILE = Path("/var/run/cdi/rlenergy-standin-device-plugin-gpu.json")
+"""The stand-in GPUs' spec of kind :data:`DEVICE_PLUGIN_CDI_KIND`: the same devices and edits."""
 STANDIN_STATE_ENV = "RLENERGY_NVML_STANDIN_STATE"
 """The env that names the stand-in library's state file (dev/nvml_standin/standin.c)."""
 STANDIN_GPU_ENV_PREFIX = "RLENERGY_NVML_STANDIN_GPU_"
@@ -125,6 +134,8 @@ class NodeBinaries:
     pause_archive: Path
     nvidia_runtime: Path
     shim: Path
+    device_plugin: Path | None = None
+    """NVIDIA's ``nvidia-device-plugin`` (hack/device-plugin-bin.sh)."""
 
 
 @dataclass(frozen=True)
@@ -240,6 +251,13 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
             "(hack/node-bins.sh builds NVIDIA Container Toolkit's runtime from the Go module "
             "proxy)."
         )
+    device_plugin = bin_dir / "nvidia-device-plugin"
+    if not os.access(device_plugin, os.X_OK):
+        raise MissingBinaryError(
+            f"nvidia-device-plugin not found at {device_plugin}. Build it with `{FIX}` "
+            "(hack/device-plugin-bin.sh builds NVIDIA's k8s-device-plugin from the Go module "
+            "proxy)."
+        )
     return NodeBinaries(
         kubelet=built["kubelet"],
         containerd=built["containerd"],
@@ -248,6 +266,7 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
         pause_archive=pause,
         nvidia_runtime=nvidia,
         shim=built["containerd-shim-runc-v2"],
+        device_plugin=device_plugin,
     )
 
 
@@ -402,8 +421,8 @@ def nvidia_runtime_wrapper(binary: Path, config: Path) -> str:
     return f"#!/bin/sh\nNVIDIA_CTK_CONFIG_FILE_PATH='{config}' exec '{binary}' \"$@\"\n"
 
 
-def cdi_spec(lib: Path, state: Path, uuids: Sequence[str]) -> dict[str, Any]:
-    """The CDI spec (``cdiVersion`` 0.6.0) of the stand-in GPUs, kind ``nvidia.com/gpu``.
+def cdi_spec(lib: Path, state: Path, uuids: Sequence[str], kind: str = CDI_KIND) -> dict[str, Any]:
+    """The CDI spec (``cdiVersion`` 0.6.0) of the stand-in GPUs, of kind ``kind``.
 
     One device per GPU, named by its UUID (the IDs the device plugin advertises and
     PodResources reports), and ``all``, as ``nvidia-ctk cdi generate`` names them. The spec's
@@ -421,6 +440,8 @@ def cdi_spec(lib: Path, state: Path, uuids: Sequence[str]) -> dict[str, Any]:
         lib: The stand-in ``libnvidia-ml.so.1`` on the host.
         state: The stand-in's state file on the host.
         uuids: The stand-in GPUs' UUIDs, in NVML index order.
+        kind: The spec's kind: :data:`CDI_KIND` (the toolkit's runtime) or
+            :data:`DEVICE_PLUGIN_CDI_KIND` (NVIDIA's device plugin), with the same devices.
 
     Raises:
         ValueError: No UUID, a duplicate, or one CDI cannot name (letters, digits, ``_.:-``).
@@ -437,7 +458,7 @@ def cdi_spec(lib: Path, state: Path, uuids: Sequence[str]) -> dict[str, Any]:
         )
     return {
         "cdiVersion": "0.6.0",
-        "kind": CDI_KIND,
+        "kind": kind,
         "devices": [
             *(
                 {"name": u, "containerEdits": {"env": [f"{STANDIN_GPU_ENV_PREFIX}{i}={u}"]}}
@@ -614,7 +635,8 @@ class RealNode:
         self.containerd: process.ProcessRecord | None = None
         self.kubelet: process.ProcessRecord | None = None
         self.timings: dict[str, float] = {}
-        self._cdi_spec: Path | None = None
+        self._cdi_specs: list[Path] = []
+        self.device_plugin: nvidiaplugin.NvidiaDevicePlugin | None = None
 
     # ------------------------------------------------------------------ paths
     @property
@@ -845,10 +867,13 @@ class RealNode:
         return self.images()
 
     def write_cdi_spec(self, lib: Path, state: Path, uuids: Sequence[str]) -> Path:
-        """Write the stand-in GPUs' CDI spec (:func:`cdi_spec`) to :data:`CDI_SPEC_FILE`.
+        """Write the stand-in GPUs' CDI specs (:func:`cdi_spec`), one per kind.
 
-        The toolkit reads the spec folders at every container it edits, so a spec written
-        after the node started applies to the next container. :meth:`stop` removes it.
+        :data:`CDI_SPEC_FILE` (kind ``nvidia.com/gpu``) is the one the toolkit's runtime reads
+        for ``NVIDIA_VISIBLE_DEVICES``; :data:`DEVICE_PLUGIN_CDI_SPEC_FILE` names the same
+        devices for NVIDIA's device plugin's ``cdi-cri`` answers, which containerd resolves.
+        CDI consumers read the spec folders at every container they edit, so a spec written
+        after the node started applies to the next container. :meth:`stop` removes both.
 
         Args:
             lib: The stand-in ``libnvidia-ml.so.1`` (``standin.build_library``'s output).
@@ -856,7 +881,7 @@ class RealNode:
             uuids: The GPUs' UUIDs in NVML index order.
 
         Returns:
-            The spec's path.
+            :data:`CDI_SPEC_FILE`.
 
         Raises:
             DevClusterError: ``lib`` or ``state`` is not a file.
@@ -864,13 +889,60 @@ class RealNode:
         for path in (lib, state):
             if not path.is_file():
                 raise DevClusterError(f"{path} is not a file: the CDI spec would mount nothing")
-        spec = cdi_spec(lib.resolve(), state.resolve(), uuids)
-        CDI_SPEC_FILE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = CDI_SPEC_FILE.with_suffix(".tmp")
-        tmp.write_text(json.dumps(spec, indent=2))
-        tmp.replace(CDI_SPEC_FILE)  # never a half-written spec in the folder
-        self._cdi_spec = CDI_SPEC_FILE
+        for kind, target in (
+            (CDI_KIND, CDI_SPEC_FILE),
+            (DEVICE_PLUGIN_CDI_KIND, DEVICE_PLUGIN_CDI_SPEC_FILE),
+        ):
+            spec = cdi_spec(lib.resolve(), state.resolve(), uuids, kind)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(json.dumps(spec, indent=2))
+            tmp.replace(target)  # never a half-written spec in the folder
+            if target not in self._cdi_specs:
+                self._cdi_specs.append(target)
         return CDI_SPEC_FILE
+
+    def start_device_plugin(
+        self, *, nvml_lib: Path, cuda_lib: Path, state: Path, n_gpus: int, driver_version: str
+    ) -> nvidiaplugin.NvidiaDevicePlugin:
+        """Start NVIDIA's device plugin over the stand-in GPUs of ``state`` as a host process.
+
+        It advertises ``nvidia.com/gpu`` with ``--device-list-strategy=cdi-cri``; its driver
+        root, generated CDI spec and log are under ``<node>/nvidia-device-plugin``
+        (``rlenergy_dev.devcluster.nvidiaplugin``). Write the CDI specs first
+        (:meth:`write_cdi_spec`): containerd resolves its answers through them. :meth:`stop`
+        stops it if the caller has not.
+
+        Args:
+            nvml_lib: The stand-in ``libnvidia-ml.so.1``.
+            cuda_lib: The stand-in ``libcuda.so.1`` (``standin.build_cuda_library``).
+            state: The stand-in's state file.
+            n_gpus: GPUs in the state file.
+            driver_version: The state file's driver version.
+
+        Returns:
+            The plugin, registered with the kubelet.
+
+        Raises:
+            DevClusterError: The node has no plugin binary, or the plugin did not register.
+        """
+        if self.bins.device_plugin is None:
+            raise DevClusterError(f"no nvidia-device-plugin binary: run `{FIX}`")
+        plugin = nvidiaplugin.NvidiaDevicePlugin(
+            self.bins.device_plugin,
+            self.base / "nvidia-device-plugin",
+            nvml_lib=nvml_lib,
+            cuda_lib=cuda_lib,
+            state=state,
+            n_gpus=n_gpus,
+            driver_version=driver_version,
+        )
+        try:
+            plugin.start()
+        except (RuntimeError, OSError) as exc:
+            raise DevClusterError(str(exc)) from exc
+        self.device_plugin = plugin
+        return plugin
 
     def images(self) -> list[str]:
         """Names of the images in the ``k8s.io`` namespace."""
@@ -883,10 +955,14 @@ class RealNode:
     def stop(self, grace: float = 10.0) -> None:
         """Stop the kubelet, kill every container of the node, stop containerd, clean up.
 
-        Order: kubelet (so it restarts nothing), the containers' tasks (SIGKILL) and containers,
-        containerd, any shim left, then the mounts under the node's folder and the kubelet's
-        device-plugin sockets and checkpoint; the lock is released last.
+        Order: NVIDIA's device plugin, the kubelet (so it restarts nothing), the containers'
+        tasks (SIGKILL) and containers, containerd, any shim left, then the mounts under the
+        node's folder and the kubelet's device-plugin sockets and checkpoint; the lock is
+        released last.
         """
+        if self.device_plugin is not None:
+            self.device_plugin.stop()
+            self.device_plugin = None
         if self.kubelet is not None:
             process.terminate([self.kubelet], self._popens, grace=grace)
         if self.containerd is not None and process.is_alive(self.containerd):
@@ -902,11 +978,11 @@ class RealNode:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         unmount_under(self.base)
-        if self._cdi_spec is not None:
+        for spec in self._cdi_specs:
             with contextlib.suppress(OSError):
-                self._cdi_spec.unlink()
-            self._cdi_spec = None
-        for leftover in ("kubelet.sock", "kubelet_internal_checkpoint"):
+                spec.unlink()
+        self._cdi_specs = []
+        for leftover in ("kubelet.sock", "kubelet_internal_checkpoint", "nvidia-gpu.sock"):
             with contextlib.suppress(OSError):
                 (DEVICE_PLUGIN_DIR / leftover).unlink()
         self.release()

@@ -326,6 +326,38 @@ def test_signals_read_the_kubelet_listing_the_node_loop_keeps_fresh(
         srv.stop(None)
 
 
+def test_a_pod_recreated_under_its_name_with_other_gpus_is_listed_again(
+    make_driver: DriverFactory, short_tmp: Path
+) -> None:
+    """The kubelet allocates a re-created pod afresh: its GPUs may differ from the listing's
+    pod of that name. The agent lists again before it refuses a GPU as foreign."""
+    drv = make_driver(2)
+    sock = str(short_tmp / "kubelet.sock")
+    alloc = {("team-a", "trainer-0"): {"nvidia.com/gpu": [drv.uuids[0]]}}
+    now = [0.0]
+    srv = podmap.serve_fake_kubelet(sock, lambda: alloc)
+    client = podmap.PodResourcesClient(sock, max_age_s=60.0, clock=lambda: now[0])
+    try:
+        agent = standin_agent({}, PLAN, lambda: drv.virtual_s)
+        agent.podmap = client
+        client.keep_fresh()
+        old = identity.Caller("team-a", "trainer-0", "uid-old", "node-1", "sa")
+        assert identity.authorize(agent, old, [drv.uuids[0]]).name == "trainer-0"
+        # Deleted and created again under its name; the kubelet gave it the other GPU.
+        alloc[("team-a", "trainer-0")] = {"nvidia.com/gpu": [drv.uuids[1]]}
+        new = identity.Caller("team-a", "trainer-0", "uid-new", "node-1", "sa")
+        listings = client.listings
+        assert identity.authorize(agent, new, [drv.uuids[1]]).uid == "uid-new"
+        assert client.listings == listings + 1
+        with pytest.raises(identity.AuthError, match="does not hold GPU") as err:
+            identity.authorize(agent, new, [drv.uuids[0]])  # its old GPU: not its own now
+        assert err.value.status == 403
+        assert client.listings == listings + 1  # within RECHECK_S: not listed again
+    finally:
+        client.close()
+        srv.stop(None)
+
+
 def test_a_step_record_is_built_again_only_when_its_inputs_change(
     make_driver: DriverFactory,
 ) -> None:

@@ -121,6 +121,14 @@ def test_cdi_spec_of_the_standin_gpus() -> None:
         f"RLENERGY_NVML_STANDIN_STATE={realnode.CONTAINER_STATE_DIR}/nvml.state"
     ]
     assert realnode.CONTAINER_NVML_LIB.endswith("-linux-gnu/libnvidia-ml.so.1")
+    # The same devices and edits under the kind of NVIDIA's device plugin's cdi-cri answers.
+    plugin = realnode.cdi_spec(
+        lib, state, ["GPU-a-00", "GPU-a-01"], realnode.DEVICE_PLUGIN_CDI_KIND
+    )
+    assert plugin["kind"] == "k8s.device-plugin.nvidia.com/gpu"
+    assert {k: v for k, v in plugin.items() if k != "kind"} == {
+        k: v for k, v in spec.items() if k != "kind"
+    }
 
 
 @pytest.mark.parametrize("uuids", [[], ["GPU-1", "GPU-1"], ["GPU 1"], ["GPU-1-"], ["all"]])
@@ -228,7 +236,7 @@ def test_missing_kubelet_names_the_fix(tmp_path: Path) -> None:
         realnode.resolve_node_binaries(tmp_path)
 
 
-def test_missing_nvidia_container_runtime_names_the_fix(
+def test_missing_nvidia_binaries_name_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bin_dir = tmp_path / "bin"
@@ -248,8 +256,13 @@ def test_missing_nvidia_container_runtime_names_the_fix(
         realnode.resolve_node_binaries(bin_dir)
     (bin_dir / "nvidia-container-runtime").write_text("")
     (bin_dir / "nvidia-container-runtime").chmod(0o755)
+    with pytest.raises(MissingBinaryError, match="nvidia-device-plugin.*make bins"):
+        realnode.resolve_node_binaries(bin_dir)
+    (bin_dir / "nvidia-device-plugin").write_text("")
+    (bin_dir / "nvidia-device-plugin").chmod(0o755)
     bins = realnode.resolve_node_binaries(bin_dir)
     assert bins.nvidia_runtime == bin_dir / "nvidia-container-runtime"
+    assert bins.device_plugin == bin_dir / "nvidia-device-plugin"
     assert bins.containerd == bin_dir / "containerd" and bins.ctr == bin_dir / "ctr"
     assert bins.shim == bin_dir / "containerd-shim-runc-v2"
     assert bins.runc == Path("/usr/bin/runc")

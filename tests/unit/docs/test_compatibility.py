@@ -46,6 +46,8 @@ def test_cluster_versions_are_the_hack_scripts_pins() -> None:
     assert _shell_default("controlplane-bins.sh", "KWOK_VERSION") in _row("KWOK")
     assert _shell_default("registry-bins.sh", "DISTRIBUTION_VERSION") in _row("CNCF Distribution")
     assert _shell_default("registry-bins.sh", "CRANE_VERSION") in _row("crane")
+    plugin = _shell_default("device-plugin-bin.sh", "DEVICE_PLUGIN_VERSION")
+    assert plugin in _row("NVIDIA k8s-device-plugin")
     helm = re.search(r"ships helm (v[\d.]+)", (HACK / "controlplane-bins.sh").read_text())
     assert helm and helm.group(1) in _row("Helm")
     assert "containerd" in (HACK / "node-bins.sh").read_text()
