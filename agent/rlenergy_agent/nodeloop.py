@@ -83,6 +83,7 @@ def rediscover(
         for ns, _, name in (p.partition("/") for p in found.pods)
         if found.reason == "Matched"
     )
+    agent.discovered()  # a refused pod's miss is final once one began after it
     return found
 
 
@@ -166,13 +167,22 @@ class NodeLoop:
         self._stop = stop if stop is not None else threading.Event()
 
     def run(self) -> None:
-        """Pass every ``sample_interval_s`` until ``stop``."""
-        while not self._stop.wait(self.settings.sample_interval_s):
+        """Pass every ``sample_interval_s`` until ``stop``.
+
+        A selection miss (``agent.loop_wake``) starts the next pass at once.
+        """
+        wake = self.agent.loop_wake
+        while not self._stop.is_set():
+            wake.wait(self.settings.sample_interval_s)
+            wake.clear()
+            if self._stop.is_set():
+                break
             self.tick(time.monotonic())
 
     def stop(self) -> None:
         """End ``run`` after the current pass."""
         self._stop.set()
+        self.agent.loop_wake.set()
 
     def close(self) -> None:
         """End the plan watch and the annotation watch (the policy is left, or the agent stops)."""

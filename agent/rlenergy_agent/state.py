@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from rlenergy.api import node as api_node
@@ -36,6 +37,15 @@ dispatcher publishes the next step or two ahead, and a park names the current st
 further ahead (2^62, or ``MAX_STEP`` to end every park and stale every publication for good) is
 refused with 409. The first signal after the agent starts or switches policy sets the newest
 step (a trainer resuming from a checkpoint at step 5000 is accepted)."""
+MISS_WAIT_S = 3.0
+"""How long a pod's first signal that no discovery has selected waits for the node loop's next
+discoveries (woken at once; each a listing of the node's pods and policies, tens of ms) before
+it is answered 503: a pod that just started is then served on its first signal. Once per pod
+(``selection_misses``); later misses are answered at once."""
+MISSES_KEPT = 1024
+"""Pods whose selection miss is remembered (``check_selected``): a bound on what callers that
+no policy selects can make the agent keep; the oldest is forgotten first (it then gets one more
+round of 503 before its 403)."""
 DEFAULT_PHASES = frozenset(
     {api_phases.GENERATION, api_phases.TRAINING} | {s.name for s in api_phases.TRAINING_SUBPHASES}
 )
@@ -270,6 +280,10 @@ class AgentState:
     newest_step: int
     selected: frozenset[tuple[str, str]] | None
     discovery_due: bool
+    discoveries: int
+    selection_misses: dict[tuple[str, str, str], int]
+    discovery_done: threading.Condition
+    loop_wake: threading.Event
     stopping: bool = False
     """SIGTERM arrived: the agent resets its clocks and exits; every signal gets 503 (retry:
     the next agent on the node serves the same socket), never a 403 a trainer takes as final."""
@@ -394,23 +408,45 @@ class AgentState:
         ``selected`` is set by policy discovery (``nodeloop``): the GPU pods of this node whose
         labels the serving policy's ``spec.selector`` matches, in its namespace. ``None`` (a
         policy named in the settings, or a plan file: local runs) checks nothing here. A miss
-        asks the node loop to discover again at its next pass (a pod that just started).
+        asks the node loop to discover again at its next pass: a pod that just started (or was
+        re-created under its name) signals before the discovery that selects it, so its
+        refusal is final (403) only once a discovery that began after its first miss has not
+        selected it either; until then it gets 503 (retry). The caller passed identity
+        (``identity.authorize``: its token, its node, its GPUs) before this check.
 
         Raises:
-            SignalRefused: 503 as ``check_serving``, or for a pod the agent governs (its
+            SignalRefused: 503 as ``check_serving``, for a pod the agent governs (its
                 windows, locks or parks are held: discovery dropped it for a moment, e.g. an
                 empty kubelet listing, and a lasting change resets it first,
-                ``nodeloop.leave_policy``); 403 for any other pod, naming it and the policy.
+                ``nodeloop.leave_policy``), or for a pod whose first miss no discovery has
+                answered yet; 403 for any other pod, naming it and the policy.
         """
         self.check_serving()
         selected = self.selected
         if selected is None or (pod.namespace, pod.name) in selected:
+            self.selection_misses.pop((pod.namespace, pod.name, pod.uid), None)
             return
         self.discovery_due = True
         if any(pods.same_pod(p, pod) for p in self.governed_pods()):
             raise SignalRefused(
                 f"pod {pod} is governed here, but the newest policy discovery does not select "
                 "it: retry",
+                503,
+            )
+        key = (pod.namespace, pod.name, pod.uid)
+        first = self.selection_misses.get(key)
+        if first is None:
+            while len(self.selection_misses) >= MISSES_KEPT:
+                self.selection_misses.pop(next(iter(self.selection_misses)))
+            self.selection_misses[key] = first = self.discoveries
+            if self._await_selection(pod, first + 2):
+                self.selection_misses.pop(key, None)
+                return  # a pod that had just started: the fresh discovery selects it
+        if self.discoveries <= first + 1:  # the discovery running at the miss may predate it
+            raise SignalRefused(
+                f"pod {pod} is not selected by the policy this node serves "
+                f"({self.policy_name or 'none'}) as of the last discovery; discovering again "
+                "(a pod that just started): retry",
                 503,
             )
         self.refused += 1
@@ -420,6 +456,34 @@ class AgentState:
             "pods a policy's spec.selector matches may signal its node agents",
             403,
         )
+
+    def discovered(self) -> None:
+        """A policy discovery set ``selected``: count it and wake the signals waiting on one."""
+        with self.discovery_done:
+            self.discoveries += 1
+            self.discovery_done.notify_all()
+
+    def _await_selection(self, pod: PodRef, count: int) -> bool:
+        """Wait up to ``MISS_WAIT_S`` for a discovery that selects ``pod``.
+
+        Each wait wakes the node loop with a discovery due (``loop_wake``, ``discovery_due``).
+
+        Returns:
+            True once ``selected`` names ``pod``; False when ``discoveries`` reached ``count``
+            without it, or the time ran out.
+        """
+        deadline = time.monotonic() + MISS_WAIT_S
+        with self.discovery_done:
+            while True:
+                selected = self.selected
+                if selected is not None and (pod.namespace, pod.name) in selected:
+                    return True
+                left = deadline - time.monotonic()
+                if self.discoveries >= count or left <= 0:
+                    return False
+                self.discovery_due = True
+                self.loop_wake.set()
+                self.discovery_done.wait(left)
 
     def _entry_for(self, phase: str) -> api_node.PhasePlan | None:
         raise NotImplementedError

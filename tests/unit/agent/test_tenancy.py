@@ -1,7 +1,9 @@
 """Tenants on one node: signals bound to the serving policy, bounded fields, bounded state.
 
-We test these aspects: a pod the serving policy does not select is refused (403), and a stopping
-agent, one that has not yet discovered its policy, or one whose discovery missed a pod it
+We test these aspects: a pod the serving policy does not select is refused (403) once a
+discovery begun after its first signal has not selected it either (503 until then), and a pod
+that had just started is served on its first signal, the node loop woken to discover it; a
+stopping agent, one that has not yet discovered its policy, or one whose discovery missed a pod it
 governs answers 503 (retry) instead; another tenant's policy selecting a co-located pod of its
 own leaves the governed job's policy, locks and signals alone; extreme numbers and far steps are refused; phase names,
 metric series and per-pod energy stay bounded; replica holders cannot lock a shared GPU; report
@@ -92,6 +94,12 @@ def node(make_driver: DriverFactory, short_tmp: Path) -> Iterator[tuple[Any, ...
         srv.stop()
 
 
+@pytest.fixture(autouse=True)
+def _short_miss_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No node loop runs here (but in the test that starts one): a miss waits 0.05 s, not 3."""
+    monkeypatch.setattr(state, "MISS_WAIT_S", 0.05)
+
+
 def _discover(agent: service.Agent) -> None:
     labels = {("team-a", "trainer-0"): {"app": "rl"}, ("team-a", "rollout-0"): {"app": "rl"}}
     found = nodeloop.rediscover(_Finder(labels), agent, None)  # type: ignore[arg-type]
@@ -106,13 +114,19 @@ def test_a_pod_the_policy_does_not_select_cannot_dispatch_or_signal(
     spoiler = reviews.issue(TEAM_B)
     dispatch = {"step": 5, "activeWorkers": 2, "nextStepWorkers": 4000}
     status, answer = post(sock, "/v1/rollout", spoiler, json.dumps(dispatch))
+    assert status == 503 and "discovering again" in answer["error"], answer
+    assert agent.discovery_due and agent.loop_wake.is_set()  # the node loop looks again
+    assert agent.dispatch is None and agent.report().rollout is None
+    _discover(agent)  # the discovery that may have been running at the miss
+    assert post(sock, "/v1/rollout", spoiler, json.dumps(dispatch))[0] == 503
+    _discover(agent)  # one begun after the miss: still not selected, refused for good
+    status, answer = post(sock, "/v1/rollout", spoiler, json.dumps(dispatch))
     assert status == 403, answer
     assert "team-b/spoiler-0 is not selected" in answer["error"]
     assert agent.dispatch is None and agent.report().rollout is None
     status, answer = post(sock, "/v1/phase", spoiler, '{"phase": "generation", "step": 0}')
     assert status == 403, answer
     assert agent.actuator.controls[drv.uuids[3]].applied_mhz is None
-    assert agent.discovery_due  # the node loop looks again (a pod that just started)
     # team-a's own dispatcher and trainer are served
     own = reviews.issue(TEAM_A)
     status, _ = post(sock, "/v1/rollout", own, json.dumps({**dispatch, "nextStepWorkers": 2}))
@@ -126,7 +140,11 @@ def test_no_policy_governing_the_node_refuses_every_pod(node: tuple[Any, ...]) -
     _drv, agent, reviews, sock = node
     found = nodeloop.rediscover(_Finder({}), agent, None)  # type: ignore[arg-type]
     assert found is not None and found.reason == "NoMatch"
-    status, answer = post(sock, "/v1/phase", reviews.issue(TEAM_A), '{"phase":"idle","step":0}')
+    own = reviews.issue(TEAM_A)
+    assert post(sock, "/v1/phase", own, '{"phase":"idle","step":0}')[0] == 503
+    for _ in range(2):
+        nodeloop.rediscover(_Finder({}), agent, None)  # type: ignore[arg-type]
+    status, answer = post(sock, "/v1/phase", own, '{"phase":"idle","step":0}')
     assert status == 403, answer
 
 
@@ -398,7 +416,7 @@ def test_an_unselected_caller_makes_the_node_loop_discover_at_once(node: tuple[A
     loop.writer = loop.watcher = None
     assert ("team-a", "rollout-0") not in (agent.selected or ())
     status, _ = post(sock, "/v1/phase", reviews.issue(TEAM_A_ROLLOUT), '{"phase":"idle","step":0}')
-    assert status == 403 and agent.discovery_due
+    assert status == 503 and agent.discovery_due and agent.loop_wake.is_set()
     loop.tick(1.0)  # long before the next plan poll (60 s): discovery runs because it is due
     assert len(calls) == 2 and not agent.discovery_due
     status, _ = post(sock, "/v1/phase", reviews.issue(TEAM_A_ROLLOUT), '{"phase":"idle","step":0}')
@@ -448,7 +466,11 @@ def test_signals_wait_for_the_first_policy_discovery(node: tuple[Any, ...]) -> N
     _discover(agent)
     assert not agent.discovery_pending
     assert post(sock, "/v1/phase", own, '{"phase": "generation", "step": 1}')[0] == 200
-    assert post(sock, "/v1/phase", reviews.issue(TEAM_B), '{"phase":"idle","step":1}')[0] == 403
+    spoiler = reviews.issue(TEAM_B)
+    assert post(sock, "/v1/phase", spoiler, '{"phase":"idle","step":1}')[0] == 503
+    _discover(agent)
+    _discover(agent)
+    assert post(sock, "/v1/phase", spoiler, '{"phase":"idle","step":1}')[0] == 403
 
 
 def test_a_governed_pod_a_discovery_misses_gets_retry(node: tuple[Any, ...]) -> None:
@@ -469,6 +491,14 @@ def test_a_governed_pod_a_discovery_misses_gets_retry(node: tuple[Any, ...]) -> 
     assert agent.actuator.controls[drv.uuids[0]].applied_mhz == 1395  # its lock is kept
     # once its clocks are reset (the pod ended, or the node left the policy): 403
     agent.pod_gone(TEAM_A)
+    status, answer = post(sock, "/v1/phase", own, '{"phase": "training", "step": 1}')
+    assert status == 503 and "discovering again" in answer["error"], answer
+    for _ in range(2):
+        nodeloop.rediscover(
+            _Finder({("team-a", "rollout-0"): {"app": "rl"}}),
+            agent,
+            None,  # type: ignore[arg-type]
+        )
     status, answer = post(sock, "/v1/phase", own, '{"phase": "training", "step": 1}')
     assert status == 403 and "is not selected" in answer["error"], answer
 
@@ -508,8 +538,53 @@ def test_another_tenants_policy_does_not_reset_the_governed_job(node: tuple[Any,
     # team-a's job keeps its lock and goes on signalling; team-b's pod is not governed here
     assert agent.actuator.controls[drv.uuids[0]].applied_mhz == 1395
     assert post(sock, "/v1/phase", own, '{"phase": "training", "step": 1}')[0] == 200
-    status, answer = post(sock, "/v1/phase", reviews.issue(TEAM_B), '{"phase":"idle","step":1}')
+    spoiler = reviews.issue(TEAM_B)
+    assert post(sock, "/v1/phase", spoiler, '{"phase":"idle","step":1}')[0] == 503
+    last = found
+    for _ in range(2):
+        again_found = nodeloop.rediscover(_TwoTenants(labels), agent, last)  # type: ignore[arg-type]
+        assert again_found is not None
+        last = again_found
+    status, answer = post(sock, "/v1/phase", spoiler, '{"phase":"idle","step":1}')
     assert status == 403 and "not selected" in answer["error"], answer
     # a fresh agent (no current policy) still sees the conflict and governs none
     again = nodeloop.rediscover(_TwoTenants(labels), agent, None)  # type: ignore[arg-type]
     assert again is not None and again.reason == "Conflict"
+
+
+def test_a_pod_that_just_started_is_served_on_its_first_signal(
+    node: tuple[Any, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its signal arrives before the discovery that selects it: the node loop is woken, the
+    signal waits for that discovery and is served (a re-created pod's first signal)."""
+    import threading
+
+    monkeypatch.setattr(state, "MISS_WAIT_S", 10.0)
+    drv, agent, reviews, sock = node
+    labels = {("team-a", "rollout-0"): {"app": "rl"}}
+    _found = nodeloop.rediscover(_Finder(dict(labels)), agent, None)  # type: ignore[arg-type]
+    assert ("team-a", "trainer-0") not in (agent.selected or ())
+    labels[("team-a", "trainer-0")] = {"app": "rl"}  # the API now lists the new pod's labels
+    stop = threading.Event()
+    passes: list[float] = []
+
+    def loop() -> None:  # the node loop: a discovery each time a miss wakes it
+        while not stop.is_set():
+            if agent.loop_wake.wait(0.05):
+                agent.loop_wake.clear()
+                nodeloop.rediscover(_Finder(labels), agent, None)  # type: ignore[arg-type]
+                passes.append(1.0)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        status, answer = post(
+            sock, "/v1/phase", reviews.issue(TEAM_A), '{"phase": "generation", "step": 1}'
+        )
+    finally:
+        stop.set()
+        t.join()
+    assert status == 200, answer
+    assert passes  # woken by the miss, not by its interval
+    assert agent.actuator.controls[drv.uuids[0]].applied_mhz == 1395
+    assert not agent.selection_misses
