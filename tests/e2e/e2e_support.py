@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
+from rlenergy_dev.devcluster.cluster import free_port
 from rlenergy_dev.devcluster.nvidiaplugin import NvidiaDevicePlugin
 from rlenergy_dev.devcluster.realnode import RealNode
 
@@ -69,3 +70,46 @@ def start_nvidia_device_plugin(
         n_gpus=len(driver.uuids),
         driver_version=driver.state.driver_version.decode(),
     )
+
+
+def pods_of(c: DevCluster, ns: str, selector: str) -> list[dict[str, Any]]:
+    """The pods of namespace ``ns`` that label ``selector`` matches (``kubectl get -l``)."""
+    return list(get_json(c, "pods", "-n", ns, "-l", selector)["items"])
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """Whether ``pod`` (a pod object) has its Ready condition True."""
+    return any(
+        cond["type"] == "Ready" and cond["status"] == "True"
+        for cond in pod.get("status", {}).get("conditions", [])
+    )
+
+
+def gpu_locks(driver: standin.StandinDriver, uuids: tuple[str, ...]) -> dict[str, int | None]:
+    """Each stand-in GPU's locked SM clock, MHz (None: the default governor)."""
+    return {u: (int(driver.gpu(u).lock_max_mhz) if driver.gpu(u).locked else None) for u in uuids}
+
+
+def real_node_values(c: DevCluster, node: RealNode, work: Path) -> dict[str, Any]:
+    """Chart values of an install on the real node: the operator and agents on the host network
+    (the API server on 127.0.0.1 of the node's network), one operator replica reconciling every
+    second, ports chosen free, the agent's state, socket and PodResources folders under ``work``
+    and the node's. Callers add what their install differs in."""
+    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "hostNetwork": True,
+        "apiServer": {"host": "127.0.0.1", "port": c.server.rsplit(":", 1)[1]},
+        "operator": {
+            "replicas": 1,
+            "healthPort": free_port(),
+            "metricsPort": free_port(),
+            "reconcileIntervalS": 1,
+            "tolerations": tolerate,
+        },
+        "agent": {
+            "metricsPort": free_port(),
+            "stateDir": str(work / "agent-state"),
+            "socketDir": str(work / "agent-socket"),
+            "podResourcesDir": str(node.pod_resources_dir),
+        },
+    }

@@ -52,12 +52,20 @@ from typing import Any
 import pytest
 import rlenergy_dev
 import yaml
-from e2e_support import get_json, real_node_cluster, start_nvidia_device_plugin, wait_until
+from e2e_support import (
+    get_json,
+    gpu_locks,
+    pod_ready,
+    pods_of,
+    real_node_cluster,
+    real_node_values,
+    start_nvidia_device_plugin,
+    wait_until,
+)
 from rlenergy_agent.actuator import snap_clock_mhz
 from rlenergy_agent.kube import report_name
 from rlenergy_dev import fullstack, podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster
-from rlenergy_dev.devcluster.cluster import free_port
 from rlenergy_dev.devcluster.nvidiaplugin import NvidiaDevicePlugin
 from rlenergy_dev.devcluster.realnode import RealNode
 
@@ -98,23 +106,8 @@ def _node(c: DevCluster) -> RealNode:
     return c.real_node
 
 
-def _locks(driver: standin.StandinDriver, uuids: tuple[str, ...]) -> dict[str, int | None]:
-    return {u: (int(driver.gpu(u).lock_max_mhz) if driver.gpu(u).locked else None) for u in uuids}
-
-
 def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
-
-
-def _pods(c: DevCluster, ns: str, selector: str) -> list[dict[str, Any]]:
-    return list(get_json(c, "pods", "-n", ns, "-l", selector)["items"])
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(
-        cond["type"] == "Ready" and cond["status"] == "True"
-        for cond in pod.get("status", {}).get("conditions", [])
-    )
 
 
 def _pod_rss_kib(pod_uid: str) -> dict[str, int]:
@@ -140,30 +133,6 @@ def _pod_rss_kib(pod_uid: str) -> dict[str, int]:
                 int(stat["rss"]) + int(stat["cache"])
             ) // 1024
     return out
-
-
-def _values(c: DevCluster, node: RealNode, work: Path) -> dict[str, Any]:
-    """The chart values of the user's install: the chart's default images (pulled by the
-    kubelet) and the agent's default runtime class ``nvidia``, so NVML reaches it only
-    through the toolkit's CDI injection."""
-    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    return {
-        "hostNetwork": True,
-        "apiServer": {"host": "127.0.0.1", "port": c.server.rsplit(":", 1)[1]},
-        "operator": {
-            "replicas": 1,
-            "healthPort": free_port(),
-            "metricsPort": free_port(),
-            "reconcileIntervalS": 1,
-            "tolerations": tolerate,
-        },
-        "agent": {
-            "metricsPort": free_port(),
-            "stateDir": str(work / "agent-state"),
-            "socketDir": str(work / "agent-socket"),
-            "podResourcesDir": str(node.pod_resources_dir),
-        },
-    }
 
 
 def _trainer_pod(
@@ -330,7 +299,7 @@ def _user_day(
     work: Path,
     figures: dict[str, Any],
 ) -> None:
-    values = _values(c, node, work)
+    values = real_node_values(c, node, work)
     vfile = work / "values.json"
     vfile.write_text(json.dumps(values))
     assert c.registry is not None
@@ -360,7 +329,7 @@ def _user_day(
     ), pulled
     op = wait_until(
         lambda: [
-            p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/component=operator") if _ready(p)
+            p for p in pods_of(c, SYSTEM_NS, "app.kubernetes.io/component=operator") if pod_ready(p)
         ],
         timeout=120,
         what="operator pod Ready",
@@ -383,8 +352,8 @@ def _user_day(
     agent = wait_until(
         lambda: [
             p
-            for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
-            if _ready(p)
+            for p in pods_of(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
+            if pod_ready(p)
         ],
         timeout=180,
         what="agent pod Running and Ready on the real node",
@@ -455,10 +424,10 @@ def _user_day(
     def sample() -> None:
         while not sampling.wait(0.01):
             kind = feed.kind
-            locks = _locks(driver, gpus)
+            locks = gpu_locks(driver, gpus)
             locks_by_kind.setdefault(kind, set()).update(locks.values())
             samples_by_kind.setdefault(kind, collections.Counter()).update(locks.values())
-            if set((o := _locks(driver, others)).values()) != {None}:
+            if set((o := gpu_locks(driver, others)).values()) != {None}:
                 strays.append(o)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -528,20 +497,20 @@ def _user_day(
         t0 = time.monotonic()
         c.kubectl("delete", "pod", "-n", SYSTEM_NS, agent["metadata"]["name"], "--wait=false")
         wait_until(
-            lambda: set(_locks(driver, gpus).values()) == {None},
+            lambda: set(gpu_locks(driver, gpus).values()) == {None},
             timeout=RESET_BOUND_S + 30, interval=0.05, what="GPUs reset by the stopping agent",
         )  # fmt: skip
         figures["agent_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
         new_agent = wait_until(
             lambda: [
-                p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
-                if _ready(p) and p["metadata"]["uid"] != agent["metadata"]["uid"]
+                p for p in pods_of(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
+                if pod_ready(p) and p["metadata"]["uid"] != agent["metadata"]["uid"]
             ],
             timeout=180, what="the recreated agent pod Ready",
         )[0]  # fmt: skip
         figures["agent_delete_to_new_agent_ready_s"] = round(time.monotonic() - t0, 1)
         wait_until(
-            lambda: any(v is not None for v in _locks(driver, gpus).values()),
+            lambda: any(v is not None for v in gpu_locks(driver, gpus).values()),
             timeout=120, interval=0.05, what="the trainer's GPUs governed by the new agent",
         )  # fmt: skip
         figures["agent_rss_kib_running"] = _pod_rss_kib(new_agent["metadata"]["uid"])
@@ -550,7 +519,7 @@ def _user_day(
         t0 = time.monotonic()
         c.kubectl("delete", "pod", "trainer", "-n", ns, "--wait=false")
         wait_until(
-            lambda: set(_locks(driver, gpus).values()) == {None},
+            lambda: set(gpu_locks(driver, gpus).values()) == {None},
             timeout=RESET_BOUND_S + 20, interval=0.05, what="the deleted trainer's GPUs reset",
         )  # fmt: skip
         figures["trainer_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
@@ -568,7 +537,7 @@ def _user_day(
             lambda: not get_json(c, "pods", "-n", SYSTEM_NS)["items"],
             timeout=120, what="no pod left in the release namespace",
         )  # fmt: skip
-        assert set(_locks(driver, driver.uuids).values()) == {None}
+        assert set(gpu_locks(driver, driver.uuids).values()) == {None}
         for kind in ("rlep", "rlenergynodereports"):
             items = get_json(c, kind, "-A")["items"]
             assert all(not i["metadata"].get("finalizers") for i in items), items

@@ -47,7 +47,16 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import get_json, real_node_cluster, start_nvidia_device_plugin, wait_until
+from e2e_support import (
+    get_json,
+    gpu_locks,
+    pod_ready,
+    pods_of,
+    real_node_cluster,
+    real_node_values,
+    start_nvidia_device_plugin,
+    wait_until,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from rlenergy_dev import podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster
@@ -62,11 +71,7 @@ from test_real_node import (
     ROOT,
     SAMPLE,
     SYSTEM_NS,
-    _locks,
-    _pods,
-    _ready,
     _trainer_pod,
-    _values,
 )
 
 from rlenergy.gpu import models
@@ -192,7 +197,7 @@ def _diagnostics(d: Day, case: str) -> Iterator[None]:
 
 def _agent(c: DevCluster) -> dict[str, Any]:
     return wait_until(
-        lambda: [p for p in _pods(c, SYSTEM_NS, AGENT_SELECTOR) if _ready(p)],
+        lambda: [p for p in pods_of(c, SYSTEM_NS, AGENT_SELECTOR) if pod_ready(p)],
         timeout=180,
         what="a Ready agent pod",
     )[0]
@@ -223,7 +228,7 @@ def day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day]:
         node.write_cdi_spec(lib_dir / "libnvidia-ml.so.1", state, uuids)
         plugin = start_nvidia_device_plugin(node, driver, lib_dir)
         try:
-            values = _values(c, node, work)
+            values = real_node_values(c, node, work)
             (work / "values.json").write_text(json.dumps(values))
             c.helm(
                 "install", RELEASE, str(CHART), "-n", SYSTEM_NS, "--create-namespace",
@@ -246,7 +251,7 @@ def day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day]:
                       timeout=120)  # fmt: skip
             c.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "120s",
                    timeout=180)  # fmt: skip
-            assert set(_locks(driver, driver.uuids).values()) == {None}
+            assert set(gpu_locks(driver, driver.uuids).values()) == {None}
         finally:
             plugin.stop()
             figures["module_wall_s"] = round(time.monotonic() - t_start, 1)
@@ -322,7 +327,7 @@ def _delete(d: Day, *trainers: Trainer) -> float:
         d.cluster.kubectl("delete", "pod", t.name, "-n", NS, "--wait=false")
     gpus = tuple(g for t in trainers for g in t.gpus)
     wait_until(
-        lambda: set(_locks(d.driver, gpus).values()) == {None},
+        lambda: set(gpu_locks(d.driver, gpus).values()) == {None},
         timeout=RESET_BOUND_S + 20, interval=0.05, what="the deleted trainers' GPUs reset",
     )  # fmt: skip
     took = time.monotonic() - t0
@@ -358,7 +363,7 @@ class LockSampler:
 
     def _run(self, driver: standin.StandinDriver, uuids: tuple[str, ...]) -> None:
         while not self._stop.wait(0.01):
-            self.samples.append((time.time(), _locks(driver, uuids)))
+            self.samples.append((time.time(), gpu_locks(driver, uuids)))
 
     def __enter__(self) -> LockSampler:
         self._thread.start()
@@ -375,7 +380,7 @@ def _gone(d: Day, t: Trainer) -> None:
         "delete", "pod", t.name, "-n", NS, "--ignore-not-found", "--timeout=60s", check=False
     )
     deadline = time.monotonic() + 60
-    while set(_locks(d.driver, t.gpus).values()) != {None} and time.monotonic() < deadline:
+    while set(gpu_locks(d.driver, t.gpus).values()) != {None} and time.monotonic() < deadline:
         time.sleep(0.5)
 
 
@@ -511,7 +516,7 @@ def test_kubelet_restart_keeps_the_lock_and_the_signals(day: Day) -> None:
         fig["lock_after_restart_mhz"] = _hold_a_steady_lock(d, t, feed, phase)
         try:
             wait_until(
-                lambda: _agent_locks(d, t.gpus) == _locks(d.driver, t.gpus),
+                lambda: _agent_locks(d, t.gpus) == gpu_locks(d.driver, t.gpus),
                 timeout=30, interval=0.5, what="the agent's /metrics naming the GPUs' lock",
             )  # fmt: skip
         finally:
@@ -533,8 +538,8 @@ def test_agent_rollout_while_two_trainers_signal(day: Day) -> None:
         d.cluster.kubectl("rollout", "restart", f"ds/{AGENT_DS}", "-n", SYSTEM_NS)
         new = wait_until(
             lambda: [
-                p for p in _pods(d.cluster, SYSTEM_NS, AGENT_SELECTOR)
-                if _ready(p) and p["metadata"]["uid"] != old["metadata"]["uid"]
+                p for p in pods_of(d.cluster, SYSTEM_NS, AGENT_SELECTOR)
+                if pod_ready(p) and p["metadata"]["uid"] != old["metadata"]["uid"]
             ],
             timeout=180, what="the rolled agent pod Ready",
         )[0]  # fmt: skip
@@ -561,7 +566,7 @@ def test_agent_rollout_while_two_trainers_signal(day: Day) -> None:
     assert all(g <= SIGNAL_GAP_BOUND_S for g in gaps.values()), fig
     # No lock outlives its owner: the new agent resets the GPUs of both pods at their end.
     fig["trainers_delete_to_reset_s"] = round(_delete(d, a, b), 2)
-    assert set(_locks(d.driver, d.driver.uuids).values()) == {None}
+    assert set(gpu_locks(d.driver, d.driver.uuids).values()) == {None}
 
 
 def test_recreated_pod_refuses_the_old_token(day: Day) -> None:

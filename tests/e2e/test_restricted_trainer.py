@@ -55,10 +55,17 @@ from typing import Any
 import pytest
 import rlenergy_dev
 import yaml
-from e2e_support import get_json, real_node_cluster, wait_until
+from e2e_support import (
+    get_json,
+    gpu_locks,
+    pod_ready,
+    pods_of,
+    real_node_cluster,
+    real_node_values,
+    wait_until,
+)
 from rlenergy_dev import deviceplugin, fullstack, podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster, netns
-from rlenergy_dev.devcluster.cluster import free_port
 from rlenergy_dev.devcluster.realnode import CDI_KIND, PodNetwork, RealNode
 
 from rlenergy.gpu import models
@@ -107,44 +114,6 @@ def cluster() -> Iterator[DevCluster]:
                 assert netns.namespace_of(rec.pid) == own, rec
             yield c
     assert netns.current_namespace() == host
-
-
-def _pods(c: DevCluster, ns: str, selector: str) -> list[dict[str, Any]]:
-    return list(get_json(c, "pods", "-n", ns, "-l", selector)["items"])
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(
-        cond["type"] == "Ready" and cond["status"] == "True"
-        for cond in pod.get("status", {}).get("conditions", [])
-    )
-
-
-def _locks(driver: standin.StandinDriver, uuids: tuple[str, ...]) -> dict[str, int | None]:
-    return {u: (int(driver.gpu(u).lock_max_mhz) if driver.gpu(u).locked else None) for u in uuids}
-
-
-def _values(c: DevCluster, node: RealNode, work: Path) -> dict[str, Any]:
-    """The operator and agents on the host network (the API server is on the namespace's
-    127.0.0.1); the webhook and the TLS port at the chart's defaults."""
-    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    return {
-        "hostNetwork": True,
-        "apiServer": {"host": "127.0.0.1", "port": c.server.rsplit(":", 1)[1]},
-        "operator": {
-            "replicas": 1,
-            "healthPort": free_port(),
-            "metricsPort": free_port(),
-            "reconcileIntervalS": 1,
-            "tolerations": tolerate,
-        },
-        "agent": {
-            "metricsPort": free_port(),
-            "stateDir": str(work / "agent-state"),
-            "socketDir": str(work / "agent-socket"),
-            "podResourcesDir": str(node.pod_resources_dir),
-        },
-    }
 
 
 def _volume(name: str, path: Path, node: str, *, read_only: bool) -> list[dict[str, Any]]:
@@ -313,7 +282,7 @@ def test_restricted_trainer_pod(cluster: DevCluster) -> None:
 
 def _install(c: DevCluster, node: RealNode, work: Path, figures: dict[str, Any]) -> None:
     vfile = work / "values.json"
-    vfile.write_text(json.dumps(_values(c, node, work)))
+    vfile.write_text(json.dumps(real_node_values(c, node, work)))
     t0 = time.monotonic()
     c.helm(
         "install", RELEASE, str(CHART), "-n", SYSTEM_NS, "--create-namespace",
@@ -321,7 +290,7 @@ def _install(c: DevCluster, node: RealNode, work: Path, figures: dict[str, Any])
     )  # fmt: skip
     op = wait_until(
         lambda: [
-            p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/component=operator") if _ready(p)
+            p for p in pods_of(c, SYSTEM_NS, "app.kubernetes.io/component=operator") if pod_ready(p)
         ],
         timeout=180,
         what="operator pod Ready",
@@ -351,8 +320,8 @@ def _day(
     t0 = time.monotonic()
     wait_until(
         lambda: [
-            p for p in _pods(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
-            if _ready(p)
+            p for p in pods_of(c, SYSTEM_NS, "app.kubernetes.io/name=rlenergy-node-agent")
+            if pod_ready(p)
         ],
         timeout=240, what="agent pod Ready on the real node",
     )  # fmt: skip
@@ -421,7 +390,7 @@ def _day(
     t0 = time.monotonic()
     c.kubectl("delete", "pod", "trainer", "-n", NS, "--wait=false")
     wait_until(
-        lambda: set(_locks(driver, gpus).values()) == {None},
+        lambda: set(gpu_locks(driver, gpus).values()) == {None},
         timeout=30, interval=0.05, what="the deleted trainer's GPUs reset",
     )  # fmt: skip
     figures["trainer_delete_to_reset_s"] = round(time.monotonic() - t0, 2)
@@ -484,9 +453,9 @@ def _governed(
         while not stop.wait(0.01):
             kind = feed.kind
             locks_by_kind.setdefault(kind, collections.Counter()).update(
-                _locks(driver, gpus).values()
+                gpu_locks(driver, gpus).values()
             )
-            if set((o := _locks(driver, others)).values()) != {None}:
+            if set((o := gpu_locks(driver, others)).values()) != {None}:
                 strays.append(o)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -542,7 +511,7 @@ def _operator_down(
     operator, back, warns on the policy."""
     op_selector = "app.kubernetes.io/component=operator"
     c.kubectl("scale", "deployment", "-n", SYSTEM_NS, "-l", op_selector, "--replicas=0")
-    wait_until(lambda: not _pods(c, SYSTEM_NS, op_selector), timeout=120, what="no operator pod")
+    wait_until(lambda: not pods_of(c, SYSTEM_NS, op_selector), timeout=120, what="no operator pod")
     allocations = len(plugin.allocations)
     t0 = time.monotonic()
     c.kubectl("apply", "-f", "-", input=json.dumps(_trainer_pod("trainer-down", labels)))
@@ -560,7 +529,7 @@ def _operator_down(
     # Ungoverned: its GPUs stay at the default governor while it runs.
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        assert set(_locks(driver, gpus).values()) == {None}, _locks(driver, gpus)
+        assert set(gpu_locks(driver, gpus).values()) == {None}, gpu_locks(driver, gpus)
         assert get_json(c, "pod", "trainer-down", "-n", NS)["status"]["phase"] == "Running"
         time.sleep(1)
     t0 = time.monotonic()
@@ -572,5 +541,5 @@ def _operator_down(
 
     wait_until(warned, timeout=180, what="a PodNotInjected warning on the policy")
     figures["operator_up_to_warning_s"] = round(time.monotonic() - t0, 1)
-    assert set(_locks(driver, gpus).values()) == {None}
+    assert set(gpu_locks(driver, gpus).values()) == {None}
     c.kubectl("delete", "pod", "trainer-down", "-n", NS, "--wait=false")

@@ -44,7 +44,13 @@ from typing import Any
 
 import pytest
 import rlenergy_dev
-from e2e_support import get_json, real_node_cluster, start_nvidia_device_plugin, wait_until
+from e2e_support import (
+    get_json,
+    real_node_cluster,
+    real_node_values,
+    start_nvidia_device_plugin,
+    wait_until,
+)
 from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster
 from rlenergy_dev.devcluster.cluster import free_port
@@ -87,30 +93,6 @@ def _plugin_dir(out: Path) -> Path:
     spec.loader.exec_module(module)
     module.build_plugin(out)
     return out
-
-
-def _values(c: DevCluster, node: RealNode, work: Path) -> dict[str, Any]:
-    """This cluster's values file (install.md step 2: ``-f my-values.yaml``)."""
-    tolerate = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    return {
-        "hostNetwork": True,
-        "apiServer": {"host": "127.0.0.1", "port": c.server.rsplit(":", 1)[1]},
-        "operator": {
-            "replicas": 1,
-            "healthPort": free_port(),
-            "metricsPort": free_port(),
-            "reconcileIntervalS": 1,
-            "tolerations": tolerate,
-        },
-        "webhook": {"port": free_port()},
-        "agent": {
-            "metricsPort": free_port(),
-            "tlsPort": free_port(),
-            "stateDir": str(work / "agent-state"),
-            "socketDir": str(work / "agent-socket"),
-            "podResourcesDir": str(node.pod_resources_dir),
-        },
-    }
 
 
 def _env(c: DevCluster, tools: Path, work: Path) -> dict[str, str]:
@@ -196,7 +178,10 @@ def _runbook(
     _plugin_dir(tools / "plugin")
     env = _env(c, tools, work)
     values = work / "my-values.yaml"
-    values.write_text(json.dumps(_values(c, node, work)))  # JSON is YAML
+    chart = real_node_values(c, node, work)  # install.md step 2: ``-f my-values.yaml``
+    chart["webhook"] = {"port": free_port()}
+    chart["agent"]["tlsPort"] = free_port()
+    values.write_text(json.dumps(chart))  # JSON is YAML
     steps = runbook(INSTALL_MD.read_text())
     assert [s.name for s in steps] == ["1", "2", "3", "4", "5", "6", "uninstall"], steps
     smoke_seen = False
