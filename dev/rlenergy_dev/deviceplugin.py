@@ -172,6 +172,21 @@ def message_class(name: str) -> Any:
     return message_factory.GetMessageClass(_pool.FindMessageTypeByName(f"{VERSION}.{name}"))
 
 
+def plugin_call(socket: Path, method: str, resp: str, *, stream: bool = False) -> Any:
+    """A client callable of ``v1beta1.DevicePlugin/<method>`` on the plugin socket ``socket``.
+
+    It answers ``v1beta1.<resp>`` messages (a stream of them with ``stream``), as the kubelet
+    calls a device plugin.
+    """
+    channel = grpc.insecure_channel(f"unix://{socket}")
+    kind = channel.unary_stream if stream else channel.unary_unary
+    return kind(
+        f"/{VERSION}.DevicePlugin/{method}",
+        request_serializer=_ser,
+        response_deserializer=message_class(resp).FromString,
+    )
+
+
 def _ser(m: Any) -> bytes:
     return bytes(m.SerializeToString())
 

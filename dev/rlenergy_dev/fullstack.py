@@ -353,21 +353,15 @@ class FullStack:
         The trainer pods carry them, as a job's pods do, so the operator reads their nodes'
         reports (it ignores the reports of nodes that host none of the policy's pods).
         """
-        if self._api is None:
-            self._api = kube.load_api(str(self.kubeconfig))
-        try:
-            obj = self._api.get_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, self.namespace, kube.POLICY_PLURAL, self.policy
-            )
-        except kube.ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        selector = (obj.get("spec") or {}).get("selector") or {}
+        selector = (self._policy().get("spec") or {}).get("selector") or {}
         return {str(k): str(v) for k, v in (selector.get("matchLabels") or {}).items()}
 
     def policy_status(self) -> dict[str, Any]:
         """The policy's ``status`` (empty when the policy is missing)."""
+        return dict(self._policy().get("status") or {})
+
+    def _policy(self) -> dict[str, Any]:
+        """The policy object as the API server holds it ({} when it is missing)."""
         if self._api is None:
             self._api = kube.load_api(str(self.kubeconfig))
         try:
@@ -378,7 +372,7 @@ class FullStack:
             if exc.status == 404:
                 return {}
             raise
-        return dict(obj.get("status") or {})
+        return dict(obj)
 
     def node_reports(self) -> list[dict[str, Any]]:
         """The policy's ``RLEnergyNodeReport`` objects as the API server holds them."""

@@ -72,13 +72,7 @@ class FakeKubelet:
 
 
 def _call(plugin_dir: Path, method: str, resp: str, *, stream: bool = False) -> Any:
-    channel = grpc.insecure_channel(f"unix://{plugin_dir / 'nvidia-gpu.sock'}")
-    kind = channel.unary_stream if stream else channel.unary_unary
-    return kind(
-        f"/v1beta1.DevicePlugin/{method}",
-        request_serializer=lambda m: m.SerializeToString(),
-        response_deserializer=dp.message_class(resp).FromString,
-    )
+    return dp.plugin_call(plugin_dir / "nvidia-gpu.sock", method, resp, stream=stream)
 
 
 @pytest.fixture

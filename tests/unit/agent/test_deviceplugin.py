@@ -48,13 +48,7 @@ class FakeKubelet:
 
 
 def _stub(plugin: dp.StandinDevicePlugin, method: str, resp: str, *, stream: bool = False) -> Any:
-    channel = grpc.insecure_channel(f"unix://{plugin.socket}")
-    kind = channel.unary_stream if stream else channel.unary_unary
-    return kind(
-        f"/v1beta1.DevicePlugin/{method}",
-        request_serializer=lambda m: m.SerializeToString(),
-        response_deserializer=dp.message_class(resp).FromString,
-    )
+    return dp.plugin_call(Path(plugin.socket), method, resp, stream=stream)
 
 
 @pytest.fixture
