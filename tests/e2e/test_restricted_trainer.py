@@ -62,11 +62,13 @@ from e2e_support import (
     pods_of,
     real_node_cluster,
     real_node_values,
+    start_nvidia_device_plugin,
     wait_until,
 )
-from rlenergy_dev import deviceplugin, fullstack, podtrainer, standin
+from rlenergy_dev import fullstack, podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster, netns
-from rlenergy_dev.devcluster.realnode import CDI_KIND, PodNetwork, RealNode
+from rlenergy_dev.devcluster.nvidiaplugin import NvidiaDevicePlugin
+from rlenergy_dev.devcluster.realnode import PodNetwork, RealNode
 
 from rlenergy.gpu import models
 
@@ -252,7 +254,7 @@ def test_restricted_trainer_pod(cluster: DevCluster) -> None:
     driver = standin.StandinDriver(state, [(u, models.get_sku("h100-sxm")) for u in uuids])
     state.chmod(0o666)
     node.write_cdi_spec(lib_dir / "libnvidia-ml.so.1", state, uuids)
-    plugin = deviceplugin.StandinDevicePlugin(uuids, cdi_kind=CDI_KIND).start()
+    plugin = start_nvidia_device_plugin(node, driver, lib_dir)  # CDI names only (cdi-cri)
     trainer_gpus: list[tuple[str, ...]] = []
     feed = podtrainer.WorkFeed(
         driver,
@@ -303,7 +305,7 @@ def _day(
     c: DevCluster,
     node: RealNode,
     driver: standin.StandinDriver,
-    plugin: deviceplugin.StandinDevicePlugin,
+    plugin: NvidiaDevicePlugin,
     feed: podtrainer.WorkFeed,
     trainer_gpus: list[tuple[str, ...]],
     work: Path,
@@ -502,7 +504,7 @@ def _governed(
 def _operator_down(
     c: DevCluster,
     driver: standin.StandinDriver,
-    plugin: deviceplugin.StandinDevicePlugin,
+    plugin: NvidiaDevicePlugin,
     trainer_gpus: list[tuple[str, ...]],
     labels: dict[str, str],
     figures: dict[str, Any],
