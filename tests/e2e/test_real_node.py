@@ -91,6 +91,8 @@ LONGEST_PHASE_S = 1.5
 RESET_BOUND_S = 10.0
 """docs/agent.md: a governed pod's GPUs are back at the default governor within 10 s of its end."""
 RESULTS = ROOT / "build" / "realnode-e2e.json"
+FAILURE_DIR = ROOT / "build" / "realnode-e2e-failure"
+"""Where a failed planned-locks check leaves the node report and the agent's log."""
 
 pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
 
@@ -473,7 +475,15 @@ def _user_day(
         generation = next(p for p in status["phases"] if p["name"] == "generation")
         assert generation["saving"]["percent"] > 0, generation
         assert generation["saving"]["joules"] > 0, generation
-        _check_planned_locks(c, ns, pname, node.name, samples_by_kind, figures)
+        try:
+            _check_planned_locks(c, ns, pname, node.name, samples_by_kind, figures)
+        except AssertionError:  # keep what tells why: the whole report and the agent's log
+            FAILURE_DIR.mkdir(parents=True, exist_ok=True)
+            report = get_json(c, "rlenergynodereports", report_name(pname, node.name), "-n", ns)
+            (FAILURE_DIR / "report.json").write_text(json.dumps(report, indent=1))
+            log = c.kubectl("logs", "-n", SYSTEM_NS, agent["metadata"]["name"], check=False)
+            (FAILURE_DIR / "agent.log").write_text(log.stdout + log.stderr)
+            raise
         _check_locked_throughput(status, replay, figures)
         _check_verl_metrics(c.kubectl("logs", "-n", ns, "trainer").stdout, replay, figures)
 
