@@ -190,17 +190,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
         self.selected: frozenset[tuple[str, str]] | None = None
         """``(namespace, name)`` of the pods the serving policy selects (discovery); ``None``:
         not known, nothing checked (``state.AgentState.check_selected``)."""
-        self.discovery_due = False
-        """A pod that no policy selects signalled: the node loop discovers again at once."""
-        self.discoveries = 0
-        """Discoveries that set ``selected``, counting up (``nodeloop.rediscover``)."""
-        self.discovery_done = threading.Condition()
-        """Notified at each discovery (``discovered``): a signal that missed waits on it."""
-        self.loop_wake = threading.Event()
-        """Set by a selection miss: the node loop passes at once instead of at its interval."""
-        self.selection_misses: dict[tuple[str, str, str], int] = {}
-        """``(namespace, name, uid)`` of pods refused by selection -> ``discoveries`` at their
-        first refusal (at most ``state.MISSES_KEPT``, oldest dropped first)."""
+        self._init_selection()
 
     # ----- plan -----------------------------------------------------------------------------
     def set_plan(self, plan: api_node.ClockPlan | None) -> None:

@@ -457,6 +457,20 @@ class AgentState:
             403,
         )
 
+    def _init_selection(self) -> None:
+        """Set up selection misses (``check_selected``) and the discoveries they wait for."""
+        self.discovery_due = False
+        """A pod that no policy selects signalled: the node loop discovers again at once."""
+        self.discoveries = 0
+        """Discoveries that set ``selected``, counting up (``nodeloop.rediscover``)."""
+        self.discovery_done = threading.Condition()
+        """Notified at each discovery (``discovered``): a signal that missed waits on it."""
+        self.loop_wake = threading.Event()
+        """Set by a selection miss: the node loop passes at once instead of at its interval."""
+        self.selection_misses: dict[tuple[str, str, str], int] = {}
+        """``(namespace, name, uid)`` of pods refused by selection -> ``discoveries`` at their
+        first refusal (at most ``MISSES_KEPT``, oldest dropped first)."""
+
     def discovered(self) -> None:
         """A policy discovery set ``selected``: count it and wake the signals waiting on one."""
         with self.discovery_done:
