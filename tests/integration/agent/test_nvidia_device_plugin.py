@@ -38,11 +38,18 @@ from rlenergy.gpu import models
 BINARY = default_bin_dir() / "nvidia-device-plugin"
 UUIDS = [f"GPU-nvdp-{i:02d}" for i in range(4)]
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, mount namespaces)"),
-    pytest.mark.skipif(not BINARY.is_file(), reason=f"{BINARY} missing: run `make bins`"),
-    pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare"),
-]
+pytestmark = pytest.mark.e2e  # it needs `make bins`'s plugin binary, as the e2e tests do
+
+
+@pytest.fixture(autouse=True)
+def _needs() -> None:
+    """What the plugin's run needs here fails the test with the fix, never skips it."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root (mknod, mount namespaces): run the tests as root", pytrace=False)
+    if not BINARY.is_file():
+        pytest.fail(f"{BINARY} missing: run `make bins`", pytrace=False)
+    if shutil.which("unshare") is None:
+        pytest.fail("util-linux unshare missing: `apt-get install util-linux`", pytrace=False)
 
 
 class FakeKubelet:
