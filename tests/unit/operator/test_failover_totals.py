@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from hand_reports import STEPS, report
+from kopf_doubles import StatusPatch, WarningLog
 from rlenergy_operator import handlers, jobloop, kube
 from rlenergy_operator import reports as node_reports
 
@@ -61,19 +62,6 @@ def _status_of(loop: jobloop.JobLoop) -> dict[str, Any]:
     }
 
 
-class _Patch(dict[str, Any]):
-    def __init__(self) -> None:
-        super().__init__()
-        self.status: dict[str, Any] = {}
-
-
-class _Log:
-    def info(self, msg: str, *args: Any) -> None:
-        pass
-
-    warning = info
-
-
 def test_a_new_leader_folds_over_every_report_while_its_index_refills(monkeypatch):
     spec = handlers._parse(SPEC)
     # The old leader folded steps 0-2 over both nodes and wrote its checkpoint; then died.
@@ -95,7 +83,7 @@ def test_a_new_leader_folds_over_every_report_while_its_index_refills(monkeypatc
         ("ns", "p"): [node_reports.IndexedReport.from_spec("p.gpu-node-0", "9", _wire(now[0]), -1)]
     }
     memo: dict[str, Any] = {"operator": handlers.OperatorMemo()}
-    patch = _Patch()
+    patch = StatusPatch()
     handlers.policy_loop(
         spec=SPEC,
         meta={"generation": 1, "resourceVersion": "7"},
@@ -105,7 +93,7 @@ def test_a_new_leader_folds_over_every_report_while_its_index_refills(monkeypatc
         body={},
         namespace="ns",
         name="p",
-        logger=_Log(),
+        logger=WarningLog(),
         policy_node_reports=indexed,
     )
     totals = patch.status["totals"]

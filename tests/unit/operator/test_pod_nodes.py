@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from hand_reports import STEPS, report
+from kopf_doubles import StatusPatch, WarningLog
 from rlenergy_operator import handlers, jobloop, kube, podnodes
 from rlenergy_operator import reports as node_reports
 
@@ -111,23 +112,6 @@ def test_a_node_stays_a_reporter_for_a_while_after_its_pods_left() -> None:
     assert cache.nodes("ns", SELECTOR, NODES) == {NODES[0]}
 
 
-class _Patch(dict[str, Any]):
-    def __init__(self) -> None:
-        super().__init__()
-        self.status: dict[str, Any] = {}
-
-
-class _Log:
-    def __init__(self) -> None:
-        self.warnings: list[str] = []
-
-    def info(self, msg: str, *args: Any) -> None:
-        pass
-
-    def warning(self, msg: str, *args: Any) -> None:
-        self.warnings.append(msg % args)
-
-
 def _wire(rep: api_node.NodeReport) -> dict[str, Any]:
     return rep.model_dump(by_alias=True, exclude_none=True, mode="json")
 
@@ -154,10 +138,10 @@ def test_the_job_loop_ignores_a_report_from_a_node_without_the_policys_pods(
     events: list[dict[str, Any]] = []
     monkeypatch.setattr(handlers.kopf, "event", lambda body, **kw: events.append(kw))
     memo: dict[str, Any] = {"operator": handlers.OperatorMemo()}
-    log = _Log()
+    log = WarningLog()
     status: dict[str, Any] = {"observedGeneration": 1}
     for _ in range(2):
-        patch = _Patch()
+        patch = StatusPatch()
         handlers.policy_loop(
             spec=SPEC, meta={"generation": 1, "resourceVersion": "7"}, status=status,
             patch=patch, memo=memo, body={}, namespace="ns", name="p", logger=log,

@@ -11,26 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kopf_doubles import StatusPatch, WarningLog
 from rlenergy_operator import handlers, kube, liveness
 
 SPEC = {"selector": {"matchLabels": {"job": "grpo"}}}
-
-
-class _Patch(dict[str, Any]):
-    def __init__(self) -> None:
-        super().__init__()
-        self.status: dict[str, Any] = {}
-
-
-class _Log:
-    def __init__(self) -> None:
-        self.warnings: list[str] = []
-
-    def warning(self, msg: str, *args: Any) -> None:
-        self.warnings.append(msg % args)
-
-    def info(self, msg: str, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture
@@ -52,8 +36,10 @@ def daemonsets(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return ensured
 
 
-def _pass(memo: dict[str, Any], status: dict[str, Any], log: _Log, generation: int = 1) -> _Patch:
-    patch = _Patch()
+def _pass(
+    memo: dict[str, Any], status: dict[str, Any], log: WarningLog, generation: int = 1
+) -> StatusPatch:
+    patch = StatusPatch()
     handlers.policy_loop(
         spec=SPEC,
         meta={"generation": generation, "resourceVersion": "7"},
@@ -74,7 +60,7 @@ def _memo() -> dict[str, Any]:
 
 
 def test_the_loop_reconciles_a_generation_no_change_handler_recorded(clock, daemonsets):
-    memo, log = _memo(), _Log()
+    memo, log = _memo(), WarningLog()
     wait_s = handlers.CFG.reconcile_catchup_s
     interval_s = handlers.CFG.reconcile_interval_s
     start_s = clock[0]
@@ -95,11 +81,11 @@ def test_the_loop_reconciles_a_generation_no_change_handler_recorded(clock, daem
 
 
 def test_a_change_handler_in_time_leaves_the_loop_to_its_work(clock, daemonsets):
-    memo, log = _memo(), _Log()
+    memo, log = _memo(), WarningLog()
     assert not _pass(memo, {}, log).status  # the change handler is running
     clock[0] += handlers.CFG.reconcile_catchup_s - 1
     handlers.policy_reconcile(
-        spec=SPEC, status={}, meta={"generation": 1}, patch=(p := _Patch()), memo=memo,
+        spec=SPEC, status={}, meta={"generation": 1}, patch=(p := StatusPatch()), memo=memo,
         body={}, logger=log,
     )  # fmt: skip
     recorded = p.status
