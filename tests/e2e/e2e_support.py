@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import rlenergy_dev
 from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
 from rlenergy_dev.devcluster.cluster import free_port
@@ -21,6 +23,20 @@ GPUS_PER_NODE = 8
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 T = TypeVar("T")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "rl-energy"
+SAMPLE = ROOT / "crds" / "samples" / "sync-job.yaml"
+IMAGES = Path(os.environ.get("RLENERGY_IMAGES_DIR", ROOT / "build" / "images"))
+"""The image archives ``make images`` builds (the real-node modules push them to the registry)."""
+VERL_SITE = ROOT / ".venv-verl" / "lib" / "python3.11" / "site-packages"
+"""The pinned verl and torch (``make venv-verl``) a real-node trainer pod runs (cp311, as the
+image's Debian python3)."""
+IMAGE_REPO = "ghcr.io/rl-energy"
+TAG = rlenergy_dev.project_version()
+RELEASE = "rl"
+SYSTEM_NS = "rl-energy-system"
 
 
 def wait_until(

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -50,9 +49,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rlenergy_dev
 import yaml
 from e2e_support import (
+    CHART,
+    IMAGE_REPO,
+    IMAGES,
+    RELEASE,
+    ROOT,
+    SAMPLE,
+    SYSTEM_NS,
+    TAG,
+    VERL_SITE,
     get_json,
     gpu_locks,
     pod_ready,
@@ -72,19 +79,8 @@ from rlenergy_dev.devcluster.realnode import RealNode
 from rlenergy.control.freq.eerl import INDIFFERENCE
 from rlenergy.gpu import models
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "rl-energy"
-SAMPLE = ROOT / "crds" / "samples" / "sync-job.yaml"
-IMAGES = Path(os.environ.get("RLENERGY_IMAGES_DIR", ROOT / "build" / "images"))
-VERL_SITE = ROOT / ".venv-verl" / "lib" / "python3.11" / "site-packages"
-"""The pinned verl and torch (``make venv-verl``) the trainer pod runs (cp311, as the image's
-Debian python3)."""
 DEV_DIR = ROOT / "dev"
 """The folder that holds ``rlenergy_dev`` (the trainer pod's ``podtrainer``)."""
-IMAGE_REPO = "ghcr.io/rl-energy"
-TAG = rlenergy_dev.project_version()
-RELEASE = "rl"
-SYSTEM_NS = "rl-energy-system"
 GPUS = 8
 STEPS = 12
 LONGEST_PHASE_S = 1.5

@@ -42,7 +42,6 @@ from __future__ import annotations
 import collections
 import ipaddress
 import json
-import os
 import shutil
 import statistics
 import tempfile
@@ -53,9 +52,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rlenergy_dev
 import yaml
 from e2e_support import (
+    CHART,
+    IMAGE_REPO,
+    IMAGES,
+    RELEASE,
+    ROOT,
+    SAMPLE,
+    SYSTEM_NS,
+    TAG,
+    VERL_SITE,
     get_json,
     gpu_locks,
     pod_ready,
@@ -72,16 +79,6 @@ from rlenergy_dev.devcluster.realnode import PodNetwork, RealNode
 
 from rlenergy.gpu import models
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "rl-energy"
-SAMPLE = ROOT / "crds" / "samples" / "sync-job.yaml"
-IMAGES = Path(os.environ.get("RLENERGY_IMAGES_DIR", ROOT / "build" / "images"))
-VERL_SITE = ROOT / ".venv-verl" / "lib" / "python3.11" / "site-packages"
-"""The pinned verl and torch (``make venv-verl``; cp311, as the image's Debian python3)."""
-IMAGE_REPO = "ghcr.io/rl-energy"
-TAG = rlenergy_dev.project_version()
-RELEASE = "rl"
-SYSTEM_NS = "rl-energy-system"
 NS = "team-a"
 GPUS = 8
 STEPS = 20

@@ -43,8 +43,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import rlenergy_dev
 from e2e_support import (
+    IMAGE_REPO,
+    IMAGES,
+    ROOT,
+    SYSTEM_NS,
+    TAG,
     get_json,
     real_node_cluster,
     real_node_values,
@@ -59,14 +63,7 @@ from runbook_support import runbook, shape
 
 from rlenergy.gpu import models
 
-ROOT = Path(__file__).resolve().parents[2]
 INSTALL_MD = ROOT / "docs" / "install.md"
-IMAGES = Path(os.environ.get("RLENERGY_IMAGES_DIR", ROOT / "build" / "images"))
-IMAGE_REPO = "ghcr.io/rl-energy"
-"""The image names docs/install.md gives (the chart's defaults)."""
-TAG = rlenergy_dev.project_version()
-SYSTEM_NS = "rl-energy-system"
-"""The release namespace the runbook uses."""
 GPUS = 8
 KOPF_CRDS = ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
 OWN_CRDS = ("rlenergypolicies.rlenergy.io", "rlenergynodereports.rlenergy.io")
