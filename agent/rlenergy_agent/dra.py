@@ -106,7 +106,8 @@ class DraResolver:
     The node's ResourceSlices are listed only when a listed pod holds a DRA device: the first
     time, when a device is not in the last listing (at most every ``relist_s``), and when the
     listing is older than ``max_age_s``. A failed listing (no ``resource.k8s.io/v1`` on the API
-    server, no RBAC) is logged once per kind of failure and leaves the index rule.
+    server, no RBAC) is logged once per kind of failure and leaves the index rule; a successful
+    one is logged the first time and when the count of devices with a ``uuid`` changes.
 
     Args:
         list_slices: returns this node's ResourceSlices (API JSON), or None for no API
@@ -155,6 +156,11 @@ class DraResolver:
                 log.warning("listing this node's ResourceSlices failed (%s): %s", kind, exc)
             self._last_error = kind
             return
+        if self.listings == 0 or len(found) != len(self._uuids) or self._last_error:
+            log.info(
+                "listed this node's ResourceSlices: %d device(s) with a uuid attribute",
+                len(found),
+            )
         self._uuids, self._last_error = found, ""
         self.listings += 1
 

@@ -777,6 +777,11 @@ def test_dra_allocated_pods_are_governed(day: Day) -> None:
             assert answers == {"other": 403, "own": "ACCEPTED"}, answers
         stray = [v for _, v in strays.samples if set(v.values()) != {None}]
         assert not stray, f"GPUs outside the DRA pods locked: {stray[:5]}"
+        # The agent read the node's ResourceSlices (its RBAC: resourceslices list) and fell back
+        # to the index rule only because the test driver publishes no uuid attribute.
+        log = c.kubectl("logs", "-n", SYSTEM_NS, "-l", AGENT_SELECTOR, "--tail=-1").stdout
+        assert "ResourceSlices failed" not in log, log[-3000:]
+        assert "listed this node's ResourceSlices: 0 device(s) with a uuid" in log, log[-3000:]
         refused = [r for t in (a, b) for r in t.signals() if not r["ok"]]
         fig["signals_refused"] = [(r["what"], r["status"]) for r in refused][:10]
         fig["signals_accepted"] = {t.name: t.accepted_since(0.0) for t in (a, b)}
