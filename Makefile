@@ -68,7 +68,7 @@ demo-sim: $(STAMP)
 ## (Go module proxy; for the RayJob e2e test) into the same bin dir, the real node's kubelet,
 ## containerd + runc (apt, root) and pause image (hack/node-bins.sh), and the dev cluster's OCI
 ## registry (Distribution) and crane (hack/registry-bins.sh), and NVIDIA's device plugin for the real
-## node (hack/device-plugin-bin.sh).
+## node (hack/device-plugin-bin.sh), and Kubernetes' DRA test driver (hack/dra-driver-bin.sh).
 bins:
 	bash hack/controlplane-bins.sh
 	bash hack/prometheus-bin.sh
@@ -76,6 +76,7 @@ bins:
 	bash hack/node-bins.sh
 	bash hack/registry-bins.sh
 	bash hack/device-plugin-bin.sh
+	bash hack/dra-driver-bin.sh
 
 ## The pinned vLLM / SGLang wheels (pyproject [tool.rlenergy.engines]) for the adapter source
 ## checks; cached, never installed (hack/engine-wheels.sh).

@@ -4,16 +4,21 @@
 #
 #   k8s_build CMD...   builds k8s.io/kubernetes/cmd/CMD@$K8S_VERSION into $BIN/CMD (skips a CMD
 #                      already there), version-stamped; needs K8S_VERSION, BIN, ROOT, log, die.
+#                      A CMD written NAME=PATH builds k8s.io/kubernetes/PATH into $BIN/NAME (a
+#                      command outside cmd/, e.g. the DRA test driver); only cmd/ ones are checked
+#                      with --version.
 #
 # Every `k8s.io/x => ./staging/src/k8s.io/x` replace of k/k's go.mod becomes
 # `k8s.io/x => k8s.io/x <staging tag>`; the godebug settings of k/k's go.mod are copied.
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath GO111MODULE=on
 
+_k8s_path() { if [[ $1 == *=* ]]; then echo "${1#*=}"; else echo "cmd/$1"; fi; }
+
 k8s_build() {
   local w staging minor kgomod ldf now c pkgs=()
   command -v go >/dev/null || die "Go is not installed. Install Go >= 1.26 and rerun 'make bins'."
   staging=v0.${K8S_VERSION#v1.}; minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-  for c in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$c@$K8S_VERSION"); done
+  for c in "$@"; do pkgs+=("k8s.io/kubernetes/$(_k8s_path "$c")@$K8S_VERSION"); done
   log "k8s: wrapper module for k8s.io/kubernetes@$K8S_VERSION (staging modules @ $staging): $*"
   w=$(mktemp -d "${TMPDIR:-/tmp}/rlenergy-k8sbins.XXXXXX")
   (
@@ -47,17 +52,19 @@ PY
       ldf+=" -X $p.gitTreeState=clean -X $p.buildDate=$now"
     done
     for c in "$@"; do
-      [[ -x $BIN/$c ]] && continue
-      log "k8s: go build $c"
+      local name=${c%%=*}
+      [[ -x $BIN/$name ]] && continue
+      log "k8s: go build $name"
       local t0=$SECONDS
-      nice -n 10 go build -mod=mod -ldflags "$ldf" -o "$BIN/$c.tmp" "k8s.io/kubernetes/cmd/$c"
-      mv "$BIN/$c.tmp" "$BIN/$c"
-      log "k8s: $c built in $((SECONDS - t0)) s"
-      echo "$c $((SECONDS - t0))" >>"$ROOT/build-times.txt"
+      nice -n 10 go build -mod=mod -ldflags "$ldf" -o "$BIN/$name.tmp" "k8s.io/kubernetes/$(_k8s_path "$c")"
+      mv "$BIN/$name.tmp" "$BIN/$name"
+      log "k8s: $name built in $((SECONDS - t0)) s"
+      echo "$name $((SECONDS - t0))" >>"$ROOT/build-times.txt"
     done
   ) || die "building $* of k8s $K8S_VERSION failed (see above; wrapper kept in $w). As a fallback try: K8S_VERSION=v1.35.4 make bins"
   rm -rf "$w"
   for c in "$@"; do
+    [[ $c == *=* ]] && continue
     local got; got=$("$BIN/$c" --version)
     [[ $got == "Kubernetes $K8S_VERSION" ]] || die "$c --version says '$got', expected 'Kubernetes $K8S_VERSION' (version stamping failed)"
   done

@@ -26,6 +26,7 @@ from rlenergy.gpu import base, errors
 from rlenergy_agent import (
     actuator,
     config,
+    dra,
     endpoint,
     energy,
     identity,
@@ -72,7 +73,7 @@ def _gpus(
     found = backend.discover()
     for index, why in found.lost.items():
         log.error("GPU at NVML index %d skipped: %s", index, why)
-    session = backend.NvmlSession(found.gpus, found.driver_version)
+    session = backend.NvmlSession(found.gpus, found.driver_version, found.indices)
     return dict(found.gpus), {u: g.probe() for u, g in found.gpus.items()}, session
 
 
@@ -110,7 +111,9 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
 
         # A socket that does not exist yet (the kubelet starts after the agent) is waited
         # for: the node loop lists again every pass, and no GPU is attributed until it answers.
-        pods = podmap.PodResourcesClient(str(settings.podresources_socket))
+        pods = podmap.PodResourcesClient(
+            str(settings.podresources_socket), dra_resolver=_dra_resolver(settings, gpus, session)
+        )
     mig_parent = {m: u for u in gpus for m in getattr(gpus[u], "mig_uuids", ())}
     agent = service.Agent(
         settings.node_name,
@@ -122,6 +125,19 @@ def build(settings: config.AgentSettings) -> tuple[service.Agent, dict[str, obje
         stall_after_s=settings.stall_after_s,
     )
     return agent, dict(caps)
+
+
+def _dra_resolver(
+    settings: config.AgentSettings, gpus: Mapping[str, object], session: Any
+) -> dra.DraResolver:
+    """DRA devices to GPUs: the node's ResourceSlices (with the API), then the index rule."""
+    slices = None
+    if settings.kube:
+        from rlenergy_agent import kube
+
+        slices = kube.NodeResourceSlices(settings.node_name)
+    indices = session.indices if session is not None else dict(enumerate(gpus))
+    return dra.DraResolver(slices, indices, dra.parse_drivers(settings.dra_index_drivers))
 
 
 TERMINATION_LOG = Path("/dev/termination-log")
@@ -263,6 +279,11 @@ def _parser() -> argparse.ArgumentParser:
         "and no node report object written; the API still checks callers and pod ends)",
     )
     parser.add_argument("--report-file", type=Path, help="also write the report JSON here")
+    parser.add_argument(
+        "--dra-index-drivers",
+        help="DRA drivers whose device names end in the GPU's NVML index, comma-separated "
+        "(env RLENERGY_AGENT_DRA_INDEX_DRIVERS; default none)",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser
 
@@ -280,6 +301,7 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> conf
             "metrics_port": args.metrics_port,
             "enforce": False if args.observe else None,
             "report_file": args.report_file,
+            "dra_index_drivers": args.dra_index_drivers,
         }.items()
         if v is not None
     }

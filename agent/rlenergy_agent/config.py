@@ -80,6 +80,14 @@ class AgentSettings(BaseSettings):
         Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
         description="Kubelet PodResources v1 socket (mounted read-only).",
     )
+    dra_index_drivers: str = Field(
+        "",
+        description="DRA drivers whose device names end in the GPU's NVML index, comma-"
+        "separated (gpu-<N>: NVIDIA's GPU DRA driver; device-<NN>: Kubernetes' DRA test "
+        "driver); a claimed device of such a driver without a uuid attribute in its "
+        "ResourceSlice is that GPU. Empty (default): DRA devices map by that attribute only "
+        "(rlenergy_agent.dra).",
+    )
     static_pods: str = Field(
         "",
         description='Local runs without a kubelet: JSON {"ns/name/uid": ["GPU-..."]}.',

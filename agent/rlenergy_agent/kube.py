@@ -262,10 +262,50 @@ class NodePods:
         return list_pods(self._client, "/api/v1/pods", f"spec.nodeName={self.node}", self.timeout_s)
 
 
+class NodeResourceSlices:
+    """The DRA ResourceSlices of one node as the API server's JSON (``rlenergy_agent.dra``).
+
+    One ``GET /apis/resource.k8s.io/v1/resourceslices`` with the field selector
+    ``spec.nodeName=<node>`` (a selector the API server supports for ResourceSlices). RBAC:
+    resourceslices ``list`` (cluster-scoped, read-only). Made only while a pod of the node holds
+    a DRA device.
+
+    Args:
+        node: the node.
+        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
+            configuration, made at the first listing).
+        timeout_s: per listing deadline, s.
+    """
+
+    def __init__(
+        self, node: str, api_client: Any | None = None, *, timeout_s: float = 10.0
+    ) -> None:
+        self.node = node
+        self._client = api_client
+        self.timeout_s = timeout_s
+
+    def __call__(self) -> list[dict[str, Any]]:
+        """The slices (``items`` of the ``ResourceSliceList``).
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: the API server answered an error (404:
+                no ``resource.k8s.io/v1``; 403: no RBAC).
+            OSError, urllib3 errors: it could not be reached.
+        """
+        if self._client is None:
+            self._client = kubernetes.client.ApiClient()
+        return list_pods(
+            self._client,
+            "/apis/resource.k8s.io/v1/resourceslices",
+            f"spec.nodeName={self.node}",
+            self.timeout_s,
+        )
+
+
 def list_pods(
     client: Any, path: str, field_selector: str, timeout_s: float
 ) -> list[dict[str, Any]]:
-    """``GET`` a pod list through ``client`` (an ``ApiClient``) without ``CoreV1Api``.
+    """``GET`` a pod list (or any list) through ``client`` (an ``ApiClient``), no model class.
 
     Args:
         client: the ``kubernetes.client.ApiClient`` (its configuration, auth, TLS).

@@ -1,10 +1,13 @@
 """Pod to GPU map from the kubelet PodResources v1 API (gRPC over the kubelet's Unix socket).
 
-Attribution comes only from the kubelet's allocation by device ID (GPU or MIG UUID), never from
-what a pod can see or its environment. The message and service descriptors of
-``proto/podresources_v1.proto`` are built at run time with protobuf's descriptor API, so there
-is no generated code. The only module of the agent importing ``grpc``. Callers:
-``rlenergy_agent.__main__``; tests run a fake kubelet (``serve_fake_kubelet``) on a temp socket.
+Attribution comes only from the kubelet's allocation, never from what a pod can see or its
+environment: device-plugin devices by device ID (GPU or MIG UUID), devices of a pod's
+ResourceClaims (DRA, the listing's ``dynamic_resources``) by driver, pool and device name, which
+``rlenergy_agent.dra`` maps to a GPU or MIG UUID. A pod holding GPUs both ways has the union.
+The message and service descriptors of ``proto/podresources_v1.proto`` are built at run time
+with protobuf's descriptor API, so there is no generated code. The only module of the agent
+importing ``grpc``. Callers: ``rlenergy_agent.__main__``; tests run a fake kubelet
+(``serve_fake_kubelet``) on a temp socket.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from google.protobuf import (  # type: ignore[import-untyped]
     message_factory,
 )
 
+from rlenergy_agent import dra
 from rlenergy_agent import pods as pod_types
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,8 @@ RESET_AFTER_S = 120.0
 test makes, four times over) [MODEL]."""
 GPU_RESOURCES = ("nvidia.com/gpu",)
 """Resource names whose device IDs are GPUs (MIG strategies add ``nvidia.com/mig-*``)."""
+DYNAMIC = "<dynamic>"
+"""``serve_fake_kubelet``: the resource key whose IDs are DRA devices ``driver/pool/device``."""
 
 _T = descriptor_pb2.FieldDescriptorProto
 
@@ -88,7 +94,22 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         ("name", 1, _T.TYPE_STRING, opt, ""),
         ("devices", 2, _T.TYPE_MESSAGE, rep, ".v1.ContainerDevices"),
         ("cpu_ids", 3, _T.TYPE_INT64, rep, ""),
+        ("dynamic_resources", 5, _T.TYPE_MESSAGE, rep, ".v1.DynamicResource"),
     )
+    msg(
+        "DynamicResource",
+        ("claim_name", 2, _T.TYPE_STRING, opt, ""),
+        ("claim_namespace", 3, _T.TYPE_STRING, opt, ""),
+        ("claim_resources", 4, _T.TYPE_MESSAGE, rep, ".v1.ClaimResource"),
+    )
+    msg(
+        "ClaimResource",
+        ("cdi_devices", 1, _T.TYPE_MESSAGE, rep, ".v1.CDIDevice"),
+        ("driver_name", 2, _T.TYPE_STRING, opt, ""),
+        ("pool_name", 3, _T.TYPE_STRING, opt, ""),
+        ("device_name", 4, _T.TYPE_STRING, opt, ""),
+    )
+    msg("CDIDevice", ("name", 1, _T.TYPE_STRING, opt, ""))
     msg(
         "ContainerDevices",
         ("resource_name", 1, _T.TYPE_STRING, opt, ""),
@@ -138,6 +159,9 @@ class PodResourcesClient:
     current pod of that name when its token is reviewed (``identity``), so the listing's
     ``PodRef`` carries no UID.
 
+    Devices of a pod's ResourceClaims (``dynamic_resources``) count when ``dra_resolver`` maps
+    them to a GPU or MIG UUID (``rlenergy_agent.dra``); without one they are ignored.
+
     Args:
         socket_path: the kubelet pod-resources socket.
         resources: resource names counted as GPUs.
@@ -147,6 +171,7 @@ class PodResourcesClient:
         reset_after_s: listing age past which locks that cannot be attributed are reset, s.
         max_receive_bytes: largest reply taken, bytes.
         clock: monotonic time, s.
+        dra_resolver: maps DRA devices to GPU or MIG UUIDs (None: DRA devices are not counted).
     """
 
     def __init__(
@@ -154,6 +179,7 @@ class PodResourcesClient:
         socket_path: str,
         *,
         resources: Sequence[str] = GPU_RESOURCES,
+        dra_resolver: dra.DraResolver | None = None,
         max_age_s: float = 2.0,
         timeout_s: float = 5.0,
         hold_after_s: float = HOLD_AFTER_S,
@@ -164,6 +190,7 @@ class PodResourcesClient:
         self.socket_path = socket_path
         self.max_receive_bytes = max_receive_bytes
         self._resources = tuple(resources)
+        self.dra = dra_resolver
         self._max_age_s = max_age_s
         self._timeout_s = timeout_s
         self.hold_after_s = hold_after_s
@@ -261,18 +288,7 @@ class PodResourcesClient:
                     str(exc.details() if hasattr(exc, "details") else exc),
                 )
                 raise
-        out: dict[pod_types.PodRef, tuple[str, ...]] = {}
-        for pod in resp.pod_resources:
-            devices: list[str] = []
-            for c in pod.containers:
-                for d in c.devices:
-                    if d.resource_name in self._resources or d.resource_name.startswith(
-                        "nvidia.com/mig-"
-                    ):
-                        devices.extend(str(x) for x in d.device_ids)
-            if devices:
-                ref = pod_types.PodRef(str(pod.namespace), str(pod.name))
-                out[ref] = tuple(dict.fromkeys((*out.get(ref, ()), *devices)))
+        out = self._allocations(resp)
         with self._lock:
             self._cache = out
             self._at = self._clock()
@@ -280,6 +296,33 @@ class PodResourcesClient:
             if self.last_error:
                 log.info("kubelet pod-resources listing works again (was %s)", self.last_error)
             self.last_error = self.last_error_message = ""
+        return out
+
+    def _allocations(self, resp: Any) -> dict[pod_types.PodRef, tuple[str, ...]]:
+        """``{pod: device IDs}`` of a ``List`` reply: device-plugin IDs, then mapped DRA ones."""
+        listed: list[tuple[pod_types.PodRef, list[str], list[dra.DraDevice]]] = []
+        for pod in resp.pod_resources:
+            devices: list[str] = []
+            claimed: list[dra.DraDevice] = []
+            for c in pod.containers:
+                for d in c.devices:
+                    if d.resource_name in self._resources or d.resource_name.startswith(
+                        "nvidia.com/mig-"
+                    ):
+                        devices.extend(str(x) for x in d.device_ids)
+                for dr in c.dynamic_resources:
+                    claimed.extend(
+                        dra.DraDevice(str(r.driver_name), str(r.pool_name), str(r.device_name))
+                        for r in dr.claim_resources
+                    )
+            listed.append((pod_types.PodRef(str(pod.namespace), str(pod.name)), devices, claimed))
+        every_claimed = list(dict.fromkeys(d for _, _, cl in listed for d in cl))
+        mapped = self.dra.resolve(every_claimed) if self.dra is not None and every_claimed else {}
+        out: dict[pod_types.PodRef, tuple[str, ...]] = {}
+        for ref, devices, claimed in listed:
+            devices.extend(mapped[d] for d in claimed if d in mapped)
+            if devices:
+                out[ref] = tuple(dict.fromkeys((*out.get(ref, ()), *devices)))
         return out
 
     def state(self) -> pod_types.ListingState:
@@ -356,7 +399,8 @@ def serve_fake_kubelet(
     Args:
         socket_path: Unix socket to listen on.
         allocations: returns ``{(namespace, name): {resource_name: [device IDs]}}`` per call,
-            or a sequence of ``((namespace, name), {resource_name: [device IDs]})`` pairs.
+            or a sequence of ``((namespace, name), {resource_name: [device IDs]})`` pairs; the
+            resource :data:`DYNAMIC` lists DRA devices ``driver/pool/device`` (one claim each).
         fail: per call, ``(grpc.StatusCode, details)`` to answer with instead of a listing
             (a kubelet under load answers UNAVAILABLE), or ``None``.
 
@@ -376,7 +420,16 @@ def serve_fake_kubelet(
             pod = pod_cls(name=name, namespace=ns)
             c = pod.containers.add(name="main")
             for resource, ids in resources.items():
-                c.devices.add(resource_name=resource, device_ids=list(ids))
+                if resource != DYNAMIC:
+                    c.devices.add(resource_name=resource, device_ids=list(ids))
+                    continue
+                for i, triple in enumerate(ids):
+                    driver, pool, device = str(triple).split("/", 2)
+                    claim = c.dynamic_resources.add(claim_name=f"claim-{i}", claim_namespace=ns)
+                    r = claim.claim_resources.add(
+                        driver_name=driver, pool_name=pool, device_name=device
+                    )
+                    r.cdi_devices.add(name=f"{driver}/test={device}")
             resp.pod_resources.append(pod)
         return resp
 

@@ -75,6 +75,13 @@ def _api_server_env(cfg: settings.OperatorConfig) -> list[dict[str, str]]:
     return env
 
 
+def _dra_env(cfg: settings.OperatorConfig) -> list[dict[str, Any]]:
+    """The agents' DRA index rule (chart value ``agent.draIndexDrivers``), only when set."""
+    if not cfg.agent_dra_index_drivers:
+        return []
+    return [{"name": "RLENERGY_AGENT_DRA_INDEX_DRIVERS", "value": cfg.agent_dra_index_drivers}]
+
+
 def _tls_env(cfg: settings.OperatorConfig) -> list[dict[str, Any]]:
     """The TLS signal port and the node's IP (its serving certificate's address)."""
     if not cfg.agent_tls_port:
@@ -164,6 +171,7 @@ def agent_daemonset(cfg: settings.OperatorConfig) -> dict[str, Any]:
             {"name": "RLENERGY_AGENT_STATE_DIR", "value": "/var/lib/rlenergy"},
             {"name": "RLENERGY_AGENT_SOCKET_PATH", "value": f"{AGENT_SOCKET_MOUNT}/agent.sock"},
             {"name": "RLENERGY_AGENT_TOKEN_AUDIENCE", "value": cfg.agent_token_audience},
+            *_dra_env(cfg),
             *_tls_env(cfg),
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},

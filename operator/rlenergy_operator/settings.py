@@ -81,6 +81,10 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     agent_token_audience: str = pydantic.Field("rlenergy-agent", min_length=1)
     """Audience the trainer pods' projected service-account tokens are issued for; the agents
     accept only tokens valid for it (TokenReview). Default rlenergy-agent."""
+    agent_dra_index_drivers: str = pydantic.Field("", pattern=r"^[A-Za-z0-9.,_-]*$")
+    """DRA drivers (comma-separated) whose device names end in the GPU's NVML index; the
+    agents get it as ``RLENERGY_AGENT_DRA_INDEX_DRIVERS`` (rlenergy_agent/dra.py). Default
+    empty: DRA devices map by their ResourceSlice's ``uuid`` attribute only."""
     agent_tls_port: int = pydantic.Field(9403, ge=0, le=65535)
     """Port of the agents' TLS signal endpoint on the node's IP (trainer pods reach it at their
     ``status.hostIP``; the webhook injects it as ``RLENERGY_AGENT_PORT``); 0: off, signals

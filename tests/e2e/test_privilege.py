@@ -629,6 +629,11 @@ RBAC_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("agent", "create", "apps/daemonsets", "rel", False),
     ("agent", "create", "authentication.k8s.io/tokenreviews", "", True),  # trainers' tokens
     ("agent", "create", "authorization.k8s.io/subjectaccessreviews", "", False),
+    ("agent", "list", "resource.k8s.io/resourceslices", "", True),  # DRA devices' GPU UUIDs
+    ("agent", "watch", "resource.k8s.io/resourceslices", "", False),
+    ("agent", "create", "resource.k8s.io/resourceslices", "", False),
+    ("agent", "get", "resource.k8s.io/resourceclaims", "a", False),
+    ("operator", "list", "resource.k8s.io/resourceslices", "", False),
     ("agent", "create", "/pods", "a", False),
     ("agent", "delete", "/pods", "a", False),
     ("agent", "list", "/secrets", "a", False),
@@ -680,6 +685,7 @@ NAMESPACED_MATRIX: list[tuple[str, str, str, str, bool]] = [
     ("agent", "get", "rlenergy.io/rlenergypolicies", "b", True),
     ("agent", "list", "/pods", "", True),  # cluster-wide: its node's pods, any namespace
     ("agent", "watch", "/pods", "", True),  # phaseSource annotation, any namespace
+    ("agent", "list", "resource.k8s.io/resourceslices", "", True),  # cluster-scoped
     ("agent", "create", "rlenergy.io/rlenergynodereports", "a", False),
     ("agent", "list", "rlenergy.io/rlenergypolicies", "a", False),
     ("agent", "list", "rlenergy.io/rlenergypolicies", "", False),

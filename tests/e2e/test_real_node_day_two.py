@@ -27,6 +27,15 @@ phase after 300 s on a busy machine. We test these aspects:
 * a trainer pod deleted and re-created under its name: the old pod's token (valid, in the
   agent's cache a moment before) is refused for the new pod's GPUs from its first use and for
   longer than the agent's review cache lives, while the new pod's own first signal is accepted.
+* GPUs allocated through DRA: Kubernetes' DRA test driver runs as a kubelet plugin of the node
+  (``RealNode.start_dra_driver``) and publishes its devices in a ResourceSlice; two trainer pods
+  each get one device through a ResourceClaim of a DeviceClass selecting that driver, and no
+  ``nvidia.com/gpu``. The kubelet's PodResources names each pod's device under
+  ``dynamic_resources`` (read here with the agent's own client); the agent, with
+  ``agent.draIndexDrivers`` naming the driver, maps each device to the stand-in GPU of its index,
+  accepts the pods' signals and locks that GPU while they signal (its ``/metrics`` name the same
+  lock), locks no other GPU, refuses the second pod's signal naming the first pod's GPU (403)
+  while accepting its own, and resets both GPUs within 10 s of the pods' deletion.
 
 Figures (signal gaps, restart and roll times) are printed and written to
 ``build/realnode-day-two.json``; a failed kubelet case leaves the agent's, the operator's and
@@ -58,8 +67,9 @@ from e2e_support import (
     wait_until,
 )
 from prometheus_client.parser import text_string_to_metric_families
+from rlenergy_agent import dra, podmap
 from rlenergy_dev import podtrainer, standin
-from rlenergy_dev.devcluster import DevCluster
+from rlenergy_dev.devcluster import DevCluster, draplugin
 from rlenergy_dev.devcluster.nvidiaplugin import NvidiaDevicePlugin
 from rlenergy_dev.devcluster.realnode import RealNode
 from test_real_node import (
@@ -229,6 +239,7 @@ def day(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day]:
         plugin = start_nvidia_device_plugin(node, driver, lib_dir)
         try:
             values = real_node_values(c, node, work)
+            values["agent"]["draIndexDrivers"] = [draplugin.DRIVER]  # the DRA case's devices
             (work / "values.json").write_text(json.dumps(values))
             c.helm(
                 "install", RELEASE, str(CHART), "-n", SYSTEM_NS, "--create-namespace",
@@ -611,3 +622,172 @@ def test_recreated_pod_refuses_the_old_token(day: Day) -> None:
         fig["new_pod_first_signal"] = first
         assert first["ok"], new.signals()[:5]
         fig["trainer_delete_to_reset_s"] = round(_delete(d, new), 2)
+
+
+DEVICE_CLASS = "rlenergy-test-driver"
+DRA_LOCK_WAIT_S = 180.0
+"""How long a DRA trainer's GPU may take to show a lock from its first accepted signal, s (the
+controller's warm-up steps and first trials, as ``LOCK_WAIT_S``)."""
+
+
+def _dra_objects(names: list[str]) -> list[dict[str, Any]]:
+    """A DeviceClass of the test driver's devices and one ResourceClaim of one device per name."""
+    cls = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": DEVICE_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{draplugin.DRIVER}"'}}]},
+    }
+    claims = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS, "count": 1}}
+                    ]
+                }
+            },
+        }
+        for name in names
+    ]
+    return [cls, *claims]
+
+
+def _start_dra_trainer(d: Day, name: str) -> Trainer:
+    """A ``SIGNALLER`` pod holding the ResourceClaim ``name`` and no ``nvidia.com/gpu``.
+
+    Waits for the claim's allocation; the trainer's GPU is the stand-in GPU of the allocated
+    device's index (``device-NN``).
+    """
+    work = d.work / name
+    pod = _trainer_pod(name, NS, d.labels, d.socket_dir, work, _signaller(), 0)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    d.cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def allocated() -> list[dict[str, Any]]:
+        claim = get_json(d.cluster, "resourceclaim", name, "-n", NS)
+        return list(((claim.get("status") or {}).get("allocation") or {}).get("devices", {})
+                    .get("results") or [])  # fmt: skip
+
+    (result,) = wait_until(allocated, timeout=60, what=f"{name}'s claim allocated")
+    assert (result["driver"], result["pool"]) == (draplugin.DRIVER, d.node.name), result
+    index = dra.index_of(result["device"])
+    assert index is not None, result
+    return Trainer(name, work, (d.driver.uuids[index],))
+
+
+def test_dra_allocated_pods_are_governed(day: Day) -> None:
+    d, fig = day, dict[str, Any]()
+    d.figures["dra"] = fig
+    c = d.cluster
+    with contextlib.ExitStack() as cleanup, _diagnostics(d, "dra"):
+        t0 = time.monotonic()
+        plugin = d.node.start_dra_driver(kubeconfig=c.kubeconfig, num_devices=len(d.driver.uuids))
+        cleanup.callback(plugin.stop)
+
+        def published() -> list[dict[str, Any]]:
+            return [
+                s for s in get_json(c, "resourceslices")["items"]
+                if s["spec"]["driver"] == draplugin.DRIVER and s["spec"].get("devices")
+            ]  # fmt: skip
+
+        (slice_,) = wait_until(published, timeout=60, what="the DRA driver's ResourceSlice")
+        fig["driver_start_to_slice_s"] = round(time.monotonic() - t0, 1)
+        assert [dev["name"] for dev in slice_["spec"]["devices"]] == [
+            draplugin.device_name(i) for i in range(len(d.driver.uuids))
+        ]
+        c.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "List", "items": _dra_objects(["dra-a", "dra-b"]),
+        }))  # fmt: skip
+        cleanup.callback(
+            c.kubectl, "delete", "deviceclass", DEVICE_CLASS, "--ignore-not-found", check=False
+        )
+        t_pods = time.monotonic()
+        a = _start_dra_trainer(d, "dra-a")
+        b = _start_dra_trainer(d, "dra-b")
+        for t in (b, a):
+            cleanup.callback(_gone, d, t)
+        assert a.gpus != b.gpus, (a.gpus, b.gpus)
+        fig["gpus"] = {"dra-a": a.gpus[0], "dra-b": b.gpus[0]}
+
+        # The real kubelet's listing, read with the agent's own client: each pod's device under
+        # dynamic_resources, mapped to its GPU by the index rule the chart value enables.
+        sock = d.node.pod_resources_dir / "kubelet.sock"
+        resolver = dra.DraResolver(None, dict(enumerate(d.driver.uuids)), [draplugin.DRIVER])
+        client = podmap.PodResourcesClient(str(sock), dra_resolver=resolver)
+        try:
+
+            def both() -> dict[str, tuple[str, ...]] | None:
+                got = {
+                    p.name: g for p, g in client.refresh().items() if p.name in ("dra-a", "dra-b")
+                }
+                return got if len(got) == 2 else None
+
+            listed = wait_until(
+                both, timeout=60, interval=0.5, what="both DRA pods in the kubelet's PodResources"
+            )
+        finally:
+            client.close()
+        assert listed == {"dra-a": a.gpus, "dra-b": b.gpus}, listed
+
+        others = tuple(u for u in d.driver.uuids if u not in a.gpus + b.gpus)
+        with LockSampler(d.driver, others) as strays:
+            for t in (a, b):
+                wait_until(lambda t=t: t.accepted_since(0.0) > 0, timeout=180, interval=0.5,
+                           what=f"{t.name}'s first accepted signal")  # fmt: skip
+            fig["pods_to_first_signals_s"] = round(time.monotonic() - t_pods, 1)
+            t_signal = time.monotonic()
+            locked = wait_until(
+                lambda: (lk := gpu_locks(d.driver, a.gpus)[a.gpus[0]]) is not None and lk,
+                timeout=DRA_LOCK_WAIT_S, interval=0.05, what="dra-a's GPU locked",
+            )  # fmt: skip
+            fig["first_signal_to_lock_s"] = round(time.monotonic() - t_signal, 1)
+            fig["lock_mhz"] = locked
+            with LockSampler(d.driver, a.gpus) as window:  # several 0.5 s phases
+                time.sleep(4.0)
+            fig["locks_seen_mhz"] = sorted(
+                {v for _, lk in window.samples for v in lk.values()}, key=lambda v: v or 0
+            )
+            wait_until(
+                lambda: _agent_locks(d, a.gpus)[a.gpus[0]] is not None,
+                timeout=30, interval=0.2, what="the agent's /metrics naming dra-a's lock",
+            )  # fmt: skip
+
+            # dra-b's token, from the host's side of the socket: dra-a's GPU refused, its own
+            # accepted.
+            token = b.work / "token"
+            answers: dict[str, int | str] = {}
+            for who, gpus in (("other", a.gpus), ("own", b.gpus)):
+                tc = trainer.RLEnergyClient(
+                    str(d.socket_dir / "agent.sock"), strict=True, gpus=gpus,
+                    token_file=str(token),
+                )  # fmt: skip
+                try:
+                    tc.phase("generation", step=1)
+                    answers[who] = "ACCEPTED"
+                except trainer.AgentRefusedError as exc:
+                    answers[who] = exc.status
+                finally:
+                    tc.close()
+            fig["dra_b_token_answers"] = answers
+            assert answers == {"other": 403, "own": "ACCEPTED"}, answers
+        stray = [v for _, v in strays.samples if set(v.values()) != {None}]
+        assert not stray, f"GPUs outside the DRA pods locked: {stray[:5]}"
+        # The agent read the node's ResourceSlices (its RBAC: resourceslices list) and fell back
+        # to the index rule only because the test driver publishes no uuid attribute.
+        log = c.kubectl("logs", "-n", SYSTEM_NS, "-l", AGENT_SELECTOR, "--tail=-1").stdout
+        assert "ResourceSlices failed" not in log, log[-3000:]
+        assert "listed this node's ResourceSlices: 0 device(s) with a uuid" in log, log[-3000:]
+        refused = [r for t in (a, b) for r in t.signals() if not r["ok"]]
+        fig["signals_refused"] = [(r["what"], r["status"]) for r in refused][:10]
+        fig["signals_accepted"] = {t.name: t.accepted_since(0.0) for t in (a, b)}
+        fig["trainers_delete_to_reset_s"] = round(_delete(d, a, b), 2)
+        # The claims released (the resourceclaim controller) and deleted with their finalizer.
+        t_del = time.monotonic()
+        c.kubectl("delete", "resourceclaim", "dra-a", "dra-b", "-n", NS, "--timeout=60s",
+                  timeout=90)  # fmt: skip
+        fig["claims_delete_s"] = round(time.monotonic() - t_del, 1)

@@ -402,11 +402,14 @@ class Discovery:
         gpus: usable GPUs keyed by UUID, in NVML order.
         lost: NVML indices whose handle or UUID could not be read, with the error.
         driver_version: the kernel driver version ("" when unreadable).
+        indices: NVML index -> UUID of the usable GPUs (DRA devices named by index map
+            through it: ``rlenergy_agent.dra``).
     """
 
     gpus: dict[str, NvmlGpu]
     lost: dict[int, str]
     driver_version: str
+    indices: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def discover() -> Discovery:
@@ -431,6 +434,7 @@ def discover() -> Discovery:
         version = ""
     gpus: dict[str, NvmlGpu] = {}
     lost: dict[int, str] = {}
+    indices: dict[int, str] = {}
     for i in range(count):
         try:
             handle = lib.handle_by_index(i)
@@ -441,7 +445,8 @@ def discover() -> Discovery:
             lost[i] = str(exc)
             continue
         gpus[gpu.uuid] = gpu
-    return Discovery(gpus, lost, version)
+        indices[i] = gpu.uuid
+    return Discovery(gpus, lost, version, indices)
 
 
 class NvmlSession:
@@ -457,11 +462,15 @@ class NvmlSession:
     Args:
         gpus: the node's GPUs by UUID (from ``discover``).
         version: the driver version they were discovered under.
+        indices: their NVML index -> UUID at discovery (``Discovery.indices``).
     """
 
-    def __init__(self, gpus: dict[str, NvmlGpu], version: str) -> None:
+    def __init__(
+        self, gpus: dict[str, NvmlGpu], version: str, indices: dict[int, str] | None = None
+    ) -> None:
         self.gpus = gpus
         self.version = version
+        self.indices = dict(indices or {})
         self.reinits = 0
         """Re-initialisations made."""
 

@@ -83,6 +83,9 @@ KCM_CONTROLLERS = (
     "endpointslice-controller",
     "ttl-after-finished-controller",
     "pod-garbage-collector-controller",
+    # DRA: releases a ResourceClaim's reservation when its pods end and removes its finalizer,
+    # so a claim's devices can be allocated again and the claim deleted.
+    "resourceclaim-controller",
 )
 
 POD_NETWORK_CONTROLLERS = (

@@ -67,7 +67,7 @@ from typing import IO, Any
 
 import yaml
 
-from rlenergy_dev.devcluster import nvidiaplugin, process
+from rlenergy_dev.devcluster import draplugin, nvidiaplugin, process
 from rlenergy_dev.devcluster.errors import DevClusterError, MissingBinaryError
 
 NAME = "realnode"
@@ -136,6 +136,9 @@ class NodeBinaries:
     shim: Path
     device_plugin: Path | None = None
     """NVIDIA's ``nvidia-device-plugin`` (hack/device-plugin-bin.sh)."""
+    dra_driver: Path | None = None
+    """Kubernetes' DRA test driver ``dra-test-driver`` (hack/dra-driver-bin.sh); only
+    :meth:`RealNode.start_dra_driver` needs it."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,7 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
             "(hack/device-plugin-bin.sh builds NVIDIA's k8s-device-plugin from the Go module "
             "proxy)."
         )
+    dra_driver = bin_dir / "dra-test-driver"
     return NodeBinaries(
         kubelet=built["kubelet"],
         containerd=built["containerd"],
@@ -267,6 +271,7 @@ def resolve_node_binaries(bin_dir: Path) -> NodeBinaries:
         nvidia_runtime=nvidia,
         shim=built["containerd-shim-runc-v2"],
         device_plugin=device_plugin,
+        dra_driver=dra_driver if os.access(dra_driver, os.X_OK) else None,
     )
 
 
@@ -637,6 +642,7 @@ class RealNode:
         self.timings: dict[str, float] = {}
         self._cdi_specs: list[Path] = []
         self.device_plugin: nvidiaplugin.NvidiaDevicePlugin | None = None
+        self.dra_driver: draplugin.DraTestDriver | None = None
 
     # ------------------------------------------------------------------ paths
     @property
@@ -944,6 +950,38 @@ class RealNode:
         self.device_plugin = plugin
         return plugin
 
+    def start_dra_driver(self, *, kubeconfig: Path, num_devices: int) -> draplugin.DraTestDriver:
+        """Start Kubernetes' DRA test driver as a kubelet plugin of this node (a host process).
+
+        It publishes ``num_devices`` devices ``device-00``.. of driver
+        ``test-driver.cdi.k8s.io`` in a ResourceSlice of this node and registers with the
+        kubelet under its ``--root-dir``; its log is under ``<node>/dra-test-driver``
+        (``rlenergy_dev.devcluster.draplugin``). :meth:`stop` stops it if the caller has not.
+
+        Args:
+            kubeconfig: Credentials that may write ResourceSlices (the cluster's admin).
+            num_devices: Devices it publishes (device-NN is the stand-in GPU of NVML index NN).
+
+        Raises:
+            DevClusterError: No ``dra-test-driver`` binary, or it did not register.
+        """
+        if self.bins.dra_driver is None:
+            raise DevClusterError(f"no dra-test-driver binary: run `{FIX}`")
+        driver = draplugin.DraTestDriver(
+            self.bins.dra_driver,
+            self.base / "dra-test-driver",
+            node_name=self.name,
+            kubelet_root=self.root_dir,
+            kubeconfig=kubeconfig,
+            num_devices=num_devices,
+        )
+        try:
+            driver.start()
+        except (RuntimeError, OSError) as exc:
+            raise DevClusterError(str(exc)) from exc
+        self.dra_driver = driver
+        return driver
+
     def images(self) -> list[str]:
         """Names of the images in the ``k8s.io`` namespace."""
         return [
@@ -955,14 +993,17 @@ class RealNode:
     def stop(self, grace: float = 10.0) -> None:
         """Stop the kubelet, kill every container of the node, stop containerd, clean up.
 
-        Order: NVIDIA's device plugin, the kubelet (so it restarts nothing), the containers'
-        tasks (SIGKILL) and containers, containerd, any shim left, then the mounts under the
-        node's folder and the kubelet's device-plugin sockets and checkpoint; the lock is
-        released last.
+        Order: NVIDIA's device plugin and the DRA test driver, the kubelet (so it restarts
+        nothing), the containers' tasks (SIGKILL) and containers, containerd, any shim left,
+        then the mounts under the node's folder and the kubelet's device-plugin sockets and
+        checkpoint; the lock is released last.
         """
         if self.device_plugin is not None:
             self.device_plugin.stop()
             self.device_plugin = None
+        if self.dra_driver is not None:
+            self.dra_driver.stop()
+            self.dra_driver = None
         if self.kubelet is not None:
             process.terminate([self.kubelet], self._popens, grace=grace)
         if self.containerd is not None and process.is_alive(self.containerd):
