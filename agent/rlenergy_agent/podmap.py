@@ -8,8 +8,8 @@ on an asyncio loop of its own thread: the agent's resident set holds 2 MiB of it
 ``grpcio``'s C core took 8 MiB loaded and about 4 MiB more once its channel worked (its 17 MB
 shared library's pages and six threads of its own; measured on 8 stand-in GPUs, docs/agent.md).
 The only module of the agent importing a gRPC library. Callers: ``rlenergy_agent.__main__``;
-tests run a fake kubelet (``serve_fake_kubelet``: ``grpcio``'s server, the same C core as the
-kubelet's Go gRPC speaks to) on a temp socket.
+tests run a fake kubelet (``serve_fake_kubelet``: ``grpcio``'s server, another gRPC
+implementation than the client's, as the kubelet's grpc-go is) on a temp socket.
 """
 
 from __future__ import annotations
@@ -200,11 +200,11 @@ class PodResourcesClient:
 
     What a real kubelet needs (docs/agent.md, "Pod map"):
 
-    * replies up to ``MAX_RECEIVE_BYTES`` (gRPC's 4 MiB default fails every ``List`` on a node
-      with many pods, RESOURCE_EXHAUSTED);
+    * replies up to ``MAX_RECEIVE_BYTES`` (a 4 MiB limit, ``grpcio``'s client default, fails
+      every ``List`` on a node with many pods, RESOURCE_EXHAUSTED);
     * one channel, made again after a failed call and whenever the socket file was replaced
       (another inode: the kubelet restarted), so a restarted kubelet answers at the next pass
-      instead of after gRPC's reconnect backoff;
+      instead of after a reconnect backoff;
     * a missing socket is waited for (listed again every pass), never taken as "no pods";
     * a listing's age decides what it may do (``state``): younger than ``hold_after_s`` it
       attributes GPUs; older, the agent holds the locks it has and attributes nothing new;
@@ -276,7 +276,10 @@ class PodResourcesClient:
 
     def _drop_channel(self) -> None:
         if self._channel is not None and self._loop is not None:
-            self._loop.run(_closed(self._channel), self._timeout_s)
+            try:
+                self._loop.run(_closed(self._channel), self._timeout_s)
+            except (TimeoutError, OSError) as exc:  # the connection is dropped all the same
+                log.debug("closing the pod-resources channel: %s", exc)
         self._channel = self._list = None
         self._inode = None
 
