@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from rlenergy_agent import identity, kube
 from rlenergy_dev import standin
@@ -79,7 +78,7 @@ def identity_check_ms(cluster: DevCluster, token: str, n: int) -> tuple[float, l
     """The agent's caller check alone, in this process: (first call = one real TokenReview,
     ms; ``n`` cached calls, ms each). Side by side with the signal latency, it shows what the
     check costs apart from the machine's scheduling noise."""
-    api = k8s.AuthenticationV1Api(k8s_config.new_client_from_config(str(cluster.kubeconfig)))
+    api = k8s_config.new_client_from_config(str(cluster.kubeconfig))
     auth = identity.TokenAuthenticator(kube.TokenReviewer(api).review, signals.TOKEN_AUDIENCE)
     header = f"Bearer {token}"
     t0 = time.perf_counter()
