@@ -9,7 +9,11 @@ it signals with a token the API server bound to it, and the agent checks every c
 TokenReview against that API server, cached by token (``rlenergy_agent.identity``). Reported:
 the signal-to-clock latency inside the agent (token check included) and the SDK's round trip,
 p50/p99 over ``--signals`` signals; the first signal of a token (uncached: one TokenReview),
-for the agent's first token and for ``--fresh-tokens`` new ones.
+for the agent's first token and for ``--fresh-tokens`` new ones. Footprint: the resident set
+(VmRSS) and CPU seconds per second (``/proc/<pid>/stat``) of an agent set up as in its pod,
+idle, with its share of the Kubernetes and PodResources clients (each measured by leaving it
+out), and of the benchmark's agent while it governs the GPUs through the timed phases, printed
+beside their targets (60 MB; the chart's CPU request).
 
 ``--baseline-src DIR`` runs a second agent from another source tree (e.g. ``git worktree add
 /tmp/base <commit>``) beside this one, on its own stand-in GPUs, and sends each cached-token
@@ -40,7 +44,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from rlenergy_agent import identity, kube
 from rlenergy_dev import standin
@@ -75,7 +78,7 @@ def identity_check_ms(cluster: DevCluster, token: str, n: int) -> tuple[float, l
     """The agent's caller check alone, in this process: (first call = one real TokenReview,
     ms; ``n`` cached calls, ms each). Side by side with the signal latency, it shows what the
     check costs apart from the machine's scheduling noise."""
-    api = k8s.AuthenticationV1Api(k8s_config.new_client_from_config(str(cluster.kubeconfig)))
+    api = k8s_config.new_client_from_config(str(cluster.kubeconfig))
     auth = identity.TokenAuthenticator(kube.TokenReviewer(api).review, signals.TOKEN_AUDIENCE)
     header = f"Bearer {token}"
     t0 = time.perf_counter()
@@ -281,13 +284,43 @@ def startup_census() -> dict[str, float]:
     return {k: float(v) for k, v in json.loads(res.stdout).items()}
 
 
-def pod_rss_mb(work: Path, kubeconfig: Path, gpus: int, seconds: float = 10.0) -> list[float]:
-    """VmRSS samples (MB = MiB, once a second) of an agent set up as in its pod.
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, its ended threads included
+    (``/proc/<pid>/stat`` fields 14-15, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_request(values: Path = ROOT / "helm" / "rl-energy" / "values.yaml") -> float:
+    """The chart's CPU request of an agent pod, in CPUs (``agent.resources.requests.cpu``)."""
+    import yaml
+
+    text = str(yaml.safe_load(values.read_text())["agent"]["resources"]["requests"]["cpu"])
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def pod_like(
+    work: Path,
+    kubeconfig: Path,
+    gpus: int,
+    seconds: float = 10.0,
+    *,
+    kube: bool = True,
+    podresources: bool = True,
+) -> dict[str, Any]:
+    """An agent set up as in its pod, not governing: VmRSS (MB = MiB, once a second) and CPU.
 
     As ``tests/integration/agent/test_agent_memory.py``: ``gpus`` stand-in H100s, the
     Kubernetes client on the dev cluster's kubeconfig and the PodResources client made (on a
-    socket path nothing answers), so gRPC is loaded as on a node; the benchmark's own agent
-    maps pods statically and loads no gRPC.
+    socket path nothing answers), so gRPC is loaded as on a node, with the pod's settings
+    (sampling every second); the benchmark's own agent maps pods statically and loads no gRPC.
+    ``kube=False`` leaves the Kubernetes client out and ``podresources=False`` the
+    PodResources client (static, empty pod map): their share of the resident set is the
+    difference.
+
+    Returns:
+        ``rss_mb``: the samples; ``cpu_per_s``: CPU seconds per second over the samples'
+        ``seconds`` (``cpu_s``), after start-up; ``threads``: the process's threads at the end.
     """
     work.mkdir(parents=True, exist_ok=True)
     lib_dir = standin.build_library(ROOT / "build" / "nvml-standin")
@@ -298,10 +331,12 @@ def pod_rss_mb(work: Path, kubeconfig: Path, gpus: int, seconds: float = 10.0) -
     env = {
         **os.environ,
         **drv.env(lib_dir),
-        "RLENERGY_AGENT_KUBE": "true",
+        "RLENERGY_AGENT_KUBE": "true" if kube else "false",
         "KUBECONFIG": str(kubeconfig),
         "RLENERGY_AGENT_PODRESOURCES_SOCKET": str(work / "kubelet.sock"),
     }
+    if not podresources:
+        env["RLENERGY_AGENT_STATIC_PODS"] = "{}"
     cmd = standin.agent_argv(
         "pod-rss", work / "a.sock", work / "host", "--plan", str(work / "plan.json"),
         "--log-level", "CRITICAL",
@@ -311,10 +346,13 @@ def pod_rss_mb(work: Path, kubeconfig: Path, gpus: int, seconds: float = 10.0) -
         assert proc.stdout is not None
         assert json.loads(proc.stdout.readline())["ready"]
         samples = []
+        t0, c0 = time.monotonic(), cpu_s(proc.pid)
         for _ in range(int(seconds)):
             time.sleep(1.0)
             samples.append(rss_mb(proc.pid))
-        return samples
+        cpu = (cpu_s(proc.pid) - c0) / (time.monotonic() - t0)
+        threads = len(list(Path(f"/proc/{proc.pid}/task").iterdir()))
+        return {"rss_mb": samples, "cpu_per_s": cpu, "threads": threads}
     finally:
         proc.terminate()
         proc.wait(30)
@@ -390,13 +428,18 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
         last_step = (args.signals - 1) // 2  # the loop's newest step (the agent takes at most
         client.phase("idle", step=last_step)  # STEP_WINDOW steps ahead of it)
         rss = rss_mb(agent.proc.pid)
-        pod_rss = pod_rss_mb(work / "pod-rss", cluster.kubeconfig, args.gpus)
+        in_pod = pod_like(work / "pod-rss", cluster.kubeconfig, args.gpus)
+        pod_no_kube = pod_like(work / "pod-no-kube", cluster.kubeconfig, args.gpus, kube=False)
+        pod_no_grpc = pod_like(
+            work / "pod-no-grpc", cluster.kubeconfig, args.gpus, podresources=False
+        )
         baseline_rss = rss_mb(agents[-1].proc.pid) if len(agents) > 1 else None
         for a in agents[1:]:
             a.stop()
         # energy: measured phase windows vs the simulator's truth, real time
         errors: list[float] = []
         base_step = last_step + 1
+        t_gov, cpu_gov = time.monotonic(), cpu_s(agent.proc.pid)
         for s in range(args.steps):
             step = base_step + s
             for phase in ("generation", "training"):
@@ -406,6 +449,8 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
             client.phase("idle", step=step)
             drv.set_work(uuids, "idle", "idle")
             client.end_step(step, samples=1, response_tokens=1, prompt_tokens=1, valid_tokens=1)
+        governing_cpu = (cpu_s(agent.proc.pid) - cpu_gov) / (time.monotonic() - t_gov)
+        governing_rss = rss_mb(agent.proc.pid)
         time.sleep(1.2)
         data = json.loads(report.read_text())
         windows = {
@@ -444,7 +489,14 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
         "roundtrip_p50_ms": pct(rtt, 50) * 1e3,
         "roundtrip_p99_ms": pct(rtt, 99) * 1e3,
         "agent_rss_mb": rss,
-        "agent_pod_rss_mb": max(pod_rss),
+        "agent_rss_governing_mb": governing_rss,
+        "agent_cpu_governing_per_s": governing_cpu,
+        "agent_pod_rss_mb": max(in_pod["rss_mb"]),
+        "agent_pod_cpu_idle_per_s": in_pod["cpu_per_s"],
+        "agent_pod_threads": in_pod["threads"],
+        "agent_pod_rss_without_kube_mb": max(pod_no_kube["rss_mb"]),
+        "agent_pod_rss_without_podresources_mb": max(pod_no_grpc["rss_mb"]),
+        "agent_cpu_request": cpu_request(),
         "phase_energy_max_abs_error_pct": max(errors) * 100,
         "phase_energy_mean_abs_error_pct": statistics.mean(errors) * 100,
         "clocks_reset_on_sigterm": reset_ok,
@@ -508,11 +560,25 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
             print(
                 f"  round trip  p50 {t['roundtrip_p50_ms']:.3f} ms   p99 {t['roundtrip_p99_ms']:.3f} ms"
             )
-        print(f"agent RSS {rss:.1f} MB (target <= 60 MB)")
+        print(
+            f"agent RSS {rss:.1f} MB after the signals, {governing_rss:.1f} MB after "
+            f"{args.steps} governed steps (target <= 60 MB)"
+        )
         print(
             f"agent RSS as in its pod (Kubernetes and PodResources clients, {args.gpus} GPUs): "
             f"{out['agent_pod_rss_mb']:.1f} MB (target <= 60 MB)  "
-            f"{'OK' if out['agent_pod_rss_mb'] <= 60.0 else 'MISSED'}"
+            f"{'OK' if out['agent_pod_rss_mb'] <= 60.0 else 'MISSED'}; without the Kubernetes "
+            f"client {out['agent_pod_rss_without_kube_mb']:.1f} MB, without the PodResources "
+            f"client (gRPC, protobuf) {out['agent_pod_rss_without_podresources_mb']:.1f} MB"
+        )
+        request = out["agent_cpu_request"]
+        print(
+            f"agent CPU, s per s: idle as in its pod {out['agent_pod_cpu_idle_per_s']:.4f} "
+            f"(sampling every 1 s, {out['agent_pod_threads']} threads); governing "
+            f"{args.gpus} GPUs {governing_cpu:.4f} ({args.steps} steps of 2 phases, "
+            f"{args.phase_seconds:g} s each, sampling every 0.5 s) (target <= the chart's "
+            f"request {request:.3f})  "
+            f"{'OK' if max(governing_cpu, out['agent_pod_cpu_idle_per_s']) <= request else 'MISSED'}"
         )
         print("measured vs true phase energy (counter deltas, real time):")
         for step, phase, m, t, e in rows:

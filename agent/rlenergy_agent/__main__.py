@@ -305,7 +305,7 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> conf
         }.items()
         if v is not None
     }
-    settings = config.AgentSettings(**overrides)  # type: ignore[arg-type]
+    settings = config.AgentSettings(**overrides)
     if not settings.node_name:
         parser.error("--node or RLENERGY_AGENT_NODE_NAME is required")
     return settings

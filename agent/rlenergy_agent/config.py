@@ -1,21 +1,54 @@
-"""Agent settings: environment variables ``RLENERGY_AGENT_*`` (pydantic-settings), CLI overrides.
+"""Agent settings: environment variables ``RLENERGY_AGENT_*``, CLI overrides.
 
 Each setting documents its unit, default and reason. Callers: ``rlenergy_agent.__main__``.
+
+The settings are a pydantic model that reads its own variables (``from_environ``): every
+setting is a scalar (text, number, bool, path), so a variable's text goes to pydantic's
+validation as it is, which converts and checks it as ``pydantic-settings`` does for such fields
+(names matched case-insensitively, defaults validated, other variables ignored;
+``tests/unit/agent/test_agent_settings.py`` holds the two side by side). ``pydantic-settings``
+itself is not imported: its sources, ``dotenv`` and command-line parser held 1.2 MiB of the
+agent's resident set, which has to stay under 60 MB (docs/agent.md, "Footprint").
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "RLENERGY_AGENT_"
+"""Prefix of the settings' environment variables (``RLENERGY_AGENT_NODE_NAME``, ...)."""
 
 
-class AgentSettings(BaseSettings):
-    """Node agent configuration."""
+def from_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings ``environ`` names: ``{field: text}`` for each ``RLENERGY_AGENT_<FIELD>``.
 
-    model_config = SettingsConfigDict(env_prefix="RLENERGY_AGENT_", extra="ignore")
+    Names match case-insensitively; variables that name no setting are left out.
+    """
+    prefix = ENV_PREFIX.lower()
+    out: dict[str, str] = {}
+    for key, value in environ.items():
+        name = key.lower()
+        if name.startswith(prefix) and name[len(prefix) :] in AgentSettings.model_fields:
+            out[name[len(prefix) :]] = value
+    return out
+
+
+class AgentSettings(BaseModel):
+    """Node agent configuration: keyword arguments over ``RLENERGY_AGENT_*`` variables.
+
+    Raises:
+        pydantic.ValidationError: a value (argument or variable) that is not valid.
+    """
+
+    model_config = ConfigDict(extra="ignore", validate_default=True)
+
+    def __init__(self, /, **values: Any) -> None:
+        super().__init__(**{**from_environ(os.environ), **values})
 
     node_name: str = Field("", description="This node (downward API NODE_NAME); required.")
     backend: Literal["nvml", "sim"] = Field(

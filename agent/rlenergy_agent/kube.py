@@ -215,16 +215,17 @@ class CustomObjects:
 
 
 def start_clients() -> Any:
-    """The ``AuthenticationV1Api`` on the process-wide configuration, made at start-up.
+    """The ``ApiClient`` on the process-wide configuration, made at start-up.
 
-    Call after ``load_api`` and before the signal socket serves: the client resolves its API
-    classes lazily, and a class resolved in the node loop while trainers signal takes the GIL
-    from every signal (each of a signal's NVML calls releases it and waits up to the
-    interpreter's 5 ms switch interval to get it back). Pods are listed without the client's
+    Call after ``load_api`` and before the signal socket serves. The agent resolves none of the
+    client's lazily loaded API classes: a class resolved in the node loop while trainers signal
+    takes the GIL from every signal (each of a signal's NVML calls releases it and waits up to
+    the interpreter's 5 ms switch interval to get it back). Pods are listed without the client's
     ``CoreV1Api`` (``NodePods``), whose 240 pydantic models cost 1.47 million Python calls, 1-2 s
-    of CPU and +21-28 MB RSS (``bench/agent.py`` prints it).
+    of CPU and +21-28 MB RSS (``bench/agent.py`` prints it), and tokens are reviewed without
+    ``AuthenticationV1Api`` (``TokenReviewer``: its class and 11 model modules held 0.5 MiB).
     """
-    return kubernetes.client.AuthenticationV1Api()
+    return kubernetes.client.ApiClient()
 
 
 class NodePods:
@@ -873,23 +874,54 @@ class PolicyDiscovery:
         return selector.discover(pods, policies)
 
 
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+
 class TokenReviewer:
     """Asks the API server whether a bearer token is valid (``TokenReview``).
 
-    ``authentication.k8s.io/v1``; RBAC: ``tokenreviews`` ``create``.
+    ``authentication.k8s.io/v1``; RBAC: ``tokenreviews`` ``create``. The review goes through the
+    client's ``ApiClient`` as JSON (its configuration, token and TLS), without the
+    ``AuthenticationV1Api`` class and its model classes.
 
     Args:
-        api: an ``AuthenticationV1Api`` (default: one on the process-wide configuration, made
-            at the first review, after ``load_api``).
+        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
+            configuration, made at the first review, after ``load_api``).
         timeout_s: per review deadline, s (``identity.REVIEW_TIMEOUT_S``: past it the
             caller gets 503 and retries).
     """
 
     def __init__(
-        self, api: Any | None = None, *, timeout_s: float = identity.REVIEW_TIMEOUT_S
+        self, api_client: Any | None = None, *, timeout_s: float = identity.REVIEW_TIMEOUT_S
     ) -> None:
-        self._api = api
+        self._client = api_client
         self.timeout_s = timeout_s
+
+    def _create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST`` the review; the API server's answer as JSON.
+
+        Raises:
+            kubernetes.client.exceptions.ApiException: an error status.
+            OSError, urllib3 errors: the API server could not be reached.
+        """
+        if self._client is None:
+            self._client = kubernetes.client.ApiClient()
+        m, url, headers, data, post = self._client.param_serialize(
+            method="POST",
+            resource_path=TOKEN_REVIEWS,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self._client.call_api(
+            m, url, header_params=headers, body=data, post_params=post,
+            _request_timeout=self.timeout_s,
+        )  # fmt: skip
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=resp)
+        answer = json.loads(resp.data or b"{}")
+        return answer if isinstance(answer, dict) else {}
 
     def review(self, token: str, audiences: Sequence[str]) -> identity.Review:
         """The API server's verdict on ``token`` for ``audiences``.
@@ -898,13 +930,13 @@ class TokenReviewer:
             identity.ReviewUnavailableError: the review could not be made (API unreachable,
                 403 without the RBAC); the message says which.
         """
-        if self._api is None:
-            self._api = kubernetes.client.AuthenticationV1Api()
-        body = kubernetes.client.V1TokenReview(
-            spec=kubernetes.client.V1TokenReviewSpec(token=token, audiences=list(audiences))
-        )
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": list(audiences)},
+        }
         try:
-            res = self._api.create_token_review(body, _request_timeout=self.timeout_s)
+            res = self._create(body)
         except ApiException as exc:
             hint = (
                 " (the agent's ClusterRole needs tokenreviews create)" if exc.status == 403 else ""
@@ -914,17 +946,20 @@ class TokenReviewer:
             ) from None
         except Exception as exc:  # noqa: BLE001 - urllib3 and socket errors: API unreachable
             raise identity.ReviewUnavailableError(f"TokenReview failed: {exc}") from None
-        st = res.status
-        if st is None or not st.authenticated or st.user is None:
-            return identity.Review(
-                False, error=str(getattr(st, "error", "") or "not authenticated")
-            )
-        user = st.user
+        st = res.get("status")
+        st = st if isinstance(st, dict) else {}
+        user = st.get("user")
+        if not st.get("authenticated") or not isinstance(user, dict):
+            return identity.Review(False, error=str(st.get("error") or "not authenticated"))
+        extra = user.get("extra")
         return identity.Review(
             True,
-            username=str(user.username or ""),
-            extra={str(k): [str(x) for x in v or ()] for k, v in (user.extra or {}).items()},
-            audiences=tuple(str(a) for a in st.audiences or ()),
+            username=str(user.get("username") or ""),
+            extra={
+                str(k): [str(x) for x in v or ()]
+                for k, v in (extra if isinstance(extra, dict) else {}).items()
+            },
+            audiences=tuple(str(a) for a in st.get("audiences") or ()),
         )
 
 

@@ -5,28 +5,36 @@ environment: device-plugin devices by device ID (GPU or MIG UUID), devices of a 
 ResourceClaims (DRA, the listing's ``dynamic_resources``) by driver, pool and device name, which
 ``rlenergy_agent.dra`` maps to a GPU or MIG UUID. A pod holding GPUs both ways has the union.
 The message and service descriptors of ``proto/podresources_v1.proto`` are built at run time
-with protobuf's descriptor API, so there is no generated code. The only module of the agent
-importing ``grpc``. Callers: ``rlenergy_agent.__main__``; tests run a fake kubelet
-(``serve_fake_kubelet``) on a temp socket.
+with protobuf's descriptor API, so there is no generated code. The client is ``grpclib`` (gRPC
+in Python over the ``h2`` HTTP/2 library) on an asyncio loop of its own thread: the agent's
+resident set holds 2 MiB of it where ``grpcio``'s C core took 8 MiB loaded and about 4 MiB more
+once its channel worked (its 17 MB shared library's pages and six threads of its own; measured
+on 8 stand-in GPUs, docs/agent.md). The only module of the agent importing a gRPC library.
+Callers: ``rlenergy_agent.__main__``; tests run a fake kubelet (``serve_fake_kubelet``:
+``grpcio``'s server, another gRPC implementation than the client's, as the kubelet's grpc-go is)
+on a temp socket.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent import futures
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-import grpc  # type: ignore[import-untyped]
 from google.protobuf import (  # type: ignore[import-untyped]
     descriptor_pb2,
     descriptor_pool,
     message_factory,
 )
+from grpclib.client import Channel, UnaryUnaryMethod
+from grpclib.const import Status
+from grpclib.encoding.proto import ProtoCodec
+from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from rlenergy_agent import dra
 from rlenergy_agent import pods as pod_types
@@ -39,8 +47,9 @@ RECHECK_S = 0.5
 in a loop cost at most two kubelet calls a second)."""
 MAX_RECEIVE_BYTES = 16 * 1024 * 1024
 """Largest ``List`` reply taken, bytes: the kubelet's own PodResources server limit (16 MiB,
-``DefaultMaxMsgSize`` of the kubelet's podresources package). gRPC's client default of 4 MiB
-fails every call with RESOURCE_EXHAUSTED on a node with many pods."""
+``DefaultMaxMsgSize`` of the kubelet's podresources package). A larger reply fails the call
+with RESOURCE_EXHAUSTED (``grpcio``'s client default of 4 MiB failed every call on a node with
+many pods)."""
 HOLD_AFTER_S = 10.0
 """A listing older than this attributes nothing new, s: ten passes of the node loop failed
 (a kubelet restart); the locks the agent holds stay [MODEL]."""
@@ -140,16 +149,83 @@ ListRequest = message_class("ListPodResourcesRequest")
 ListResponse = message_class("ListPodResourcesResponse")
 
 
+class ListError(Exception):
+    """A ``List`` call that failed.
+
+    Args:
+        code: the gRPC status code's name (``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``,
+            ``DEADLINE_EXCEEDED``, ...; a connection refused or lost is ``UNAVAILABLE``).
+        details: what the server or the connection said.
+    """
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+
+class _LimitedCodec(ProtoCodec):
+    """Protobuf messages, replies over ``max_bytes`` refused (RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self.max_bytes:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"reply of {len(data)} bytes, larger than the {self.max_bytes} taken",
+            )
+        return super().decode(data, message_type)
+
+
+async def _closed(channel: Channel) -> None:
+    """Close ``channel`` and let its transport close its socket (the loop's next turns)."""
+    channel.close()
+    for _ in range(2):
+        await asyncio.sleep(0)
+
+
+class _LoopThread:
+    """An asyncio event loop run by a daemon thread.
+
+    The client's calls go to it from any thread (the node loop, a signal's thread) and wait
+    for their result.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="rlenergy-podresources", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout_s: float) -> Any:
+        """The coroutine's result, run on the loop.
+
+        Raises:
+            whatever the coroutine raises; TimeoutError: no result in ``timeout_s``.
+        """
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def stop(self) -> None:
+        """Stop the loop and its thread."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
 class PodResourcesClient:
     """Lists GPU allocations from the kubelet; satisfies ``pod_types.PodMap`` (cached).
 
     What a real kubelet needs (docs/agent.md, "Pod map"):
 
-    * replies up to ``MAX_RECEIVE_BYTES`` (gRPC's 4 MiB default fails every ``List`` on a node
-      with many pods, RESOURCE_EXHAUSTED);
+    * replies up to ``MAX_RECEIVE_BYTES`` (a 4 MiB limit, ``grpcio``'s client default, fails
+      every ``List`` on a node with many pods, RESOURCE_EXHAUSTED);
     * one channel, made again after a failed call and whenever the socket file was replaced
       (another inode: the kubelet restarted), so a restarted kubelet answers at the next pass
-      instead of after gRPC's reconnect backoff;
+      instead of after a reconnect backoff;
     * a missing socket is waited for (listed again every pass), never taken as "no pods";
     * a listing's age decides what it may do (``state``): younger than ``hold_after_s`` it
       attributes GPUs; older, the agent holds the locks it has and attributes nothing new;
@@ -198,8 +274,9 @@ class PodResourcesClient:
         self._clock = clock
         self._lock = threading.Lock()
         self._call_lock = threading.Lock()
-        self._channel: Any = None
-        self._list: Any = None
+        self._loop: _LoopThread | None = None
+        self._channel: Channel | None = None
+        self._list: UnaryUnaryMethod[Any, Any] | None = None
         self._inode: int | None = None
         self._cache: dict[pod_types.PodRef, tuple[str, ...]] = {}
         self._at: float | None = None
@@ -210,7 +287,8 @@ class PodResourcesClient:
         self.channels = 0
         """Channels made (the first, then one after each error or socket replacement)."""
         self.errors: dict[str, int] = {}
-        """Failed ``List`` calls by gRPC status code name (``SocketMissing``: no socket file)."""
+        """Failed ``List`` calls by gRPC status code name (``SocketMissing``: no socket file;
+        ``UNAVAILABLE``: also a connection refused or lost)."""
         self.last_error = ""
         """The newest failure's code name, ``""`` once a listing succeeded after it."""
         self.last_error_message = ""
@@ -224,29 +302,43 @@ class PodResourcesClient:
         return st.st_ino if stat.S_ISSOCK(st.st_mode) else None
 
     def _drop_channel(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
+        if self._channel is not None and self._loop is not None:
+            try:
+                self._loop.run(_closed(self._channel), self._timeout_s)
+            except (TimeoutError, OSError) as exc:  # the connection is dropped all the same
+                log.debug("closing the pod-resources channel: %s", exc)
         self._channel = self._list = None
         self._inode = None
 
-    def _connect(self, inode: int) -> Any:
-        """The ``List`` callable on the channel to the socket with ``inode`` (made when new)."""
+    async def _open(self) -> Channel:
+        return Channel(path=self.socket_path, codec=_LimitedCodec(self.max_receive_bytes))
+
+    def _connect(self, inode: int) -> UnaryUnaryMethod[Any, Any]:
+        """The ``List`` method on the channel to the socket with ``inode`` (made when new)."""
         if self._channel is not None and self._inode != inode:
             log.info("kubelet pod-resources socket %s was replaced: new channel", self.socket_path)
             self._drop_channel()
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(
-                f"unix://{self.socket_path}",
-                options=[("grpc.max_receive_message_length", self.max_receive_bytes)],
-            )
-            self._list = self._channel.unary_unary(
-                LIST_METHOD,
-                request_serializer=lambda m: m.SerializeToString(),
-                response_deserializer=ListResponse.FromString,
-            )
+        if self._loop is None:
+            self._loop = _LoopThread()
+        if self._channel is None or self._list is None:
+            self._channel = self._loop.run(self._open(), self._timeout_s)
+            self._list = UnaryUnaryMethod(self._channel, LIST_METHOD, ListRequest, ListResponse)
             self._inode = inode
             self.channels += 1
         return self._list
+
+    def _call(self, method: UnaryUnaryMethod[Any, Any]) -> Any:
+        """One ``List`` call, its failures as ``ListError``."""
+        assert self._loop is not None
+        try:
+            call = method(ListRequest(), timeout=self._timeout_s)
+            return self._loop.run(call, self._timeout_s + 1)
+        except GRPCError as exc:
+            raise ListError(exc.status.name, str(exc.message or "")) from exc
+        except TimeoutError as exc:
+            raise ListError("DEADLINE_EXCEEDED", f"no answer in {self._timeout_s} s") from exc
+        except (StreamTerminatedError, OSError) as exc:
+            raise ListError("UNAVAILABLE", str(exc) or type(exc).__name__) from exc
 
     def _failed(self, code: str, message: str) -> None:
         with self._lock:
@@ -267,7 +359,7 @@ class PodResourcesClient:
         successor) keeps the devices of both entries.
 
         Raises:
-            grpc.RpcError: the kubelet did not answer (the channel is made again next time).
+            ListError: the kubelet did not answer (the channel is made again next time).
             FileNotFoundError: the socket does not exist (yet).
         """
         with self._call_lock:
@@ -277,16 +369,11 @@ class PodResourcesClient:
                 self._drop_channel()
                 self._failed("SocketMissing", f"no socket at {self.socket_path}")
                 raise FileNotFoundError(f"no kubelet pod-resources socket at {self.socket_path}")
-            call = self._connect(inode)
             try:
-                resp = call(ListRequest(), timeout=self._timeout_s)
-            except grpc.RpcError as exc:
+                resp = self._call(self._connect(inode))
+            except ListError as exc:
                 self._drop_channel()  # a fresh channel next time: no reconnect backoff
-                code = exc.code() if hasattr(exc, "code") else None
-                self._failed(
-                    getattr(code, "name", "UNKNOWN"),
-                    str(exc.details() if hasattr(exc, "details") else exc),
-                )
+                self._failed(exc.code, exc.details)
                 raise
         out = self._allocations(resp)
         with self._lock:
@@ -355,7 +442,7 @@ class PodResourcesClient:
     def _try_refresh(self) -> None:
         try:
             self.refresh()
-        except (grpc.RpcError, FileNotFoundError):
+        except (ListError, FileNotFoundError):
             pass  # counted and logged in ``_failed``
 
     def keep_fresh(self) -> None:
@@ -377,9 +464,12 @@ class PodResourcesClient:
         return ()
 
     def close(self) -> None:
-        """Close the channel."""
+        """Close the channel and stop its loop's thread."""
         with self._call_lock:
             self._drop_channel()
+            if self._loop is not None:
+                self._loop.stop()
+                self._loop = None
 
 
 Listing = Callable[[], Mapping[tuple[str, str], Mapping[str, Sequence[str]]]]
@@ -393,8 +483,10 @@ def serve_fake_kubelet(
     allocations: Callable[[], Any],
     *,
     fail: Callable[[], tuple[Any, str] | None] | None = None,
-) -> grpc.Server:
+) -> Any:
     """A kubelet PodResources server speaking the real protocol (tests, local runs).
+
+    It is ``grpcio``'s server (a development dependency; the agent process never imports it).
 
     Args:
         socket_path: Unix socket to listen on.
@@ -407,6 +499,10 @@ def serve_fake_kubelet(
     Returns:
         The started server (``stop(None)`` to end it).
     """
+    from concurrent import futures
+
+    import grpc  # type: ignore[import-untyped]
+
     pod_cls = message_class("PodResources")
 
     def list_pods(request: Any, context: Any) -> Any:

@@ -145,7 +145,8 @@ IMAGES = {
         description="rl-energy node agent: GPU clocks and energy through NVML. libnvidia-ml is "
         "not shipped: the NVIDIA container toolkit injects it on GPU nodes.",
         ports=("9464/tcp",),
-        # aiohttp and its family: only kubernetes.aio (pruned) and kopf use them.
+        # aiohttp and its family: only kubernetes.aio (pruned) and kopf use them (multidict
+        # stays: grpclib, the PodResources client, imports it).
         exclude=(
             "aiohttp-retry",
             "aiohttp",
@@ -153,7 +154,6 @@ IMAGES = {
             "aiosignal",
             "attrs",
             "frozenlist",
-            "multidict",
             "propcache",
             "yarl",
         ),

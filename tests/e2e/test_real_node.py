@@ -35,13 +35,16 @@ why the whole-run ratio of 12 steps is not held to it) -> a second pod's signals
 first pod's GPUs are refused (403) -> the agent pod is deleted and recreated by the DaemonSet
 (its GPUs are reset when the agent stops) -> the trainer pod is deleted (its GPUs back to the
 default governor within 10 s) -> the policy is deleted and the chart uninstalled: no lock, no
-finalizer left. Measured figures are printed and written to ``build/realnode-e2e.json``.
+finalizer left. Measured figures (among them the agent's VmRSS idle and governing and its CPU
+seconds per second idle and over the replay, recorded, not asserted: their targets live in
+``make bench-agent``) are printed and written to ``build/realnode-e2e.json``.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -85,6 +88,8 @@ GPUS = 8
 STEPS = 12
 LONGEST_PHASE_S = 1.5
 RESET_BOUND_S = 10.0
+CPU_WINDOW_S = 10.0
+"""How long the idle agent's CPU is read (its governing CPU is read over the whole replay)."""
 """docs/agent.md: a governed pod's GPUs are back at the default governor within 10 s of its end."""
 RESULTS = ROOT / "build" / "realnode-e2e.json"
 FAILURE_DIR = ROOT / "build" / "realnode-e2e-failure"
@@ -131,6 +136,22 @@ def _pod_rss_kib(pod_uid: str) -> dict[str, int]:
                 int(stat["rss"]) + int(stat["cache"])
             ) // 1024
     return out
+
+
+def _pod_cpu_s(pod_uid: str) -> float:
+    """CPU seconds (user + system, ``/proc/<pid>/stat``) the processes of a pod's containers
+    (not its pause process) have used, found as in ``_pod_rss_kib``."""
+    ticks = 0
+    for procs in Path("/sys/fs/cgroup/memory").glob(f"kubepods*/**/pod{pod_uid}/*/cgroup.procs"):
+        for pid in procs.read_text().split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if argv[0] != b"/pause":
+                ticks += int(stat[11]) + int(stat[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _trainer_pod(
@@ -370,6 +391,11 @@ def _user_day(
     )
     figures["agent_rss_kib_idle"] = _pod_rss_kib(agent["metadata"]["uid"])
     assert figures["agent_rss_kib_idle"], "no agent process found in the pod's cgroup"
+    cpu0, t_cpu = _pod_cpu_s(agent["metadata"]["uid"]), time.monotonic()
+    time.sleep(CPU_WINDOW_S)  # the agent idle: no GPU pod on the node yet
+    figures["agent_cpu_s_per_s_idle"] = round(
+        (_pod_cpu_s(agent["metadata"]["uid"]) - cpu0) / (time.monotonic() - t_cpu), 4
+    )
 
     # The trainer pod: 2 GPUs, the SDK replaying the trace through the agent's socket.
     job, factor = fullstack.compressed_replay(
@@ -443,7 +469,7 @@ def _user_day(
             s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
             return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS else None
 
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), _pod_cpu_s(agent["metadata"]["uid"])
         status = wait_until(
             all_steps,
             timeout=STEPS * 10 + 180,  # the v1 trainer starts its Ray and TransferQueue first
@@ -451,6 +477,9 @@ def _user_day(
             what=f"{STEPS} steps in the policy status",
         )
         figures["replay_to_status_s"] = round(time.monotonic() - t0, 1)
+        figures["agent_cpu_s_per_s_governing"] = round(
+            (_pod_cpu_s(agent["metadata"]["uid"]) - cpu0) / (time.monotonic() - t0), 4
+        )
         sampling.set()
         figures["locks_by_phase_kind_mhz"] = {
             k: sorted(v, key=str) for k, v in locks_by_kind.items()
@@ -563,7 +592,9 @@ def _summary(figures: dict[str, Any]) -> str:
         f"real node: trainer pod deleted -> GPUs reset {figures.get('trainer_delete_to_reset_s')} s"
         f" (bound {RESET_BOUND_S:.0f} s); agent pod deleted -> reset "
         f"{figures.get('agent_delete_to_reset_s')} s; agent VmRSS idle {vmrss_mb('agent_rss_kib_idle')}"
-        f" MB, governing {vmrss_mb('agent_rss_kib_running')} MB; lock samples at planned clocks "
+        f" MB, governing {vmrss_mb('agent_rss_kib_running')} MB; agent CPU s/s idle "
+        f"{figures.get('agent_cpu_s_per_s_idle')}, governing "
+        f"{figures.get('agent_cpu_s_per_s_governing')}; lock samples at planned clocks "
         f"{figures.get('lock_samples_at_planned_clock')}; throughput "
         f"{figures.get('throughput_ratio_by_phase')}"
     )

@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from rlenergy_agent import __main__ as agent_main
 from rlenergy_agent import config, identity, kube, server, service
@@ -80,9 +79,7 @@ class Harness:
             )
         )
         self.path = str(work / "a.sock")
-        api = k8s.AuthenticationV1Api(
-            k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
-        )
+        api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
         self.authenticator = identity.TokenAuthenticator(
             kube.TokenReviewer(api).review, signals.TOKEN_AUDIENCE
         )

@@ -4,7 +4,9 @@ The agent process runs on the stand-in NVML (eight H100s, loaded by pynvml throu
 LD_LIBRARY_PATH) with the Kubernetes client loaded and the PodResources client made, as in its
 pod (the API server and kubelet it is given answer nothing, so no listing adds to it). Its
 resident set after start-up and 20 s of sampling stays under the chart's memory request, and
-the limit leaves at least as much again for a real driver library and listings.
+the limit leaves at least as much again for a real driver library and listings. The process maps
+no ``grpcio`` C core (the PodResources client is ``grpclib``) and no ``cryptography`` library
+(the serving key is made in a child process).
 """
 
 from __future__ import annotations
@@ -79,10 +81,14 @@ def test_the_agents_resident_set_fits_the_charts_request(
         for _ in range(20):
             time.sleep(1)
             rss.append(_rss_mib(proc.pid))
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
     finally:
         proc.terminate()
         proc.wait(30)
         drv.close()
     print(f"agent VmRSS on 8 stand-in GPUs: {min(rss):.1f}-{max(rss):.1f} MiB")
+    libraries = {ln.split()[-1] for ln in maps.splitlines() if ".so" in ln}
+    assert not [p for p in libraries if "/grpc/" in p or "/cryptography/" in p], libraries
+    assert any("libnvidia-ml" in p for p in libraries), libraries  # the maps were read right
     assert max(rss) < request_mib, (rss, request_mib)
     assert limit_mib >= 2 * max(rss), (rss, limit_mib)

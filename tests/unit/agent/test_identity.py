@@ -5,21 +5,24 @@ most ``max_ttl_s``, bounded in size, refusals cached briefly, 503 when the API c
 asked); the checks on the review (audience, pod binding); ``authorize`` (other node, other
 UID, other pod's GPUs, MIG instances; a governed pod a restarted kubelet does not list yet is
 told to retry, 503); the SDK's token file (re-read on rotation and after a
-401); the Kubernetes side (``kube.TokenReviewer`` on client objects). The real TokenReview
+401); the Kubernetes side (``kube.TokenReviewer`` through a real ``ApiClient`` against a local
+HTTP server: the review's JSON, the answers read, 403 and a refused connection). The real TokenReview
 against a real API server runs in the e2e, chaos and bench harnesses.
 """
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from agent_support import AUDIENCE, DriverFactory, FakeReviews, standin_agent
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import identity, kube, pods, server, service
 
 from rlenergy.api import node as api_node
@@ -226,47 +229,62 @@ def test_sdk_rereads_a_rotated_token_and_retries_once_after_401(
         srv.stop()
 
 
-class _AuthApi:
-    def __init__(self, result: Any) -> None:
-        self.result = result
-        self.bodies: list[Any] = []
+class _Reviews(http.server.BaseHTTPRequestHandler):
+    """An API server's TokenReview endpoint: answers ``answers`` in turn, records the bodies."""
 
-    def create_token_review(self, body: Any, _request_timeout: float) -> Any:
-        self.bodies.append(body)
-        if isinstance(self.result, Exception):
-            raise self.result
-        return self.result
+    answers: list[tuple[int, dict[str, Any]]] = []
+    asked: list[tuple[str, dict[str, Any]]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        length = int(self.headers["Content-Length"])
+        self.asked.append((self.path, json.loads(self.rfile.read(length))))
+        status, body = self.answers.pop(0)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
-def test_token_reviewer_reads_the_api_servers_answer() -> None:
+def _review(answer: tuple[int, dict[str, Any]] | None, host: str = "") -> identity.Review:
+    """``kube.TokenReviewer`` through a real ``ApiClient`` against ``_Reviews`` (or ``host``)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Reviews)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _Reviews.answers = [answer] if answer is not None else []
+    cfg = k8s.Configuration()
+    cfg.host = host or f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        return kube.TokenReviewer(k8s.ApiClient(cfg)).review("tok", [AUDIENCE])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_token_reviewer_posts_the_review_and_reads_the_answer_as_json() -> None:
     extra = {identity.EXTRA_POD_NAME: ["trainer-0"], identity.EXTRA_POD_UID: [POD_A.uid]}
-    ok = k8s.V1TokenReview(
-        spec=k8s.V1TokenReviewSpec(token="tok"),
-        status=k8s.V1TokenReviewStatus(
-            authenticated=True,
-            audiences=[AUDIENCE],
-            user=k8s.V1UserInfo(username="system:serviceaccount:team-a:default", extra=extra),
-        ),
-    )
-    api = _AuthApi(ok)
-    review = kube.TokenReviewer(api).review("tok", [AUDIENCE])
-    assert api.bodies[0].spec.token == "tok" and api.bodies[0].spec.audiences == [AUDIENCE]
+    user = {"username": "system:serviceaccount:team-a:default", "extra": extra}
+    ok = {"status": {"authenticated": True, "audiences": [AUDIENCE], "user": user}}
+    _Reviews.asked = []
+    review = _review((201, ok))
+    path, body = _Reviews.asked[0]
+    assert path == kube.TOKEN_REVIEWS
+    assert body == {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "spec": {"token": "tok", "audiences": [AUDIENCE]},
+    }
     assert identity.caller_of(review, AUDIENCE) == identity.Caller(
         "team-a", "trainer-0", POD_A.uid, "", "default"
     )
-    no = k8s.V1TokenReview(
-        spec=k8s.V1TokenReviewSpec(token="tok"),
-        status=k8s.V1TokenReviewStatus(authenticated=False, error="token has expired"),
-    )
-    assert kube.TokenReviewer(_AuthApi(no)).review("tok", [AUDIENCE]) == identity.Review(
-        False, error="token has expired"
-    )
+    no = {"status": {"authenticated": False, "error": "token has expired"}}
+    assert _review((201, no)) == identity.Review(False, error="token has expired")
+    assert _review((201, {})) == identity.Review(False, error="not authenticated")
     with pytest.raises(identity.ReviewUnavailableError, match="tokenreviews create"):
-        kube.TokenReviewer(_AuthApi(ApiException(status=403, reason="Forbidden"))).review(
-            "tok", [AUDIENCE]
-        )
-    with pytest.raises(identity.ReviewUnavailableError, match="refused"):
-        kube.TokenReviewer(_AuthApi(ConnectionRefusedError("refused"))).review("tok", [AUDIENCE])
+        _review((403, {"kind": "Status", "reason": "Forbidden"}))
+    with pytest.raises(identity.ReviewUnavailableError, match="TokenReview failed"):
+        _review(None, host="http://127.0.0.1:1")  # nothing listens: connection refused
 
 
 def _jwt(claims: dict[str, Any]) -> str:

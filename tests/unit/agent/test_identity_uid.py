@@ -328,7 +328,7 @@ def _api_client(host: str) -> k8s.ApiClient:
 
 def test_a_review_slower_than_2_s_is_503(http_server: Any) -> None:
     host = http_server(_Slow)
-    reviewer = kube.TokenReviewer(k8s.AuthenticationV1Api(_api_client(host)))
+    reviewer = kube.TokenReviewer(_api_client(host))
     assert reviewer.timeout_s <= 2.0
     auth = identity.TokenAuthenticator(reviewer.review, AUDIENCE)
     t0 = time.monotonic()

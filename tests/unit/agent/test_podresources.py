@@ -8,12 +8,16 @@ on a new socket file is listed at the next pass (a new channel, no reconnect bac
 absent socket is waited for, by the client and by the agent ``build`` makes; the listing's age
 bounds what it may do (fresh: attribute; stale: governed pods only; expired: locks reset, the
 pods kept); neither one empty reply nor one failed call resets a GPU; a device listed under a
-finished pod and its successor is booked once and the finished pod keeps no lock.
+finished pod and its successor is booked once and the finished pod keeps no lock. Without the
+fake kubelet, on a real Unix socket: a socket whose server is gone (connection refused) counts
+as UNAVAILABLE, and one that accepts but never answers as DEADLINE_EXCEEDED within the call's
+deadline; both keep the last listing and leave no channel behind.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -461,5 +465,31 @@ def test_a_socket_replaced_between_two_passes_gets_a_new_channel_at_once(
         assert (client.listings, client.channels) == (2, 2) and not client.errors
         assert client.devices_of(service.PodRef("team-a", "trainer-1")) == ("GPU-b",)
         os.unlink(holder)
+    finally:
+        client.close()
+
+
+def test_a_refused_and_a_silent_socket_count_as_unavailable_and_deadline_exceeded(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "kubelet.sock")
+    gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    gone.bind(path)
+    gone.close()  # the socket file stays, nobody listens: connection refused
+    client = podmap.PodResourcesClient(path, timeout_s=0.5)
+    try:
+        client.keep_fresh()
+        assert client.errors == {"UNAVAILABLE": 1} and client.listings == 0
+        assert client.state().status == "Waiting"
+        os.unlink(path)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+            silent.bind(path)
+            silent.listen(1)  # accepted by the kernel, never answered
+            t0 = time.monotonic()
+            client.keep_fresh()
+            took = time.monotonic() - t0
+        assert client.errors == {"UNAVAILABLE": 1, "DEADLINE_EXCEEDED": 1}
+        assert 0.4 <= took < 1.6, took  # the call's deadline, not the wait's extra second
+        assert client.last_error == "DEADLINE_EXCEEDED" and client.listings == 0
     finally:
         client.close()
