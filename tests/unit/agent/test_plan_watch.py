@@ -5,6 +5,7 @@ with ``watch=True``, a response whose stream carries watch events as JSON lines,
 server sends them. We test these aspects:
 * the first poll has the listed plan; a MODIFIED event's plan replaces it with no request;
 * a DELETED event reads as "policy gone" (the agent resets clocks);
+* ``status.totals.throughStep`` is delivered as the folded step (-1 once the policy is gone);
 * a watch resumes from the newest resourceVersion seen (bookmarks included); 410 Gone lists
   again; an error before the first listing is raised by ``poll`` (the caller keeps its plan);
 * stop ends the thread.
@@ -113,6 +114,42 @@ def test_deleted_policy_reads_as_gone_and_410_lists_again():
     finally:
         w.stop()
         api.hold.set()
+
+
+def test_the_folded_step_comes_with_the_status_and_goes_with_the_policy():
+    """``totals.throughStep`` as delivered (the report leaves out the records up to it); a
+    policy without totals or a deleted one folds nothing."""
+    folded = _policy(8, "7")
+    folded["status"]["totals"]["throughStep"] = 7
+    api = _Api(
+        [_listing("5", _policy(3, "5"))],
+        [[{"type": "MODIFIED", "object": folded}, {"type": "DELETED", "object": folded}]],
+    )
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        seen: list[int] = []
+        _until(lambda: seen.append(w.folded_through_step) or w.poll() == (False, None))
+        assert w.folded_through_step == -1 and set(seen) <= {-1, 7}
+    finally:
+        w.stop()
+        api.hold.set()
+    api = _Api([_listing("5", folded)], [])
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        w.poll()
+        assert w.folded_through_step == 7
+    finally:
+        w.stop()
+        api.hold.set()
+
+
+def test_the_folded_step_is_the_older_of_totals_and_rollout():
+    assert kube.folded_through_step({"totals": {"throughStep": 7}}) == 7
+    assert kube.folded_through_step({"totals": {"throughStep": 7}, "rollout": {}}) == -1
+    both = {"totals": {"throughStep": 7}, "rollout": {"throughStep": 5}}
+    assert kube.folded_through_step(both) == 5
+    assert kube.folded_through_step({}) == -1
+    assert kube.folded_through_step({"totals": {"throughStep": True}}) == -1
 
 
 def test_deleted_event_resets():
