@@ -540,8 +540,26 @@ class Point:
             }
             for j in self.jobs
         ]
+        # The operator reads only the reports of nodes that host one of the policy's pods
+        # (``rlenergy_operator.podnodes``): one trainer pod per node, bound to it (KWOK runs it).
+        items += [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{j.name}-{n}", "labels": {"app": j.name}},
+                "spec": {
+                    "nodeName": n,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "trainer", "image": "registry.invalid/trainer:1"}],
+                },
+            }
+            for j in self.jobs
+            for n in j.nodes
+        ]
         self.cluster.kubectl(
             "apply",
+            "-n",
+            self.namespace,
             "-f",
             "-",
             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
