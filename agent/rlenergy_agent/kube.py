@@ -580,9 +580,9 @@ class PlanWatcher:
         """From the last poll: ``spec.phaseSource`` (``annotation``: ``annotations`` watch)."""
         self.folded_through_step = -1
         """From the last poll: ``status.totals.throughStep``, the newest step the operator
-        folded into the status (``folded_through_step``; -1: none, or the policy is gone). The watch delivers a status
-        the API server stored, so the report may leave out the records up to it
-        (``api_node.unfolded_steps``); a late watch only delays that."""
+        folded into the status (``folded_through_step``; -1: none, or the policy is gone). The
+        watch delivers a status the API server stored, so the report may leave out the records
+        up to it (``api_node.unfolded_steps``); a late watch only delays that."""
         self.watch_timeout_s = self.WATCH_TIMEOUT_S if watch_timeout_s is None else watch_timeout_s
         self.retry_max_s = retry_max_s
         self.first_list_wait_s = 10.0
@@ -721,11 +721,15 @@ def folded_through_step(status: dict[str, Any]) -> int:
     ``totals.throughStep``, and no later than ``rollout.throughStep`` where the status has a
     rollout (FlexFloor's sums fold the same records in the same status write).
     """
-    marks = [(status.get("totals") or {}).get("throughStep")]
+    marks: list[int] = []
+    sources = [status.get("totals") or {}]
     if isinstance(status.get("rollout"), dict):
-        marks.append(status["rollout"].get("throughStep", -1))
-    if not all(type(m) is int for m in marks):
-        return -1
+        sources.append(status["rollout"])
+    for source in sources:
+        mark = source.get("throughStep", -1)
+        if type(mark) is not int:
+            return -1
+        marks.append(mark)
     return max(min(marks), -1)
 
 
