@@ -620,8 +620,8 @@ class PublishedRecords:
     ) -> None:
         self.node_reports = node_reports
         self.interval_s = interval_s
-        self.records: dict[str, dict[int, dict[str, Any]]] = {}
-        """Node -> step -> the record as last read."""
+        self._records: dict[str, dict[int, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="published-records", daemon=True)
 
@@ -636,17 +636,24 @@ class PublishedRecords:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def records(self) -> dict[str, dict[int, dict[str, Any]]]:
+        """Node -> step -> the record as last read (a copy)."""
+        with self._lock:
+            return {node: dict(by_step) for node, by_step in self._records.items()}
+
     def read(self) -> None:
         """Read the reports once (an API error is left for the next read)."""
         try:
             reports = self.node_reports()
         except Exception:  # noqa: BLE001 - an API hiccup: the next read comes in interval_s
             return
-        for r in reports:
-            spec = r.get("spec") or {}
-            by_step = self.records.setdefault(str(spec.get("nodeName")), {})
-            for rec in spec.get("steps") or ():
-                by_step[int(rec["step"])] = rec
+        with self._lock:
+            for r in reports:
+                spec = r.get("spec") or {}
+                by_step = self._records.setdefault(str(spec.get("nodeName")), {})
+                for rec in spec.get("steps") or ():
+                    by_step[int(rec["step"])] = rec
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
