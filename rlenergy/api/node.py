@@ -549,6 +549,7 @@ class NodeReport(_Wire):
     folded_through_step: int = Field(
         -1,
         ge=-1,
+        le=MAX_STEP,
         description="The policy's totals.throughStep the agent read when it left out the "
         "records the operator had folded: every record at or before it left this report, and "
         "a step after it that the report lacks was skipped (-1: no record left).",
