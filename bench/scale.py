@@ -7,7 +7,9 @@ What runs:
 * 20 ``RLEnergyPolicy`` objects, each governing a job spread over ``nodes / 20`` nodes;
 * the node agents simulated in this process: every node has its own
   ``rlenergy_agent.kube.ReportWriter`` (the agent's real report writer: one report object per
-  policy and node, created once, then merge-patched once per RL step), and each policy's agents
+  policy and node, created once, then patched once per RL step with a JSON Patch of what
+  changed; the report holds the records the operator has not folded, ``totals.throughStep`` as
+  the plan watch delivered it, or with ``--keep-folded`` the newest 32), and each policy's agents
   read ``status.plan`` through the agent's real ``PlanWatcher`` (``--pollers`` watchers per
   policy, each one watch on the policy object, read staggered over the agent's 2 s poll
   period; a real fleet has one per node, see the extrapolated load in the output). The step records come from the simulator
@@ -338,6 +340,10 @@ def accounted_times(log: str, namespace: str) -> dict[tuple[str, int], float]:
 class FleetJob:
     """One policy's RL job over its nodes; the simulated agents of those nodes."""
 
+    keep_folded = False
+    """``--keep-folded``: reports keep the newest ``WINDOW`` records, folded or not (the agent
+    before its reports left folded records out)."""
+
     def __init__(
         self,
         bench: Point,
@@ -359,6 +365,7 @@ class FleetJob:
         self.records: list[api_node.StepRecord] = []
         self.last_write: dict[int, float] = {}
         self.plan: api_node.ClockPlan | None = None
+        self.folded = -1  # totals.throughStep as the plan watches delivered it
         self.report_bytes: list[int] = []  # per RL step: one node's report object, JSON bytes
         self.write_bytes: list[int] = []  # every write: its request body as sent, bytes
         self.propagation: list[float] = []
@@ -382,12 +389,18 @@ class FleetJob:
         if ack:
             gpus = [g.model_copy(update={"reset_acknowledged": True}) for g in gpus]
         recs = self.records[-WINDOW:]
+        last = recs[-1].step if recs else -1
+        folded = -1
+        if not self.keep_folded:  # the agent's rule: what the operator has not folded
+            kept, folded = api_node.unfolded_steps([r.step for r in recs], self.folded)
+            recs = recs[len(recs) - len(kept) :]
         return api_node.NodeReport(
             policy_name=self.name,
             node_name=node,
             gpus=gpus,
             steps=recs,
-            last_step=recs[-1].step if recs else -1,
+            last_step=last,
+            folded_through_step=folded,
             measured_joules_total=sum(
                 p.energy_joules or 0.0 for r in self.records for p in r.phases
             ),
@@ -426,6 +439,7 @@ class FleetJob:
             next_poll[i] += PLAN_POLL_S
             if exists and plan is not None and plan.step >= step:
                 have[i] = plan
+        self.folded = max(w.folded_through_step for w in self.watchers)
         return have[k - 1]
 
     # ----- the job -------------------------------------------------------------------------
@@ -526,8 +540,26 @@ class Point:
             }
             for j in self.jobs
         ]
+        # The operator reads only the reports of nodes that host one of the policy's pods
+        # (``rlenergy_operator.podnodes``): one trainer pod per node, bound to it (KWOK runs it).
+        items += [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{j.name}-{n}", "labels": {"app": j.name}},
+                "spec": {
+                    "nodeName": n,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "trainer", "image": "registry.invalid/trainer:1"}],
+                },
+            }
+            for j in self.jobs
+            for n in j.nodes
+        ]
         self.cluster.kubectl(
             "apply",
+            "-n",
+            self.namespace,
             "-f",
             "-",
             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
@@ -714,7 +746,8 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
         f"{pct(res['write_bytes'], 50) / 1e3:.2f} kB, max "
         f"{max(res['write_bytes'], default=0) / 1e3:.1f} kB (target p50 <= {TARGET_WRITE_KB:.0f} "
         f"kB)  {'OK' if pct(res['write_bytes'], 50) <= TARGET_WRITE_KB * 1e3 else 'MISSED'}",
-        f"  node report object (one node's, JSON: what etcd stores and a watch event carries): "
+        f"  node report object (one node's, JSON: what etcd stores and a watch event carries; "
+        f"{'the newest 32 records' if FleetJob.keep_folded else 'the records not folded yet'}): "
         f"p50 {pct(res['report_bytes'], 50) / 1e3:.1f} kB, max "
         f"{max(res['report_bytes'], default=0) / 1e3:.1f} kB",
         f"  node report writes per node per RL step: {per_node_step:.2f} ({writes} writes; target "
@@ -745,11 +778,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pollers", type=int, default=4, help="plan watchers per policy")
     ap.add_argument("--workers", type=int, default=12, help="report-writer threads")
     ap.add_argument(
+        "--keep-folded",
+        action="store_true",
+        help="reports keep the newest 32 records, folded or not (before the agents left the "
+        "folded records out): the object size to compare with",
+    )
+    ap.add_argument(
         "--operator-verbose",
         action="store_true",
         help="run the operator with --verbose (logs each report it indexes; large at scale)",
     )
     args = ap.parse_args(argv)
+    FleetJob.keep_folded = args.keep_folded
     points = [int(x) for x in args.points.split(",")]
     out_lines: list[str] = []
     step_rows: list[dict[str, Any]] = []

@@ -14,9 +14,10 @@ ended (reset on pod end). Callers: ``rlenergy_agent.__main__``, ``rlenergy_agent
 
 A report write carries what changed since the last one: once the writer knows the stored
 object (the API server's answer to its previous write), it sends a JSON Patch (RFC 6902) of the
-changed fields, the new step records appended and the records that left the kept window removed,
-guarded by a ``test`` of the object's ``resourceVersion``; a report of 8 GPUs then sends a few kB
-per RL step instead of the whole kept history (``docs/scale-and-chaos.md``). When the stored
+changed fields, the new step records appended and the records that left the report removed
+(those the operator folded: ``api_node.unfolded_steps``), guarded by a ``test`` of the
+object's ``resourceVersion``; a report of 8 GPUs then sends a few kB per RL step instead of the
+whole report (``docs/scale-and-chaos.md``). When the stored
 object is not the one the patch was made against (409 or 422: another writer, a lost answer) or
 the writer knows none (start-up, an error), it writes the whole report as a JSON merge patch.
 """
@@ -618,6 +619,11 @@ class PlanWatcher:
         operator found lost mid-rollout), relayed to the dispatcher (``/v1/rollout/lost``)."""
         self.phase_source = "socket"
         """From the last poll: ``spec.phaseSource`` (``annotation``: ``annotations`` watch)."""
+        self.folded_through_step = -1
+        """From the last poll: ``status.totals.throughStep``, the newest step the operator
+        folded into the status (``folded_through_step``; -1: none, or the policy is gone). The
+        watch delivers a status the API server stored, so the report may leave out the records
+        up to it (``api_node.unfolded_steps``); a late watch only delays that."""
         self.watch_timeout_s = self.WATCH_TIMEOUT_S if watch_timeout_s is None else watch_timeout_s
         self.retry_max_s = retry_max_s
         self.first_list_wait_s = 10.0
@@ -632,10 +638,12 @@ class PlanWatcher:
         self._thread.start()
 
     def poll(self) -> tuple[bool, api_node.ClockPlan | None]:
-        """(policy exists, its plan or ``None``) as last delivered; updates ``saving_ratio``.
+        """(policy exists, its plan or ``None``) as last delivered.
 
-        Sends no request. Until the first listing succeeded (the first call waits up to
-        ``first_list_wait_s`` for it) it raises the listing's error, so the caller keeps its plan.
+        Updates ``saving_ratio``, ``lost_workers``, ``phase_source`` and
+        ``folded_through_step``. Sends no request. Until the first listing succeeded (the
+        first call waits up to ``first_list_wait_s`` for it) it raises the listing's error, so
+        the caller keeps its plan.
 
         Raises:
             kubernetes.client.exceptions.ApiException: the first listing failed (any error).
@@ -650,8 +658,10 @@ class PlanWatcher:
             self.saving_ratio = {}
             self.lost_workers = []
             self.phase_source = "socket"
+            self.folded_through_step = -1
             return False, None
         status = seen.get("status") or {}
+        self.folded_through_step = folded_through_step(status)
         self.phase_source = str((seen.get("spec") or {}).get("phaseSource") or "socket")
         self.saving_ratio = saving_ratios(status)
         failure = (status.get("rollout") or {}).get("failure") or {}
@@ -744,6 +754,24 @@ class PlanWatcher:
                 log.warning("plan watch %s/%s: %s", self.namespace, self.policy, exc)
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, self.retry_max_s)
+
+
+def folded_through_step(status: dict[str, Any]) -> int:
+    """The newest step a policy status folded for good; -1: none.
+
+    ``totals.throughStep``, and no later than ``rollout.throughStep`` where the status has a
+    rollout (FlexFloor's sums fold the same records in the same status write).
+    """
+    marks: list[int] = []
+    sources = [status.get("totals") or {}]
+    if isinstance(status.get("rollout"), dict):
+        sources.append(status["rollout"])
+    for source in sources:
+        mark = source.get("throughStep", -1)
+        if type(mark) is not int:
+            return -1
+        marks.append(mark)
+    return max(min(marks), -1)
 
 
 def saving_ratios(status: dict[str, Any]) -> dict[str, float]:

@@ -255,6 +255,7 @@ class NodeLoop:
             exists, plan = watcher.poll()
             agent.saving_ratio = watcher.saving_ratio
             agent.lost_workers = watcher.lost_workers
+            agent.folded_through_step = watcher.folded_through_step
             if not exists or plan != agent.plan:
                 enforced = agent.plan is not None and agent.plan.enforce
                 agent.set_plan(plan)

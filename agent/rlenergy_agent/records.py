@@ -218,9 +218,11 @@ class StepRecords(AgentState):
                         unattributed += j
             # Only finished steps: the trainer closed them (end_step) or moved past them. The
             # operator folds a step as soon as every node reported it, so a step still running
-            # (its generation window closed, training under way) must not appear yet.
+            # (its generation window closed, training under way) must not appear yet. Records
+            # the policy's status has folded for good leave the report.
             done = sorted(self._finished(self.steps))
-            steps = [self.step_record(s) for s in done]
+            kept, folded = api_node.unfolded_steps(done, self.folded_through_step)
+            steps = [self.step_record(s) for s in kept]
             for s in [s for s in self.record_cache if s not in self.steps]:
                 del self.record_cache[s]  # trimmed
             return api_node.NodeReport(
@@ -229,6 +231,7 @@ class StepRecords(AgentState):
                 gpus=gpus,
                 steps=steps,
                 last_step=max(done, default=-1),
+                folded_through_step=folded,
                 measured_joules_total=total,
                 unattributed_joules_total=unattributed,
                 released_gpu_seconds_total=sum(

@@ -225,7 +225,7 @@ class Agent(ProbeSlices, Parks, StepRecords, WindowObservations, Leases, PodEnds
             self.dispatch = None
             self.newest_step = -1
             self.pod_energy.clear()
-            self.saving_ratio = {}
+            self.saving_ratio, self.folded_through_step = {}, -1
             self.phase_of = {u: "idle" for u in self.actuator.gpus}
             self.pod_of = {u: None for u in self.actuator.gpus}
             self.policy_name = policy_name

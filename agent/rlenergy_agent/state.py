@@ -29,7 +29,8 @@ IDLE_PHASES = frozenset({"idle", "none", ""})
 IDLE = "idle"
 """The window name of the time between phases (energy reported as ``idleEnergyJoules``)."""
 MAX_STEPS_KEPT = 32
-"""Step records kept in the report (bounded, oldest dropped)."""
+"""Step records the agent keeps (bounded, oldest dropped); the report holds those the
+operator has not folded yet (``AgentState.folded_through_step``)."""
 STEP_WINDOW = 8
 """A signal's step may lie at most this many steps past the newest step the agent accepted
 (``AgentState.check_step``): a trainer advances one step at a time, an asynchronous rollout
@@ -284,6 +285,10 @@ class AgentState:
     selection_misses: dict[tuple[str, str, str], int]
     discovery_done: threading.Condition
     loop_wake: threading.Event
+    folded_through_step: int = -1
+    """The policy's ``status.totals.throughStep`` as the plan watch last delivered it (-1:
+    unknown): the report leaves out the records at or before it (``api_node.unfolded_steps``),
+    which the operator folded into the policy's status for good."""
     stopping: bool = False
     """SIGTERM arrived: the agent resets its clocks and exits; every signal gets 503 (retry:
     the next agent on the node serves the same socket), never a 403 a trainer takes as final."""

@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             stack.start_operator()
             cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(sample))
             stack.start_agents()
+            # A node report holds the records the operator has not folded: read meanwhile.
+            published = fullstack.PublishedRecords(stack.node_reports).start()
             job, factor = fullstack.compressed_replay(
                 args.trace,
                 stack.sku,
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.3)
                 status = stack.policy_status()
             table = cluster.kubectl("get", "rlep", "-n", NAMESPACE).stdout
-            errors = _energy_errors(stack)
+            errors = _energy_errors(stack, published.stop())
             _summary(status, table, errors, records)
             _plot(records, status, args.plot)
             cluster.kubectl("delete", "rlep", name, "-n", NAMESPACE, "--timeout=60s")
@@ -210,15 +212,20 @@ def _truth_j(a: fullstack.NodeAgent, step: int, phase: str) -> float:
     return sum(a.driver.truth_j(u, label) for u in a.uuids for label in labels)
 
 
-def _energy_errors(stack: fullstack.FullStack) -> list[tuple[float, str]]:
-    """|measured - true| / true of every phase window the nodes reported, and the window."""
+def _energy_errors(
+    stack: fullstack.FullStack, published: dict[str, dict[int, dict[str, Any]]]
+) -> list[tuple[float, str]]:
+    """|measured - true| / true of every phase window the nodes published, and the window.
+
+    ``published``: node -> step -> record (``fullstack.PublishedRecords``).
+    """
     agents = {a.node: a for a in stack.agents}
     out = []
-    for r in stack.node_reports():
-        a = agents.get(r["spec"]["nodeName"])
+    for node, by_step in published.items():
+        a = agents.get(node)
         if a is None:
             continue
-        for s in r["spec"].get("steps", []):
+        for s in by_step.values():
             for p in s["phases"]:
                 want = _truth_j(a, s["step"], p["phase"])
                 if want:

@@ -41,6 +41,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -598,6 +599,74 @@ class FullStack:
                 a.driver.set_work(a.uuids, "idle", f"idle-{step.index}")
                 running.remove(a)
         return last - start, seen, max(done_at.values(), default=last - start)
+
+
+class PublishedRecords:
+    """Every step record the agents published, by node and step: the reports read every 0.1 s.
+
+    A node report holds only the records the operator has not folded yet (a record leaves at
+    the agent's next write after the policy's ``totals.throughStep`` passed it,
+    ``api_node.unfolded_steps``), so a test that checks records reads them while they are
+    there. ``start`` (or a ``with`` block) starts the reads, ``stop`` ends them after one more.
+
+    Args:
+        node_reports: the policy's reports as the API server holds them
+            (``FullStack.node_reports``).
+        interval_s: time between reads, s.
+    """
+
+    def __init__(
+        self, node_reports: Callable[[], list[dict[str, Any]]], interval_s: float = 0.1
+    ) -> None:
+        self.node_reports = node_reports
+        self.interval_s = interval_s
+        self._records: dict[str, dict[int, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="published-records", daemon=True)
+
+    def start(self) -> PublishedRecords:
+        """Start the reads; returns self."""
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> PublishedRecords:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def records(self) -> dict[str, dict[int, dict[str, Any]]]:
+        """Node -> step -> the record as last read (a copy)."""
+        with self._lock:
+            return {node: dict(by_step) for node, by_step in self._records.items()}
+
+    def read(self) -> None:
+        """Read the reports once (an API error is left for the next read)."""
+        try:
+            reports = self.node_reports()
+        except Exception:  # noqa: BLE001 - an API hiccup: the next read comes in interval_s
+            return
+        with self._lock:
+            for r in reports:
+                spec = r.get("spec") or {}
+                by_step = self._records.setdefault(str(spec.get("nodeName")), {})
+                for rec in spec.get("steps") or ():
+                    by_step[int(rec["step"])] = rec
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.read()
+
+    def stop(self) -> dict[str, dict[int, dict[str, Any]]]:
+        """End the reads (one more first); the records by node and step."""
+        if not self._stop.is_set():
+            self._stop.set()
+            if self._thread.is_alive():
+                self._thread.join(timeout=30)
+            self.read()
+        return self.records
 
 
 def _lock_of(a: NodeAgent) -> int | None:

@@ -337,8 +337,9 @@ def _fold(
     """The policy's job loop (rebuilt after a restart or a new generation) over its reports.
 
     Reports come from the ``policy_node_reports`` index (``reports.ReportCache.refresh``); a
-    rebuild replays every record and GETs the reports whose indexed copies were trimmed.
-    Returns the loop, the reports and the steps folded in this pass.
+    rebuild replays the records the reports hold (not the folded ones: ``_not_behind``) and
+    GETs the reports whose indexed copies were trimmed. Returns the loop, the reports and the
+    steps folded in this pass.
     """
     pm = _policy(memo)
     loop = pm.loop if pm.loop is not None and pm.loop.generation == generation else None
@@ -351,20 +352,47 @@ def _fold(
         reports = _from_pod_nodes(pm, parsed, key[0], fresh, logger)
     except kube.ApiError as exc:
         raise _temporary("listing node reports or the policy's pods", exc) from exc
+    _not_behind(pm, loop, current, reports)
     if loop is None:
         loop = pm.loop = jobloop.JobLoop.restore(parsed, generation, current, reports)
         logger.info(
             "job loop rebuilt: %d steps replayed from %d node reports (%d the index lacked so "
             "far), totals through step %d (measured totals %s)",
-            loop.replayed,
-            len(reports),
-            pm.reports.completed,
-            loop.account.through_step,
+            loop.replayed, len(reports), pm.reports.completed, loop.account.through_step,
             "recomputed from the reports" if loop.rebuilt else "from the status checkpoint",
-        )
+        )  # fmt: skip
     folded = loop.advance(reports)
     _shared(memo).checkpoints[key] = loop.account.through_step
     return loop, reports, folded
+
+
+def _not_behind(
+    pm: PolicyMemo, loop: jobloop.JobLoop | None, current: api_status.RLEnergyPolicyStatus,
+    reports: list[api_node.NodeReport],
+) -> None:  # fmt: skip
+    """Refuse to fold from a checkpoint older than one the agents read.
+
+    An agent leaves out the records up to the ``totals.throughStep`` it read from the API
+    server (``api_node.unfolded_steps``) and says so in ``foldedThroughStep``. A replica whose
+    checkpoint (its loop's, else the status it was handed) is older, a status its watch has
+    not delivered yet, would fold the steps between from reports that no longer hold them;
+    the pass waits instead, and the loop is rebuilt from the newer status.
+
+    Raises:
+        kopf.TemporaryError: a report was pruned past this replica's checkpoint.
+    """
+    ahead = max((r.folded_through_step for r in reports), default=-1)
+    if loop is not None:
+        mark = loop.account.through_step
+    else:
+        mark = current.totals.through_step if current.totals is not None else -1
+    if ahead > mark:
+        pm.loop = None
+        raise kopf.TemporaryError(
+            f"node reports were pruned through step {ahead}, past this replica's checkpoint "
+            f"{mark}: waiting for the newer status",
+            delay=CFG.retry_delay_s,
+        )
 
 
 def _from_pod_nodes(

@@ -20,6 +20,14 @@ A new leader recomputes the checkpoint's measured sums (``measuredJoules``, ``va
 (``measured_from_reports``), so a checkpoint folded from a view that lacked a node's report
 is corrected, and after any failover the measured totals equal the sum of the records.
 
+The agents leave out of their reports the records at or before the ``totals.throughStep``
+they read from the API server (``api_node.unfolded_steps``; the report's
+``foldedThroughStep`` says so): those are in a stored checkpoint for good, so a restart
+folds the later records onto it exactly, while the controller is rebuilt from the records
+the reports still hold (after a failover past the first unfolded step: none, and the
+controller starts over from its warm-up). A replica whose checkpoint is older than the one
+the agents pruned against does not fold (``handlers._not_behind``).
+
 Stalled rollouts (``rlenergy.control.freq.aggregate``): the phase windows come without their
 stalled time and energy; ``totals.stalledSeconds`` and ``stalledJoules`` carry them, the
 stalled energy counts in ``measuredJoules`` but never in a compared figure.
@@ -203,7 +211,8 @@ class JobLoop:
         Totals come from the status checkpoint, their measured sums recomputed from the node
         reports where these hold every step the checkpoint counted (``measured_from_reports``,
         then ``rebuilt`` is True); the controller is rebuilt by replaying the complete steps up
-        to the checkpoint from the node reports (the source of truth).
+        to the checkpoint that the node reports still hold (the source of truth; an agent
+        leaves out the records the status folded, so over such reports nothing is replayed).
         """
         loop = cls(spec, generation)
         if status is not None and status.totals is not None:

@@ -9,6 +9,7 @@ aliases are the YAML/JSON names; units are in the names.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import pydantic
@@ -540,9 +541,19 @@ class NodeReport(_Wire):
         default_factory=list, description="The node's GPUs, one entry per physical GPU."
     )
     steps: list[StepRecord] = Field(
-        default_factory=list, description="Most recent step records (bounded), oldest first."
+        default_factory=list,
+        description="The step records the operator has not folded yet (after "
+        "foldedThroughStep; bounded), oldest first.",
     )
     last_step: int = Field(-1, description="Newest step reported (-1: none).")
+    folded_through_step: int = Field(
+        -1,
+        ge=-1,
+        le=MAX_STEP,
+        description="The policy's totals.throughStep the agent read when it left out the "
+        "records the operator had folded: every record at or before it left this report, and "
+        "a step after it that the report lacks was skipped (-1: no record left).",
+    )
     measured_joules_total: float = Field(
         0.0,
         ge=0,
@@ -590,3 +601,28 @@ class NodeReport(_Wire):
         description="Why the agent cannot load NVML on this node, with the fix (the agent "
         "pod's runtime class); null when NVML works. The node then lists no GPU.",
     )
+
+
+def unfolded_steps(steps: Sequence[int], folded_through_step: int) -> tuple[list[int], int]:
+    """The steps a node report holds once the policy's status folded ``folded_through_step``.
+
+    The operator folds a step into ``status.totals`` in the same status write that moves
+    ``totals.throughStep`` to it, so a record at or before the ``throughStep`` an agent read
+    from the API server is in the totals for good and leaves the report; every later record
+    stays until a status that folded it is read. A report then holds what the operator has not
+    folded (a few records) instead of a window of ``MAX_STEPS_KEPT`` (32) of them.
+
+    Args:
+        steps: the finished steps the agent holds records of, ascending.
+        folded_through_step: ``status.totals.throughStep`` as the agent last read it (-1:
+            unknown, nothing folded, the policy is gone).
+
+    Returns:
+        (the steps the report holds, its ``foldedThroughStep``): the latter is
+        ``folded_through_step`` when a record left, else -1, so a report that dropped nothing
+        keeps its window from its oldest record (``rlenergy.control.freq.aggregate``: a node
+        that started late does not count for the steps before its first record, while a
+        report that left records out counts for every step after ``foldedThroughStep``).
+    """
+    kept = [s for s in steps if s > folded_through_step]
+    return kept, folded_through_step if len(kept) < len(steps) else -1

@@ -243,16 +243,20 @@ def test_full_stack_savings_run(
         dev_cluster.kubeconfig, namespace, name, dev_cluster.nodes, tmp_path / "stack", lib_dir
     )
     records: dict[tuple[str, int], dict[str, Any]] = {}
+    # A report holds only the records the operator has not folded: they are read meanwhile.
+    published = fullstack.PublishedRecords(stack.node_reports)
 
     def collect(_truth: fullstack.StepTruth | None = None) -> None:
-        for rep in stack.node_reports():
-            for rec in rep["spec"].get("steps", []):
-                records[(rep["spec"]["nodeName"], rec["step"])] = rec
+        published.read()
+        for node, by_step in published.records.items():
+            for step, rec in by_step.items():
+                records[(node, step)] = rec
 
     with stack:
         stack.start_operator()
         dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(policy))
         stack.start_agents()
+        published.start()
         wait_until(
             lambda: _condition(stack.policy_status(), "Ready").get("status") == "True",
             timeout=60,
@@ -277,6 +281,7 @@ def test_full_stack_savings_run(
             timeout=60,
             what="every step accounted",
         )
+        published.stop()
         collect()
         _write_results(truths, records, final, policy, stack.node_reports())
 

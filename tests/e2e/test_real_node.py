@@ -464,8 +464,13 @@ def _user_day(
                 phase, c.kubectl("logs", "-n", ns, "trainer", check=False).stdout[-3000:]
             )  # fmt: skip
 
+        published: dict[int, dict[str, Any]] = {}  # the node's step records, as they came
+
         def all_steps() -> dict[str, Any] | None:
             not_failed()
+            # A report holds the records the operator has not folded yet: read them meanwhile.
+            rep = get_json(c, "rlenergynodereports", report_name(pname, node.name), "-n", ns)
+            published.update({int(r["step"]): r for r in rep["spec"].get("steps") or ()})
             s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
             return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS else None
 
@@ -501,7 +506,7 @@ def _user_day(
         assert generation["saving"]["percent"] > 0, generation
         assert generation["saving"]["joules"] > 0, generation
         try:
-            _check_planned_locks(c, ns, pname, node.name, samples_by_kind, figures)
+            _check_planned_locks(c, ns, pname, node.name, published, samples_by_kind, figures)
         except AssertionError:  # keep what tells why: the whole report and the agent's log
             FAILURE_DIR.mkdir(parents=True, exist_ok=True)
             report = get_json(c, "rlenergynodereports", report_name(pname, node.name), "-n", ns)
@@ -612,15 +617,17 @@ def _check_planned_locks(
     ns: str,
     policy: str,
     node: str,
+    published: dict[int, dict[str, Any]],
     samples_by_kind: dict[str, collections.Counter[int | None]],
     figures: dict[str, Any],
 ) -> None:
     """The trainer's GPUs ran the clocks the plans named for each phase.
 
-    Planned: per phase, the clock each of the node report's windows was asked for and each
-    probe slice's clock (``None``: the default governor), snapped to the GPUs' supported clocks
-    as the agent snaps them (``actuator.snap_clock_mhz``). At least ``PLANNED_SHARE`` of the
-    samples of a phase hold one of them.
+    Planned: per phase, the clock each of the node's published windows (``published``: step
+    -> record, read while the report held them) was asked for and each probe slice's clock
+    (``None``: the default governor), snapped to the GPUs' supported clocks as the agent snaps
+    them (``actuator.snap_clock_mhz``). At least ``PLANNED_SHARE`` of the samples of a phase
+    hold one of them.
     """
     report = get_json(c, "rlenergynodereports", report_name(policy, node), "-n", ns)["spec"]
     supported = report["gpus"][0]["supportedClocksMHz"]
@@ -629,7 +636,7 @@ def _check_planned_locks(
         return None if mhz is None else snap_clock_mhz(mhz, supported)
 
     planned: dict[str, set[int | None]] = {}
-    for step in report["steps"]:
+    for step in [*published.values(), *report["steps"]]:
         for w in step["phases"]:
             clocks = planned.setdefault(w["phase"], set())
             clocks.add(snap(w.get("requestedClockMHz")))

@@ -18,7 +18,8 @@ We check:
 * scale: between steps the operator shrinks the pool 4 -> 2 (``/scale``; the controller deletes
   the pods), refuses 2 -> 1 (``ShrinkRejected: ... minimum is 2``, a Warning event, pool
   untouched), grows it back 2 -> 4; the pool is never seen below the floor;
-* status.rollout: the floor, the released GPU-seconds equal to the node report's, occupied
+* status.rollout: the floor, the released GPU-seconds equal to the node reports' records as
+  published (a report holds only what the operator has not folded), occupied
   GPU-seconds and tokens per occupied GPU-second, nothing parked at the end;
 * a LeaderWorkerSet (its CRD's /scale subresource, no controller; its pods made by hand on
   node 0, whose report publishes) is resized through the same generic code path: 3 -> 2,
@@ -203,6 +204,7 @@ def test_park_and_scale_between_steps(
         stack.start_operator()
         dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(policy))
         stack.start_agents()
+        published = fullstack.PublishedRecords(stack.node_reports).start()
         for a in stack.agents:
             wait_until(lambda a=a: a.plan_step() >= 0, timeout=60, what=f"plan on {a.node}")
         clients = {
@@ -331,8 +333,8 @@ def test_park_and_scale_between_steps(
             timeout=30,
             what="status.rollout through step 2",
         )
-        reports = {r["spec"]["nodeName"]: r["spec"] for r in stack.node_reports()}
-        step0 = next(s for s in reports[worker_node.node]["steps"] if s["step"] == 0)
+        records = published.stop()
+        step0 = records[worker_node.node][0]
         assert step0["releasedGpuSeconds"] == pytest.approx(2 * parked_s, rel=0.05)
         assert status["floor"] == FLOOR
         assert status["active"] == 4
@@ -340,9 +342,9 @@ def test_park_and_scale_between_steps(
         assert status["releasedGpuSeconds"] == pytest.approx(
             sum(
                 s.get("releasedGpuSeconds", 0.0)
-                for rep in reports.values()
-                for s in rep["steps"]
-                if s["step"] <= 2
+                for by_step in records.values()
+                for step, s in by_step.items()
+                if step <= 2
             )
         )
         assert status["releasedGpuSeconds"] > 0

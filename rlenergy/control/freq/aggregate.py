@@ -56,10 +56,19 @@ class StepState(enum.Enum):
 
 
 def _window(report: api_node.NodeReport) -> tuple[int, int] | None:
+    """The steps ``report`` answers for, (first, last); None before its first record.
+
+    From its oldest record, or from the step after ``foldedThroughStep`` when the agent left
+    folded records out (``api_node.unfolded_steps``): a step in the window without a record
+    was skipped, as when the records were still there.
+    """
     if not report.steps:
         return None
     steps = [r.step for r in report.steps]
-    return min(steps), max(max(steps), report.last_step)
+    first = min(steps)
+    if report.folded_through_step >= 0:
+        first = min(first, report.folded_through_step + 1)
+    return first, max(max(steps), report.last_step)
 
 
 def step_state(step: int, reports: Sequence[api_node.NodeReport]) -> StepState:

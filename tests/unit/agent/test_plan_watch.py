@@ -5,6 +5,8 @@ with ``watch=True``, a response whose stream carries watch events as JSON lines,
 server sends them. We test these aspects:
 * the first poll has the listed plan; a MODIFIED event's plan replaces it with no request;
 * a DELETED event reads as "policy gone" (the agent resets clocks);
+* ``status.totals.throughStep`` is delivered as the folded step (-1 once the policy is gone),
+  no later than ``status.rollout.throughStep``; the node loop hands it to the report;
 * a watch resumes from the newest resourceVersion seen (bookmarks included); 410 Gone lists
   again; an error before the first listing is raised by ``poll`` (the caller keeps its plan);
 * stop ends the thread.
@@ -17,9 +19,15 @@ import time
 from typing import Any
 
 import pytest
-from agent_support import WatchStream
+from agent_support import POD_A, DriverFactory, WatchStream, standin_agent
 from kubernetes.client.exceptions import ApiException
-from rlenergy_agent import kube
+from rlenergy_agent import config, kube, nodeloop, podlife
+
+from rlenergy.api import node as api_node
+
+_WORKLOAD = api_node.TokenWorkloadReport(
+    samples=1, responseTokens=10, promptTokens=1, validTokens=10, meanContextTokens=1
+)
 
 
 def _policy(step: int, rv: str) -> dict[str, Any]:
@@ -113,6 +121,72 @@ def test_deleted_policy_reads_as_gone_and_410_lists_again():
     finally:
         w.stop()
         api.hold.set()
+
+
+def test_the_folded_step_comes_with_the_status_and_goes_with_the_policy():
+    """``totals.throughStep`` as delivered (the report leaves out the records up to it); a
+    policy without totals or a deleted one folds nothing."""
+    folded = _policy(8, "7")
+    folded["status"]["totals"]["throughStep"] = 7
+    api = _Api(
+        [_listing("5", _policy(3, "5"))],
+        [[{"type": "MODIFIED", "object": folded}, {"type": "DELETED", "object": folded}]],
+    )
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        seen: list[int] = []
+        _until(lambda: seen.append(w.folded_through_step) or w.poll() == (False, None))
+        assert w.folded_through_step == -1 and set(seen) <= {-1, 7}
+    finally:
+        w.stop()
+        api.hold.set()
+    api = _Api([_listing("5", folded)], [])
+    w = kube.PlanWatcher(api, "ns", "p", retry_max_s=0.05)
+    try:
+        w.poll()
+        assert w.folded_through_step == 7
+    finally:
+        w.stop()
+        api.hold.set()
+
+
+def test_the_node_loop_hands_the_folded_step_to_the_report(make_driver: DriverFactory) -> None:
+    """The node loop's poll gives the agent the folded step; the report leaves out the records
+    up to it and says so."""
+    drv = make_driver(1)
+    agent = standin_agent({POD_A: list(drv.uuids)}, None, lambda: drv.virtual_s)
+    for step in range(3):
+        agent.phase(POD_A, "generation", step)
+        drv.advance(0.5)
+        agent.meter.sample()
+        agent.phase(POD_A, "idle", step)
+        agent.end_step(POD_A, step, _WORKLOAD)
+    settings = config.AgentSettings(node_name="node-1", kube=False, plan_poll_s=60.0)
+    loop = nodeloop.NodeLoop(settings, agent, podlife.PodEndWatch(agent), None, discover=False)
+
+    class _Watcher:
+        saving_ratio: dict[str, float] = {}
+        lost_workers: list[str] = []
+        phase_source = "socket"
+        folded_through_step = 1
+
+        def poll(self) -> tuple[bool, None]:
+            return True, None
+
+    loop._poll(_Watcher())  # type: ignore[arg-type]  # noqa: SLF001 - one poll, as tick makes it
+    report = agent.report()
+    assert agent.folded_through_step == 1
+    assert [r.step for r in report.steps] == [2] and report.folded_through_step == 1
+    assert report.last_step == 2
+
+
+def test_the_folded_step_is_the_older_of_totals_and_rollout():
+    assert kube.folded_through_step({"totals": {"throughStep": 7}}) == 7
+    assert kube.folded_through_step({"totals": {"throughStep": 7}, "rollout": {}}) == -1
+    both = {"totals": {"throughStep": 7}, "rollout": {"throughStep": 5}}
+    assert kube.folded_through_step(both) == 5
+    assert kube.folded_through_step({}) == -1
+    assert kube.folded_through_step({"totals": {"throughStep": True}}) == -1
 
 
 def test_deleted_event_resets():

@@ -1,5 +1,6 @@
 """The node report write carries what changed: JSON Patch of the changes, whole report as the
-fallback, the stored object always the whole report; the request body measured per write."""
+fallback, the stored object always the whole report; the request body measured per write; the
+report holds only the records the operator has not folded (object size measured)."""
 
 from __future__ import annotations
 
@@ -157,6 +158,48 @@ def test_a_write_carries_the_new_step_not_the_kept_history(make_driver: DriverFa
     early = statistics.median(n for _, n in server.sent[1:5])
     assert max(sent) <= 1.5 * early
     assert statistics.median(full) >= 4 * statistics.median(sent)
+
+
+def test_the_report_holds_only_what_the_operator_has_not_folded(
+    make_driver: DriverFactory,
+) -> None:
+    """Once the plan watch delivers ``totals.throughStep`` the report leaves the folded records
+    out: the stored object holds the unfolded step (plus those a late watch hides) instead of
+    ``MAX_STEPS_KEPT`` records, every write stays a JSON Patch, and no record is left out
+    before the status that folded it was read."""
+    drv = make_driver(GPUS)
+    plan = probe_plan(probe.block_schedule([1395, 1200]), 0.1, training_locked=True)
+    agent = standin_agent({POD_A: list(drv.uuids)}, plan, lambda: drv.virtual_s)
+    server = _ApiServer()
+    writer = kube.ReportWriter(server, "team-a", "pol", "node-1")
+    whole: list[int] = []
+    pruned: list[int] = []
+    steps = service.MAX_STEPS_KEPT + 12
+    for step in range(steps):
+        _run_step(drv, agent, step)
+        agent.folded_through_step = step - 2  # the operator folded the step before
+        report = agent.report()
+        assert [r.step for r in report.steps] == [step - 1, step][-(step + 1) :]
+        assert report.folded_through_step == (step - 2 if step >= 2 else -1)
+        writer.write(report)
+        stored = server.objects[writer.name]
+        assert _same(stored["spec"], writer.body(report)["spec"])
+        pruned.append(len(json.dumps(stored, separators=(",", ":"))))
+        agent.folded_through_step = -1
+        body = writer.body(agent.report())
+        whole.append(len(json.dumps(body, separators=(",", ":"))))
+    kinds = [k for k, _ in server.sent]
+    assert kinds == ["create"] + ["json"] * (steps - 1)
+    full, now = whole[service.MAX_STEPS_KEPT :], pruned[service.MAX_STEPS_KEPT :]
+    sent = [n for _, n in server.sent[service.MAX_STEPS_KEPT + 1 :]]
+    print(
+        f"report object, 8 GPUs: {service.MAX_STEPS_KEPT} records kept "
+        f"{statistics.median(full) / 1e3:.1f} kB p50, unfolded only "
+        f"{statistics.median(now) / 1e3:.2f} kB p50 (max {max(now) / 1e3:.2f} kB); "
+        f"write p50 {statistics.median(sent) / 1e3:.2f} kB"
+    )
+    assert statistics.median(now) * 8 <= statistics.median(full)
+    assert statistics.median(sent) <= WRITE_TARGET_BYTES
 
 
 def test_a_stale_stored_report_gets_the_whole_report(make_driver: DriverFactory) -> None:
