@@ -229,14 +229,13 @@ def start_clients() -> Any:
     return kubernetes.client.ApiClient()
 
 
-class NodePods:
-    """The pods on one node as the API server's JSON, through the client's ``ApiClient``.
+class NodeList:
+    """One kind of object of one node as the API server's JSON, through the client's ``ApiClient``.
 
-    One ``GET /api/v1/pods`` with the field selector ``spec.nodeName=<node>``.
-
-    No model class: the agent reads a few metadata fields and the phase, and ``CoreV1Api`` with
-    its models would add 21-28 MB and validate every pod of the listing into them. RBAC: pods
-    ``list`` (cluster-wide).
+    One ``GET <path>`` with the field selector ``spec.nodeName=<node>``, no model class: the
+    agent reads a few fields, and ``CoreV1Api`` with its models would add 21-28 MB and validate
+    every object of the listing into them. The kinds the agent lists are ``NodePods`` and
+    ``NodeResourceSlices``.
 
     Args:
         node: the node.
@@ -244,6 +243,9 @@ class NodePods:
             configuration, made at the first listing).
         timeout_s: per listing deadline, s.
     """
+
+    PATH = ""
+    """The list's path (a class attribute of each kind)."""
 
     def __init__(
         self, node: str, api_client: Any | None = None, *, timeout_s: float = 10.0
@@ -253,55 +255,35 @@ class NodePods:
         self.timeout_s = timeout_s
 
     def __call__(self) -> list[dict[str, Any]]:
-        """The pods (``items`` of the ``PodList``).
+        """The objects (the list's ``items``).
 
         Raises:
-            kubernetes.client.exceptions.ApiException: the API server answered an error.
+            kubernetes.client.exceptions.ApiException: the API server answered an error (for
+                ResourceSlices, 404: no ``resource.k8s.io/v1``; 403: no RBAC).
             OSError, urllib3 errors: it could not be reached.
         """
         if self._client is None:
             self._client = kubernetes.client.ApiClient()
-        return list_pods(self._client, "/api/v1/pods", f"spec.nodeName={self.node}", self.timeout_s)
+        return list_pods(self._client, self.PATH, f"spec.nodeName={self.node}", self.timeout_s)
 
 
-class NodeResourceSlices:
-    """The DRA ResourceSlices of one node as the API server's JSON (``rlenergy_agent.dra``).
+class NodePods(NodeList):
+    """The pods on one node (``NodeList`` of ``/api/v1/pods``).
 
-    One ``GET /apis/resource.k8s.io/v1/resourceslices`` with the field selector
-    ``spec.nodeName=<node>`` (a selector the API server supports for ResourceSlices). RBAC:
-    resourceslices ``list`` (cluster-scoped, read-only). Made only while a pod of the node holds
-    a DRA device.
-
-    Args:
-        node: the node.
-        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
-            configuration, made at the first listing).
-        timeout_s: per listing deadline, s.
+    RBAC: pods ``list`` (cluster-wide).
     """
 
-    def __init__(
-        self, node: str, api_client: Any | None = None, *, timeout_s: float = 10.0
-    ) -> None:
-        self.node = node
-        self._client = api_client
-        self.timeout_s = timeout_s
+    PATH = "/api/v1/pods"
 
-    def __call__(self) -> list[dict[str, Any]]:
-        """The slices (``items`` of the ``ResourceSliceList``).
 
-        Raises:
-            kubernetes.client.exceptions.ApiException: the API server answered an error (404:
-                no ``resource.k8s.io/v1``; 403: no RBAC).
-            OSError, urllib3 errors: it could not be reached.
-        """
-        if self._client is None:
-            self._client = kubernetes.client.ApiClient()
-        return list_pods(
-            self._client,
-            "/apis/resource.k8s.io/v1/resourceslices",
-            f"spec.nodeName={self.node}",
-            self.timeout_s,
-        )
+class NodeResourceSlices(NodeList):
+    """The DRA ResourceSlices of one node, for ``rlenergy_agent.dra``.
+
+    The API server supports the ``spec.nodeName`` selector for them. RBAC: resourceslices
+    ``list`` (cluster-scoped, read-only). Listed only while a pod of the node holds a DRA device.
+    """
+
+    PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 def list_pods(
