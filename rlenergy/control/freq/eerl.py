@@ -56,9 +56,8 @@ clock and monitor blocks (reported, and pooled for windows at that clock), the r
 floor and the threshold.
 
 Async mode (pools run at once; a step takes as long as the slower pool): the bottleneck pool
-keeps its threshold plus the margin the joint history of pool times shows it needs (at most
-``ASYNC_SLACK / 10``), and the other pools relax to the slack that history shows
-(``EERLController._update_async_thresholds``). A relaxed pool's slowdown fills
+keeps its threshold plus a margin, and the other pools relax to the slack the joint history of
+pool times shows (``EERLController._update_async_thresholds``). A relaxed pool's slowdown fills
 time it would idle, so its clocks are scored with that idle's energy taken off
 (``PhaseController.idle_credit``, from the pools' measured idle, ``StepObservation.pool_idle``).
 """
@@ -122,10 +121,8 @@ REPAY_MIN_WINDOWS = TRIAL_BUDGET_MIN_STEPS
 """Shortest repayment horizon, in mean phase windows: the trial budget's own horizon
 (``TRIAL_BUDGET_MIN_STEPS``) [heuristic]."""
 ASYNC_SLACK = 0.05
-"""Async mode's margins on the job's threshold [heuristic]: per-step noise makes max(pool
-times) exceed both means. Every pool's threshold keeps the job at its threshold plus
-``ASYNC_SLACK / 25`` over the pool-time history; the bottleneck pool's stays within
-``ASYNC_SLACK / 10`` above its own (``EERLController._update_async_thresholds``)."""
+"""Extra throughput margin kept on the non-bottleneck pool in async mode [heuristic]:
+per-step noise makes max(pool times) exceed both means."""
 MEASURED_Z = 2.0
 """A locked window's default counterfactual takes the paired blocks measured at its clock over
 the fit once their mean is this many standard errors off it [heuristic]."""
@@ -1455,19 +1452,15 @@ class EERLController:
         del self._pool_times[: max(len(self._pool_times) - 64, 0)]
 
     def _update_async_thresholds(self) -> None:
-        """Set each pool's threshold from the slack the joint pool-time history shows.
+        """Relax the non-bottleneck pools' thresholds to the slack the bottleneck leaves.
 
         Uses the joint history of default-equivalent pool times (a step lasts as long as the
-        slower pool). Every pool p gets the smallest ratio r with sum(max_i) / sum(max(t_p / r,
-        t_o / theta_o)) >= theta + ASYNC_SLACK / 25, where the other pools run at
-        ``_expected_ratio`` (their threshold, or their lock's lower confidence bound where that
-        is higher; ``_smallest_ratio``). The bottleneck pool (largest total time) searches
-        only between its policy threshold and that plus ``ASYNC_SLACK / 10`` (per-step noise
-        makes the max of two pools slower than either; where generation never sets the step
-        time, a fixed ``+ ASYNC_SLACK / 10`` held training's lock a 15 MHz step above the
-        held oracle's: verl-ppo-qwen25 and verl-gpg-qwen2, first family, 1,000 steps, seed
-        0, 1890 against 1875 MHz on h100-sxm, 1770 against 1755 on b200); every other pool
-        between 0.30 and its policy threshold.
+        slower pool). The bottleneck pool (largest total time) keeps its threshold plus
+        ``ASYNC_SLACK / 10`` (per-step noise makes the max of two pools slower than either);
+        for each
+        other pool p the smallest ratio r with sum(max_i) / sum(max(t_p / r, t_o / theta_o))
+        >= theta + ASYNC_SLACK / 25, where the other pools run at ``_expected_ratio`` (their
+        threshold, or their lock's lower confidence bound where that is higher).
         """
         hist = self._pool_times
         if len(hist) < ASYNC_MIN_HISTORY:
@@ -1475,43 +1468,31 @@ class EERLController:
         theta = min(pc.settings.min_throughput_ratio for pc in self.phases.values())
         totals = {name: sum(h[name] for h in hist) for name in self.phases}
         bottleneck = max(totals, key=lambda n: totals[n])
-        target = theta + ASYNC_SLACK / 25
+        base_total = sum(max(h.values()) for h in hist)
         order = sorted(self.phases, key=lambda n: n != bottleneck)
         for name in order:
             pc = self.phases[name]
-            policy = pc.settings.min_throughput_ratio
             if name == bottleneck:
+                # The slower pool sets the step time; keep a margin for the step-to-step max().
+                pc.threshold = min(1.0, pc.settings.min_throughput_ratio + ASYNC_SLACK / 10)
                 pc.idle_credit = 0.0
-                top = min(1.0, policy + ASYNC_SLACK / 10)
-                grid = [min(policy + i / 1000, top) for i in range(round(ASYNC_SLACK * 100) + 1)]
-                pc.threshold = self._smallest_ratio(name, grid, target) or top
                 continue
             pc.idle_credit = self._idle_credit(name)
-            need = min(
-                self._smallest_ratio(name, [s / 100.0 for s in range(30, 101)], target) or policy,
-                policy,
-            )
+            need = pc.settings.min_throughput_ratio
+            others = {o: self._expected_ratio(o) for o in self.phases if o != name}
+            for step in range(30, 101):
+                r = step / 100.0
+                total = 0.0
+                for h in hist:
+                    total += max(
+                        t / (r if other == name else others[other]) for other, t in h.items()
+                    )
+                if base_total / total >= theta + ASYNC_SLACK / 25:
+                    need = min(need, r)
+                    break
             if need < pc.threshold - 1e-9:
                 pc.floor_mhz = 0  # floors were measured against the stricter threshold
             pc.threshold = need
-
-    def _smallest_ratio(self, name: str, ratios: Sequence[float], target: float) -> float | None:
-        """The first of ``ratios`` (ascending) at which pool ``name`` keeps the job's ``target``.
-
-        Over the pool-time history: sum of the steps' max pool time at default over the sum at
-        ``t_name / r`` and ``t_o / _expected_ratio(o)`` for every other pool. None: none does.
-        """
-        hist = self._pool_times
-        base_total = sum(max(h.values()) for h in hist)
-        others = {o: self._expected_ratio(o) for o in self.phases if o != name}
-        for r in ratios:
-            total = sum(
-                max(t / (r if other == name else others[other]) for other, t in h.items())
-                for h in hist
-            )
-            if base_total / total >= target:
-                return r
-        return None
 
     def _idle_credit(self, name: str) -> float:
         """A pool's idle power over its phase's default-governor power (0: unknown)."""

@@ -652,31 +652,10 @@ def test_async_thresholds_relax_the_faster_pool() -> None:
     assert (gen.threshold, train.threshold) == (0.95, 0.95)  # 7 steps: too little history
     ctl._pool_times.append({"generation": 1.0, "training": 2.0})
     ctl.decide(8)  # async mode updates the thresholds before it plans
-    # Generation never sets the step time: training's own ratio is the job's, 0.952 its first.
-    assert train.threshold == pytest.approx(0.95 + eerl.ASYNC_SLACK / 25)
-    # 8 x 2.0 / sum(max(1.0 / r, 2.0 / 0.952)) >= 0.95 + 0.002 from r = 0.48 on
+    assert train.threshold == pytest.approx(0.95 + eerl.ASYNC_SLACK / 10)
+    # 8 x 2.0 / sum(max(1.0 / r, 2.0 / 0.955)) >= 0.95 + 0.002 from r = 0.48 on
     assert gen.threshold == pytest.approx(0.48)
     assert gen.floor_mhz == 0  # floors were measured against the stricter threshold
-
-
-def test_async_bottleneck_keeps_the_margin_its_pool_history_shows() -> None:
-    """Half the steps training alone sets the time, half both pools take 1.9 s (the max() of
-    two noisy pools is slower than either): the bottleneck's threshold is the first ratio of
-    0.950, 0.951, ... 0.955 whose job ratio over the history meets 0.95 + ASYNC_SLACK / 25,
-    generation at its threshold."""
-    ctl = _async(0.95)
-    train = ctl.phases["training"]
-    hist = [{"generation": 1.0, "training": 2.0}, {"generation": 1.9, "training": 1.9}] * 4
-    ctl._pool_times = list(hist)
-
-    def job_ratio(r: float) -> float:
-        slowed = sum(max(h["generation"] / 0.95, h["training"] / r) for h in hist)
-        return sum(max(h.values()) for h in hist) / slowed
-
-    assert job_ratio(0.953) < 0.95 + eerl.ASYNC_SLACK / 25 <= job_ratio(0.954)
-    ctl._update_async_thresholds()
-    assert train.threshold == pytest.approx(0.954)
-    assert 0.95 < train.threshold < 0.95 + eerl.ASYNC_SLACK / 10
 
 
 def test_async_thresholds_of_balanced_pools_stay() -> None:
@@ -1390,10 +1369,6 @@ def test_pool_times_of_a_capped_lock_are_judged_at_the_clock_it_ran() -> None:
 def test_async_bottleneck_threshold_is_at_most_one() -> None:
     ctl = _async(0.999)
     ctl._pool_times = [{"generation": 1.0, "training": 2.0}] * 8
-    ctl._update_async_thresholds()
-    assert ctl.phases["training"].threshold == 0.999  # its own policy already meets the job's
-    # Generation (at 0.95) as slow as training every step: no ratio keeps 0.952; the cap holds.
-    ctl._pool_times = [{"generation": 1.999, "training": 2.0}] * 8
     ctl._update_async_thresholds()
     assert ctl.phases["training"].threshold == 1.0
 
