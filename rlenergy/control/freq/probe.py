@@ -315,17 +315,6 @@ def fit_phase_model(
 ) -> PhaseModelFit | None:
     """Fit ``PhaseModelFit`` to (clock, throughput ratio, power ratio) blocks.
 
-    ``u`` is the least-squares slope over each probed clock's mean throughput ratio, weighted
-    by its block count (``_pooled_u``); its standard error comes from the blocks' own
-    residuals. The model's equation is linear in ``1 / r``, and ``1 / r`` of one noisy block
-    is biased up by about its squared coefficient of variation (``E[1/r] > 1/E[r]``), which a
-    per-block fit turns into a ``u`` that is too high and predicted ratios that are too low,
-    most of all through the many monitor blocks at the lock (``f_max / c - 1`` small there).
-    On TinyZero (blocks spread about 0.08; h100-sxm, sync, seed 0, 1,000 steps) the per-block
-    fit read generation at 0.9494 of the default throughput at 1455 MHz, where the truth is
-    0.9529, and its lock stayed at 1515 MHz; fitted to the clocks' means it locked 1485 MHz. A
-    clock's mean over ``n`` blocks carries ``1 / n`` of that bias.
-
     Returns:
         The fit, or None with fewer than two blocks below the default clock.
     """
@@ -348,41 +337,13 @@ def fit_phase_model(
     saa = sum(a * a for a in a_list)
     if n < 2 or saa <= 0:
         return None
-    u = _pooled_u(blocks, f_max_mhz, f_default_mhz)
-    if u is None:
-        u = sum(a * b for a, b in zip(a_list, b_list, strict=True)) / saa
+    u = sum(a * b for a, b in zip(a_list, b_list, strict=True)) / saa
     resid = [b - u * a for a, b in zip(a_list, b_list, strict=True)]
     sd = math.sqrt(sum(r * r for r in resid) / (n - 1))
     u_se = sd / math.sqrt(saa)
     spp = sum(a * a for a in pa)
     beta = sum(a * b for a, b in zip(pa, pb, strict=True)) / spp if spp > 0 else None
     return PhaseModelFit(min(max(u, 0.0), 1.0), u_se, beta, f_max_mhz, f_default_mhz, n)
-
-
-def _pooled_u(
-    blocks: Sequence[tuple[int, float, float | None]], f_max_mhz: float, f_default_mhz: float
-) -> float | None:
-    """``u`` fitted to each probed clock's mean throughput ratio, weighted by its blocks.
-
-    Each clock ``c`` with ``n`` blocks of mean ratio ``r`` gives ``n`` times the equation
-    ``u (g1 / r - x) = 1 - 1 / r`` (``x = f_max / c - 1``, ``g1 = f_max / f_default - 1``).
-    With noise-free blocks it equals the per-block least-squares slope.
-
-    Returns:
-        The slope, or None when no clock below the default gives the equation a slope.
-    """
-    by_clock: dict[int, list[float]] = {}
-    for clock, thr, _ in blocks:
-        if clock < f_default_mhz and thr > 0:
-            by_clock.setdefault(clock, []).append(thr)
-    g1 = f_max_mhz / f_default_mhz - 1.0
-    num = den = 0.0
-    for clock, ratios in by_clock.items():
-        mean = sum(ratios) / len(ratios)
-        a = g1 / mean - (f_max_mhz / clock - 1.0)
-        num += len(ratios) * a * (1.0 - 1.0 / mean)
-        den += len(ratios) * a * a
-    return num / den if den > 0 else None
 
 
 MISFIT_Z = 3.0

@@ -1,6 +1,5 @@
 """The probe statistics on hand-made inputs: Student's t factor, the per-clock
-running stats, the one-parameter phase model's bounds and power, its ``u`` taken from each
-probed clock's mean (noisy blocks do not bias it), and which slices form a block.
+running stats, the one-parameter phase model's bounds and power, and which slices form a block.
 
 Expected values are written from the docstrings' formulas (``rlenergy.control.freq.probe``).
 """
@@ -122,52 +121,6 @@ def test_the_phase_model_fit_is_least_squares_through_the_origin() -> None:
     assert fit.u == pytest.approx(u_true, abs=0.05)
     assert fit.beta == pytest.approx(beta_true)  # power without noise: exact
     assert (fit.f_max_mhz, fit.f_default_mhz) == (2000.0, 1800.0)
-
-
-def _per_block_u(blocks: list[tuple[int, float, float | None]], f_max: float) -> float:
-    """The least-squares slope over single blocks, default at ``f_max`` (``g1 = 0``)."""
-    a = [-(f_max / c - 1.0) for c, _, _ in blocks]
-    b = [1.0 - 1.0 / thr for _, thr, _ in blocks]
-    return sum(x * y for x, y in zip(a, b, strict=True)) / sum(x * x for x in a)
-
-
-def test_u_comes_from_each_clocks_mean_so_noisy_blocks_do_not_bias_it() -> None:
-    """Blocks spread +-0.08 around the true ratio at a lever-arm clock and, many more, at the
-    lock (TinyZero's spread): each clock's mean is the truth, so the fit's ``u`` and its
-    prediction at the clock between are exact, while one equation per block reads ``u`` high
-    (``E[1/r] > 1/E[r]``) and the prediction low by more than the lock margin."""
-    u_true, f_max = 0.6, 2000.0
-
-    def truth(c: float) -> float:
-        return 1.0 / (u_true * (f_max / c - 1.0) + 1.0)
-
-    blocks: list[tuple[int, float, float | None]] = []
-    for clock, pairs in ((1000, 20), (1600, 60)):
-        for _ in range(pairs):
-            blocks += [(clock, truth(clock) + 0.08, None), (clock, truth(clock) - 0.08, None)]
-    fit = probe.fit_phase_model(blocks, f_max, f_max)
-    assert fit is not None and fit.blocks == 160
-    assert fit.u == pytest.approx(u_true, abs=1e-12)
-    assert fit.throughput_ratio(1450) == pytest.approx(truth(1450), abs=1e-12)
-    per_block = probe.PhaseModelFit(_per_block_u(blocks, f_max), 0.0, None, f_max, f_max, 160)
-    assert per_block.u > u_true + 0.02
-    assert per_block.throughput_ratio(1450) < truth(1450) - 0.002
-    # The standard error still comes from the blocks' own residuals around the fitted u.
-    a = [-(f_max / c - 1.0) for c, _, _ in blocks]
-    b = [1.0 - 1.0 / thr for _, thr, _ in blocks]
-    sd = math.sqrt(sum((y - u_true * x) ** 2 for x, y in zip(a, b, strict=True)) / 159)
-    assert fit.u_stderr == pytest.approx(sd / math.sqrt(sum(x * x for x in a)))
-
-
-def test_u_of_noise_free_blocks_is_the_per_block_slope() -> None:
-    """One clock or many blocks per clock: without noise both fits agree (power-capped default,
-    so the ``g1 / r`` term is in play)."""
-    blocks: list[tuple[int, float, float | None]] = [
-        (c, _r(c, 0.45), None) for c in (1200, 1200, 1200, 1500, 1700)
-    ]
-    fit = probe.fit_phase_model(blocks, 2000.0, 1800.0)
-    assert fit is not None and fit.u == pytest.approx(0.45, abs=1e-12)
-    assert fit.u_stderr == pytest.approx(0.0, abs=1e-9)
 
 
 def test_the_phase_model_share_is_clamped_to_the_unit_interval() -> None:
