@@ -110,25 +110,10 @@ class CustomObjects:
         preload: bool = True,
         timeout: Any = None,
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type or (
-                "application/merge-patch+json" if method == "PATCH" else "application/json"
-            )
-        client = self.api_client
-        verb, url, hdrs, data, post = client.param_serialize(
-            method=method, resource_path=path, query_params=list(query), header_params=headers,
-            body=body, auth_settings=["BearerToken"],
+        return call_json(
+            self.api_client, method, path, query=query, body=body,
+            content_type=content_type, preload=preload, timeout=timeout,
         )  # fmt: skip
-        resp = client.call_api(
-            verb, url, header_params=hdrs, body=data, post_params=post, _request_timeout=timeout
-        )
-        if not preload:
-            return resp.response
-        resp.read()
-        if not 200 <= resp.status <= 299:
-            raise ApiException(http_resp=resp)
-        return json.loads(resp.data or b"{}")
 
     @staticmethod
     def _path(group: str, version: str, namespace: str, plural: str, name: str = "") -> str:
@@ -286,6 +271,60 @@ class NodeResourceSlices(NodeList):
     PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
 
+def call_json(
+    client: Any,
+    method: str,
+    path: str,
+    *,
+    query: Sequence[tuple[str, str]] = (),
+    body: Any = None,
+    content_type: str | None = None,
+    preload: bool = True,
+    timeout: Any = None,
+) -> Any:
+    """One request through ``client`` (an ``ApiClient``) with a JSON answer, no model class.
+
+    The client's configuration, bearer token and TLS serve it. Callers: ``CustomObjects``,
+    ``list_pods``, ``TokenReviewer``, ``CertificateRequester``.
+
+    Args:
+        client: the ``kubernetes.client.ApiClient``.
+        method: the HTTP method.
+        path: the resource path (``/apis/...``, ``/api/v1/...``).
+        query: query parameters.
+        body: the request body (a dict or list), or None.
+        content_type: the body's type (default: JSON merge patch for PATCH, else JSON).
+        preload: False returns the urllib3 response unread (a watch's stream for
+            ``kubernetes.watch``), whatever its status.
+        timeout: the request's timeout (s, or urllib3's (connect, read) pair).
+
+    Returns:
+        The decoded JSON answer (``{}`` for an empty one), or the unread response.
+
+    Raises:
+        kubernetes.client.exceptions.ApiException: the API server answered an error status.
+        OSError, urllib3 errors: it could not be reached.
+    """
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type or (
+            "application/merge-patch+json" if method == "PATCH" else "application/json"
+        )
+    verb, url, hdrs, data, post = client.param_serialize(
+        method=method, resource_path=path, query_params=list(query), header_params=headers,
+        body=body, auth_settings=["BearerToken"],
+    )  # fmt: skip
+    resp = client.call_api(
+        verb, url, header_params=hdrs, body=data, post_params=post, _request_timeout=timeout
+    )
+    if not preload:
+        return resp.response
+    resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException(http_resp=resp)
+    return json.loads(resp.data or b"{}")
+
+
 def list_pods(
     client: Any, path: str, field_selector: str, timeout_s: float
 ) -> list[dict[str, Any]]:
@@ -304,20 +343,10 @@ def list_pods(
         kubernetes.client.exceptions.ApiException: the API server answered an error status.
         OSError, urllib3 errors: it could not be reached.
     """
-    method, url, headers, body, post = client.param_serialize(
-        method="GET",
-        resource_path=path,
-        query_params=[("fieldSelector", field_selector)],
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
+    answer = call_json(
+        client, "GET", path, query=[("fieldSelector", field_selector)], timeout=timeout_s
     )
-    resp = client.call_api(
-        method, url, header_params=headers, body=body, post_params=post, _request_timeout=timeout_s
-    )
-    resp.read()
-    if not 200 <= resp.status <= 299:
-        raise ApiException(http_resp=resp)
-    items = json.loads(resp.data or b"{}").get("items")
+    items = answer.get("items") if isinstance(answer, dict) else None
     return [p for p in items or () if isinstance(p, dict)]
 
 
@@ -916,21 +945,7 @@ class TokenReviewer:
         """
         if self._client is None:
             self._client = kubernetes.client.ApiClient()
-        m, url, headers, data, post = self._client.param_serialize(
-            method="POST",
-            resource_path=TOKEN_REVIEWS,
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = self._client.call_api(
-            m, url, header_params=headers, body=data, post_params=post,
-            _request_timeout=self.timeout_s,
-        )  # fmt: skip
-        resp.read()
-        if not 200 <= resp.status <= 299:
-            raise ApiException(http_resp=resp)
-        answer = json.loads(resp.data or b"{}")
+        answer = call_json(self._client, "POST", TOKEN_REVIEWS, body=body, timeout=self.timeout_s)
         return answer if isinstance(answer, dict) else {}
 
     def review(self, token: str, audiences: Sequence[str]) -> identity.Review:
@@ -1038,21 +1053,7 @@ class CertificateRequester:
     def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         if self._client is None:
             self._client = kubernetes.client.ApiClient()
-        m, url, headers, data, post = self._client.param_serialize(
-            method=method,
-            resource_path=path,
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = self._client.call_api(
-            m, url, header_params=headers, body=data, post_params=post,
-            _request_timeout=self.timeout_s,
-        )  # fmt: skip
-        resp.read()
-        if not 200 <= resp.status <= 299:
-            raise ApiException(http_resp=resp)
-        return dict(json.loads(resp.data or b"{}"))
+        return dict(call_json(self._client, method, path, body=body, timeout=self.timeout_s))
 
     def request(self, name: str, csr_pem: bytes, wait_s: float = 60.0) -> bytes:
         """Submit ``csr_pem`` as CSR ``name`` and return the issued chain, PEM.
