@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import time
 from pathlib import Path
 
 from rlenergy_dev.devcluster import process
@@ -109,13 +108,14 @@ class DraTestDriver:
         (self.kubelet_root / "plugins" / DRIVER).mkdir(parents=True, exist_ok=True)
         env = {"PATH": os.environ.get("PATH", os.defpath)}
         self._popen, self._record = process.spawn("dra-test-driver", self.argv(), self.log, env=env)
-        deadline = time.monotonic() + timeout_s
-        while not self.registration_socket.exists():
-            if self._popen.poll() is not None or time.monotonic() > deadline:
-                why = "exited" if self._popen.poll() is not None else "made no registration socket"
-                self.stop()
-                raise RuntimeError(f"dra-test-driver {why}; its log:\n{process.tail(self.log, 40)}")
-            time.sleep(0.1)
+        try:
+            process.wait_ready(
+                "dra-test-driver", self._popen, self.registration_socket.exists,
+                log=self.log, timeout_s=timeout_s, not_ready="made no registration socket",
+            )  # fmt: skip
+        except RuntimeError:
+            self.stop()
+            raise
         return self
 
     def alive(self) -> bool:

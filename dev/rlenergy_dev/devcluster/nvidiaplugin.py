@@ -30,7 +30,6 @@ import shutil
 import stat
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -252,15 +251,14 @@ class NvidiaDevicePlugin:
         )
         self._poller = threading.Thread(target=self._poll_loop, daemon=True)
         self._poller.start()
-        deadline = time.monotonic() + register_timeout_s
-        while self.registrations < 1:
-            if self._popen.poll() is not None or time.monotonic() > deadline:
-                why = "exited" if self._popen.poll() is not None else "did not register"
-                self.stop()
-                raise RuntimeError(
-                    f"nvidia-device-plugin {why}; its log:\n{process.tail(self.log, 40)}"
-                )
-            time.sleep(0.1)
+        try:
+            process.wait_ready(
+                "nvidia-device-plugin", self._popen, lambda: self.registrations >= 1,
+                log=self.log, timeout_s=register_timeout_s, not_ready="did not register",
+            )  # fmt: skip
+        except RuntimeError:
+            self.stop()
+            raise
         return self
 
     def alive(self) -> bool:

@@ -212,6 +212,30 @@ def _group_members(record: ProcessRecord) -> list[int]:
     return members
 
 
+def wait_ready(
+    name: str,
+    popen: subprocess.Popen[bytes],
+    ready: Callable[[], bool],
+    *,
+    log: Path,
+    timeout_s: float,
+    not_ready: str,
+) -> None:
+    """Wait until ``ready()`` while the host process ``popen`` (``name``, logging to ``log``) runs.
+
+    Raises:
+        RuntimeError: it exited, or ``ready()`` stayed false for ``timeout_s`` s (``not_ready``
+            says what it did not do); the message ends with its log's last 40 lines. The
+            caller stops the process.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if popen.poll() is not None or time.monotonic() > deadline:
+            why = "exited" if popen.poll() is not None else not_ready
+            raise RuntimeError(f"{name} {why}; its log:\n{tail(log, 40)}")
+        time.sleep(0.1)
+
+
 def tail(path: str | Path, lines: int = 25) -> str:
     """Last ``lines`` lines of a log file (empty if unreadable)."""
     try:
