@@ -57,6 +57,17 @@ def get_json(cluster: DevCluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
+def get_json_if_found(cluster: DevCluster, *args: str) -> Any | None:
+    """``get_json``, or None while the object does not exist yet (an agent creates its node
+    report with the first step records it publishes); any other error still raises."""
+    res = cluster.kubectl("get", *args, "-o", "json", check=False)
+    if res.returncode != 0 and "(NotFound)" in res.stderr:
+        return None
+    if res.returncode != 0:
+        raise AssertionError(f"kubectl get {' '.join(args)} failed: {res.stderr}")
+    return json.loads(res.stdout)
+
+
 def real_node_cluster(who: str, **start: Any) -> DevCluster:
     """A started dev cluster with its real node and no KWOK node (``start``: more arguments of
     ``DevCluster.start``, e.g. ``registry=True``); the caller enters it (``with``) to stop it.

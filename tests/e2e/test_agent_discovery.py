@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import get_json, wait_until
+from e2e_support import get_json, get_json_if_found, wait_until
 from rlenergy_agent import podmap
 from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster, trainers
@@ -62,17 +62,9 @@ def short_dir() -> Iterator[Path]:
 
 
 def _report(cluster: DevCluster, ns: str, policy: str, node: str) -> dict[str, Any] | None:
-    res = cluster.kubectl(
-        "get",
-        "rlenergynodereports",
-        naming.report_name(policy, node),
-        "-n",
-        ns,
-        "-o",
-        "json",
-        check=False,
+    return get_json_if_found(
+        cluster, "rlenergynodereports", naming.report_name(policy, node), "-n", ns
     )
-    return json.loads(res.stdout) if res.returncode == 0 else None
 
 
 def _discovery_metric(port: int) -> dict[str, str] | None:

@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import get_json, wait_until
+from e2e_support import get_json, get_json_if_found, wait_until
 from rlenergy_agent import podmap
 from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster, trainers
@@ -238,8 +238,8 @@ def test_annotation_patches_drive_the_pods_gpus_through_the_watch(
             # 4. the node report in the API has the steps and their annotated workload
             def steps() -> list[dict[str, Any]]:
                 name = naming.report_name(POLICY, node)
-                rep = get_json(dev_cluster, "rlenergynodereports", name, "-n", ns)
-                return list(rep["spec"].get("steps") or [])
+                rep = get_json_if_found(dev_cluster, "rlenergynodereports", name, "-n", ns)
+                return list(rep["spec"].get("steps") or []) if rep else []
 
             done = wait_until(
                 lambda: (s := steps()) and len(s) >= 5 and s, timeout=30, what="steps reported"

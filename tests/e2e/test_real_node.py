@@ -64,6 +64,7 @@ from e2e_support import (
     TAG,
     VERL_SITE,
     get_json,
+    get_json_if_found,
     gpu_locks,
     pod_ready,
     pods_of,
@@ -469,8 +470,11 @@ def _user_day(
         def all_steps() -> dict[str, Any] | None:
             not_failed()
             # A report holds the records the operator has not folded yet: read them meanwhile.
-            rep = get_json(c, "rlenergynodereports", report_name(pname, node.name), "-n", ns)
-            published.update({int(r["step"]): r for r in rep["spec"].get("steps") or ()})
+            rep = get_json_if_found(
+                c, "rlenergynodereports", report_name(pname, node.name), "-n", ns
+            )
+            if rep is not None:
+                published.update({int(r["step"]): r for r in rep["spec"].get("steps") or ()})
             s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
             return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS else None
 
