@@ -6,7 +6,8 @@ same window, which comes from the controller (``eerl.PhaseController.default_equ
 the window itself under the default governor, the paired default slices of a probed window,
 the paired-probe fit for a locked one), computed before the controller sees the step. The
 job's figures add the idle windows (measured) to both energies, in async mode with each pool's
-longer or shorter wait under the default governor (``base.async_default_idle_j``); its time
+longer or shorter wait under the default governor (``base.async_default_idle_j``; its bounds
+over the phases' default-time bounds, ``base.async_default_idle_range_j``); its time
 is the sum of the phase times (the slower pool's in async mode). ``StatusAccount`` does the
 same fold beside ``sim.job.run_job`` (it wraps the controller as the policy), so the bench can
 print the status's saving and throughput ratio next to the simulator's truth.
@@ -100,6 +101,10 @@ class StatusAccount:
         self.idle_extra_j = 0.0
         """Async mode: the default governor's idle energy less the measured, over the compared
         steps, J (``base.async_default_idle_j``)."""
+        self.idle_extra_low_j = 0.0
+        self.idle_extra_high_j = 0.0
+        """Async mode: the bounds of ``idle_extra_j`` over the phases' default-time bounds,
+        J (``base.async_default_idle_range_j``)."""
 
     def decide(self, step: int) -> base.Plan:
         """The controller's plan."""
@@ -143,18 +148,27 @@ class StatusAccount:
             if self.async_mode and idle and all(j is not None for j in idle):
                 idle_j = sum(j or 0.0 for j in idle)
                 by_phase = dict(zip(observation.phases, times, strict=True))
+                bounds = {
+                    name: (w[2][1], w[3][1])
+                    for name, w in zip(observation.phases, windows, strict=True)
+                }
                 self.idle_extra_j += (
                     base.async_default_idle_j(idle_j, observation.pool_idle, by_phase) - idle_j
                 )
+                low_j, high_j = base.async_default_idle_range_j(
+                    idle_j, observation.pool_idle, by_phase, bounds
+                )
+                self.idle_extra_low_j += low_j - idle_j
+                self.idle_extra_high_j += high_j - idle_j
         self.controller.observe(observation)
 
     def add_idle(self, idle_j: float) -> None:
         """Add the run's idle energy to both sides of the job total.
 
         The same under either, but for the async pools' longer or shorter waits
-        (``idle_extra_j``).
+        (``idle_extra_j``; the bounds with theirs, ``idle_extra_low_j`` and ``_high_j``).
         """
         self.total.measured_j += idle_j
         self.total.predicted_j += idle_j + self.idle_extra_j
-        self.total.predicted_low_j += idle_j + self.idle_extra_j
-        self.total.predicted_high_j += idle_j + self.idle_extra_j
+        self.total.predicted_low_j += idle_j + self.idle_extra_low_j
+        self.total.predicted_high_j += idle_j + self.idle_extra_high_j

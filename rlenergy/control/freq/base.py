@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -229,6 +230,48 @@ def async_default_idle_j(
         per_gpu_w = (pool.energy_j or 0.0) / (pool.gpu_seconds or 1.0) if own else pooled_w
         extra_j += per_gpu_w * pool.gpus * ((busy_default - t_d) - (busy - t))
     return max(idle_j + extra_j, 0.0)
+
+
+def async_default_idle_range_j(
+    idle_j: float,
+    pool_idle: Mapping[str, PoolIdle],
+    times_s: Mapping[str, tuple[float, float]],
+    bounds_s: Mapping[str, tuple[float, float]],
+) -> tuple[float, float]:
+    """Bounds of ``async_default_idle_j`` over the phases' default-time bounds, J.
+
+    The default idle is no monotone function of one phase's default time: a slower default
+    on the bottleneck pool lengthens the other pool's wait, a slower default on the other
+    pool shortens its own. So the bounds are the least and the most of
+    ``async_default_idle_j`` over every corner of the phases' (low, point, high) default
+    times (3**phases evaluations; async runs two pools). Taking the point's idle for both
+    bounds left the truth outside the job total's saving bounds while both phases' bounds
+    held theirs (TinyZero / ``b200:step-decode`` async, seed 1, 200 steps: truth 10.09 %,
+    bounds 7.19-9.36 %; ``make bench-energy``, 2026-12-07).
+
+    Args:
+        idle_j: the step's measured idle energy, J.
+        pool_idle: per phase, its pool's idle time and energy.
+        times_s: per phase, (measured time s, default-governor time s).
+        bounds_s: per phase of ``times_s``, (low, high) default-governor time s.
+
+    Returns:
+        (low, high) idle energy under the default governor, J; both
+        ``async_default_idle_j(idle_j, pool_idle, times_s)`` where it counts the idle the
+        same under either.
+
+    Raises:
+        KeyError: a phase of ``times_s`` without ``bounds_s``.
+    """
+    names = list(times_s)
+    values = [async_default_idle_j(idle_j, pool_idle, times_s)]
+    for corner in itertools.product(range(3), repeat=len(names)):
+        times = {
+            n: (times_s[n][0], (bounds_s[n][0], times_s[n][1], bounds_s[n][1])[k])
+            for n, k in zip(names, corner, strict=True)
+        }
+        values.append(async_default_idle_j(idle_j, pool_idle, times))
+    return min(values), max(values)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1298,9 +1298,10 @@ class PhaseController:
 
         Only a window at a locked clock judged by the fit carries an error that does not
         average out over windows: every window at that clock shares it. Its bounds span the
-        fit's ratios and the ratios the paired blocks measured at that clock, each widened by
-        ``STATUS_Z`` standard errors (``_locked_ratio_range``): where the fit's shape misses
-        the curve between its blocks, the two disagree and the truth lies between them. Every
+        fit's ratios, widened by ``STATUS_Z`` standard errors that carry the model's
+        discrepancy, and the ratios the paired blocks measured at that clock
+        (``_locked_ratio_range``): where the fit's shape misses the curve between or above
+        its blocks, the range holds how far it can be off. Every
         other window returns its ``default_equivalent`` as both bounds (default-governor
         windows are exact; probed windows' paired slices are independent per window).
         """
@@ -1334,19 +1335,37 @@ class PhaseController:
     ) -> tuple[tuple[float, float], tuple[float, float]] | None:
         """((throughput low, high), (energy-per-token low, high)) ratios at a locked clock.
 
-        The fit's ratios +- ``STATUS_Z`` of its throughput standard error (the energy ratio
-        moved with it: power / throughput), joined with the blocks' own (``_measured_ratios``)
-        +- ``STATUS_Z`` of theirs. None without a fitted energy ratio.
+        The fit's throughput ratio +- ``STATUS_Z`` of its standard error with the model's
+        discrepancy (``probe.CorrectedFit.discrepancy_stderr``), at most 1 (no clock below the
+        default runs faster than it); its power ratio +- ``STATUS_Z`` of its own; between
+        measured clocks each held inside what monotonicity in clock allows
+        (``probe.CorrectedFit.monotone_bracket``, the point kept); the energy ratio (power /
+        throughput) spans the corners, joined with the blocks' own ratios
+        (``_measured_ratios``) +- ``STATUS_Z`` of theirs. The power's error is what the bounds
+        missed before: they moved the energy ratio with the throughput alone, and a lock
+        between the measured clocks and the default (TinyZero / ``b200:saturating-decode``,
+        sync, seed 0: generation locked at 1,560-1,680 MHz, probed at 990-1,350 MHz) read a
+        power ratio 0.732 against a true 0.713 (``power_tau2`` 0.00066), the truth outside
+        the phase's saving bounds. None without a fitted energy ratio.
         """
         thr_fit, e_fit = fit.throughput_ratio(clock_mhz), fit.energy_ratio(clock_mhz)
         if e_fit is None or thr_fit <= 0:
             return None
-        se = fit.throughput_stderr(clock_mhz)
-        if not math.isfinite(se):
-            se = 0.0
-        thr_lo, thr_hi = thr_fit - STATUS_Z * se, min(thr_fit + STATUS_Z * se, 1.0)
+        thr_sd, power_sd = fit.discrepancy_stderr(clock_mhz)
+        thr_lo, thr_hi = thr_fit - STATUS_Z * thr_sd, min(thr_fit + STATUS_Z * thr_sd, 1.0)
         power = e_fit * thr_fit
-        e_lo, e_hi = power / max(thr_hi, 1e-9), power / max(thr_lo, 1e-9)
+        power_lo, power_hi = power - STATUS_Z * power_sd, power + STATUS_Z * power_sd
+        bracket = fit.monotone_bracket(clock_mhz, STATUS_Z)
+        if bracket is not None and fit.measured_at(clock_mhz) is None:
+            # Between measured clocks: no wider than monotonicity allows (the point kept).
+            (b_thr_lo, b_thr_hi), (b_p_lo, b_p_hi) = bracket
+            thr_lo = max(thr_lo, min(b_thr_lo, thr_fit))
+            thr_hi = min(thr_hi, max(b_thr_hi, thr_fit))
+            power_lo = max(power_lo, min(b_p_lo, power))
+            power_hi = min(power_hi, max(b_p_hi, power))
+        if power_lo <= 0 or thr_lo <= 0:
+            return None
+        e_lo, e_hi = power_lo / max(thr_hi, 1e-9), power_hi / max(thr_lo, 1e-9)
         measured = self._measured_ratios(clock_mhz)
         if measured is not None:
             thr, thr_se, e, e_se = measured

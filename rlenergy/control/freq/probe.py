@@ -364,6 +364,23 @@ on ``b200:step-decode``: 8.6 standard errors at 1455 MHz); requiring three block
 cost that row 0.747 -> 0.662 of the oracle (``bench/energy.py``)."""
 
 
+def _blend_variance(v_a: float, v_b: float, v_b_true: float) -> float:
+    """Variance of ``CorrectedFit._blend``'s estimate where ``b``'s true variance is not its own.
+
+    ``w**2 v_a + (1 - w)**2 v_b_true``, ``w = v_b / (v_a + v_b)`` the weight the blend gives
+    ``a`` (from ``v_b``, what it assumes); the variance of the one it takes alone where it takes
+    one alone.
+    """
+    if v_b <= 1e-18:
+        return v_b_true
+    if v_a <= 1e-18 or not math.isfinite(v_a):
+        return v_a if math.isfinite(v_a) else v_b_true
+    if not math.isfinite(v_b):
+        return v_a
+    w = v_b / (v_a + v_b)
+    return w * w * v_a + (1.0 - w) ** 2 * v_b_true
+
+
 @dataclasses.dataclass(frozen=True)
 class MeasuredClock:
     """Direct evidence at one probed clock.
@@ -608,6 +625,135 @@ class CorrectedFit:
         if p_m is None or p_c is None:
             return p_m
         return self._blend(p_m, v_m, p_c, v_c)[0]
+
+    def _gap_share(self, clock_mhz: float, clocks_mhz: Sequence[int]) -> float:
+        """Share of the model's discrepancy variance left at a clock, in [0, 1].
+
+        0 at a measured clock (of ``clocks_mhz``) and at or above the default clock (exact
+        points); ``4 w (1 - w)`` between two of them, ``w`` the clock's place in the gap (1
+        mid-gap); 1 below the lowest measured clock (extrapolated) [heuristic: a discrepancy
+        of variance ``tau2`` that is known at both ends of a gap is least known mid-gap].
+        """
+        c = min(clock_mhz, self.f_default_mhz)
+        if c >= self.f_default_mhz or c in clocks_mhz:
+            return 0.0
+        below = [k for k in clocks_mhz if k < c]
+        if not below:
+            return 1.0
+        above = [k for k in clocks_mhz if k > c]
+        lo, hi = below[-1], above[0] if above else self.f_default_mhz
+        w = (c - lo) / max(hi - lo, 1e-9)
+        return 4.0 * w * (1.0 - w)
+
+    def discrepancy_stderr(self, clock_mhz: float) -> tuple[float, float]:
+        """Standard errors of ``throughput_ratio`` and ``power_ratio`` with the model's error.
+
+        ``throughput_stderr`` carries the sampling error of the fit and its blend's weights
+        assume the residuals' interpolation exact; where the one-parameter shape misses a
+        curve (knees, plateaus, saturation: ``rlenergy.gpu.published``), the error at a clock
+        also holds the model's discrepancy, whose variance the measured clocks estimate
+        (``tau2``, ``power_tau2``: method of moments), at least ``MISFIT_MIN**2``: a model
+        passes the misfit test with a residual up to ``MISFIT_MIN`` (and a few blocks' noise)
+        at every measured clock, so its discrepancy is known no better. The model alone (no
+        misfit) carries its sampling variance and all of the discrepancy, at measured clocks
+        too, or the squared residual of the measured clocks around the clock where that is
+        larger (``_local_residual2``); a blend of the model (variance ``v_m``, the full
+        discrepancy included) and the residual-corrected model (``v_c``) with the point's
+        weights ``a`` and ``1 - a`` carries ``a**2 v_m + (1 - a)**2 (v_c + share x
+        discrepancy)`` (``_gap_share``: the residuals' interpolation between measured clocks
+        is no exact point).
+
+        Returns:
+            (throughput ratio standard error, power ratio standard error) at ``clock_mhz``;
+            0.0 at or above the default clock (both ratios are 1 there by definition); the
+            power's is 0.0 without a power model.
+        """
+        if clock_mhz >= self.f_default_mhz:
+            return 0.0, 0.0
+        tau2, power_tau2 = max(self.tau2, MISFIT_MIN**2), max(self.power_tau2, MISFIT_MIN**2)
+        thr_clocks = [m.clock_mhz for m in self.measured if math.isfinite(m.throughput_se)]
+        thr_share = self._gap_share(clock_mhz, thr_clocks)
+        _, v_m, _, v_c, _, _ = self._parts(clock_mhz)
+        if self.misfit:
+            thr_var = _blend_variance(v_m, v_c, v_c + tau2 * thr_share)
+        else:
+            se = self.model.throughput_stderr(clock_mhz)
+            local = self._local_residual2(clock_mhz, power=False)
+            thr_var = (se * se if math.isfinite(se) else 0.0) + max(tau2, local)
+        parts = self._power_parts(clock_mhz)
+        if parts is None:
+            return math.sqrt(thr_var), 0.0
+        p_clocks = [
+            m.clock_mhz
+            for m in self.measured
+            if m.power_mean is not None and math.isfinite(m.power_se)
+        ]
+        p_share = self._gap_share(clock_mhz, p_clocks)
+        if self.power_misfit:
+            _, pv_m, _, pv_c = parts
+            p_var = _blend_variance(pv_m, pv_c, pv_c + power_tau2 * p_share)
+        else:
+            p_var = max(power_tau2, self._local_residual2(clock_mhz, power=True))
+        return math.sqrt(thr_var), math.sqrt(p_var)
+
+    def _local_residual2(self, clock_mhz: float, *, power: bool) -> float:
+        """Squared residual (measured mean - model) of the measured clocks around a clock.
+
+        The clocks ``_neighbours`` interpolates between (the default clock's residual 0),
+        their squared residuals weighted alike: a model that passed the misfit test can still
+        miss the clocks near a lock by up to ``MISFIT_Z`` of their noise (TinyZero /
+        ``b200:saturating-decode``, async, 1,000 steps: fit 0.893 against a true 0.915 at
+        1,200 MHz, probed at 1,200-1,230 MHz), and the residual there says by how much. 0.0
+        without neighbours (or power measured at them, for ``power``).
+        """
+        c = min(clock_mhz, self.f_default_mhz)
+        total = 0.0
+        for w, m in self._neighbours(c):
+            if m is None:
+                continue
+            if power:
+                modelled = self.model.power_ratio(m.clock_mhz)
+                if m.power_mean is None or modelled is None:
+                    continue
+                resid = m.power_mean - modelled
+            else:
+                resid = m.throughput_mean - self.model.throughput_ratio(m.clock_mhz)
+            total += w * resid * resid
+        return total
+
+    def monotone_bracket(
+        self, clock_mhz: float, z: float
+    ) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """What monotonicity in clock allows at a clock from the measured clocks around it.
+
+        A clock's throughput and power ratios lie between those of the nearest measured clocks
+        below and above it (the default clock, exactly 1, above the highest), each widened by
+        ``z`` of its standard error: physics, no curve shape assumed, so it holds on knees and
+        steps (``rlenergy.gpu.published``) where the model's discrepancy is large.
+
+        Returns:
+            ((throughput low, high), (power low, high)); None below the lowest measured clock
+            (nothing bounds it from below) or at or above the default clock; the power's
+            bracket (0, inf) without measured power on both sides.
+        """
+        c = min(clock_mhz, self.f_default_mhz)
+        if c >= self.f_default_mhz:
+            return None
+        usable = [m for m in self.measured if math.isfinite(m.throughput_se)]
+        below = [m for m in usable if m.clock_mhz <= c]
+        if not below:
+            return None
+        above = [m for m in usable if m.clock_mhz >= c]
+        lo = below[-1]
+        thr_hi = above[0].throughput_mean + z * above[0].throughput_se if above else 1.0
+        thr = (lo.throughput_mean - z * lo.throughput_se, thr_hi)
+        p_below = [m for m in below if m.power_mean is not None and math.isfinite(m.power_se)]
+        p_above = [m for m in above if m.power_mean is not None and math.isfinite(m.power_se)]
+        if not p_below or (above and not p_above):
+            return thr, (0.0, math.inf)
+        p_lo = (p_below[-1].power_mean or 0.0) - z * p_below[-1].power_se
+        p_hi = (p_above[0].power_mean or 0.0) + z * p_above[0].power_se if p_above else 1.0
+        return thr, (p_lo, p_hi)
 
     def energy_ratio(self, clock_mhz: float) -> float | None:
         """Predicted energy per token vs default (power ratio / throughput ratio)."""

@@ -46,3 +46,28 @@ def test_without_pools_powers_or_times_the_idle_is_counted_as_measured() -> None
     # A default that waits less than the measured idle cannot go below zero.
     shrink = {"generation": (2.0, 8.0), "training": (12.0, 8.5)}
     assert base.async_default_idle_j(800.0, pools, shrink) == 0.0
+
+
+def test_the_idle_bounds_take_every_corner_of_the_phases_default_time_bounds() -> None:
+    # The first case's step (generation waits 2 s measured, 3 s under the default point:
+    # +400 J). Training's default time between 10 and 12 s and generation's between 7 and
+    # 9 s: the most idle is training slowest and generation fastest (wait 12 - 7 = 5 s, +1,200
+    # J), the least training fastest and generation slowest (wait 10 - 9 = 1 s, -400 J). The
+    # point's idle for both bounds (what the job total took before) holds neither.
+    pools = {
+        "generation": base.PoolIdle(energy_j=800.0, gpu_seconds=8.0, gpus=4),
+        "training": base.PoolIdle(energy_j=0.0, gpu_seconds=0.0, gpus=4),
+    }
+    times = {"generation": (10.0, 8.0), "training": (12.0, 11.0)}
+    bounds = {"generation": (7.0, 9.0), "training": (10.0, 12.0)}
+    low, high = base.async_default_idle_range_j(800.0, pools, times, bounds)
+    assert (low, high) == pytest.approx((800.0 - 400.0, 800.0 + 1200.0))
+    point = base.async_default_idle_j(800.0, pools, times)
+    assert low < point < high
+    # Exact default times: both bounds are the point.
+    exact = {name: (t_d, t_d) for name, (_, t_d) in times.items()}
+    assert base.async_default_idle_range_j(800.0, pools, times, exact) == pytest.approx(
+        (point, point)
+    )
+    # Sync mode (no pools): the measured idle both ways.
+    assert base.async_default_idle_range_j(800.0, {}, times, bounds) == (800.0, 800.0)

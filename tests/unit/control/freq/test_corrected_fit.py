@@ -362,3 +362,83 @@ def test_a_quadratic_power_is_no_power_misfit() -> None:
     single = probe.fit_corrected(_floor_blocks()[::2], F_MAX, F_MAX)
     assert single is not None and single.power_misfit is False
     assert all(math.isinf(m.power_se) for m in single.measured)
+
+
+@pytest.mark.parametrize(
+    ("clock", "want"),
+    [
+        (1200.0, 0.0),  # a measured clock
+        (1000.0, 1.0),  # below the lowest: extrapolated
+        (1400.0, 1.0),  # mid-gap between 1200 and 1600
+        (1300.0, 0.75),  # w = 0.25: 4 w (1 - w)
+        (1700.0, 0.75),  # toward the default clock's exact point: w = 0.25
+        (2000.0, 0.0),  # the default clock
+    ],
+)
+def test_the_discrepancy_share_is_least_known_mid_gap(clock: float, want: float) -> None:
+    assert _fit()._gap_share(clock, [1200, 1600]) == pytest.approx(want)
+
+
+def test_the_discrepancy_stderr_carries_the_model_s_error_between_measured_clocks() -> None:
+    """The blend's own standard error treats the residuals' interpolation as exact; the
+    bounds' adds ``tau2`` (at least ``MISFIT_MIN**2``) times the gap share to the corrected
+    side, weighted as the point weights it (``_blend_variance``)."""
+    fit = _fit()
+    v_m, v_c = 0.0004, (0.5 * 0.01) ** 2 + (0.5 * 0.02) ** 2
+    w = v_c / (v_m + v_c)
+    want = math.sqrt(w * w * v_m + (1 - w) ** 2 * (v_c + 0.0004 * 1.0))
+    thr_se, power_se = fit.discrepancy_stderr(1400.0)
+    assert thr_se == pytest.approx(want)
+    assert thr_se > fit.throughput_stderr(1400.0)
+    assert power_se == 0.0  # no power model
+    # At a measured clock only the blend's sampling error stays.
+    _, v_m2, _, v_c2, _, _ = fit._parts(1200.0)
+    w2 = v_c2 / (v_m2 + v_c2)
+    assert fit.discrepancy_stderr(1200.0)[0] == pytest.approx(
+        math.sqrt(w2 * w2 * v_m2 + (1 - w2) ** 2 * v_c2)
+    )
+    # A model that fits (no misfit, tau2 0) and probed clocks on it: its own error and
+    # MISFIT_MIN**2, at a measured clock too (it passed the misfit test only to within
+    # MISFIT_MIN there).
+    on = tuple(
+        probe.MeasuredClock(c, 3, _r(c), 0.01, 1.0 + 0.8 * ((c / F_MAX) ** 2 - 1.0), 0.01)
+        for c in (1200, 1600)
+    )
+    fits = probe.CorrectedFit(_model(0.05, 0.8), on, 0.0, False)
+    se = fits.model.throughput_stderr(1400.0)
+    thr_se, power_se = fits.discrepancy_stderr(1400.0)
+    assert thr_se == pytest.approx(math.sqrt(se**2 + probe.MISFIT_MIN**2))
+    assert power_se == pytest.approx(probe.MISFIT_MIN)
+    at_probed = fits.model.throughput_stderr(1200.0)
+    assert fits.discrepancy_stderr(1200.0)[0] == pytest.approx(
+        math.sqrt(at_probed**2 + probe.MISFIT_MIN**2)
+    )
+    # Probed clocks off the model by less than the misfit test sees (0.70 and 0.90 against
+    # 0.75 and 0.889): their squared residuals, interpolated, where larger than the floor.
+    off = probe.CorrectedFit(_model(0.05, 0.8), (M1200, M1600), 0.0, False)
+    local = 0.5 * (0.70 - _r(1200)) ** 2 + 0.5 * (0.90 - _r(1600)) ** 2
+    assert off.discrepancy_stderr(1400.0)[0] == pytest.approx(math.sqrt(se**2 + local))
+    assert off.discrepancy_stderr(1200.0)[0] == pytest.approx(
+        math.sqrt(at_probed**2 + (0.70 - _r(1200)) ** 2)
+    )
+    assert fits.discrepancy_stderr(2000.0) == (0.0, 0.0)
+
+
+def test_the_monotone_bracket_is_the_measured_clocks_around_a_clock() -> None:
+    fit = _fit()
+    (thr_lo, thr_hi), (p_lo, p_hi) = fit.monotone_bracket(1400.0, 2.0) or ((0, 0), (0, 0))
+    assert (thr_lo, thr_hi) == pytest.approx((0.70 - 2 * 0.01, 0.90 + 2 * 0.02))
+    assert (p_lo, p_hi) == (0.0, math.inf)  # M1200/M1600 carry no power standard error
+    # Above the highest measured clock the default's exact 1 closes it.
+    assert (fit.monotone_bracket(1800.0, 2.0) or ((0, 0),))[0] == pytest.approx((0.90 - 0.04, 1.0))
+    powered = _fit(
+        (
+            probe.MeasuredClock(1200, 3, 0.70, 0.01, 0.60, 0.01),
+            probe.MeasuredClock(1600, 3, 0.90, 0.02, 0.80, 0.02),
+        )
+    )
+    assert (powered.monotone_bracket(1800.0, 2.0) or ((0, 0), (0, 0)))[1] == pytest.approx(
+        (0.80 - 0.04, 1.0)
+    )
+    assert fit.monotone_bracket(1000.0, 2.0) is None  # nothing measured below
+    assert fit.monotone_bracket(2000.0, 2.0) is None

@@ -210,35 +210,46 @@ def test_locked_windows_trust_the_blocks_at_their_clock_over_a_fit_they_contradi
     assert energy == pytest.approx(3000.0 / fit_e)
 
 
+def _async_controller() -> eerl.PhaseController:
+    """A phase controller of the default policy's first phase, in async mode."""
+    settings = config.phase_settings(
+        api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
+    )[0]
+    return eerl.PhaseController(settings, eerl.ControllerSettings(async_mode=True))
+
+
 def test_locked_window_bounds_span_the_fit_and_the_blocks_at_its_clock() -> None:
     """``default_equivalent_range``: a locked window judged by the fit (async mode keeps it)
-    has bounds from the fit's ratio and the blocks' own, each +- ``STATUS_Z`` standard errors;
+    has bounds from the fit's ratios, each +- ``STATUS_Z`` of its standard error with the
+    model's discrepancy (``CorrectedFit.discrepancy_stderr``), joined with the blocks' own;
     a default-governor window and a failed one are their own bounds."""
     from rlenergy.api import workload as api_workload
     from rlenergy.control.freq import probe
 
-    settings = config.phase_settings(
-        api_policy.RLEnergyPolicySpec(), SKU.supported_sm_clocks_mhz()
-    )[0]
-    pc = eerl.PhaseController(settings, eerl.ControllerSettings(async_mode=True))
-    pc.fit = probe.PhaseModelFit(
+    pc = _async_controller()
+    model = probe.PhaseModelFit(
         u=0.1, u_stderr=0.001, beta=0.5, f_max_mhz=1980, f_default_mhz=1980, blocks=10
     )
+    pc.fit = probe.CorrectedFit(model, (), 0.0, False)
     fit_thr, fit_e = pc.fit.throughput_ratio(1410), pc.fit.energy_ratio(1410)
-    fit_se = pc.fit.throughput_stderr(1410)
-    assert fit_e is not None and fit_se > 0
+    thr_sd, power_sd = pc.fit.discrepancy_stderr(1410)
+    assert fit_e is not None and thr_sd > model.throughput_stderr(1410) > 0
+    assert power_sd == pytest.approx(probe.MISFIT_MIN)  # nothing measured: the floor
     wl = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)
     locked = base.PhaseObservation("generation", 10.0, 3000.0, 1410)
     point = pc.default_equivalent(locked, wl)
-    # Without blocks at the clock: the fit's ratio +- 2 of its standard errors.
+    # Without blocks at the clock: the fit's ratios +- 2 of their standard errors.
     low, high = pc.default_equivalent_range(locked, wl)
     z = eerl.STATUS_Z
     assert (low.time_s, high.time_s) == pytest.approx(
-        (10.0 * (fit_thr - z * fit_se), 10.0 * (fit_thr + z * fit_se))
+        (10.0 * (fit_thr - z * thr_sd), 10.0 * (fit_thr + z * thr_sd))
     )
     power = fit_e * fit_thr
     assert (low.energy_j, high.energy_j) == pytest.approx(
-        (3000.0 * (fit_thr - z * fit_se) / power, 3000.0 * (fit_thr + z * fit_se) / power)
+        (
+            3000.0 * (fit_thr - z * thr_sd) / (power + z * power_sd),
+            3000.0 * (fit_thr + z * thr_sd) / (power - z * power_sd),
+        )
     )
     # Blocks 0.05 faster than the fit: the upper bound reaches past their mean.
     off = probe.RatioStats()
@@ -247,7 +258,7 @@ def test_locked_window_bounds_span_the_fit_and_the_blocks_at_its_clock() -> None
     pc.stats[1410] = off
     assert pc.default_equivalent(locked, wl) == point  # async: the point stays the fit's
     low, high = pc.default_equivalent_range(locked, wl)
-    assert low.time_s == pytest.approx(10.0 * (fit_thr - z * fit_se))
+    assert low.time_s == pytest.approx(10.0 * (fit_thr - z * thr_sd))
     assert high.time_s == pytest.approx(10.0 * (off.throughput_mean + z * off.stderr))
     assert low.energy_j <= 3000.0 / off.energy_per_token_ratio <= high.energy_j
     assert low.energy_j <= point.energy_j <= high.energy_j
@@ -257,6 +268,46 @@ def test_locked_window_bounds_span_the_fit_and_the_blocks_at_its_clock() -> None
     ):
         same = pc.default_equivalent(window, wl)
         assert pc.default_equivalent_range(window, wl) == (same, same)
+
+
+def test_a_lock_above_the_probed_clocks_holds_the_truth_of_a_power_the_model_misses() -> None:
+    """The case the bounds missed (TinyZero / ``b200:saturating-decode``, sync): a lock
+    between the highest probed clock and the default, where the power model, corrected by
+    the probed clocks' residuals, reads 0.02 above the true power ratio (0.732 vs 0.713
+    there). The old bounds moved the energy ratio with the throughput alone and missed the
+    true default energy; with the power's discrepancy (``power_tau2`` x the gap share) they
+    hold it, and monotonicity keeps the throughput's at most 1."""
+    from rlenergy.api import workload as api_workload
+    from rlenergy.control.freq import probe
+
+    pc = _async_controller()
+    model = probe.PhaseModelFit(
+        u=0.3, u_stderr=0.003, beta=0.7, f_max_mhz=1980, f_default_mhz=1980, blocks=30
+    )
+    p_model = model.power_ratio(1050) or 0.0
+    probed = probe.MeasuredClock(
+        1050, 12, model.throughput_ratio(1050), 0.004, p_model - 0.04, 0.004
+    )
+    pc.fit = probe.CorrectedFit(model, (probed,), 0.0, False, True, 0.00066)
+    clock = 1560
+    thr, e_ratio = pc.fit.throughput_ratio(clock), pc.fit.energy_ratio(clock)
+    assert e_ratio is not None
+    power = thr * e_ratio
+    true_power = power - 0.02
+    wl = api_workload.TokenWorkload(10, 1000.0, 100.0, 1000.0, 150.0)
+    locked = base.PhaseObservation("generation", 10.0, 3000.0, clock)
+    true_default_j = 3000.0 * thr / true_power  # measured energy / true energy ratio
+    # The old construction: throughput +- 2 of the model's standard error, power fixed.
+    se = model.throughput_stderr(clock)
+    old_high_j = 3000.0 * min(thr + eerl.STATUS_Z * se, 1.0) / power
+    assert true_default_j > old_high_j
+    low, high = pc.default_equivalent_range(locked, wl)
+    assert low.energy_j is not None and high.energy_j is not None
+    assert low.energy_j <= true_default_j <= high.energy_j
+    assert high.time_s is not None and high.time_s <= 10.0  # throughput ratio at most 1
+    # Not uselessly wide: the energy bounds within +-10 % of the point (2 x 0.026 power).
+    point = pc.default_equivalent(locked, wl).energy_j or 0.0
+    assert 0.90 * point < low.energy_j < point < high.energy_j < 1.10 * point
 
 
 def _phase_controller() -> eerl.PhaseController:
