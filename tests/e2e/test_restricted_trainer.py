@@ -354,8 +354,23 @@ def _day(
         input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
     )
 
-    # The pod as the docs write it: admitted under restricted, injected by the webhook.
-    c.kubectl("apply", "-f", "-", input=json.dumps(_trainer_pod("trainer", labels)))
+    # The pod as the docs write it: admitted under restricted, injected by the webhook. The
+    # webhook answers through the chart's Service once the endpoints controller has published
+    # the operator pod's address, which can trail the pod's Ready by seconds on a loaded
+    # machine; until then the API server admits the pod uninjected (failurePolicy Ignore, the
+    # case checked below with the operator at zero). A server-side dry run shows when it does.
+    trainer_pod = json.dumps(_trainer_pod("trainer", labels))
+    wait_until(
+        lambda: any(
+            v["name"] == "rlenergy-agent"
+            for v in json.loads(
+                c.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=trainer_pod)
+                .stdout
+            )["spec"]["volumes"]
+        ),
+        timeout=120, what="the webhook injecting a dry-run of the trainer pod",
+    )  # fmt: skip
+    c.kubectl("apply", "-f", "-", input=trainer_pod)
     pod = get_json(c, "pod", "trainer", "-n", NS)
     spec = pod["spec"]
     assert not spec.get("hostNetwork"), spec
