@@ -18,9 +18,8 @@ beside their targets (60 MB; the chart's CPU request).
 ``--baseline-src DIR`` runs a second agent from another source tree (e.g. ``git worktree add
 /tmp/base <commit>``) beside this one, on its own stand-in GPUs, and sends each cached-token
 signal to both in turn, so both latency columns come from the same minutes of the same machine.
-The start-up work census (resolving the Kubernetes client's ``CoreV1Api``; a full garbage
-collection with the start-up objects, and frozen) is counted in fresh interpreters: Python
-calls are counted exactly, CPU is thread time. ``--trace`` runs the agents under
+The start-up work census (a full garbage collection with the agent's start-up objects, and
+frozen) is counted in a fresh interpreter, CPU as thread time. ``--trace`` runs the agents under
 ``bench/agent_trace.py`` and takes each cached-token signal's time in the agent apart: CPU,
 run-queue wait (the machine's other processes), the agent lock's wait, the rest (GIL, I/O).
 ``--tls`` also serves the agent's TLS signal port (a certificate for 127.0.0.1 from a CA made
@@ -44,8 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import config as k8s_config
-from rlenergy_agent import identity, kube
+from rlenergy_agent import identity, kube, kubeapi
 from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster, trainers
 
@@ -78,7 +76,7 @@ def identity_check_ms(cluster: DevCluster, token: str, n: int) -> tuple[float, l
     """The agent's caller check alone, in this process: (first call = one real TokenReview,
     ms; ``n`` cached calls, ms each). Side by side with the signal latency, it shows what the
     check costs apart from the machine's scheduling noise."""
-    api = k8s_config.new_client_from_config(str(cluster.kubeconfig))
+    api = kubeapi.ApiClient(kubeapi.from_kubeconfig(cluster.kubeconfig))
     auth = identity.TokenAuthenticator(kube.TokenReviewer(api).review, signals.TOKEN_AUDIENCE)
     header = f"Bearer {token}"
     t0 = time.perf_counter()
@@ -245,13 +243,8 @@ def _free_port() -> int:
 
 
 STARTUP_CENSUS = r"""
-import cProfile, gc, json, pstats, sys, time
-import rlenergy_agent.__main__, rlenergy_agent.kube, kubernetes
-
-def rss_mb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
+import gc, json, sys, time
+import rlenergy_agent.__main__, rlenergy_agent.kube, rlenergy_agent.nodeloop
 
 def full_gc_ms():
     t0 = time.thread_time()
@@ -260,14 +253,6 @@ def full_gc_ms():
 
 out = {}
 gc.collect()
-r0, prof, t0 = rss_mb(), cProfile.Profile(), time.thread_time()
-prof.enable()
-kubernetes.client.CoreV1Api
-prof.disable()
-out["core_api_cpu_ms"] = (time.thread_time() - t0) * 1e3
-out["core_api_calls"] = pstats.Stats(prof).total_calls
-out["core_api_rss_mb"] = rss_mb() - r0
-kubernetes.client.AuthenticationV1Api
 out["tracked_objects"] = len(gc.get_objects())
 out["full_gc_ms"] = min(full_gc_ms() for _ in range(5))
 gc.freeze()
@@ -620,10 +605,7 @@ def run(args: argparse.Namespace, cluster: DevCluster) -> int:
                     f"{tr['signals_with_gc']:.0f} signals saw a GC"
                 )
         print(
-            "start-up work (fresh interpreter): resolving the Kubernetes CoreV1Api (no longer "
-            "loaded by the agent) "
-            f"{census['core_api_calls']:,.0f} Python calls, {census['core_api_cpu_ms']:.0f} ms "
-            f"CPU, +{census['core_api_rss_mb']:.1f} MB; a full garbage collection over "
+            "start-up work (fresh interpreter): a full garbage collection over "
             f"{census['tracked_objects']:,.0f} start-up objects {census['full_gc_ms']:.1f} ms "
             f"CPU, {census['full_gc_frozen_ms']:.2f} ms with them frozen"
         )

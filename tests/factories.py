@@ -87,3 +87,36 @@ def report_object(
         "metadata": metadata,
         "spec": body.model_dump(by_alias=True, exclude_none=True),
     }
+
+
+def report_schema() -> dict[str, Any]:
+    """The OpenAPI schema of ``RLEnergyNodeReport.spec`` in the shipped CRD (crds/)."""
+    crd = yaml.safe_load((ROOT / "crds" / "rlenergy.io_rlenergynodereports.yaml").read_text())
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return dict(schema["properties"]["spec"])
+
+
+def crd_stored(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` as the API server stores it: nulls pruned, then the schema's defaults filled in.
+
+    What the API server does to a custom object on every write and read (structural schema
+    pruning of a null member unless its schema says ``nullable``, then defaulting of the
+    missing members; nested objects and list items included). A copy; ``value`` is unchanged.
+    """
+    if isinstance(value, dict) and "properties" in schema:
+        props = schema["properties"]
+        out = {k: v for k, v in value.items() if v is not None or props.get(k, {}).get("nullable")}
+        for key, sub in props.items():
+            if key not in out and "default" in sub:
+                out[key] = sub["default"]
+            if key in out:
+                out[key] = crd_stored(out[key], sub)
+        return out
+    if isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        sub = schema["additionalProperties"]
+        return {
+            k: crd_stored(v, sub) for k, v in value.items() if v is not None or sub.get("nullable")
+        }
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [crd_stored(v, schema["items"]) for v in value]
+    return value

@@ -35,12 +35,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import kubernetes
-import kubernetes.watch
-from kubernetes.client.exceptions import ApiException
-
 from rlenergy.api import signals
-from rlenergy_agent import identity, service
+from rlenergy_agent import identity, kubeapi, service
+from rlenergy_agent.kubeapi import ApiException
 
 log = logging.getLogger(__name__)
 
@@ -182,18 +179,18 @@ class PodAnnotations:
 
 
 class NodePodStream:
-    """``GET /api/v1/pods`` (list, or ``watch=True``: a watch) through the client's ``ApiClient``.
+    """``GET /api/v1/pods`` (list, or ``watch=True``: a watch) through a ``kubeapi.ApiClient``.
 
-    The shape of ``CoreV1Api.list_pod_for_all_namespaces`` with ``_preload_content=False``, so
-    the client's ``Watch`` drives it, without ``CoreV1Api``: its 240 pydantic models cost 1-2 s
-    of CPU and 21-28 MB (``kube.NodePods`` lists the same way). Returns the raw urllib3 response.
+    The shape of the ``kubernetes`` client's ``CoreV1Api.list_pod_for_all_namespaces`` with
+    ``_preload_content=False`` (the unread urllib3 response), so ``kubeapi.Watch`` drives it,
+    with no model classes (``kube.NodePods`` lists the same way).
 
     Args:
-        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
-            configuration, made at the first request).
+        api_client: a ``kubeapi.ApiClient`` (default: the process-wide one, taken at the first
+            request).
     """
 
-    def __init__(self, api_client: Any | None = None) -> None:
+    def __init__(self, api_client: kubeapi.ApiClient | None = None) -> None:
         self._client = api_client
 
     def list_pod_for_all_namespaces(
@@ -210,11 +207,12 @@ class NodePodStream:
         """The pods of the field selector (a ``PodList``) or, with ``watch``, their events.
 
         Raises:
-            kubernetes.client.exceptions.ApiException: the API server answered an error (410
-                Gone for a resourceVersion too old).
+            ApiException: the API server answered an error (410 Gone for a resourceVersion
+                too old).
+            OSError, urllib3 errors: it could not be reached.
         """
         if self._client is None:
-            self._client = kubernetes.client.ApiClient()
+            self._client = kubeapi.default_client()
         query: list[tuple[str, Any]] = [("fieldSelector", field_selector)]
         for key, value in (
             ("resourceVersion", resource_version),
@@ -224,21 +222,15 @@ class NodePodStream:
         ):
             if value is not None and value != "":
                 query.append((key, value))
-        method, url, headers, body, post = self._client.param_serialize(
-            method="GET",
-            resource_path="/api/v1/pods",
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
+        resp = self._client.request(
+            "GET", "/api/v1/pods", query=query, timeout=_request_timeout, preload=False
         )
-        resp = self._client.call_api(
-            method, url, header_params=headers, body=body, post_params=post,
-            _request_timeout=_request_timeout,
-        )  # fmt: skip
         if not 200 <= resp.status <= 299:
             resp.read()
-            raise ApiException(http_resp=resp)
-        return resp.response
+            exc = ApiException.of(resp)
+            resp.release_conn()
+            raise exc
+        return resp
 
 
 class PodHandler(Protocol):
@@ -298,7 +290,7 @@ class PodPhaseWatch:
         self.version = ""
         """The newest resourceVersion seen (list, event or bookmark)."""
         self._stopped = threading.Event()
-        self._watch: kubernetes.watch.Watch | None = None
+        self._watch: kubeapi.Watch | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"{name.replace(' ', '-')}-{node}", daemon=True
         )
@@ -341,9 +333,9 @@ class PodPhaseWatch:
 
     def _follow(self, version: str) -> str:
         """One watch request from ``version``; returns the newest resourceVersion seen."""
-        # Events as JSON ("object" as CustomObjectsApi's watches have it), not as V1Pod: a
-        # client model per event costs milliseconds of CPU under the GIL the signals share.
-        self._watch = watch = kubernetes.watch.Watch(return_type="object")
+        # Events as JSON, no model class: a model per event would cost milliseconds of CPU
+        # under the GIL the signals share.
+        self._watch = watch = kubeapi.Watch()
         for event in watch.stream(
             self.core.list_pod_for_all_namespaces,
             field_selector=self.selector,
@@ -353,7 +345,7 @@ class PodPhaseWatch:
             _request_timeout=(10.0, self.watch_timeout_s + 30.0),
         ):
             received = time.monotonic()
-            kind, obj = event.get("type"), event.get("raw_object") or {}
+            kind, obj = event.get("type"), event["object"]
             version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
             self.version = version
             if kind in ("ADDED", "MODIFIED"):

@@ -1,6 +1,7 @@
 """Kubernetes I/O of the agent: the node report writer and the plan watcher.
 
-The only agent module importing the Kubernetes client. The writer owns one
+Requests go through the agent's own transport (``rlenergy_agent.kubeapi``: urllib3, no
+``kubernetes`` package). The writer owns one
 ``RLEnergyNodeReport`` per policy and node (``<policy>-<node>``; no two writers share an
 object), writes at most once per RL step (finished steps are batched) and retries transient API
 errors (429, 5xx, connection loss) with exponential backoff. The watcher follows the policy's
@@ -31,13 +32,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import kubernetes
-import kubernetes.watch
-from kubernetes.client.exceptions import ApiException as ApiException
-
 from rlenergy.api import naming, selector
 from rlenergy.api import node as api_node
-from rlenergy_agent import identity, pods
+from rlenergy_agent import identity, kubeapi, pods
+from rlenergy_agent.kubeapi import ApiException as ApiException
 
 log = logging.getLogger(__name__)
 
@@ -58,35 +56,41 @@ def report_name(policy: str, node: str) -> str:
     return naming.report_name(policy, node)
 
 
-def load_api(kubeconfig: str | None = None) -> CustomObjects:
+def load_api(
+    kubeconfig: str | None = None, *, pool_maxsize: int = kubeapi.DEFAULT_POOL_MAXSIZE
+) -> CustomObjects:
     """The custom object calls (``CustomObjects``) from the in-cluster config, else the kubeconfig.
 
+    Without ``kubeconfig`` the client made becomes the process-wide one
+    (``kubeapi.default_client``) that the other classes here use by default.
+
     Args:
-        kubeconfig: a kubeconfig file to use instead (local runs, tests); its own client, the
-            process-wide default configuration is left alone.
+        kubeconfig: a kubeconfig file to use instead (local runs, tests, benchmarks); its own
+            client, the process-wide one is left alone.
+        pool_maxsize: connections kept open to the API server (``kubeapi.ApiClient``).
+
+    Raises:
+        kubeapi.ConfigError: no usable configuration.
     """
     if kubeconfig is not None:
-        return CustomObjects(kubernetes.config.new_client_from_config(config_file=kubeconfig))
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return CustomObjects()
+        config = kubeapi.from_kubeconfig(kubeconfig)
+        return CustomObjects(kubeapi.ApiClient(config, pool_maxsize=pool_maxsize))
+    client = kubeapi.ApiClient(kubeapi.load(), pool_maxsize=pool_maxsize)
+    kubeapi.set_default(client)
+    return CustomObjects(client)
 
 
 class CustomObjects:
-    """The ``CustomObjectsApi`` calls the agent makes, through the client's ``ApiClient``.
+    """The ``CustomObjectsApi`` calls the agent makes, through a ``kubeapi.ApiClient``.
 
-    The same methods, arguments and answers (JSON as dicts, ``ApiException`` on an error
-    status, the urllib3 response with ``_preload_content=False`` for ``kubernetes.watch``) for
-    the calls the agent makes, without the generated ``CustomObjectsApi`` class: its methods'
-    argument validators (pydantic, built when the class is first resolved) cost 7.9 MiB of the
-    agent's resident set, 12 % of it (``bench/agent.py`` prints the resident set). The client's
-    configuration, authentication, TLS and retries are the library's (``ApiClient``).
+    The methods, arguments and answers of the ``kubernetes`` client's ``CustomObjectsApi`` for
+    the calls the agent makes (JSON as dicts, ``ApiException`` on an error status, the unread
+    urllib3 response with ``_preload_content=False`` for a ``kubeapi.Watch``), so code written
+    against either runs on both.
 
     Args:
-        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
-            configuration, made at the first call).
+        api_client: a ``kubeapi.ApiClient`` (default: the process-wide one,
+            ``kubeapi.default_client``, taken at the first call).
     """
 
     def __init__(self, api_client: Any | None = None) -> None:
@@ -94,9 +98,9 @@ class CustomObjects:
 
     @property
     def api_client(self) -> Any:
-        """The ``ApiClient`` the calls go through."""
+        """The ``kubeapi.ApiClient`` the calls go through."""
         if self._client is None:
-            self._client = kubernetes.client.ApiClient()
+            self._client = kubeapi.default_client()
         return self._client
 
     def _call(
@@ -128,7 +132,7 @@ class CustomObjects:
         """``GET`` one object (a dict).
 
         Raises:
-            kubernetes.client.exceptions.ApiException: an error status (404: no such object).
+            ApiException: an error status (404: no such object).
         """
         path = self._path(group, version, namespace, plural, name)
         return self._call("GET", path, timeout=_request_timeout)
@@ -152,7 +156,7 @@ class CustomObjects:
         """``LIST`` (a dict) or, with ``watch``, ``WATCH`` (the open urllib3 response).
 
         Raises:
-            kubernetes.client.exceptions.ApiException: an error status.
+            ApiException: an error status.
 
         :rtype: object
         """
@@ -180,7 +184,7 @@ class CustomObjects:
         """``PATCH`` one object: a JSON merge patch (a dict), or ``_content_type``.
 
         Raises:
-            kubernetes.client.exceptions.ApiException: an error status.
+            ApiException: an error status.
         """
         path = self._path(group, version, namespace, plural, name)
         return self._call(
@@ -194,38 +198,37 @@ class CustomObjects:
         """``POST`` one object.
 
         Raises:
-            kubernetes.client.exceptions.ApiException: an error status (409: it exists).
+            ApiException: an error status (409: it exists).
         """
         path = self._path(group, version, namespace, plural)
         return self._call("POST", path, body=body, timeout=_request_timeout)
 
 
-def start_clients() -> Any:
-    """The ``ApiClient`` on the process-wide configuration, made at start-up.
+def start_clients() -> kubeapi.ApiClient:
+    """The process-wide ``kubeapi.ApiClient``, made at start-up (after ``load_api``).
 
-    Call after ``load_api`` and before the signal socket serves. The agent resolves none of the
-    client's lazily loaded API classes: a class resolved in the node loop while trainers signal
-    takes the GIL from every signal (each of a signal's NVML calls releases it and waits up to
-    the interpreter's 5 ms switch interval to get it back). Pods are listed without the client's
-    ``CoreV1Api`` (``NodePods``), whose 240 pydantic models cost 1.47 million Python calls, 1-2 s
-    of CPU and +21-28 MB RSS (``bench/agent.py`` prints it), and tokens are reviewed without
-    ``AuthenticationV1Api`` (``TokenReviewer``: its class and 11 model modules held 0.5 MiB).
+    Call before the signal socket serves, so no configuration is read, and nothing imported,
+    in the node loop while trainers signal (work there takes the GIL from every signal: each of
+    a signal's NVML calls releases it and waits up to the interpreter's 5 ms switch interval to
+    get it back).
+
+    Raises:
+        kubeapi.ConfigError: no usable configuration.
     """
-    return kubernetes.client.ApiClient()
+    return kubeapi.default_client()
 
 
 class NodeList:
-    """One kind of object of one node as the API server's JSON, through the client's ``ApiClient``.
+    """One kind of object of one node as the API server's JSON, through a ``kubeapi.ApiClient``.
 
     One ``GET <path>`` with the field selector ``spec.nodeName=<node>``, no model class: the
-    agent reads a few fields, and ``CoreV1Api`` with its models would add 21-28 MB and validate
-    every object of the listing into them. The kinds the agent lists are ``NodePods`` and
+    agent reads a few fields. The kinds the agent lists are ``NodePods`` and
     ``NodeResourceSlices``.
 
     Args:
         node: the node.
-        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
-            configuration, made at the first listing).
+        api_client: a ``kubeapi.ApiClient`` (default: the process-wide one, taken at the
+            first listing).
         timeout_s: per listing deadline, s.
     """
 
@@ -243,12 +246,12 @@ class NodeList:
         """The objects (the list's ``items``).
 
         Raises:
-            kubernetes.client.exceptions.ApiException: the API server answered an error (for
+            ApiException: the API server answered an error (for
                 ResourceSlices, 404: no ``resource.k8s.io/v1``; 403: no RBAC).
             OSError, urllib3 errors: it could not be reached.
         """
         if self._client is None:
-            self._client = kubernetes.client.ApiClient()
+            self._client = kubeapi.default_client()
         return list_pods(self._client, self.PATH, f"spec.nodeName={self.node}", self.timeout_s)
 
 
@@ -272,7 +275,7 @@ class NodeResourceSlices(NodeList):
 
 
 def call_json(
-    client: Any,
+    client: kubeapi.ApiClient,
     method: str,
     path: str,
     *,
@@ -282,56 +285,47 @@ def call_json(
     preload: bool = True,
     timeout: Any = None,
 ) -> Any:
-    """One request through ``client`` (an ``ApiClient``) with a JSON answer, no model class.
+    """One request through ``client`` with a JSON answer, no model class.
 
     The client's configuration, bearer token and TLS serve it. Callers: ``CustomObjects``,
     ``list_pods``, ``TokenReviewer``, ``CertificateRequester``.
 
     Args:
-        client: the ``kubernetes.client.ApiClient``.
+        client: the ``kubeapi.ApiClient``.
         method: the HTTP method.
         path: the resource path (``/apis/...``, ``/api/v1/...``).
         query: query parameters.
         body: the request body (a dict or list), or None.
         content_type: the body's type (default: JSON merge patch for PATCH, else JSON).
         preload: False returns the urllib3 response unread (a watch's stream for
-            ``kubernetes.watch``), whatever its status.
-        timeout: the request's timeout (s, or urllib3's (connect, read) pair).
+            ``kubeapi.Watch``, which checks its status).
+        timeout: the request's timeout (s, or a (connect, read) pair, s).
 
     Returns:
         The decoded JSON answer (``{}`` for an empty one), or the unread response.
 
     Raises:
-        kubernetes.client.exceptions.ApiException: the API server answered an error status.
+        ApiException: the API server answered an error status.
         OSError, urllib3 errors: it could not be reached.
     """
-    headers = {"Accept": "application/json"}
-    if body is not None:
-        headers["Content-Type"] = content_type or (
-            "application/merge-patch+json" if method == "PATCH" else "application/json"
-        )
-    verb, url, hdrs, data, post = client.param_serialize(
-        method=method, resource_path=path, query_params=list(query), header_params=headers,
-        body=body, auth_settings=["BearerToken"],
+    resp = client.request(
+        method, path, query=query, body=body, content_type=content_type, timeout=timeout,
+        preload=preload,
     )  # fmt: skip
-    resp = client.call_api(
-        verb, url, header_params=hdrs, body=data, post_params=post, _request_timeout=timeout
-    )
     if not preload:
-        return resp.response
-    resp.read()
+        return resp
     if not 200 <= resp.status <= 299:
-        raise ApiException(http_resp=resp)
+        raise ApiException.of(resp)
     return json.loads(resp.data or b"{}")
 
 
 def list_pods(
-    client: Any, path: str, field_selector: str, timeout_s: float
+    client: kubeapi.ApiClient, path: str, field_selector: str, timeout_s: float
 ) -> list[dict[str, Any]]:
-    """``GET`` a pod list (or any list) through ``client`` (an ``ApiClient``), no model class.
+    """``GET`` a pod list (or any list) through ``client`` (a ``kubeapi.ApiClient``), no models.
 
     Args:
-        client: the ``kubernetes.client.ApiClient`` (its configuration, auth, TLS).
+        client: the ``kubeapi.ApiClient`` (its configuration, auth, TLS).
         path: ``/api/v1/pods`` or ``/api/v1/namespaces/<ns>/pods``.
         field_selector: the list's ``fieldSelector``.
         timeout_s: the request's timeout, s.
@@ -340,7 +334,7 @@ def list_pods(
         The ``items`` of the ``PodList`` (dicts).
 
     Raises:
-        kubernetes.client.exceptions.ApiException: the API server answered an error status.
+        ApiException: the API server answered an error status.
         OSError, urllib3 errors: it could not be reached.
     """
     answer = call_json(
@@ -359,7 +353,7 @@ class ReportWriter:
     """Creates or patches the node's ``RLEnergyNodeReport``.
 
     Args:
-        api: a ``kubernetes.client.CustomObjectsApi`` (or the same shape).
+        api: a ``CustomObjects`` (or a stand-in with its methods, raising its ``ApiException``).
         namespace: the policy's namespace.
         policy: policy name.
         node: node name.
@@ -394,26 +388,29 @@ class ReportWriter:
         self.patched = 0
         """Writes sent as a JSON Patch of the changes (the rest sent the whole report)."""
         self._exists: bool | None = None
-        self._base: tuple[str, str] | None = None  # (resourceVersion, stored spec as JSON)
+        # (resourceVersion, the wire-form spec last written: a fresh dict nothing mutates)
+        self._base: tuple[str, dict[str, Any]] | None = None
 
     def body(self, report: api_node.NodeReport) -> dict[str, Any]:
-        """The full object for ``report``."""
+        """The whole object for ``report``, its spec in wire form (``api_node.wire_form``)."""
+        return self._body(api_node.wire_form(report))
+
+    def _body(self, spec: dict[str, Any]) -> dict[str, Any]:
         return {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": REPORT_KIND,
-            "metadata": {
-                "name": self.name,
-                "namespace": self.namespace,
-                "labels": {"rlenergy.io/policy": self.policy, "rlenergy.io/node": self.node},
-            },
-            "spec": report.model_dump(by_alias=True, mode="json"),
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self._labels()},
+            "spec": spec,
         }
+
+    def _labels(self) -> dict[str, str]:
+        return {"rlenergy.io/policy": self.policy, "rlenergy.io/node": self.node}
 
     def write(self, report: api_node.NodeReport) -> None:
         """Create or patch the report, retrying transient errors.
 
         Raises:
-            kubernetes.client.exceptions.ApiException: a permanent error, or retries exhausted.
+            ApiException: a permanent error, or retries exhausted.
         """
         delay = self.backoff_s
         for attempt in range(self.max_retries):
@@ -433,27 +430,33 @@ class ReportWriter:
             delay *= 2
 
     def _write_once(self, report: api_node.NodeReport) -> None:
-        body = self.body(report)
-        if self._exists is not False and self._patch_changes(body["spec"]):
+        spec = api_node.wire_form(report)
+        if self._exists is not False and self._patch_changes(spec):
             return
         if self._exists is not False:
-            whole = {"spec": body["spec"], "metadata": {"labels": body["metadata"]["labels"]}}
+            # A merge patch keeps what it does not name: the whole dump, nulls and defaults
+            # included, so a member back at its default or null leaves the stored object.
+            whole = {
+                "spec": report.model_dump(by_alias=True, mode="json"),
+                "metadata": {"labels": self._labels()},
+            }
             try:
                 stored = self.api.patch_namespaced_custom_object(
                     GROUP, VERSION, self.namespace, REPORT_PLURAL, self.name, whole
                 )
                 self._exists = True
-                self._stored(stored, whole)
+                self._stored(stored, whole, spec)
                 return
             except ApiException as exc:
                 if exc.status != 404:
                     raise
                 self._exists = False
+        body = self._body(spec)
         stored = self.api.create_namespaced_custom_object(
             GROUP, VERSION, self.namespace, REPORT_PLURAL, body
         )
         self._exists = True
-        self._stored(stored, body)
+        self._stored(stored, body, spec)
         self._retire_legacy()
 
     def _patch_changes(self, spec: dict[str, Any]) -> bool:
@@ -463,7 +466,7 @@ class ReportWriter:
         the one the patch was made against (``STALE_BASE``) or is gone (404).
 
         Raises:
-            kubernetes.client.exceptions.ApiException: any other API error (the stored object
+            ApiException: any other API error (the stored object
                 is unknown after it: the retry writes the whole report).
         """
         base, self._base = self._base, None  # known again only from this write's answer
@@ -472,7 +475,7 @@ class ReportWriter:
         version, stored = base
         ops = [
             {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-            *json_patch(json.loads(stored), without_nulls(spec), "/spec"),
+            *json_patch(stored, spec, "/spec"),
         ]
         try:
             answer = self.api.patch_namespaced_custom_object(
@@ -485,17 +488,22 @@ class ReportWriter:
                 return False
             raise
         self.patched += 1
-        self._stored(answer, ops)
+        self._stored(answer, ops, spec)
         return True
 
-    def _stored(self, answer: Any, sent: Any) -> None:
-        """Keep the stored object the API server answered with, the base of the next patch."""
-        self.last_body_bytes = len(json.dumps(sent))
+    def _stored(self, answer: Any, sent: Any, spec: dict[str, Any]) -> None:
+        """Keep the written spec (wire form) at the answered version: the next patch's base.
+
+        The stored object is ``spec`` with the CRD's defaults filled in (``api_node.wire_form``)
+        and any member this agent does not know left as it was: a patch made against ``spec``
+        touches neither, and one whose path the stored object lacks fails (422) and is
+        followed by a whole write.
+        """
+        self.last_body_bytes = len(kubeapi.encode(sent))
         meta = answer.get("metadata") if isinstance(answer, dict) else None
         version = meta.get("resourceVersion") if isinstance(meta, dict) else None
-        spec = answer.get("spec") if isinstance(answer, dict) else None
-        if isinstance(version, str) and version and isinstance(spec, dict):
-            self._base = (version, json.dumps(without_nulls(spec), separators=(",", ":")))
+        if isinstance(version, str) and version:
+            self._base = (version, spec)
 
     def _retire_legacy(self) -> None:
         """Unlabel this node's report under the name agents used before the hash suffix.
@@ -570,20 +578,6 @@ def json_patch(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
     return [{"op": "replace", "path": path, "value": new}]
 
 
-def without_nulls(value: Any) -> Any:
-    """``value`` without the object members whose value is ``null`` (list items stay).
-
-    A null member and a missing one mean the same to the report's readers, and a merge patch
-    stores none (RFC 7386), so a patch made on both sides without them neither adds nulls nor
-    removes them; list items stay, so list indexes hold on the stored object.
-    """
-    if isinstance(value, dict):
-        return {k: without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [without_nulls(v) for v in value]
-    return value
-
-
 def _pointer(key: str) -> str:
     """A key as a JSON Pointer reference token (RFC 6901: ``~`` -> ``~0``, ``/`` -> ``~1``)."""
     return str(key).replace("~", "~0").replace("/", "~1")
@@ -642,7 +636,7 @@ class PlanWatcher:
         self._seen: dict[str, Any] | None = None  # the policy object; {} deleted; None: unknown
         self._error: Exception | None = None
         self._stopped = threading.Event()
-        self._watch: kubernetes.watch.Watch | None = None
+        self._watch: kubeapi.Watch | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"plan-watch-{namespace}/{policy}", daemon=True
         )
@@ -657,7 +651,7 @@ class PlanWatcher:
         the caller keeps its plan.
 
         Raises:
-            kubernetes.client.exceptions.ApiException: the first listing failed (any error).
+            ApiException: the first listing failed (any error).
             TimeoutError: the first listing has not answered yet.
         """
         self.wait_listed(self.first_list_wait_s)  # the first poll waits like a GET would
@@ -718,7 +712,7 @@ class PlanWatcher:
 
     def _follow(self, version: str) -> str:
         """One watch request from ``version``; returns the newest resourceVersion seen."""
-        self._watch = watch = kubernetes.watch.Watch(return_type="object")
+        self._watch = watch = kubeapi.Watch()
         for event in watch.stream(
             self.api.list_namespaced_custom_object,
             GROUP,
@@ -731,7 +725,7 @@ class PlanWatcher:
             timeout_seconds=int(self.watch_timeout_s),
             _request_timeout=(10.0, self.watch_timeout_s + 30.0),
         ):
-            kind, obj = event.get("type"), event.get("raw_object") or {}
+            kind, obj = event.get("type"), event["object"]
             if kind in ("ADDED", "MODIFIED"):
                 self._set(dict(obj))
             elif kind == "DELETED":
@@ -811,8 +805,8 @@ class CurrentPod:
     TokenReview's pod UID with it.
 
     Args:
-        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
-            configuration, made at the first call).
+        api_client: a ``kubeapi.ApiClient`` (default: the process-wide one, taken at the
+            first call).
         timeout_s: per call deadline, s.
     """
 
@@ -829,7 +823,7 @@ class CurrentPod:
             identity.ReviewUnavailableError: the API server could not be asked.
         """
         if self._client is None:
-            self._client = kubernetes.client.ApiClient()
+            self._client = kubeapi.default_client()
         try:
             items = list_pods(
                 self._client,
@@ -878,7 +872,7 @@ class PolicyDiscovery:
         """The governing policy of the GPU pods ``(namespace, name)``.
 
         Raises:
-            kubernetes.client.exceptions.ApiException, OSError: the API could not be read (the
+            ApiException, OSError: the API could not be read (the
                 caller keeps its current policy).
         """
         wanted = set(gpu_pods)
@@ -920,12 +914,11 @@ class TokenReviewer:
     """Asks the API server whether a bearer token is valid (``TokenReview``).
 
     ``authentication.k8s.io/v1``; RBAC: ``tokenreviews`` ``create``. The review goes through the
-    client's ``ApiClient`` as JSON (its configuration, token and TLS), without the
-    ``AuthenticationV1Api`` class and its model classes.
+    ``kubeapi.ApiClient`` as JSON (its configuration, token and TLS), no model classes.
 
     Args:
-        api_client: a ``kubernetes.client.ApiClient`` (default: one on the process-wide
-            configuration, made at the first review, after ``load_api``).
+        api_client: a ``kubeapi.ApiClient`` (default: the process-wide one, taken at the
+            first review, after ``load_api``).
         timeout_s: per review deadline, s (``identity.REVIEW_TIMEOUT_S``: past it the
             caller gets 503 and retries).
     """
@@ -940,11 +933,11 @@ class TokenReviewer:
         """``POST`` the review; the API server's answer as JSON.
 
         Raises:
-            kubernetes.client.exceptions.ApiException: an error status.
+            ApiException: an error status.
             OSError, urllib3 errors: the API server could not be reached.
         """
         if self._client is None:
-            self._client = kubernetes.client.ApiClient()
+            self._client = kubeapi.default_client()
         answer = call_json(self._client, "POST", TOKEN_REVIEWS, body=body, timeout=self.timeout_s)
         return answer if isinstance(answer, dict) else {}
 
@@ -1005,7 +998,7 @@ def ended_pods(
         list_pods: lists the node's pods (default: ``NodePods(node)``).
 
     Raises (from the returned function):
-        kubernetes.client.exceptions.ApiException, OSError: the listing failed (the caller
+        ApiException, OSError: the listing failed (the caller
             tries again at the next check).
     """
     listing = list_pods if list_pods is not None else NodePods(node)
@@ -1036,13 +1029,13 @@ CSR_SIGNER = "rlenergy.io/agent-serving"
 class CertificateRequester:
     """Asks for a serving certificate with a ``CertificateSigningRequest`` and waits for it.
 
-    ``certificates.k8s.io/v1`` through the client's ``ApiClient`` (no model classes). RBAC:
+    ``certificates.k8s.io/v1`` through a ``kubeapi.ApiClient`` (no model classes). RBAC:
     ``certificatesigningrequests`` ``create``, ``get`` (cluster-wide). The operator
     approves and signs requests of ``CSR_SIGNER`` from the agents' service account for the
     requesting pod's own node (``rlenergy_operator.certs``).
 
     Args:
-        api_client: a ``kubernetes.client.ApiClient`` (default: the process-wide one).
+        api_client: a ``kubeapi.ApiClient`` (default: the process-wide one).
         timeout_s: per request deadline, s.
     """
 
@@ -1052,7 +1045,7 @@ class CertificateRequester:
 
     def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         if self._client is None:
-            self._client = kubernetes.client.ApiClient()
+            self._client = kubeapi.default_client()
         return dict(call_json(self._client, method, path, body=body, timeout=self.timeout_s))
 
     def request(self, name: str, csr_pem: bytes, wait_s: float = 60.0) -> bytes:

@@ -2,11 +2,11 @@
 
 The models in ``rlenergy.api`` are the single source; this module turns their JSON schema into
 structural OpenAPI v3 schemas the API server accepts: ``$ref``s inlined, titles dropped,
-``anyOf [X, null]`` turned into an optional ``X`` (``nullable`` only for array items, where
-null has a meaning), JSON-Schema-2020 ``exclusiveMinimum: n`` into OpenAPI's
-``minimum: n, exclusiveMinimum: true``, ``const`` into a one-value ``enum``, and pydantic's
-``additionalProperties: false`` dropped (structural pruning plus kubectl's strict field
-validation refuse unknown fields instead). CEL rules come from the models'
+``anyOf [X, null]`` turned into an optional ``X`` (``nullable`` only where null has a meaning:
+array items, and fields whose default is not null), JSON-Schema-2020 ``exclusiveMinimum: n``
+into OpenAPI's ``minimum: n, exclusiveMinimum: true``, ``const`` into a one-value ``enum``,
+and pydantic's ``additionalProperties: false`` dropped (structural pruning plus kubectl's
+strict field validation refuse unknown fields instead). CEL rules come from the models'
 ``x-kubernetes-validations``.
 
 Usage::

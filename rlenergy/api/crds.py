@@ -2,11 +2,11 @@
 
 The models in ``rlenergy.api`` are the single source; this module turns their JSON schema into
 structural OpenAPI v3 schemas the API server accepts: ``$ref``s inlined, titles dropped,
-``anyOf [X, null]`` turned into an optional ``X`` (``nullable`` only for array items, where
-null has a meaning), JSON-Schema-2020 ``exclusiveMinimum: n`` into OpenAPI's
-``minimum: n, exclusiveMinimum: true``, ``const`` into a one-value ``enum``, and pydantic's
-``additionalProperties: false`` dropped (structural pruning plus kubectl's strict field
-validation refuse unknown fields instead). CEL rules come from the models'
+``anyOf [X, null]`` turned into an optional ``X`` (``nullable`` only where null has a meaning:
+array items, and fields whose default is not null), JSON-Schema-2020 ``exclusiveMinimum: n``
+into OpenAPI's ``minimum: n, exclusiveMinimum: true``, ``const`` into a one-value ``enum``,
+and pydantic's ``additionalProperties: false`` dropped (structural pruning plus kubectl's
+strict field validation refuse unknown fields instead). CEL rules come from the models'
 ``x-kubernetes-validations``.
 
 Pure (no file writes): ``rlenergy.api.crdgen`` is the command that writes the files, and
@@ -64,7 +64,9 @@ def _structural(node: Any, *, in_items: bool = False) -> Any:
         and "additionalProperties" not in out
     ):
         out["x-kubernetes-preserve-unknown-fields"] = True
-    if nullable and in_items:
+    if nullable and (in_items or "default" in out):
+        # Null means something other than missing: an array item, or a field whose default
+        # is not null (the API server would prune a null and store the default instead).
         out["nullable"] = True
     if out.get("x-kubernetes-preserve-unknown-fields") and "properties" not in out:
         out.setdefault("type", "object")

@@ -72,14 +72,15 @@ def operator_ns(dev_cluster: DevCluster, crds: None, tmp_path: Path) -> Iterator
 
 
 def _as_agent(cluster: DevCluster, op_ns: str, node: str) -> Any:
-    """An ApiClient that calls the API server as the agent of ``node`` (impersonation)."""
-    from kubernetes import config
+    """The agent's ApiClient calling the API server as the agent of ``node`` (impersonation)."""
+    from rlenergy_agent import kubeapi
 
-    api = config.new_client_from_config(str(cluster.kubeconfig))
-    api.set_default_header("Impersonate-User", f"system:serviceaccount:{op_ns}:{AGENT_SA}")
-    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
-    api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2fnode-name", node)
-    return api
+    headers = {
+        "Impersonate-User": f"system:serviceaccount:{op_ns}:{AGENT_SA}",
+        "Impersonate-Group": "system:serviceaccounts",
+        "Impersonate-Extra-authentication.kubernetes.io%2fnode-name": node,
+    }
+    return kubeapi.ApiClient(kubeapi.from_kubeconfig(cluster.kubeconfig), headers=headers)
 
 
 def _handshake(cert: Path, key: Path, ca_pem: bytes, address: str) -> dict[str, Any]:

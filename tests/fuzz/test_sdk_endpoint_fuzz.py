@@ -29,9 +29,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kubernetes import config as k8s_config
 from rlenergy_agent import __main__ as agent_main
-from rlenergy_agent import config, identity, kube, server, service
+from rlenergy_agent import config, identity, kube, kubeapi, server, service
 from rlenergy_dev.devcluster import DevCluster, nodes, trainers
 
 from rlenergy.api import node as api_node
@@ -79,7 +78,7 @@ class Harness:
             )
         )
         self.path = str(work / "a.sock")
-        api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        api = kubeapi.ApiClient(kubeapi.from_kubeconfig(cluster.kubeconfig))
         self.authenticator = identity.TokenAuthenticator(
             kube.TokenReviewer(api).review, signals.TOKEN_AUDIENCE
         )

@@ -213,7 +213,7 @@ class FakeReviews:
 
 
 class WatchStream:
-    """A watch response as the kubernetes client reads it: JSON lines of ``events``, then (with
+    """A watch response as ``kubeapi.Watch`` reads it: JSON lines of ``events``, then (with
     ``hold``) the connection held open until ``hold`` is set (the API server's long request)."""
 
     def __init__(self, events: list[dict[str, Any]], hold: threading.Event | None) -> None:

@@ -3,7 +3,7 @@
 The agent is real (stand-in NVML under the real pynvml); the API is faked at the transport as
 in ``test_plan_watch.py``: ``list_pod_for_all_namespaces`` returns a listing (raw JSON, as with
 ``_preload_content=False``) or, with ``watch=True``, a response streaming watch events as JSON
-lines through the kubernetes client's real ``Watch``. We test these aspects:
+lines through the agent's real ``kubeapi.Watch``. We test these aspects:
 * an annotated pod's phase locks its own GPUs at the plan's clock, through the same
   ``Agent.phase`` path as the socket (latency histogram, windows), and the next phase closes
   the window; the workload annotation ends the step before the new phase opens;

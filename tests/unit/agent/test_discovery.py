@@ -112,7 +112,7 @@ def test_discovery_reads_the_gpu_pods_namespaces_and_matches() -> None:
 
 def test_a_namespace_the_agent_may_not_read_has_no_policy_for_it() -> None:
     """A namespaced install grants policies of the served namespaces only: 403 = none there."""
-    from kubernetes.client.exceptions import ApiException
+    from rlenergy_agent.kubeapi import ApiException
 
     class _Namespaced(_Custom):
         def list_namespaced_custom_object(

@@ -5,7 +5,7 @@ most ``max_ttl_s``, bounded in size, refusals cached briefly, 503 when the API c
 asked); the checks on the review (audience, pod binding); ``authorize`` (other node, other
 UID, other pod's GPUs, MIG instances; a governed pod a restarted kubelet does not list yet is
 told to retry, 503); the SDK's token file (re-read on rotation and after a
-401); the Kubernetes side (``kube.TokenReviewer`` through a real ``ApiClient`` against a local
+401); the Kubernetes side (``kube.TokenReviewer`` through a real ``kubeapi.ApiClient`` against a local
 HTTP server: the review's JSON, the answers read, 403 and a refused connection). The real TokenReview
 against a real API server runs in the e2e, chaos and bench harnesses.
 """
@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 from agent_support import AUDIENCE, DriverFactory, FakeReviews, standin_agent
-from kubernetes import client as k8s
-from rlenergy_agent import identity, kube, pods, server, service
+from rlenergy_agent import identity, kube, kubeapi, pods, server, service
 
 from rlenergy.api import node as api_node
 from rlenergy.sdk import trainer
@@ -249,14 +248,13 @@ class _Reviews(http.server.BaseHTTPRequestHandler):
 
 
 def _review(answer: tuple[int, dict[str, Any]] | None, host: str = "") -> identity.Review:
-    """``kube.TokenReviewer`` through a real ``ApiClient`` against ``_Reviews`` (or ``host``)."""
+    """``kube.TokenReviewer`` through a real ``kubeapi.ApiClient`` against ``_Reviews`` (or ``host``)."""
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Reviews)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     _Reviews.answers = [answer] if answer is not None else []
-    cfg = k8s.Configuration()
-    cfg.host = host or f"http://127.0.0.1:{srv.server_address[1]}"
+    cfg = kubeapi.Config(host or f"http://127.0.0.1:{srv.server_address[1]}", token="t")
     try:
-        return kube.TokenReviewer(k8s.ApiClient(cfg)).review("tok", [AUDIENCE])
+        return kube.TokenReviewer(kubeapi.ApiClient(cfg)).review("tok", [AUDIENCE])
     finally:
         srv.shutdown()
         srv.server_close()

@@ -26,8 +26,7 @@ from typing import Any
 
 import pytest
 from agent_support import AUDIENCE, DriverFactory, FakeReviews, standin_agent
-from kubernetes import client as k8s
-from rlenergy_agent import annotations, identity, kube, podlife, service
+from rlenergy_agent import annotations, identity, kube, kubeapi, podlife, service
 
 from rlenergy.api import node as api_node
 from rlenergy.sdk import trainer
@@ -320,10 +319,8 @@ def http_server() -> Iterator[Any]:
         srv.server_close()
 
 
-def _api_client(host: str) -> k8s.ApiClient:
-    cfg = k8s.Configuration()
-    cfg.host = host
-    return k8s.ApiClient(cfg)
+def _api_client(host: str) -> kubeapi.ApiClient:
+    return kubeapi.ApiClient(kubeapi.Config(host))
 
 
 def test_a_review_slower_than_2_s_is_503(http_server: Any) -> None:

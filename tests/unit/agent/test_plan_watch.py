@@ -1,4 +1,4 @@
-"""The agent's plan watch (``kube.PlanWatcher``) over the kubernetes client's real ``Watch``.
+"""The agent's plan watch (``kube.PlanWatcher``) over the real ``kubeapi.Watch``.
 
 The API is faked at the transport: ``list_namespaced_custom_object`` returns a listing, or,
 with ``watch=True``, a response whose stream carries watch events as JSON lines, as the API
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 from agent_support import POD_A, DriverFactory, WatchStream, standin_agent
-from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import config, kube, nodeloop, podlife
+from rlenergy_agent.kubeapi import ApiException
 
 from rlenergy.api import node as api_node
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from agent_support import LOCKED_PLAN as PLAN
 from agent_support import POD_A, POD_B, DriverFactory, standin_agent
-from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import kube, podlife, service
+from rlenergy_agent.kubeapi import ApiException
 
 
 class Clock:
@@ -145,17 +145,14 @@ def test_ended_pods_reads_gone_deleting_terminal_and_replaced() -> None:
 
 
 class _ApiClient:
-    """The two ``kubernetes.client.ApiClient`` calls ``kube.NodePods`` makes."""
+    """``kubeapi.ApiClient.request`` as ``kube.NodePods`` calls it, recorded."""
 
     def __init__(self, status: int, data: bytes) -> None:
         self.status, self.data = status, data
         self.asked: list[dict[str, Any]] = []
 
-    def param_serialize(self, **kwargs: Any) -> tuple[str, str, dict[str, str], None, list[Any]]:
-        self.asked.append(kwargs)
-        return kwargs["method"], "https://127.0.0.1:6443/api/v1/pods", {}, None, []
-
-    def call_api(self, method: str, url: str, **kwargs: Any) -> Any:
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        self.asked.append({"method": method, "path": path, **kwargs})
         client = self
 
         class _Response:
@@ -163,9 +160,6 @@ class _ApiClient:
             data = client.data
             reason = "Forbidden"
             headers: dict[str, str] = {}
-
-            def read(self) -> bytes:
-                return client.data
 
         return _Response()
 
@@ -175,8 +169,8 @@ def test_node_pods_lists_one_node_as_json_without_models() -> None:
     client = _ApiClient(200, body.encode())
     assert kube.NodePods("node-1", client)() == [_pod(service.PodRef("ns", "p0", "u0"))]
     asked = client.asked[0]
-    assert asked["resource_path"] == "/api/v1/pods"
-    assert asked["query_params"] == [("fieldSelector", "spec.nodeName=node-1")]
+    assert asked["path"] == "/api/v1/pods"
+    assert list(asked["query"]) == [("fieldSelector", "spec.nodeName=node-1")]
     with pytest.raises(ApiException) as info:
         kube.NodePods("node-1", _ApiClient(403, b'{"kind": "Status"}'))()
     assert info.value.status == 403

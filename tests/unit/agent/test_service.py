@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from agent_support import DriverFactory, FakeReviews, standin_agent
-from kubernetes.client.exceptions import ApiException
 from rlenergy_agent import identity, kube, metrics, podmap, pods, server, service
+from rlenergy_agent.kubeapi import ApiException
 from rlenergy_dev import standin
 
 from rlenergy.api import node as api_node

@@ -344,7 +344,7 @@ class _Reports:
         self.objects = objects
 
     def patch_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
+        from rlenergy_agent.kubeapi import ApiException
 
         name, body = args[4], args[5]
         if name not in self.objects:
