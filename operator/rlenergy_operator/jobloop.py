@@ -346,12 +346,19 @@ class JobLoop:
                 meas_times.append(ph.duration_s)
                 times[name] = (ph.duration_s, p_t)
                 bounds.append((low, high))
-        idle_pred_j = job.idle_energy_j or 0.0
+        idle_pred_j = idle_low_j = idle_high_j = job.idle_energy_j or 0.0
         if self.spec.mode == "async" and pred_energy is not None and job.idle_energy_j is not None:
             # The pools' waits are no constant: under the default governor each waits as long
-            # as the slower pool's default time leaves it (base.async_default_idle_j).
+            # as the slower pool's default time leaves it (base.async_default_idle_j); its
+            # bounds over the phases' default-time bounds (base.async_default_idle_range_j).
             idle_j = job.idle_energy_j
             idle_pred_j = base.async_default_idle_j(idle_j, obs.pool_idle, times)
+            idle_low_j, idle_high_j = base.async_default_idle_range_j(
+                idle_j,
+                obs.pool_idle,
+                times,
+                {n: (b[0][1], b[1][1]) for n, b in zip(times, bounds, strict=True)},
+            )
             pred_energy += idle_pred_j - idle_j
         acc.source_mismatch_steps += other_source
         if step_energy is None or not energy_known:
@@ -365,7 +372,8 @@ class JobLoop:
         acc.measured_seconds += pick(meas_times)
         acc.predicted_default_seconds += pick(pred_times)
         low_t, high_t = pick([b[0][1] for b in bounds]), pick([b[1][1] for b in bounds])
-        low_j, high_j = (idle_pred_j + sum(b[k][0] for b in bounds) for k in (0, 1))
+        low_j = idle_low_j + sum(b[0][0] for b in bounds)
+        high_j = idle_high_j + sum(b[1][0] for b in bounds)
         _add_bounds(acc, (low_j, low_t), (high_j, high_t))
 
     # ----- outputs -----------------------------------------------------------------------

@@ -242,8 +242,14 @@ class DevCluster:
         startup_timeout: float = 90.0,
         keep_workdir: bool = False,
         die_with_parent: bool = True,
+        node_monitor_grace_s: int | None = None,
     ) -> None:
         self._workdir_arg = workdir
+        self.node_monitor_grace_s = node_monitor_grace_s
+        """The node lifecycle controller's ``--node-monitor-grace-period``, s (None: its
+        default). A KWOK node's lease is renewed by the one KWOK process; on a small shared
+        machine it falls behind at 1,000 nodes, and the controller then taints and evicts
+        nodes whose real kubelet would have renewed on time (``bench/scale.py`` sets it)."""
         self._bin_dir = bin_dir
         self.startup_timeout = startup_timeout
         self.keep_workdir = keep_workdir or os.environ.get("RLENERGY_DEVCLUSTER_KEEP") == "1"
@@ -714,6 +720,11 @@ class DevCluster:
                 "--use-service-account-credentials=false",
                 f"--controllers={','.join(self._kcm_controllers())}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                *(
+                    [f"--node-monitor-grace-period={self.node_monitor_grace_s}s"]
+                    if self.node_monitor_grace_s is not None
+                    else []
+                ),
                 "--kube-api-qps=100",
                 "--kube-api-burst=200",
                 "--v=1",

@@ -252,3 +252,22 @@ def test_a_cached_report_is_retrimmed_like_a_fresh_parse_when_the_checkpoint_mov
     assert api.gets == []  # nothing changed on the server: no read
     fresh = reports.ReportCache(api.versions, api.get).refresh("ns", "p", first + more, LOG)
     assert later == fresh
+
+
+def test_a_new_job_lists_the_reports_once_not_every_pass_before_its_first_fold():
+    # A job's checkpoint stays -1 until its first step is folded; at 1,000 nodes a metadata
+    # list per pass of every policy held the first step's accounting back for tens of seconds.
+    api = FakeApi()
+    api.put("p.a", _spec("a", [0]))
+    lists, versions = _counting(api)
+    cache = reports.ReportCache(versions, api.get)  # type: ignore[arg-type]
+    indexed = [reports.IndexedReport.from_spec("p.a", "1", _spec("a", [0]), -1)]
+    for _ in range(3):
+        got = cache.refresh("ns", "p", -1, LOG, indexed)
+        assert [r.node_name for r in got] == ["a"]
+    assert len(lists) == 1 and api.gets == []
+    # A report created later reaches the passes through the index, as in any pass.
+    api.put("p.b", _spec("b", [0]))
+    indexed.append(reports.IndexedReport.from_spec("p.b", "1", _spec("b", [0]), -1))
+    got = cache.refresh("ns", "p", -1, LOG, indexed)
+    assert [r.node_name for r in got] == ["a", "b"] and len(lists) == 1 and api.gets == []
