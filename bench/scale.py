@@ -46,6 +46,7 @@ from typing import Any
 
 from rlenergy_agent import kube as agent_kube
 from rlenergy_dev.devcluster import DevCluster
+from rlenergy_operator import shards
 
 from rlenergy.api import node as api_node
 from rlenergy.control.freq import aggregate, base
@@ -134,7 +135,13 @@ class Operator:
     """The operator subprocess."""
 
     def __init__(
-        self, cluster: DevCluster, log: Path, namespace: str, *, verbose: bool = False
+        self,
+        cluster: DevCluster,
+        log: Path,
+        namespace: str,
+        *,
+        verbose: bool = False,
+        shard: tuple[int, int] = (1, 0),
     ) -> None:
         env = {
             **os.environ,
@@ -142,6 +149,8 @@ class Operator:
             "RLENERGY_OPERATOR_NAMESPACE": namespace,
             "RLENERGY_OPERATOR_RESET_DEADLINE_S": "30",
             "RLENERGY_OPERATOR_RETRY_DELAY_S": "1",
+            "RLENERGY_OPERATOR_SHARDS": str(shard[0]),
+            "RLENERGY_OPERATOR_SHARD_INDEX": str(shard[1]),
         }
         self.log = log
         with log.open("ab") as out:
@@ -525,7 +534,7 @@ class Point:
         operator_cpu_s: Any = None,
     ) -> None:
         self.cluster = cluster
-        self.operator_cpu_s = operator_cpu_s or (lambda: float("nan"))
+        self.operator_cpu_s = operator_cpu_s or (lambda: [float("nan")])  # s, per shard
         self.api = api
         self.pool = pool
         self.namespace = namespace
@@ -590,7 +599,7 @@ class Point:
             initial_s = time.monotonic() - t0
             metrics_before = apiserver_metrics(self.cluster)
             before = request_counts(metrics_before)
-            t_start, cpu_start = time.monotonic(), self.operator_cpu_s()
+            t_start, cpu_start = time.monotonic(), list(self.operator_cpu_s())
             threads = [threading.Thread(target=j.run, name=j.name) for j in self.jobs]
             for t in threads:
                 t.start()
@@ -604,7 +613,7 @@ class Point:
                         break
                     time.sleep(0.1)
             elapsed = time.monotonic() - t_start
-            operator_cpu_s = self.operator_cpu_s() - cpu_start
+            shard_cpu_s = [b - a for a, b in zip(cpu_start, self.operator_cpu_s(), strict=True)]
             metrics_text = apiserver_metrics(self.cluster)
             after = request_counts(metrics_text)
             errors = [f"{j.name}: {j.error!r}" for j in self.jobs if j.error is not None]
@@ -635,7 +644,8 @@ class Point:
                 "steps": self.steps,
                 "initial_s": initial_s,
                 "elapsed_s": elapsed,
-                "operator_cpu_s": operator_cpu_s,
+                "operator_cpu_s": sum(shard_cpu_s),
+                "shard_cpu_s": shard_cpu_s,
                 "lags": lags,
                 "lag_missing": missing,
                 "propagation": prop,
@@ -687,8 +697,9 @@ class Point:
                 w.stop()
 
 
-def summarize(res: dict[str, Any], op: Operator) -> list[str]:
-    cur, peak = op.rss_mb()
+def summarize(res: dict[str, Any], ops: list[Operator]) -> list[str]:
+    rss = [op.rss_mb() for op in ops]
+    cur, peak = max(r[0] for r in rss), max(r[1] for r in rss)
     req: collections.Counter[tuple[str, str, str]] = res["requests"]
     dt = res["elapsed_s"]
     by: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -736,10 +747,19 @@ def summarize(res: dict[str, Any], op: Operator) -> list[str]:
         f"== {n} nodes x {GPUS_PER_NODE} GPUs ({res['gpus']} GPUs), {res['policies']} policies, "
         f"{res['steps']} RL steps in {dt:.1f} s (agents' first reports: {res['initial_s']:.1f} s)",
         f"  operator RSS now {cur:.0f} MB, peak {peak:.0f} MB (target <= {TARGET_RSS_MB:.0f})"
-        f"  {'OK' if peak <= TARGET_RSS_MB else 'MISSED'}; {peak / n * 1e3:.0f} kB per node",
+        f"  {'OK' if peak <= TARGET_RSS_MB else 'MISSED'}; {peak / n * 1e3:.0f} kB per node"
+        + (f" (the largest of {len(ops)} shards)" if len(ops) > 1 else ""),
         f"  operator CPU over the steps: {res['operator_cpu_s']:.1f} s ({res['operator_cpu_s'] / dt:.2f}"
         f" cores), {res['operator_cpu_s'] / (n * res['steps']) * 1e3:.2f} ms per node report "
-        f"write (its watch event, index and fold)",
+        f"write (its watch event, index and fold)"
+        + (f", all {len(ops)} shards together" if len(ops) > 1 else ""),
+        *(
+            f"    shard {k} of {len(ops)}: CPU {c:.1f} s ({c / (n * res['steps']) * 1e3:.2f} ms per "
+            f"node report write of the cluster), RSS now {r[0]:.0f} MB, peak {r[1]:.0f} MB, "
+            f"{len(res['shard_policies'][k])} policies"
+            for k, (c, r) in enumerate(zip(res["shard_cpu_s"], rss, strict=True))
+            if len(ops) > 1
+        ),
         f"  status lag (last report of a step -> status shows it): p50 {pct(lags, 50):.2f} s, "
         f"p99 {pct(lags, 99):.2f} s, max {max(lags, default=float('nan')):.2f} s over {len(lags)} "
         f"steps, {res['lag_missing']} never seen (target p99 <= {TARGET_LAG_P99_S:.0f} s)"
@@ -801,6 +821,12 @@ def main(argv: list[str] | None = None) -> int:
         "folded records out): the object size to compare with",
     )
     ap.add_argument(
+        "--shards",
+        default="1",
+        help="operator shard counts to run side by side at each point, ascending "
+        "(RLENERGY_OPERATOR_SHARDS; one operator process per shard)",
+    )
+    ap.add_argument(
         "--operator-verbose",
         action="store_true",
         help="run the operator with --verbose (logs each report it indexes; large at scale)",
@@ -808,6 +834,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     FleetJob.keep_folded = args.keep_folded
     points = [int(x) for x in args.points.split(",")]
+    shard_counts = [int(x) for x in args.shards.split(",")]
     out_lines: list[str] = []
     step_rows: list[dict[str, Any]] = []
     t_all = time.monotonic()
@@ -834,15 +861,11 @@ def main(argv: list[str] | None = None) -> int:
             cluster.kubectl("create", "namespace", "rl-energy-system")
             # the agents' own client (rlenergy_agent.kubeapi), as their writers and watchers use
             api = agent_kube.load_api(str(cluster.kubeconfig), pool_maxsize=args.workers + 8)
-            op = Operator(
-                cluster,
-                Path(tmp) / "operator.log",
-                "rl-energy-system",
-                verbose=args.operator_verbose,
-            )
+            runs = [(n, count) for n in points for count in shard_counts]
+            all_ops: list[Operator] = []
             pool = concurrent.futures.ThreadPoolExecutor(args.workers)
             try:
-                for k, n in enumerate(points):
+                for k, (n, count) in enumerate(runs):
                     have = len(cluster.nodes)
                     if n > have:
                         t0 = time.monotonic()
@@ -850,26 +873,48 @@ def main(argv: list[str] | None = None) -> int:
                         print(
                             f"added {n - have} nodes in {time.monotonic() - t0:.0f} s", flush=True
                         )
+                    # Fresh operator processes per run: each shard's CPU and RSS are its own.
+                    ops = [
+                        Operator(
+                            cluster,
+                            Path(tmp) / f"operator-{n}-{count}-{i}.log",
+                            "rl-energy-system",
+                            verbose=args.operator_verbose,
+                            shard=(count, i),
+                        )
+                        for i in range(count)
+                    ]
+                    all_ops += ops
+                    namespace = f"scale-{n}" if len(shard_counts) == 1 else f"scale-{n}-s{count}"
                     point = Point(
                         cluster,
                         api,
                         pool,
-                        namespace=f"scale-{n}",
+                        namespace=namespace,
                         nodes=cluster.nodes[:n],
                         policies=args.policies,
                         steps=args.steps,
                         pollers=args.pollers,
-                        operator_cpu_s=op.cpu_s,
+                        operator_cpu_s=lambda ops=ops: [op.cpu_s() for op in ops],
                     )
-                    print(f"running {n} nodes ...", flush=True)
+                    print(f"running {n} nodes, {count} operator shard(s) ...", flush=True)
                     res = point.run()
                     res["accounted"] = folded = accounted_times(
-                        op.log.read_text(errors="replace"), res["namespace"]
+                        "".join(op.log.read_text(errors="replace") for op in ops), res["namespace"]
                     )
-                    lines = summarize(res, op)
+                    res["shard_policies"] = [
+                        [
+                            j.name
+                            for j in point.jobs
+                            if shards.shard_of(namespace, j.name, count) == i
+                        ]
+                        for i in range(count)
+                    ]
+                    lines = summarize(res, ops)
                     step_rows += [
                         {
                             "nodes": n,
+                            "shards": count,
                             "policy": job,
                             "step": step,
                             "last_write": t,
@@ -885,19 +930,23 @@ def main(argv: list[str] | None = None) -> int:
                     (ROOT / "out" / f"bench-scale-apiserver-metrics-{n}.txt").write_text(
                         res["metrics"]
                     )
-                    if k < len(points) - 1:
+                    if k < len(runs) - 1:
                         print(
                             f"  teardown (reset acks, finalizers) {point.teardown():.1f} s",
                             flush=True,
                         )
                     point.stop_watchers()
-                    if op.proc.poll() is not None:
+                    exited = any(op.proc.poll() is not None for op in ops)
+                    for op in ops:
+                        op.stop()
+                    if exited:
                         print("operator exited!", file=sys.stderr)
                         break
             finally:
                 pool.shutdown(wait=False, cancel_futures=True)
-                op.stop()
-                log = op.log.read_text(errors="replace")
+                for op in all_ops:
+                    op.stop()
+                log = "".join(op.log.read_text(errors="replace") for op in all_ops)
                 (ROOT / "out").mkdir(exist_ok=True)
                 (ROOT / "out" / "bench-scale-operator.log").write_text(log)
                 tb = log.count("Traceback (most recent call last)")

@@ -53,6 +53,7 @@ from rlenergy_operator import (
     podnodes,
     rollout,
     scheduling,
+    shards,
 )
 from rlenergy_operator import reports as node_reports
 from rlenergy_operator import settings as op_settings
@@ -61,6 +62,10 @@ CFG = op_settings.OperatorConfig()
 RESOURCE = (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL)
 REPORT_RESOURCE = (api_nodereport.GROUP, api_nodereport.VERSION, api_nodereport.PLURAL)
 DAEMONSET = f"{CFG.namespace}/{CFG.agent_daemonset_name}"
+SHARD = CFG.layout
+HANDOVER_LOG = logging.getLogger("rlenergy_operator.shards")
+_owned = shards.when_owned(SHARD)
+_served = shards.when_served(SHARD)
 
 
 @dataclasses.dataclass
@@ -194,6 +199,84 @@ def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
         echoes=liveness.EchoTracker(CFG.watch_echo_bound_s),
         watch_lag=liveness.WatchLag(CFG.watch_echo_bound_s, stale_s),
     )
+    memo["handover"] = handover = shards.Handover(timeout_s=CFG.handover_timeout_s)
+    if not _handover_read(handover, HANDOVER_LOG):
+        threading.Thread(
+            target=_await_handover,
+            args=(handover, HANDOVER_LOG),
+            name="shard-handover",
+            daemon=True,
+        ).start()
+
+
+def _handover_read(handover: shards.Handover, logger: logging.Logger | kopf.Logger) -> bool:
+    """One read of the peering objects (``shards.Handover.observe``); whether this serves now.
+
+    Once it serves, it hands this shard's policies over from any layout gone (``_adopt``).
+    A failed read serves nothing yet.
+    """
+    try:
+        peerings = kube.peering_objects(CFG.served_namespaces)
+    except kube.ApiError as exc:
+        logger.warning("shard hand-over: peering objects unreadable: %s %s", exc.status, exc.reason)
+        return False
+    waited_for = handover.waiting_for
+    others = shards.other_layouts(SHARD, CFG.peering_name, peerings, _utcnow())
+    if not handover.observe(others, time.monotonic()):
+        if handover.waiting_for != waited_for:
+            logger.warning(
+                "shard hand-over: waiting for the pods of another shard layout to exit (live "
+                "peers in %s) before serving shard %d of %d",
+                ", ".join(handover.waiting_for), SHARD.index, SHARD.count,
+            )  # fmt: skip
+        return False
+    if handover.timed_out:
+        logger.warning(
+            "shard hand-over: %s still live after %.0f s: serving shard %d of %d anyway",
+            ", ".join(waited_for), handover.timeout_s, SHARD.index, SHARD.count,
+        )  # fmt: skip
+    _adopt(logger)
+    logger.info("shard hand-over: serving shard %d of %d", SHARD.index, SHARD.count)
+    return True
+
+
+def _await_handover(handover: shards.Handover, logger: logging.Logger | kopf.Logger) -> None:
+    """Read the peering objects every ``handover_check_interval_s`` until this serves."""
+    while not _handover_read(handover, logger):
+        time.sleep(CFG.handover_check_interval_s)
+
+
+def _adopt(logger: logging.Logger | kopf.Logger) -> None:
+    """Hand this shard's policies their finalizer from any layout that is gone.
+
+    Run once this process serves: a finalizer of another layout (``shards.adoption_patch``)
+    would otherwise stay on the policy after its pods left, and a deleted policy would wait
+    for it for ever. A policy that cannot be patched now is logged; its deletion then needs
+    that finalizer removed by hand.
+    """
+    own = shards.finalizer_of(op_settings.FINALIZER, SHARD)
+    try:
+        policies = kube.live_policies(CFG.served_namespaces)
+    except kube.ApiError as exc:
+        logger.warning("shard hand-over: policies unreadable: %s %s", exc.status, exc.reason)
+        return
+    for p in policies:
+        meta = p.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        ops = shards.adoption_patch(meta.get("finalizers") or [], op_settings.FINALIZER, own)
+        if not ops or not SHARD.owns(ns, name):
+            continue
+        try:
+            kube.json_patch_policy(ns, name, ops)
+        except kube.ApiError as exc:
+            logger.warning(
+                "shard hand-over: the finalizers of %s/%s not handed over: %s %s",
+                ns, name, exc.status, exc.reason,
+            )  # fmt: skip
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _parse(spec: Any) -> api_policy.RLEnergyPolicySpec:
@@ -230,7 +313,7 @@ def policy_watch_probe(memo: kopf.Memo, **_: Any) -> str:
     return "ok"
 
 
-@kopf.timer(*RESOURCE, interval=CFG.watch_check_interval_s, idle=None)
+@kopf.timer(*RESOURCE, interval=CFG.watch_check_interval_s, idle=None, when=_owned)
 def policy_watch_check(*, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """The API server's versions of the watched objects, for the probe (``liveness.WatchLag``).
 
@@ -238,7 +321,7 @@ def policy_watch_check(*, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> Non
     never two at once (``WatchLag.due``); a failed read (API server unreachable) judges nothing.
     """
     lag = _shared(memo).watch_lag
-    if not lag.due(0.9 * CFG.watch_check_interval_s):
+    if not shards.serving(memo) or not lag.due(0.9 * CFG.watch_check_interval_s):
         return
     started_s = lag.now()
     try:
@@ -250,12 +333,17 @@ def policy_watch_check(*, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> Non
     except BaseException:
         lag.unreachable()  # the read ended: the next one may start
         raise
-    lag.listed(versions, started_s)
+    # Another shard's policies never reach this shard's handlers: only the watch of the
+    # node reports (every one, for the index) and of this shard's policies is judged.
+    lag.listed(
+        {k: v for k, v in versions.items() if k[0] != api_policy.PLURAL or SHARD.owns(k[1], k[2])},
+        started_s,
+    )
 
 
-@kopf.on.resume(*RESOURCE)
-@kopf.on.create(*RESOURCE)
-@kopf.on.update(*RESOURCE, field="spec")
+@kopf.on.resume(*RESOURCE, when=_served)
+@kopf.on.create(*RESOURCE, when=_served)
+@kopf.on.update(*RESOURCE, field="spec", when=_served)
 @metrics.counted("policy_reconcile")
 def policy_reconcile(
     *,
@@ -318,8 +406,8 @@ def policy_node_reports(
     shared = _shared(memo)
     shared.watch_lag.delivered((api_nodereport.PLURAL, str(namespace), name), version)
     policy = spec.get("policyName")
-    if not policy:
-        return None
+    if not policy or not SHARD.owns(str(namespace), str(policy)):
+        return None  # another shard's policy: not held here
     key = (str(namespace), str(policy))
     after = shared.checkpoints.get(key, -1)
     return {key: node_reports.IndexedReport.from_spec(name, version, spec, after)}
@@ -434,7 +522,7 @@ def _delivered(memo: kopf.Memo, key: tuple[str, str], version: str) -> None:
     shared.echoes.seen(key, version)
 
 
-@kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None)
+@kopf.timer(*RESOURCE, interval=CFG.reconcile_interval_s, idle=None, when=_owned)
 @metrics.counted("policy_loop")
 def policy_loop(
     *,
@@ -457,7 +545,7 @@ def policy_loop(
     """
     key, version = (str(namespace), name), str(meta.get("resourceVersion") or "")
     _delivered(memo, key, version)
-    if meta.get("deletionTimestamp"):
+    if meta.get("deletionTimestamp") or not shards.serving(memo):
         return
     conds = _pass(meta, status)
     if not _recorded(_Object(spec, status, meta, patch, memo, body, logger)):
@@ -612,7 +700,7 @@ def _check_coverage(check: AgentCheck, template: dict[str, Any], logger: kopf.Lo
     check.coverage_at, check.missing = time.monotonic(), coverage.finding(cov)
 
 
-@kopf.timer(*RESOURCE, interval=CFG.agent_check_interval_s, idle=None)
+@kopf.timer(*RESOURCE, interval=CFG.agent_check_interval_s, idle=None, when=_owned)
 @metrics.counted("policy_agents_check")
 def policy_agents_check(*, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Whether the node agents can schedule; what blocks them feeds ``policy_loop``'s Degraded.
@@ -623,7 +711,7 @@ def policy_agents_check(*, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger
     reads were slow (``bench/scale.py``, 250 nodes: 11-15 of the 16 threads), and the node
     reports' index and the job-loop passes queued behind them.
     """
-    if meta.get("deletionTimestamp"):
+    if meta.get("deletionTimestamp") or not shards.serving(memo):
         return
     check = _shared(memo).agent_check
     if check.lock.acquire(blocking=False):
@@ -669,7 +757,7 @@ def _delete_daemonset_if_last(meta: kopf.Meta, logger: kopf.Logger) -> None:
         raise _temporary("DaemonSet clean-up", exc, delay=2) from exc
 
 
-@kopf.on.delete(*RESOURCE)
+@kopf.on.delete(*RESOURCE, when=_served)
 @metrics.counted("policy_delete")
 def policy_delete(
     *,

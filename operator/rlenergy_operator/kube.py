@@ -262,6 +262,37 @@ def node_reports(namespace: str, policy_name: str) -> list[dict[str, Any]]:
     return items
 
 
+@_unreachable_is_api_error
+def json_patch_policy(namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
+    """Apply JSON Patch ``ops`` to an RLEnergyPolicy (its metadata: ``shards.adoption_patch``).
+
+    A failed ``test`` op is a 422 ``ApiError``: nothing was changed.
+    """
+    api = kubernetes.client.CustomObjectsApi(_api())
+    g, v, plural = api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL
+    api.patch_namespaced_custom_object(
+        g, v, namespace, plural, name, ops, _content_type="application/json-patch+json"
+    )
+
+
+@_unreachable_is_api_error
+def peering_objects(namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The kopf peering objects: ClusterKopfPeerings, or the KopfPeerings of ``namespaces``.
+
+    What ``shards.other_layouts`` reads (names and statuses). A cluster without kopf's peering
+    CRDs (an operator run with ``--standalone``) has none: 404 is an empty list.
+    """
+    api = kubernetes.client.CustomObjectsApi(_api())
+    g, v = "kopf.dev", "v1"
+    listings = (
+        [_unless_missing(api.list_namespaced_custom_object, g, v, ns, "kopfpeerings")
+         for ns in namespaces]
+        if namespaces
+        else [_unless_missing(api.list_cluster_custom_object, g, v, "clusterkopfpeerings")]
+    )  # fmt: skip
+    return [item for listing in listings for item in (listing or {}).get("items") or []]
+
+
 _METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 

@@ -19,6 +19,7 @@ import pydantic_settings
 
 from rlenergy import __version__
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
+from rlenergy_operator import shards as op_shards
 
 FINALIZER = "rlenergy.io/reset-clocks"
 """The one finalizer the operator puts on a policy: held until the agents reset the clocks."""
@@ -166,7 +167,20 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     retry_delay_s: float = pydantic.Field(5.0, gt=0)
     """Seconds before a failed handler is retried. Default 5 s."""
     peering_name: str = "rlenergy-operator"
-    """kopf peering object name (not kopf's ``default``)."""
+    """kopf peering object name (not kopf's ``default``); with shards, each shard's is
+    ``<peering_name>-<shards>-<shard_index>`` (``shards.Layout.peering_name``)."""
+    shards: int = pydantic.Field(1, ge=1, le=64)
+    """How many operator shards serve the cluster's policies; each serves the policies whose
+    ``shards.shard_of`` is its ``shard_index`` (chart value ``operator.shards``: one Deployment
+    per shard). Default 1: one operator serves every policy."""
+    shard_index: int = pydantic.Field(0, ge=0)
+    """This process's shard, below ``shards``. Default 0."""
+    handover_check_interval_s: float = pydantic.Field(5.0, gt=0)
+    """Seconds between reads of the peering objects while this process waits for the pods of
+    another shard layout to exit (``shards.Handover``). Default 5 s."""
+    handover_timeout_s: float = pydantic.Field(120.0, ge=0)
+    """The longest wait for another shard layout's pods, s; then this process serves anyway,
+    with a warning (``shards.Handover``). Default 120 s."""
     priority: int = 0
     """kopf peering priority of this replica; the lower-priority replica pauses. Default 0:
     derived from the pod name (``HOSTNAME``), so the replicas of one Deployment differ."""
@@ -185,6 +199,20 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     ``rbac.watchNamespaces``; pass the same as ``--namespace`` flags). Empty, the default:
     every namespace. When set, kopf's cluster scan of CRDs and namespaces is off (those grants
     are cluster-wide) and policies are listed per namespace."""
+
+    @pydantic.model_validator(mode="after")
+    def _shard_below_count(self) -> OperatorConfig:
+        op_shards.Layout(self.shards, self.shard_index)  # ValueError naming the fix
+        return self
+
+    @property
+    def layout(self) -> op_shards.Layout:
+        """This process's shard (``shard_index`` of ``shards``).
+
+        Raises:
+            ValueError: ``shard_index`` is not below ``shards``.
+        """
+        return op_shards.Layout(self.shards, self.shard_index)
 
     @property
     def served_namespaces(self) -> tuple[str, ...]:
@@ -228,7 +256,7 @@ class PolicyDiffBaseStorage(kopf.StatusDiffBaseStorage):
 def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None:
     """Apply the kopf settings the operator relies on."""
     # One finalizer with our name instead of kopf's generic marker.
-    settings.persistence.finalizer = FINALIZER
+    settings.persistence.finalizer = op_shards.finalizer_of(FINALIZER, cfg.layout)
     # GitOps: never write annotations (Argo CD / Flux see them as drift); kopf keeps its
     # progress and last-handled spec in status.kopf, declared in the CRD with
     # x-kubernetes-preserve-unknown-fields (nothing is silently pruned).
@@ -237,7 +265,7 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
         field="status.kopf.lastHandledConfiguration"
     )
     # Peering: our own name and an explicit priority.
-    settings.peering.name = cfg.peering_name
+    settings.peering.name = cfg.layout.peering_name(cfg.peering_name)
     settings.peering.priority = cfg.priority or peering_priority(os.environ.get("HOSTNAME", ""))
     # Short retries instead of kopf's 60 s default.
     settings.execution.default_backoff = cfg.retry_delay_s

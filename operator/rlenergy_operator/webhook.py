@@ -34,11 +34,13 @@ import kopf
 
 from rlenergy.api import tls
 from rlenergy.api.v1alpha1 import policy as api_policy
-from rlenergy_operator import certs, injection, kube
+from rlenergy_operator import certs, injection, kube, shards
 from rlenergy_operator import settings as op_settings
 
 CFG = op_settings.OperatorConfig()
 RESOURCE = (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL)
+_SERVED = shards.when_served(CFG.layout)  # each shard publishes for its own policies
+_OWNED = shards.when_owned(CFG.layout)
 INJECT = injection.InjectConfig(
     operator_namespace=CFG.namespace, audience=CFG.agent_token_audience, port=CFG.agent_tls_port
 )
@@ -197,8 +199,8 @@ def _publish_ca(namespace: str | None, bundle: str | None) -> None:
         ) from exc
 
 
-@kopf.on.resume(*RESOURCE, id="policy_ca_publish")
-@kopf.on.create(*RESOURCE, id="policy_ca_publish")
+@kopf.on.resume(*RESOURCE, id="policy_ca_publish", when=_SERVED)
+@kopf.on.create(*RESOURCE, id="policy_ca_publish", when=_SERVED)
 def policy_ca_publish(*, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     """Publish the CA bundle in the policy's namespace (the injected volume reads it).
 
@@ -208,12 +210,14 @@ def policy_ca_publish(*, namespace: str | None, memo: kopf.Memo, **_: Any) -> No
     _publish_ca(namespace, memo.get("ca_bundle"))
 
 
-@kopf.timer(*RESOURCE, id="policy_ungoverned_check", interval=UNGOVERNED_CHECK_S, idle=None)
+@kopf.timer(
+    *RESOURCE, id="policy_ungoverned_check", interval=UNGOVERNED_CHECK_S, idle=None, when=_OWNED
+)
 def policy_ungoverned_check(
     *, namespace: str | None, spec: kopf.Spec, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> None:
     """Keep the CA bundle published; warn once per pod about selected pods without injection."""
-    if not CFG.webhook_port or not namespace:
+    if not CFG.webhook_port or not namespace or not shards.serving(memo):
         return
     try:
         _publish_ca(namespace, memo.get("ca_bundle"))  # a ConfigMap deleted since
@@ -248,6 +252,7 @@ def policy_ungoverned_check(
     id="agent_csr",
     field="spec.signerName",
     value=certs.SIGNER,
+    when=shards.when_first(CFG.layout),  # one shard signs (every shard holds the CA)
 )
 def agent_csr(
     *, body: kopf.Body, name: str, type: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any

@@ -29,6 +29,7 @@ COMBINATIONS = {
     "local-operator": ["--set", "operator.replicas=0"],
     "priority-class": ["--set", "agent.priorityClassName=system-node-critical"],
     "namespaced": ["--set", "rbac.watchNamespaces={team-a,team-b}"],
+    "shards": ["--set", "operator.shards=3"],
 }  # fmt: skip
 
 
@@ -63,6 +64,7 @@ def test_template_renders_without_hooks(dev_cluster: DevCluster, combo: str):
         annotations = d["metadata"].get("annotations") or {}
         assert not any(k.startswith("helm.sh/hook") for k in annotations), d["metadata"]
     deploy = next(d for d in docs if d["kind"] == "Deployment")
+    assert sum(d["kind"] == "Deployment" for d in docs) == (3 if combo == "shards" else 1)
     assert deploy["spec"]["replicas"] == (0 if combo == "local-operator" else 2)
     pod = deploy["spec"]["template"]["spec"]["containers"][0]
     assert pod["livenessProbe"] and pod["readinessProbe"] and pod["resources"]["limits"]
@@ -71,10 +73,45 @@ def test_template_renders_without_hooks(dev_cluster: DevCluster, combo: str):
     assert ("PodMonitor" in kinds) == (combo == "monitoring")
 
 
+@pytest.mark.parametrize("namespaces", [[], ["team-a", "team-b"]])
+def test_each_operator_shard_is_a_deployment_with_its_own_peering(
+    dev_cluster: DevCluster, namespaces: list[str]
+):
+    ns_args = ["--set", "rbac.watchNamespaces={" + ",".join(namespaces) + "}"] if namespaces else []
+    for shards, names in [
+        (1, ["rlenergy-operator"]),
+        (3, ["rlenergy-operator-3-0", "rlenergy-operator-3-1", "rlenergy-operator-3-2"]),
+    ]:
+        docs = _template(dev_cluster, "--set", f"operator.shards={shards}", *ns_args)
+        deploys = [d for d in docs if d["kind"] == "Deployment"]
+        assert [d["metadata"]["name"] for d in deploys] == (
+            ["rl-rl-energy-operator"]
+            if shards == 1
+            else [f"rl-rl-energy-operator-{k}" for k in range(shards)]
+        )
+        for k, d in enumerate(deploys):
+            env = {
+                e["name"]: e["value"] for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+            }
+            assert env["RLENERGY_OPERATOR_SHARDS"] == str(shards)
+            assert env["RLENERGY_OPERATOR_SHARD_INDEX"] == str(k)
+            labels = d["spec"]["template"]["metadata"]["labels"]
+            assert labels["app.kubernetes.io/component"] == "operator"  # the Services select all
+            assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        kind = "KopfPeering" if namespaces else "ClusterKopfPeering"
+        peerings = sorted(
+            (d["metadata"]["name"], d["metadata"].get("namespace"))
+            for d in docs
+            if d["kind"] == kind
+        )
+        assert peerings == sorted((n, ns) for n in names for ns in (namespaces or [None]))
+
+
 def test_bad_values_fail_with_their_path(dev_cluster: DevCluster):
     for args, path in [
         (["--set", "agent.metricsPort=x"], "/agent/metricsPort"),
         (["--set", "operator.replicas=-1"], "/operator/replicas"),
+        (["--set", "operator.shards=0"], "/operator/shards"),
         (["--set", "agent.stateDir=relative"], "/agent/stateDir"),
         (["--set", "agent.unknownKey=1"], "/agent"),
     ]:

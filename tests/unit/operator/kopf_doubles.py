@@ -24,3 +24,13 @@ class WarningLog:
 
     def info(self, msg: str, *args: Any) -> None:
         pass
+
+
+def serving() -> Any:
+    """What the operator's start-up handler leaves in ``memo["handover"]`` for a process that
+    serves its shard (``rlenergy_operator.shards.Handover``, established)."""
+    from rlenergy_operator import shards
+
+    handover = shards.Handover()
+    handover.observe([], 0.0)
+    return handover

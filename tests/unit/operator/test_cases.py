@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from kopf_doubles import serving
 from rlenergy_operator import builders, handlers, jobloop, kube, settings
 from sim_nodes import SimNodes
 
@@ -88,7 +89,7 @@ def test_case18_timer_ignores_objects_being_deleted_and_deletion_has_a_deadline(
         meta={"deletionTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
         status={},
         patch=_Patch(),
-        memo={"operator": handlers.OperatorMemo()},
+        memo={"operator": handlers.OperatorMemo(), "handover": serving()},
         body={},
         namespace="ns",
         name="p",

@@ -119,6 +119,7 @@ def test_a_policy_timer_never_waits_for_another_policys_agent_check(monkeypatch)
     import threading
     import time
 
+    import kopf_doubles
     from rlenergy_operator import handlers
 
     started, release = threading.Event(), threading.Event()
@@ -140,7 +141,10 @@ def test_a_policy_timer_never_waits_for_another_policys_agent_check(monkeypatch)
         warning = log
 
     check = handlers.AgentCheck()
-    memos = [{"operator": handlers.OperatorMemo(agent_check=check)} for _ in range(3)]
+    memos = [
+        {"operator": handlers.OperatorMemo(agent_check=check), "handover": kopf_doubles.serving()}
+        for _ in range(3)
+    ]
     first = threading.Thread(
         target=handlers.policy_agents_check, kwargs={"meta": {}, "memo": memos[0], "logger": _Log()}
     )

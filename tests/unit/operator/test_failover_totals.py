@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from hand_reports import STEPS, report
-from kopf_doubles import StatusPatch, WarningLog
+from kopf_doubles import StatusPatch, WarningLog, serving
 from rlenergy_operator import handlers, jobloop, kube
 from rlenergy_operator import reports as node_reports
 
@@ -82,7 +82,7 @@ def test_a_new_leader_folds_over_every_report_while_its_index_refills(monkeypatc
     indexed = {
         ("ns", "p"): [node_reports.IndexedReport.from_spec("p.gpu-node-0", "9", _wire(now[0]), -1)]
     }
-    memo: dict[str, Any] = {"operator": handlers.OperatorMemo()}
+    memo: dict[str, Any] = {"operator": handlers.OperatorMemo(), "handover": serving()}
     patch = StatusPatch()
     handlers.policy_loop(
         spec=SPEC,

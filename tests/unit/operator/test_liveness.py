@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import kopf
+import kopf_doubles
 import pytest
 from kopf._cogs.clients import fetching, watching
 from kopf._cogs.structs import references
@@ -39,7 +40,7 @@ def _memo(clock: _Clock, bound_s: float = 60.0) -> dict[str, Any]:
         echoes=liveness.EchoTracker(bound_s=bound_s, clock=clock),
         watch_lag=liveness.WatchLag(bound_s=bound_s, stale_s=100.0, clock=clock),
     )
-    return {"operator": shared}
+    return {"operator": shared, "handover": kopf_doubles.serving()}
 
 
 def test_a_write_the_watch_never_brings_back_fails_the_probe():
@@ -245,6 +246,13 @@ def test_watched_versions_lists_metadata_only_per_namespace(monkeypatch: pytest.
     assert all("PartialObjectMetadataList" in accept for *_, accept in calls)
 
 
+@pytest.fixture
+def no_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up handler's shard hand-over lists the policies (none here)."""
+    monkeypatch.setattr(kube, "live_policies", lambda namespaces=(): [])
+
+
+@pytest.mark.usefixtures("no_policies")
 def test_watch_timeouts_stay_set_and_the_bound_is_above_kopfs_own_reconnect():
     cfg = settings.OperatorConfig()
     s = kopf.OperatorSettings()
@@ -266,6 +274,7 @@ def test_watch_timeouts_stay_set_and_the_bound_is_above_kopfs_own_reconnect():
     assert memo["operator"].watch_lag.stale_s > cfg.watch_check_interval_s
 
 
+@pytest.mark.usefixtures("no_policies")
 def test_each_policy_memo_copy_shares_the_operator_state_and_keeps_its_own():
     memo: dict[str, Any] = {}
     handlers.operator_startup(settings=kopf.OperatorSettings(), memo=memo)
@@ -275,6 +284,7 @@ def test_each_policy_memo_copy_shares_the_operator_state_and_keeps_its_own():
     assert handlers._policy(first) is handlers._policy(first)  # made once, then kept
     assert handlers._policy(second).lagging is None
     assert "policy" not in memo  # never in the operator-wide memo
+    assert first["handover"] is memo["handover"] and memo["handover"].established
 
 
 def test_kopf_relists_after_410_gone(monkeypatch: pytest.MonkeyPatch):

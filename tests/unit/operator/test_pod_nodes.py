@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from hand_reports import STEPS, report
-from kopf_doubles import StatusPatch, WarningLog
+from kopf_doubles import StatusPatch, WarningLog, serving
 from rlenergy_operator import handlers, jobloop, kube, podnodes
 from rlenergy_operator import reports as node_reports
 
@@ -137,7 +137,7 @@ def test_the_job_loop_ignores_a_report_from_a_node_without_the_policys_pods(
     }
     events: list[dict[str, Any]] = []
     monkeypatch.setattr(handlers.kopf, "event", lambda body, **kw: events.append(kw))
-    memo: dict[str, Any] = {"operator": handlers.OperatorMemo()}
+    memo: dict[str, Any] = {"operator": handlers.OperatorMemo(), "handover": serving()}
     log = WarningLog()
     status: dict[str, Any] = {"observedGeneration": 1}
     for _ in range(2):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kopf_doubles
 import pytest
 from kopf_doubles import StatusPatch, WarningLog
 from rlenergy_operator import handlers, kube, liveness
@@ -56,7 +57,7 @@ def _pass(
 
 def _memo() -> dict[str, Any]:
     shared = handlers.OperatorMemo(watch_lag=liveness.WatchLag(), echoes=liveness.EchoTracker())
-    return {"operator": shared}
+    return {"operator": shared, "handover": kopf_doubles.serving()}
 
 
 def test_the_loop_reconciles_a_generation_no_change_handler_recorded(clock, daemonsets):
