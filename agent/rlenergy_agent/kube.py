@@ -404,7 +404,12 @@ class ReportWriter:
         }
 
     def _labels(self) -> dict[str, str]:
-        return {"rlenergy.io/policy": self.policy, "rlenergy.io/node": self.node}
+        return {
+            "rlenergy.io/policy": self.policy,
+            "rlenergy.io/node": self.node,
+            # the operator shard serving the policy watches its buckets only
+            naming.POLICY_BUCKET_LABEL: str(naming.policy_bucket(self.namespace, self.policy)),
+        }
 
     def write(self, report: api_node.NodeReport) -> None:
         """Create or patch the report, retrying transient errors.

@@ -325,7 +325,9 @@ def policy_watch_check(*, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> Non
         return
     started_s = lag.now()
     try:
-        versions = kube.watched_versions(CFG.served_namespaces, CFG.request_timeout_s)
+        versions = kube.watched_versions(
+            CFG.served_namespaces, CFG.request_timeout_s, SHARD.report_selector()
+        )
     except kube.ApiError as exc:
         logger.info("watch check: API server read failed: %s %s", exc.status, exc.reason)
         lag.unreachable()
@@ -333,8 +335,8 @@ def policy_watch_check(*, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> Non
     except BaseException:
         lag.unreachable()  # the read ended: the next one may start
         raise
-    # Another shard's policies never reach this shard's handlers: only the watch of the
-    # node reports (every one, for the index) and of this shard's policies is judged.
+    # Another shard's policies never reach this shard's handlers, nor its reports its watch:
+    # only what this shard's watches should deliver is judged.
     lag.listed(
         {k: v for k, v in versions.items() if k[0] != api_policy.PLURAL or SHARD.owns(k[1], k[2])},
         started_s,

@@ -457,9 +457,11 @@ def patch_ray_worker_group(
 
 @_unreachable_is_api_error
 def watched_versions(
-    namespaces: Sequence[str] = (), timeout_s: float = 30.0
+    namespaces: Sequence[str] = (), timeout_s: float = 30.0, report_selector: str | None = None
 ) -> dict[tuple[str, str, str], str]:
     """``(plural, namespace, name) -> resourceVersion`` of every RLEnergyPolicy and node report.
+
+    Only the reports ``report_selector`` selects, when given (a shard's: what its watch gets).
 
     Metadata-only lists (``PartialObjectMetadataList``, no specs or statuses), cluster-wide or
     one per namespace in ``namespaces``: what the operator's watches should have delivered
@@ -476,17 +478,18 @@ def watched_versions(
         "_request_timeout": timeout_s,
         "resource_version": "0",
     }
-    for group, version, plural in (
-        (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL),
-        (api_nodereport.GROUP, api_nodereport.VERSION, api_nodereport.PLURAL),
+    for group, version, plural, selector in (
+        (api_policy.GROUP, api_policy.VERSION, api_policy.PLURAL, None),
+        (api_nodereport.GROUP, api_nodereport.VERSION, api_nodereport.PLURAL, report_selector),
     ):
+        args = kw | ({"label_selector": selector} if selector else {})
         listings = (
             [
-                api.list_namespaced_custom_object(group, version, ns, plural, **kw)
+                api.list_namespaced_custom_object(group, version, ns, plural, **args)
                 for ns in namespaces
             ]
             if namespaces
-            else [api.list_cluster_custom_object(group, version, plural, **kw)]
+            else [api.list_cluster_custom_object(group, version, plural, **args)]
         )
         for listing in listings:
             for item in (cast(dict[str, Any], listing) or {}).get("items") or []:

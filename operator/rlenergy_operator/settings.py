@@ -18,6 +18,7 @@ import pydantic
 import pydantic_settings
 
 from rlenergy import __version__
+from rlenergy.api import naming
 from rlenergy.api.v1alpha1 import nodereport as api_nodereport
 from rlenergy_operator import shards as op_shards
 
@@ -169,7 +170,7 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     peering_name: str = "rlenergy-operator"
     """kopf peering object name (not kopf's ``default``); with shards, each shard's is
     ``<peering_name>-<shards>-<shard_index>`` (``shards.Layout.peering_name``)."""
-    shards: int = pydantic.Field(1, ge=1, le=64)
+    shards: int = pydantic.Field(1, ge=1, le=naming.POLICY_BUCKETS)
     """How many operator shards serve the cluster's policies; each serves the policies whose
     ``shards.shard_of`` is its ``shard_index`` (chart value ``operator.shards``: one Deployment
     per shard). Default 1: one operator serves every policy."""
@@ -257,6 +258,11 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
     """Apply the kopf settings the operator relies on."""
     # One finalizer with our name instead of kopf's generic marker.
     settings.persistence.finalizer = op_shards.finalizer_of(FINALIZER, cfg.layout)
+    # A shard watches only its own policies' node reports (the API server filters them).
+    selector = cfg.layout.report_selector()
+    if selector is not None:
+        plural = (api_nodereport.GROUP, api_nodereport.PLURAL)
+        settings.watching.label_selectors[plural] = selector
     # GitOps: never write annotations (Argo CD / Flux see them as drift); kopf keeps its
     # progress and last-handled spec in status.kopf, declared in the CRD with
     # x-kubernetes-preserve-unknown-fields (nothing is silently pruned).

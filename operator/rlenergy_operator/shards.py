@@ -7,9 +7,11 @@ shard ``index`` serves the policies whose ``shard_of`` is ``index``, every other
 them alone. Each shard has its own kopf peering object (``peering_name``), so the replicas of
 one shard stand by for each other exactly as the replicas of an unsharded operator do.
 
-The assignment is a function of the policy's namespace and name and of ``count`` only
-(CRC-32, the same in every process and Python version, unlike ``hash``): any replica of any
-shard agrees on it without talking to the others. A new ``count`` moves most policies to
+The assignment is a function of the policy's namespace and name and of ``count`` only (its
+bucket, ``naming.policy_bucket``: CRC-32, the same in every process and Python version, unlike
+``hash``): any replica of any shard agrees on it without talking to the others. Every node
+report carries its policy's bucket as a label, so a shard's report watch asks the API server
+for its own buckets only (``Layout.report_selector``). A new ``count`` moves most policies to
 another shard. While the pods of the old layout still run (a rolling upgrade), a policy would
 have two owners; ``Handover`` makes the newer layout wait until no peer of another layout is
 alive in its peering objects (kopf removes a peer that exits and lets a crashed one expire after
@@ -22,20 +24,24 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from rlenergy.api import naming
 
 
 def shard_of(namespace: str, name: str, count: int) -> int:
     """The shard in ``[0, count)`` that serves the policy ``namespace/name``.
 
+    Its bucket (``naming.policy_bucket``, which every node report of the policy carries as a
+    label) modulo ``count``.
+
     Raises:
-        ValueError: ``count`` is below 1.
+        ValueError: ``count`` is below 1 or above ``naming.POLICY_BUCKETS``.
     """
-    if count < 1:
-        raise ValueError(f"shard count must be at least 1, got {count}")
-    return zlib.crc32(f"{namespace}/{name}".encode()) % count
+    if not 1 <= count <= naming.POLICY_BUCKETS:
+        raise ValueError(f"shard count must be 1..{naming.POLICY_BUCKETS}, got {count}")
+    return naming.policy_bucket(namespace, name) % count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +56,7 @@ class Layout:
     index: int = 0
 
     def __post_init__(self) -> None:
-        if self.count < 1 or not 0 <= self.index < self.count:
+        if not 1 <= self.count <= naming.POLICY_BUCKETS or not 0 <= self.index < self.count:
             raise ValueError(
                 f"shard index {self.index} is outside 0..{self.count - 1} for {self.count} "
                 "shards: set the index below the count (RLENERGY_OPERATOR_SHARD_INDEX)"
@@ -59,6 +65,19 @@ class Layout:
     def owns(self, namespace: str, name: str) -> bool:
         """Whether this shard serves the policy ``namespace/name``."""
         return self.count == 1 or shard_of(namespace, name, self.count) == self.index
+
+    def report_selector(self) -> str | None:
+        """The label selector of this shard's node reports; None unsharded (every report).
+
+        ``naming.POLICY_BUCKET_LABEL in (...)``: the API server sends this shard's watch only
+        its policies' reports, so its memory and the CPU of its watch grow with its share of
+        the nodes, not with all of them. A report without the label (written by an agent older
+        than the label) is no shard's until its agent writes it again.
+        """
+        if self.count == 1:
+            return None
+        buckets = [str(b) for b in range(naming.POLICY_BUCKETS) if b % self.count == self.index]
+        return f"{naming.POLICY_BUCKET_LABEL} in ({','.join(buckets)})"
 
     def peering_name(self, base: str) -> str:
         """The kopf peering object of this shard.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zlib
 from typing import Any
 
 UNIT_WORDS = {"mhz": "MHz"}
@@ -47,6 +48,24 @@ def report_name(policy: str, node: str) -> str:
 def legacy_report_name(policy: str, node: str) -> str:
     """The report name agents used before the hash suffix (``<policy>-<node>``): retired."""
     return f"{policy}-{node}".lower()[:REPORT_NAME_MAX]
+
+
+POLICY_BUCKET_LABEL = "rlenergy.io/policy-bucket"
+"""Label of every node report: its policy's bucket (``policy_bucket``), so an operator shard
+watches only its own policies' reports (a label selector, filtered by the API server)."""
+
+POLICY_BUCKETS = 64
+"""Buckets a policy falls in; operator shard ``k`` of ``n`` serves buckets ``b % n == k``, so
+at most 64 shards."""
+
+
+def policy_bucket(namespace: str, policy: str) -> int:
+    """The bucket of the policy ``namespace/policy``.
+
+    CRC-32 of ``namespace/policy`` modulo ``POLICY_BUCKETS`` (the same in every process and
+    Python version, unlike ``hash``).
+    """
+    return zlib.crc32(f"{namespace}/{policy}".encode()) % POLICY_BUCKETS
 
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")

@@ -3,6 +3,8 @@
 We test these aspects:
 * two shards (``RLENERGY_OPERATOR_SHARDS=2``) split two policies between them: each shard
   reconciles its own policy (``observedGeneration``, the first plan) and never the other's;
+* a node report, labelled by the agent's own report writer with its policy's bucket, reaches
+  only the shard of its policy (each shard's report watch selects its buckets);
 * the hand-over from one operator to two shards: while the unsharded operator's peer is alive
   in its KopfPeering, both shards wait (their handlers retry with "shard hand-over: waiting")
   and a spec change is reconciled by the unsharded operator alone; once it exits (kopf removes
@@ -24,8 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from e2e_support import get_json, wait_until
+from rlenergy_agent import kube as agent_kube
 from rlenergy_dev.devcluster import DevCluster
 from rlenergy_operator import shards
+
+from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -193,10 +198,24 @@ def test_two_shards_split_the_policies_and_wait_for_the_old_layout(
         for name in names:
             _apply(dev_cluster, ns, _policy(name, 4))
         _wait_reconciled(dev_cluster, ns, names, 3, "by its shard", 60)
+        # A node report reaches only its policy's shard: the agent labels it with the policy's
+        # bucket and each shard's watch selects its buckets (the API server filters).
+        api = agent_kube.load_api(str(dev_cluster.kubeconfig))
+        for name in names:
+            node = f"node-of-{name}"
+            writer = agent_kube.ReportWriter(api, ns, name, node)
+            writer.write(factories.node_report(node, policy=name))
+        for op, mine in zip(new, names, strict=True):
+            wait_until(
+                lambda o=op, n=mine: f"ignoring the node reports of node-of-{n}" in o.output(),  # type: ignore[misc]
+                timeout=30,
+                what=f"the shard of {mine} reading its report",
+            )
         for op, mine, theirs in ((new[0], names[0], names[1]), (new[1], names[1], names[0])):
             log = op.output()
             assert _handled(log, ns, mine) >= 1, log[-3000:]
             assert f"[{ns}/{theirs}]" not in log, log[-3000:]
+            assert f"node-of-{theirs}" not in log, log[-3000:]
         for op in ops:
             assert "Traceback (most recent call last)" not in op.output(), op.output()[-3000:]
         # Each shard lifts its own finalizer once the (agent-less) reset deadline has passed.

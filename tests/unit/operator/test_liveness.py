@@ -166,7 +166,9 @@ def test_the_check_timer_reads_the_server_and_a_failed_read_judges_nothing(
     memo = _memo(clock)
     answers: list[Any] = [{(R, "ns", "n"): "4"}, kube.ApiError(status=0, reason="unreachable")]
 
-    def watched_versions(namespaces: Any = (), timeout_s: float = 0) -> Any:
+    def watched_versions(
+        namespaces: Any = (), timeout_s: float = 0, report_selector: Any = None
+    ) -> Any:
         a = answers.pop(0)
         if isinstance(a, Exception):
             raise a

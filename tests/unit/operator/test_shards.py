@@ -12,12 +12,18 @@ import zlib
 from typing import Any
 
 import jsonpatch
+import kopf
 import kopf_doubles
 import pydantic
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kopf._cogs.structs import references
+from rlenergy_agent import kube as agent_kube
 from rlenergy_operator import handlers, kube, liveness, settings, shards
+
+from rlenergy.api import naming
+from tests import factories
 
 NOW = datetime.datetime(2026, 12, 7, 12, 0, 0, tzinfo=datetime.UTC)
 BASE = "rlenergy-operator"
@@ -41,11 +47,47 @@ def _peering(
     return {"metadata": {"name": name}, "status": status}
 
 
-def test_shard_of_is_crc32_of_namespace_and_name():
-    assert shards.shard_of("team-a", "grpo", 3) == zlib.crc32(b"team-a/grpo") % 3
+def test_shard_of_is_the_policys_bucket_modulo_the_count():
+    assert naming.policy_bucket("team-a", "grpo") == zlib.crc32(b"team-a/grpo") % 64
+    assert shards.shard_of("team-a", "grpo", 3) == zlib.crc32(b"team-a/grpo") % 64 % 3
     assert shards.shard_of("team-a", "grpo", 1) == 0
-    with pytest.raises(ValueError, match="at least 1"):
-        shards.shard_of("a", "b", 0)
+    for bad in (0, 65):
+        with pytest.raises(ValueError, match="1..64"):
+            shards.shard_of("a", "b", bad)
+
+
+def test_a_shard_watches_the_reports_of_its_buckets_only():
+    assert shards.Layout().report_selector() is None
+    sel = shards.Layout(3, 1).report_selector()
+    assert sel == "rlenergy.io/policy-bucket in (" + ",".join(str(b) for b in range(1, 64, 3)) + ")"
+    s = kopf.OperatorSettings()
+    settings.configure_kopf(s, settings.OperatorConfig(shards=3, shard_index=1))
+    reports = references.Resource("rlenergy.io", "v1alpha1", "rlenergynodereports")
+    policies = references.Resource("rlenergy.io", "v1alpha1", "rlenergypolicies")
+    assert list(s.watching.label_selectors.collect(reports)) == [sel]
+    assert list(s.watching.label_selectors.collect(policies)) == []  # every policy: tens
+    assert s.persistence.finalizer == "rlenergy.io/reset-clocks-3-1"
+    assert s.peering.name == "rlenergy-operator-3-1"
+    unsharded = kopf.OperatorSettings()
+    settings.configure_kopf(unsharded, settings.OperatorConfig())
+    assert list(unsharded.watching.label_selectors.collect(reports)) == []
+    assert unsharded.persistence.finalizer == settings.FINALIZER
+
+
+def test_the_agent_labels_its_report_with_its_policys_bucket():
+    writer = agent_kube.ReportWriter(None, "team-a", "grpo", "gpu-node-0")
+    body = writer.body(factories.node_report("gpu-node-0", policy="grpo"))
+    label = body["metadata"]["labels"][naming.POLICY_BUCKET_LABEL]
+    assert label == str(naming.policy_bucket("team-a", "grpo"))
+    for count in (2, 3, 4, 64):
+        owner = shards.Layout(count, shards.shard_of("team-a", "grpo", count))
+        selected = (owner.report_selector() or "").split("(")[1].rstrip(")").split(",")
+        assert label in selected
+        others = [shards.Layout(count, k) for k in range(count) if k != owner.index]
+        assert all(
+            label not in (o.report_selector() or "").split("(")[1].rstrip(")").split(",")
+            for o in others
+        )
 
 
 @given(
@@ -285,7 +327,9 @@ def test_the_watch_check_judges_only_this_shards_policies(monkeypatch: pytest.Mo
     theirs = next(f"p{i}" for i in range(100) if not layout.owns("ns", f"p{i}"))
     mine = next(f"p{i}" for i in range(100) if layout.owns("ns", f"p{i}"))
     listed = {(P, "ns", theirs): "7", (P, "ns", mine): "8"}
-    monkeypatch.setattr(kube, "watched_versions", lambda namespaces=(), timeout_s=0: listed)
+    monkeypatch.setattr(
+        kube, "watched_versions", lambda namespaces=(), timeout_s=0, report_selector=None: listed
+    )
     memo = _memo()
     handlers.policy_watch_check(memo=memo, logger=_Log())
     lag: liveness.WatchLag = memo["operator"].watch_lag
