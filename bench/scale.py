@@ -823,8 +823,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--shards",
         default="1",
-        help="operator shard counts to run side by side at each point, ascending "
-        "(RLENERGY_OPERATOR_SHARDS; one operator process per shard)",
+        help="operator shard counts to run side by side at each point, in this order; a count "
+        "given again runs again (RLENERGY_OPERATOR_SHARDS; one operator process per shard)",
     )
     ap.add_argument(
         "--operator-verbose",
@@ -885,7 +885,10 @@ def main(argv: list[str] | None = None) -> int:
                         for i in range(count)
                     ]
                     all_ops += ops
-                    namespace = f"scale-{n}" if len(shard_counts) == 1 else f"scale-{n}-s{count}"
+                    # one namespace per run: a count may be given more than once (runs in a row)
+                    namespace = (
+                        f"scale-{n}" if len(shard_counts) == 1 else f"scale-{n}-s{count}-{k}"
+                    )
                     point = Point(
                         cluster,
                         api,
