@@ -19,8 +19,11 @@ Each handler is I/O and kopf glue over pure modules: ``jobloop`` (plans, account
 ``scheduling``. State lives in kopf's memo, none in this module, as one typed object per scope:
 ``OperatorMemo`` (set at start-up, shared by every object's memo copy: the checkpoints the
 report index trims by, the agent-scheduling check, the liveness trackers) under
-``memo["operator"]``, and ``PolicyMemo`` (per policy: the job loop, its report cache, the
-findings it last saw) under ``memo["policy"]``.
+``memo["operator"]``, ``shards.Handover`` (whether this process serves its shard yet, read by
+the handlers' ``when`` filters) under ``memo["handover"]``, and ``PolicyMemo`` (per policy:
+the job loop, its report cache, the findings it last saw) under ``memo["policy"]``.
+
+With operator shards (``shards``), every policy handler matches only this shard's policies.
 """
 
 from __future__ import annotations
