@@ -79,12 +79,16 @@ class Layout:
         buckets = [str(b) for b in range(naming.POLICY_BUCKETS) if b % self.count == self.index]
         return f"{naming.POLICY_BUCKET_LABEL} in ({','.join(buckets)})"
 
-    def peering_name(self, base: str) -> str:
-        """The kopf peering object of this shard.
+    def named(self, base: str) -> str:
+        """This shard's name of ``base``: ``base`` unsharded, else ``<base>-<count>-<index>``.
 
-        ``base`` unsharded, else ``<base>-<count>-<index>`` (the count tells layouts apart).
+        The count tells layouts apart (``layout_of`` and ``_family`` read it back).
         """
         return base if self.count == 1 else f"{base}-{self.count}-{self.index}"
+
+    def peering_name(self, base: str) -> str:
+        """The kopf peering object of this shard (``named``)."""
+        return self.named(base)
 
     def layout_of(self, base: str, peering: str) -> int | None:
         """The shard count a peering object named ``peering`` belongs to, None if not ours."""
@@ -148,7 +152,7 @@ def finalizer_of(base: str, layout: Layout) -> str:
     handler of its own requires one (``kopf/_core/reactor/processing.py``), so a shard sharing
     the name would strip it from every other shard's policies.
     """
-    return base if layout.count == 1 else f"{base}-{layout.count}-{layout.index}"
+    return layout.named(base)
 
 
 def adoption_patch(finalizers: Iterable[str], base: str, own: str) -> list[dict[str, Any]]:

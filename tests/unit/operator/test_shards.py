@@ -47,6 +47,21 @@ def _peering(
     return {"metadata": {"name": name}, "status": status}
 
 
+def _mine_and_theirs(layout: shards.Layout) -> tuple[str, str]:
+    """A policy name in namespace ``ns`` that ``layout`` serves, and one it does not."""
+    names = [f"p{i}" for i in range(100)]
+    return (
+        next(n for n in names if layout.owns("ns", n)),
+        next(n for n in names if not layout.owns("ns", n)),
+    )
+
+
+def _selected_buckets(layout: shards.Layout) -> list[str]:
+    """The bucket values ``layout``'s report selector lists (``label in (a,b,...)``)."""
+    selector = layout.report_selector() or ""
+    return selector.partition("(")[2].rstrip(")").split(",")
+
+
 def test_shard_of_is_the_policys_bucket_modulo_the_count():
     assert naming.policy_bucket("team-a", "grpo") == zlib.crc32(b"team-a/grpo") % 64
     assert shards.shard_of("team-a", "grpo", 3) == zlib.crc32(b"team-a/grpo") % 64 % 3
@@ -81,13 +96,10 @@ def test_the_agent_labels_its_report_with_its_policys_bucket():
     assert label == str(naming.policy_bucket("team-a", "grpo"))
     for count in (2, 3, 4, 64):
         owner = shards.Layout(count, shards.shard_of("team-a", "grpo", count))
-        selected = (owner.report_selector() or "").split("(")[1].rstrip(")").split(",")
+        selected = _selected_buckets(owner)
         assert label in selected
         others = [shards.Layout(count, k) for k in range(count) if k != owner.index]
-        assert all(
-            label not in (o.report_selector() or "").split("(")[1].rstrip(")").split(",")
-            for o in others
-        )
+        assert all(label not in _selected_buckets(o) for o in others)
 
 
 @given(
@@ -211,8 +223,7 @@ def test_an_adoption_patch_fails_on_a_finalizer_list_changed_since_it_was_read()
 def test_the_kopf_filters_pass_only_served_policies_of_this_shard():
     layout = shards.Layout(2, 1)
     served, first = shards.when_served(layout), shards.when_first(shards.Layout(2, 0))
-    mine = next(f"p{i}" for i in range(100) if layout.owns("ns", f"p{i}"))
-    theirs = next(f"p{i}" for i in range(100) if not layout.owns("ns", f"p{i}"))
+    mine, theirs = _mine_and_theirs(layout)
     waiting, serving = shards.Handover(), shards.Handover()
     serving.observe([], 0.0)
     waiting.observe(["rlenergy-operator"], 0.0)
@@ -256,8 +267,7 @@ class _Log:
 def test_a_new_layout_waits_then_adopts_its_policies(monkeypatch: pytest.MonkeyPatch):
     layout = shards.Layout(2, 0)
     monkeypatch.setattr(handlers, "SHARD", layout)
-    mine = next(f"p{i}" for i in range(100) if layout.owns("ns", f"p{i}"))
-    theirs = next(f"p{i}" for i in range(100) if not layout.owns("ns", f"p{i}"))
+    mine, theirs = _mine_and_theirs(layout)
     now = datetime.datetime.now(datetime.UTC)  # the handler reads the wall clock
     old = [_peering(BASE, 1, now=now)]
     api = _Api(
@@ -303,8 +313,7 @@ def _memo() -> dict[str, Any]:
 def test_the_index_holds_only_this_shards_policies(monkeypatch: pytest.MonkeyPatch):
     layout = shards.Layout(2, 1)
     monkeypatch.setattr(handlers, "SHARD", layout)
-    mine = next(f"p{i}" for i in range(100) if layout.owns("ns", f"p{i}"))
-    theirs = next(f"p{i}" for i in range(100) if not layout.owns("ns", f"p{i}"))
+    mine, theirs = _mine_and_theirs(layout)
     memo = _memo()
     kept = handlers.policy_node_reports(
         namespace="ns", name="n1", meta={"resourceVersion": "3"},
@@ -324,8 +333,7 @@ def test_the_index_holds_only_this_shards_policies(monkeypatch: pytest.MonkeyPat
 def test_the_watch_check_judges_only_this_shards_policies(monkeypatch: pytest.MonkeyPatch):
     layout = shards.Layout(2, 0)
     monkeypatch.setattr(handlers, "SHARD", layout)
-    theirs = next(f"p{i}" for i in range(100) if not layout.owns("ns", f"p{i}"))
-    mine = next(f"p{i}" for i in range(100) if layout.owns("ns", f"p{i}"))
+    mine, theirs = _mine_and_theirs(layout)
     listed = {(P, "ns", theirs): "7", (P, "ns", mine): "8"}
     monkeypatch.setattr(
         kube, "watched_versions", lambda namespaces=(), timeout_s=0, report_selector=None: listed
