@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 
 import pytest
 import rlenergy_dev
+from kubernetes import client, config, watch
 from rlenergy_dev import standin
 from rlenergy_dev.devcluster import DevCluster, MissingBinaryError
 from rlenergy_dev.devcluster.cluster import free_port
@@ -140,3 +142,69 @@ def real_node_values(c: DevCluster, node: RealNode, work: Path) -> dict[str, Any
             "podResourcesDir": str(node.pod_resources_dir),
         },
     }
+
+
+class ObjectVersions:
+    """Every version of one namespaced custom object that the API server sends a watch, kept
+    from :meth:`start` to :meth:`stop` in ``versions`` (the objects as dicts, in order).
+
+    A poll sees only the versions that live across one of its reads; a watch is sent each
+    change. The watch asks for ``metadata.name=<name>`` so it may start before the object
+    exists; each stream lasts ``WATCH_S`` seconds and the next one resumes from the last
+    ``resourceVersion`` it saw, the first one from a list's (and after an error such as 410
+    Gone, from a fresh list's).
+    """
+
+    WATCH_S = 5
+    GIVE_UP_ERRORS = 20
+    """Errors after which the watch ends by itself (its caller failed before :meth:`stop`)."""
+
+    def __init__(
+        self, cluster: DevCluster, group: str, version: str, plural: str, ns: str, name: str
+    ) -> None:
+        self.versions: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self._api = client.CustomObjectsApi(config.new_client_from_config(str(cluster.kubeconfig)))
+        self._what = (group, version, ns, plural)
+        self._selector = f"metadata.name={name}"
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch {name}")
+
+    def start(self) -> ObjectVersions:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[dict[str, Any]]:
+        """End the watch (within ``WATCH_S`` seconds) and return ``versions``."""
+        self._stopping.set()
+        self._thread.join(self.WATCH_S + 10)
+        return self.versions
+
+    def _run(self) -> None:
+        resource_version: str | None = None
+        while not self._stopping.is_set():
+            w = watch.Watch()
+            try:
+                if resource_version is None:  # list, then watch from the list's version
+                    listed: dict[str, Any] = self._api.list_namespaced_custom_object(
+                        *self._what, field_selector=self._selector
+                    )  # type: ignore[assignment]  # the client's stubs say object
+                    self.versions.extend(listed["items"])
+                    resource_version = listed["metadata"]["resourceVersion"]
+                kwargs: dict[str, Any] = {
+                    "field_selector": self._selector,
+                    "timeout_seconds": self.WATCH_S,
+                    "resource_version": resource_version,
+                }
+                for event in w.stream(
+                    self._api.list_namespaced_custom_object, *self._what, **kwargs
+                ):
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.versions.append(event["object"])
+                resource_version = w.resource_version
+            except Exception as exc:  # noqa: BLE001 - kept, and the watch starts over from a list
+                self.errors.append(repr(exc))
+                resource_version = None
+                if len(self.errors) >= self.GIVE_UP_ERRORS:  # the cluster is gone
+                    return
+                time.sleep(0.5)

@@ -63,8 +63,8 @@ from e2e_support import (
     SYSTEM_NS,
     TAG,
     VERL_SITE,
+    ObjectVersions,
     get_json,
-    get_json_if_found,
     gpu_locks,
     pod_ready,
     pods_of,
@@ -433,6 +433,11 @@ def _user_day(
         gpus=2,
         verl=True,
     )
+    # Every version of the node's report, as the API server stored it: a report holds only the
+    # step records the operator has not folded yet, so a poll can miss a record.
+    report_versions = ObjectVersions(
+        c, "rlenergy.io", "v1alpha1", "rlenergynodereports", ns, report_name(pname, node.name)
+    ).start()
     c.kubectl("apply", "-f", "-", input=json.dumps(pod))
     wait_until(lambda: plugin.allocations, timeout=60, what="the kubelet's Allocate call")
     trainer_gpus.append(plugin.allocations[-1])
@@ -465,16 +470,8 @@ def _user_day(
                 phase, c.kubectl("logs", "-n", ns, "trainer", check=False).stdout[-3000:]
             )  # fmt: skip
 
-        published: dict[int, dict[str, Any]] = {}  # the node's step records, as they came
-
         def all_steps() -> dict[str, Any] | None:
             not_failed()
-            # A report holds the records the operator has not folded yet: read them meanwhile.
-            rep = get_json_if_found(
-                c, "rlenergynodereports", report_name(pname, node.name), "-n", ns
-            )
-            if rep is not None:
-                published.update({int(r["step"]): r for r in rep["spec"].get("steps") or ()})
             s: dict[str, Any] = get_json(c, "rlep", pname, "-n", ns).get("status", {})
             return s if (s.get("totals", {}).get("throughStep") or -1) >= STEPS else None
 
@@ -490,6 +487,12 @@ def _user_day(
             (_pod_cpu_s(agent["metadata"]["uid"]) - cpu0) / (time.monotonic() - t0), 4
         )
         sampling.set()
+        published = {  # the node's step records, as they came
+            int(r["step"]): r
+            for version in report_versions.stop()
+            for r in version["spec"].get("steps") or ()
+        }
+        assert published and not report_versions.errors, report_versions.errors
         figures["locks_by_phase_kind_mhz"] = {
             k: sorted(v, key=str) for k, v in locks_by_kind.items()
         }
@@ -588,6 +591,7 @@ def _user_day(
     finally:
         sampling.set()
         sampler.join()
+        report_versions.stop()
 
 
 def _summary(figures: dict[str, Any]) -> str:
