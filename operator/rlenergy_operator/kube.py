@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
 import kubernetes
@@ -178,19 +178,42 @@ def read_daemonset(namespace: str, name: str) -> dict[str, Any] | None:
     return out
 
 
+NODE_PAGE = 250
+"""Nodes per page of a Node list (``limit``; the API server's ``continue`` token fetches the
+next). The list of ``bench/scale.py``'s 1,000 KWOK nodes is 4.1 MB of JSON, and reading and
+decoding it whole raised a Python process's peak RSS by 22.7 MB, so a whole list would cost
+each operator process (each shard) about 230 MB at 10,000 nodes; a page costs a quarter of
+the 1,000-node figure at any cluster size."""
+
+
+def _node_pages(**kwargs: Any) -> Iterator[list[dict[str, Any]]]:
+    """The cluster's nodes, one page (``NODE_PAGE``) of raw JSON items at a time.
+
+    Raw JSON, not client models: a 1,000-node listing as models cost ~100 MB of operator RSS.
+    ``kwargs`` go to ``list_node`` (``label_selector``). An expired ``continue`` token (410
+    Gone) raises as any other API error; the caller keeps its last finding.
+    """
+    core = kubernetes.client.CoreV1Api(_api())
+    token: str | None = None
+    while True:
+        resp = core.list_node(limit=NODE_PAGE, _continue=token, _preload_content=False, **kwargs)
+        body = json.loads(cast(Any, resp).data)  # urllib3 response
+        yield body.get("items") or []
+        token = (body.get("metadata") or {}).get("continue") or None
+        if token is None:
+            return
+
+
 @_unreachable_is_api_error
 def labelled_nodes(selector: str) -> list[dict[str, Any]]:
     """The nodes matching the label ``selector`` as plain dicts (``metadata``, ``spec``)."""
-    core = kubernetes.client.CoreV1Api(_api())
-    # Raw JSON, not client models: a 1,000-node listing as models cost ~100 MB of operator RSS.
-    resp = core.list_node(label_selector=selector, _preload_content=False)
-    items = json.loads(cast(Any, resp).data).get("items") or []  # urllib3 response
     return [
         {
             "metadata": {"name": (n.get("metadata") or {}).get("name", "")},
             "spec": {"taints": (n.get("spec") or {}).get("taints") or []},
         }
-        for n in items
+        for page in _node_pages(label_selector=selector)
+        for n in page
     ]
 
 
@@ -201,11 +224,8 @@ def all_nodes() -> list[dict[str, Any]]:
     Keeps ``metadata`` (name, labels), ``spec.taints`` and the ``nvidia.com/gpu`` entry of
     ``status.allocatable``.
     """
-    core = kubernetes.client.CoreV1Api(_api())
-    resp = core.list_node(_preload_content=False)  # raw JSON, as labelled_nodes
-    items = json.loads(cast(Any, resp).data).get("items") or []  # urllib3 response
     out = []
-    for n in items:
+    for n in (n for page in _node_pages() for n in page):
         meta = n.get("metadata") or {}
         gpus = ((n.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
         out.append(
