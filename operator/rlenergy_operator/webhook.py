@@ -25,6 +25,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -132,7 +133,9 @@ def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     if not CFG.webhook_port:
         return
     service = CFG.webhook_service or f"rlenergy-webhook.{CFG.namespace}.svc"
-    cert = WebhookCertificate(ca, service, Path(tempfile.mkdtemp(prefix="rlenergy-webhook-")))
+    folder = Path(tempfile.mkdtemp(prefix="rlenergy-webhook-"))
+    memo["webhook_cert_dir"] = folder
+    cert = WebhookCertificate(ca, service, folder)
     cert.renew_if_due(_now())
     stop = threading.Event()
     memo["webhook_renewal"] = stop
@@ -155,6 +158,22 @@ def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
                 f"MutatingWebhookConfiguration {CFG.webhook_configuration}: "
                 f"{exc.status} {exc.reason}"
             ) from exc
+
+
+@kopf.on.cleanup()
+def webhook_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop renewing the webhook's serving certificate and remove its key and certificate.
+
+    They live in a folder of this process's own (``tempfile.mkdtemp``); in a pod it goes with
+    the container, but an operator run on a host (the tests, a local run) left its private key
+    behind in ``/tmp`` at every exit.
+    """
+    stop = memo.get("webhook_renewal")
+    if stop is not None:
+        stop.set()
+    folder = memo.get("webhook_cert_dir")
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _selectors(namespace: str) -> list[tuple[str, Any]]:

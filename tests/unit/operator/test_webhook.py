@@ -230,3 +230,21 @@ def test_the_admission_handler_exists_only_with_the_webhook_port(port: str, hand
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.strip().splitlines()[-1]) == handlers
+
+
+def test_the_serving_key_is_removed_at_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up writes the webhook's key and certificate to a folder of its own; kopf's cleanup
+    stops their renewal and removes the folder, key included."""
+    monkeypatch.setattr(webhook, "CFG", webhook.CFG.model_copy(update={"webhook_port": 9443}))
+    monkeypatch.setattr(
+        webhook.kube,
+        "ensure_ca_secret",
+        lambda namespace, name, make: dict(zip(("tls.crt", "tls.key"), make(), strict=True)),
+    )
+    memo = kopf.Memo()
+    webhook.webhook_startup(settings=kopf.OperatorSettings(), memo=memo)
+    folder = memo["webhook_cert_dir"]
+    assert (folder / "tls.key").is_file() and (folder / "tls.crt").is_file()
+    webhook.webhook_cleanup(memo=memo)
+    assert memo["webhook_renewal"].is_set()
+    assert not folder.exists()
