@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
@@ -212,8 +213,7 @@ def labelled_nodes(selector: str) -> list[dict[str, Any]]:
             "metadata": {"name": (n.get("metadata") or {}).get("name", "")},
             "spec": {"taints": (n.get("spec") or {}).get("taints") or []},
         }
-        for page in _node_pages(label_selector=selector)
-        for n in page
+        for n in itertools.chain.from_iterable(_node_pages(label_selector=selector))
     ]
 
 
@@ -225,7 +225,7 @@ def all_nodes() -> list[dict[str, Any]]:
     ``status.allocatable``.
     """
     out = []
-    for n in (n for page in _node_pages() for n in page):
+    for n in itertools.chain.from_iterable(_node_pages()):
         meta = n.get("metadata") or {}
         gpus = ((n.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
         out.append(

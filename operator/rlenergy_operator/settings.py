@@ -169,7 +169,7 @@ class OperatorConfig(pydantic_settings.BaseSettings):
     """Seconds before a failed handler is retried. Default 5 s."""
     peering_name: str = "rlenergy-operator"
     """kopf peering object name (not kopf's ``default``); with shards, each shard's is
-    ``<peering_name>-<shards>-<shard_index>`` (``shards.Layout.peering_name``)."""
+    ``<peering_name>-<shards>-<shard_index>`` (``shards.Layout.named``)."""
     shards: int = pydantic.Field(1, ge=1, le=naming.POLICY_BUCKETS)
     """How many operator shards serve the cluster's policies; each serves the policies whose
     ``shards.shard_of`` is its ``shard_index`` (chart value ``operator.shards``: one Deployment
@@ -271,7 +271,7 @@ def configure_kopf(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None
         field="status.kopf.lastHandledConfiguration"
     )
     # Peering: our own name and an explicit priority.
-    settings.peering.name = cfg.layout.peering_name(cfg.peering_name)
+    settings.peering.name = cfg.layout.named(cfg.peering_name)
     settings.peering.priority = cfg.priority or peering_priority(os.environ.get("HOSTNAME", ""))
     # Short retries instead of kopf's 60 s default.
     settings.execution.default_backoff = cfg.retry_delay_s

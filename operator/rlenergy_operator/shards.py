@@ -4,7 +4,7 @@ One operator process folds every node report of every policy it serves; its CPU 
 with the nodes (docs/scale-and-chaos.md: about 10 ms of CPU per node report write and 0.3 MB of
 peak RSS per node at 1,000 nodes). A cluster past what one process holds runs ``count`` shards:
 shard ``index`` serves the policies whose ``shard_of`` is ``index``, every other shard leaves
-them alone. Each shard has its own kopf peering object (``peering_name``), so the replicas of
+them alone. Each shard has its own kopf peering object (``Layout.named``), so the replicas of
 one shard stand by for each other exactly as the replicas of an unsharded operator do.
 
 The assignment is a function of the policy's namespace and name and of ``count`` only (its
@@ -85,10 +85,6 @@ class Layout:
         The count tells layouts apart (``layout_of`` and ``_family`` read it back).
         """
         return base if self.count == 1 else f"{base}-{self.count}-{self.index}"
-
-    def peering_name(self, base: str) -> str:
-        """The kopf peering object of this shard (``named``)."""
-        return self.named(base)
 
     def layout_of(self, base: str, peering: str) -> int | None:
         """The shard count a peering object named ``peering`` belongs to, None if not ours."""

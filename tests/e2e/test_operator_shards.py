@@ -134,7 +134,7 @@ def test_two_shards_split_the_policies_and_wait_for_the_old_layout(
     dev_cluster.wait_crds_established("kopfpeerings.kopf.dev")
     base = f"shards-{uuid.uuid4().hex[:6]}"
     layout = [shards.Layout(2, 0), shards.Layout(2, 1)]
-    for name in (base, *(lay.peering_name(base) for lay in layout)):
+    for name in (base, *(lay.named(base) for lay in layout)):
         _apply(
             dev_cluster,
             ns,

@@ -128,8 +128,8 @@ def test_a_shard_index_at_or_past_the_count_is_refused_with_the_fix():
 
 
 def test_each_layout_has_its_own_peering_object_name():
-    assert shards.Layout().peering_name(BASE) == BASE
-    assert shards.Layout(4, 3).peering_name(BASE) == "rlenergy-operator-4-3"
+    assert shards.Layout().named(BASE) == BASE
+    assert shards.Layout(4, 3).named(BASE) == "rlenergy-operator-4-3"
     one = shards.Layout(2, 0)
     assert one.layout_of(BASE, BASE) == 1
     assert one.layout_of(BASE, "rlenergy-operator-4-3") == 4
