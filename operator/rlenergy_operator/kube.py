@@ -642,11 +642,18 @@ def sign_csr(name: str, certificate_b64: str) -> None:
 
 
 @_unreachable_is_api_error
-def set_webhook_ca_bundle(name: str, bundle_pem: bytes) -> bool:
+def set_webhook_ca_bundle(name: str, bundle_pem: bytes, *, unless_trusts: bytes = b"") -> bool:
     """Set ``caBundle`` of every webhook of MutatingWebhookConfiguration ``name``.
 
+    Args:
+        name: the configuration.
+        bundle_pem: the PEM bundle to set.
+        unless_trusts: a PEM certificate; when every webhook's bundle already holds it, the
+            configuration is left as it is (another operator replica may have set a bundle
+            with one more CA in it, during a CA rotation).
+
     Returns:
-        Whether it changed (False: already equal, or no such configuration).
+        Whether it changed (False: already equal or trusting, or no such configuration).
     """
     adm = kubernetes.client.AdmissionregistrationV1Api(_api())
     live = _unless_missing(adm.read_mutating_webhook_configuration, name)
@@ -654,7 +661,10 @@ def set_webhook_ca_bundle(name: str, bundle_pem: bytes) -> bool:
         return False
     want = base64.b64encode(bundle_pem).decode()
     hooks = _plain(live).get("webhooks") or []
-    if all((h.get("clientConfig") or {}).get("caBundle") == want for h in hooks):
+    bundles = [(h.get("clientConfig") or {}).get("caBundle") or "" for h in hooks]
+    if all(b == want for b in bundles):
+        return False
+    if unless_trusts and all(unless_trusts.strip() in base64.b64decode(b) for b in bundles):
         return False
     patch = [
         {

@@ -2,9 +2,10 @@
 
 * ``webhook_startup``: load (or create) the operator's CA (Secret ``ca_secret``), issue the
   webhook's serving certificate from it into a private folder, serve kopf's admission server
-  on ``webhook_port`` and keep the chart's MutatingWebhookConfiguration's ``caBundle`` equal to
-  the CA; a thread renews the serving certificate after ``RENEW_FRACTION`` of its lifetime
-  (kopf restarts its listener when the files change).
+  on ``webhook_port`` and set the chart's MutatingWebhookConfiguration's ``caBundle`` to the
+  CA; a thread keeps that ``caBundle`` set (every ``CA_BUNDLE_CHECK_S``) and renews the
+  serving certificate after ``RENEW_FRACTION`` of its lifetime (kopf restarts its listener
+  when the files change).
 * ``pod_inject`` (mutating admission, pods, CREATE): ``injection.decide`` over the policies of
   the pod's namespace (one list call), then ``injection.inject_into`` as a kopf patch
   function, so the JSON patch is the difference and a reinvocation adds nothing.
@@ -28,6 +29,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,13 @@ INJECT = injection.InjectConfig(
     operator_namespace=CFG.namespace, audience=CFG.agent_token_audience, port=CFG.agent_tls_port
 )
 AGENT_USER = f"system:serviceaccount:{CFG.namespace}:{CFG.agent_service_account}"
+CA_BUNDLE_CHECK_S = 10.0
+"""Seconds between reads of the chart's MutatingWebhookConfiguration (one GET). A configuration
+without the CA as ``caBundle`` (created after the operator started, or re-created without it by
+a GitOps sync or ``kubectl replace``) makes the API server fail every call to the webhook and,
+under ``failurePolicy: Ignore``, admit trainer pods uninjected; the thread sets it again."""
+CERT_CHECK_S = 3600.0
+"""Seconds between checks whether the webhook's serving certificate is due for renewal."""
 UNGOVERNED_CHECK_S = 30.0
 """Seconds between checks for opted-in pods admitted without the injection (one pod list
 per policy, selected on the opt-in label)."""
@@ -101,8 +110,46 @@ class WebhookCertificate:
         return True
 
 
-def _renew_forever(cert: WebhookCertificate, stop: threading.Event) -> None:
-    while not stop.wait(3600):
+def _set_ca_bundle(bundle_pem: bytes, unless_trusts: bytes = b"") -> bool:
+    """Set the chart's MutatingWebhookConfiguration's ``caBundle`` (``kube.set_webhook_ca_bundle``).
+
+    Returns whether it changed.
+
+    Raises:
+        kube.ApiError: it could not be read or patched.
+    """
+    if not CFG.webhook_configuration:
+        return False
+    return kube.set_webhook_ca_bundle(
+        CFG.webhook_configuration, bundle_pem, unless_trusts=unless_trusts
+    )
+
+
+def _keep_serving(cert: WebhookCertificate, bundle_pem: bytes, stop: threading.Event) -> None:
+    """Keep the webhook servable until ``stop`` is set.
+
+    Every ``CA_BUNDLE_CHECK_S`` the ``caBundle`` is set again unless it trusts the CA; every
+    ``CERT_CHECK_S`` the serving certificate is renewed when due. Errors are logged and tried
+    again at the next check.
+    """
+    renewal_at = time.monotonic() + CERT_CHECK_S
+    while not stop.wait(CA_BUNDLE_CHECK_S):
+        try:
+            if _set_ca_bundle(bundle_pem, unless_trusts=cert.ca.cert_pem):
+                log.warning(
+                    "MutatingWebhookConfiguration %s did not trust this operator's CA (created or "
+                    "replaced after start-up): caBundle set; pods admitted meanwhile were not "
+                    "injected",
+                    CFG.webhook_configuration,
+                )
+        except kube.ApiError as exc:
+            log.error(
+                "MutatingWebhookConfiguration %s: caBundle not checked: %s %s",
+                CFG.webhook_configuration, exc.status, exc.reason,
+            )  # fmt: skip
+        if time.monotonic() < renewal_at:
+            continue
+        renewal_at = time.monotonic() + CERT_CHECK_S
         try:
             if cert.renew_if_due(_now()):
                 log.info("webhook serving certificate renewed")
@@ -133,15 +180,12 @@ def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     if not CFG.webhook_port:
         return
     service = CFG.webhook_service or f"rlenergy-webhook.{CFG.namespace}.svc"
-    folder = Path(tempfile.mkdtemp(prefix="rlenergy-webhook-"))
-    memo["webhook_cert_dir"] = folder
+    folder = memo.get("webhook_cert_dir") or Path(tempfile.mkdtemp(prefix="rlenergy-webhook-"))
+    memo["webhook_cert_dir"] = folder  # kept when kopf retries this handler
     cert = WebhookCertificate(ca, service, folder)
     cert.renew_if_due(_now())
     stop = threading.Event()
-    memo["webhook_renewal"] = stop
-    threading.Thread(
-        target=_renew_forever, args=(cert, stop), name="webhook-cert", daemon=True
-    ).start()
+    memo["webhook_upkeep"] = stop
     settings.admission.server = kopf.WebhookServer(
         addr="0.0.0.0",  # noqa: S104 - the API server calls it through the Service
         port=CFG.webhook_port,
@@ -150,14 +194,16 @@ def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         pkeyfile=str(cert.key_file),
         cadata=ca.cert_pem,
     )
-    if CFG.webhook_configuration:
-        try:
-            kube.set_webhook_ca_bundle(CFG.webhook_configuration, memo["ca_bundle"].encode())
-        except kube.ApiError as exc:
-            raise kopf.TemporaryError(
-                f"MutatingWebhookConfiguration {CFG.webhook_configuration}: "
-                f"{exc.status} {exc.reason}"
-            ) from exc
+    bundle_pem = memo["ca_bundle"].encode()
+    try:
+        _set_ca_bundle(bundle_pem)
+    except kube.ApiError as exc:
+        raise kopf.TemporaryError(
+            f"MutatingWebhookConfiguration {CFG.webhook_configuration}: {exc.status} {exc.reason}"
+        ) from exc
+    threading.Thread(
+        target=_keep_serving, args=(cert, bundle_pem, stop), name="webhook-upkeep", daemon=True
+    ).start()
 
 
 @kopf.on.cleanup()
@@ -168,7 +214,7 @@ def webhook_cleanup(memo: kopf.Memo, **_: Any) -> None:
     the container, but an operator run on a host (the tests, a local run) left its private key
     behind in ``/tmp`` at every exit.
     """
-    stop = memo.get("webhook_renewal")
+    stop = memo.get("webhook_upkeep")
     if stop is not None:
         stop.set()
     folder = memo.get("webhook_cert_dir")

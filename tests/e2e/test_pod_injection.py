@@ -38,6 +38,7 @@ from chart_support import CHART, helm
 from e2e_support import get_json, wait_until
 from rlenergy_dev.devcluster import DevCluster
 from rlenergy_operator import injection
+from rlenergy_operator import webhook as webhook_module
 
 from rlenergy.api import signals
 
@@ -322,3 +323,29 @@ def test_a_deleted_ca_bundle_is_published_again(
         timeout=90,
         what="the CA bundle ConfigMap back",
     )  # fmt: skip
+
+
+def test_a_replaced_webhook_configuration_gets_the_ca_back(
+    dev_cluster: DevCluster, setup: tuple[Operator, str, str]
+) -> None:
+    """The chart's configuration re-created without ``caBundle`` after the operator started (a
+    GitOps sync that replaces it, ``kubectl replace``, the chart installed after the operator):
+    the API server cannot verify the webhook and admits pods uninjected until the operator,
+    which checks every ``CA_BUNDLE_CHECK_S``, sets the CA again."""
+    op, ns, op_ns = setup
+    dev_cluster.kubectl("delete", "mutatingwebhookconfiguration", op.config)
+    webhook = chart_webhook(op_ns, op.config, f"https://127.0.0.1:{op.port}/inject-pod")
+    dev_cluster.kubectl("create", "-f", "-", input=json.dumps(webhook))
+    t0 = time.monotonic()
+    wait_until(
+        lambda: get_json(dev_cluster, "mutatingwebhookconfiguration", op.config)["webhooks"][0][
+            "clientConfig"
+        ].get("caBundle"),
+        timeout=webhook_module.CA_BUNDLE_CHECK_S * 3,
+        interval=0.2,
+        what="the operator to set the replaced configuration's caBundle",
+    )
+    print(f"\ncaBundle back {time.monotonic() - t0:.1f} s after the configuration was replaced")
+    pod = _create(dev_cluster, ns, _pod("after-replace", OPT_IN))
+    assert injection.is_injected(pod), pod["spec"]
+    assert "did not trust this operator's CA" in op.log.read_text(errors="replace")

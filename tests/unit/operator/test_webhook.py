@@ -6,6 +6,7 @@ import base64
 import copy
 import datetime
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -246,5 +247,46 @@ def test_the_serving_key_is_removed_at_cleanup(monkeypatch: pytest.MonkeyPatch) 
     folder = memo["webhook_cert_dir"]
     assert (folder / "tls.key").is_file() and (folder / "tls.crt").is_file()
     webhook.webhook_cleanup(memo=memo)
-    assert memo["webhook_renewal"].is_set()
+    assert memo["webhook_upkeep"].is_set()
     assert not folder.exists()
+
+
+def test_the_ca_bundle_is_set_again_until_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A webhook configuration created or replaced after start-up gets the CA back at the next
+    check, an API error does not end the checks, and kopf's cleanup does."""
+    monkeypatch.setattr(
+        webhook,
+        "CFG",
+        webhook.CFG.model_copy(update={"webhook_port": 9443, "webhook_configuration": "rl-pods"}),
+    )
+    monkeypatch.setattr(webhook, "CA_BUNDLE_CHECK_S", 0.01)
+    monkeypatch.setattr(
+        webhook.kube,
+        "ensure_ca_secret",
+        lambda namespace, name, make: dict(zip(("tls.crt", "tls.key"), make(), strict=True)),
+    )
+    answers: list[bool | Exception] = [False, True, webhook.kube.ApiError(503, "busy"), True]
+    calls: list[tuple[str, bytes, bytes]] = []
+
+    def set_bundle(name: str, bundle_pem: bytes, *, unless_trusts: bytes = b"") -> bool:
+        calls.append((name, bundle_pem, unless_trusts))
+        answer = answers.pop(0) if answers else False
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(webhook.kube, "set_webhook_ca_bundle", set_bundle)
+    memo = kopf.Memo()
+    webhook.webhook_startup(settings=kopf.OperatorSettings(), memo=memo)
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=10)
+    while answers and datetime.datetime.now() < deadline:
+        threading.Event().wait(0.01)
+    webhook.webhook_cleanup(memo=memo)
+    assert not answers, "the checks stopped before the configuration was set again"
+    seen = len(calls)
+    threading.Event().wait(0.1)
+    assert len(calls) <= seen + 1  # at most the check that was under way at cleanup
+    ca_pem = memo["ca"].cert_pem
+    assert {name for name, _, _ in calls} == {"rl-pods"}
+    assert all(pem == memo["ca_bundle"].encode() for _, pem, _ in calls)
+    assert calls[0][2] == b"" and all(trusts == ca_pem for _, _, trusts in calls[1:])
