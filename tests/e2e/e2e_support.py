@@ -42,17 +42,54 @@ SYSTEM_NS = "rl-energy-system"
 
 
 def wait_until(
-    probe: Callable[[], T | None], *, timeout: float = 60, interval: float = 0.5, what: str = ""
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 60,
+    interval: float = 0.5,
+    what: str = "",
+    explain: Callable[[], str] | None = None,
 ) -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
+    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds.
+
+    ``explain``: called once at the timeout; what it returns (the state that decides the wait:
+    logs, objects) is added to the failure, since a CI run keeps nothing else.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what or probe}")
+            detail = ""
+            if explain is not None:
+                try:
+                    detail = "\n" + explain()
+                except Exception as exc:  # noqa: BLE001 - the timeout is the failure to report
+                    detail = f"\n(no explanation: {exc!r})"
+            pytest.fail(f"timed out after {timeout} s waiting for {what or probe}{detail}")
         time.sleep(interval)
+
+
+def webhook_explained(c: DevCluster) -> str:
+    """Why the API server may be admitting pods without the webhook: its own log lines about
+    webhook calls, the operator pods' state and log tail, and the webhook Service's endpoints."""
+    assert c.workdir is not None
+    api_log = Path(c.workdir) / "logs" / "kube-apiserver.log"
+    text = api_log.read_text(errors="replace") if api_log.is_file() else ""
+    calls = [line for line in text.splitlines() if "calling webhook" in line.lower()][-15:]
+    parts = ["kube-apiserver log, lines about webhooks:", *calls]
+    for p in pods_of(c, SYSTEM_NS, "app.kubernetes.io/component=operator"):
+        name = p["metadata"]["name"]
+        statuses = [
+            (s["name"], s.get("restartCount"), s.get("ready"), s.get("state"))
+            for s in p["status"].get("containerStatuses", [])
+        ]
+        parts.append(f"operator pod {name}: {p['status'].get('phase')} {statuses}")
+        logs = c.kubectl("logs", "-n", SYSTEM_NS, name, "--tail=40", check=False)
+        parts += ["its log (last 40 lines):", logs.stdout + logs.stderr]
+    slices = c.kubectl("get", "endpointslices", "-n", SYSTEM_NS, "-o", "wide", check=False)
+    parts += ["EndpointSlices:", slices.stdout + slices.stderr]
+    return "\n".join(parts)
 
 
 def get_json(cluster: DevCluster, *args: str) -> Any:

@@ -71,6 +71,7 @@ from e2e_support import (
     real_node_values,
     start_nvidia_device_plugin,
     wait_until,
+    webhook_explained,
 )
 from rlenergy_dev import fullstack, podtrainer, standin
 from rlenergy_dev.devcluster import DevCluster, netns
@@ -360,6 +361,7 @@ def _day(
     # machine; until then the API server admits the pod uninjected (failurePolicy Ignore, the
     # case checked below with the operator at zero). A server-side dry run shows when it does.
     trainer_pod = json.dumps(_trainer_pod("trainer", labels))
+    t0 = time.monotonic()
     wait_until(
         lambda: any(
             v["name"] == "rlenergy-agent"
@@ -369,7 +371,9 @@ def _day(
             )["spec"]["volumes"]
         ),
         timeout=120, what="the webhook injecting a dry-run of the trainer pod",
+        explain=lambda: webhook_explained(c),
     )  # fmt: skip
+    figures["webhook_injecting_wait_s"] = round(time.monotonic() - t0, 1)
     c.kubectl("apply", "-f", "-", input=trainer_pod)
     pod = get_json(c, "pod", "trainer", "-n", NS)
     spec = pod["spec"]
