@@ -29,7 +29,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +52,6 @@ CA_BUNDLE_CHECK_S = 10.0
 without the CA as ``caBundle`` (created after the operator started, or re-created without it by
 a GitOps sync or ``kubectl replace``) makes the API server fail every call to the webhook and,
 under ``failurePolicy: Ignore``, admit trainer pods uninjected; the thread sets it again."""
-CERT_CHECK_S = 3600.0
-"""Seconds between checks whether the webhook's serving certificate is due for renewal."""
 UNGOVERNED_CHECK_S = 30.0
 """Seconds between checks for opted-in pods admitted without the injection (one pod list
 per policy, selected on the opt-in label)."""
@@ -128,11 +125,10 @@ def _set_ca_bundle(bundle_pem: bytes, unless_trusts: bytes = b"") -> bool:
 def _keep_serving(cert: WebhookCertificate, bundle_pem: bytes, stop: threading.Event) -> None:
     """Keep the webhook servable until ``stop`` is set.
 
-    Every ``CA_BUNDLE_CHECK_S`` the ``caBundle`` is set again unless it trusts the CA; every
-    ``CERT_CHECK_S`` the serving certificate is renewed when due. Errors are logged and tried
+    Every ``CA_BUNDLE_CHECK_S`` the ``caBundle`` is set again unless it trusts the CA, and the
+    serving certificate is renewed when due (a read of its file). Errors are logged and tried
     again at the next check.
     """
-    renewal_at = time.monotonic() + CERT_CHECK_S
     while not stop.wait(CA_BUNDLE_CHECK_S):
         try:
             if _set_ca_bundle(bundle_pem, unless_trusts=cert.ca.cert_pem):
@@ -147,9 +143,6 @@ def _keep_serving(cert: WebhookCertificate, bundle_pem: bytes, stop: threading.E
                 "MutatingWebhookConfiguration %s: caBundle not checked: %s %s",
                 CFG.webhook_configuration, exc.status, exc.reason,
             )  # fmt: skip
-        if time.monotonic() < renewal_at:
-            continue
-        renewal_at = time.monotonic() + CERT_CHECK_S
         try:
             if cert.renew_if_due(_now()):
                 log.info("webhook serving certificate renewed")

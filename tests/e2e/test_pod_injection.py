@@ -30,7 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -125,6 +125,12 @@ def chart_webhook(release_namespace: str, name: str, url: str) -> dict[str, Any]
     return dict(config)
 
 
+def _ca_bundle(cluster: DevCluster, config: str) -> str | None:
+    """The first webhook's ``caBundle`` of MutatingWebhookConfiguration ``config`` (None: unset)."""
+    hooks = get_json(cluster, "mutatingwebhookconfiguration", config)["webhooks"]
+    return cast(str | None, hooks[0]["clientConfig"].get("caBundle"))
+
+
 @pytest.fixture
 def setup(
     dev_cluster: DevCluster, crds: None, namespace: str, tmp_path: Path
@@ -140,9 +146,7 @@ def setup(
     try:
         op.start()
         wait_until(
-            lambda: get_json(dev_cluster, "mutatingwebhookconfiguration", config)["webhooks"][0][
-                "clientConfig"
-            ].get("caBundle"),
+            lambda: _ca_bundle(dev_cluster, config),
             timeout=60,
             what="the operator to set the webhook's caBundle",
         )
@@ -338,9 +342,7 @@ def test_a_replaced_webhook_configuration_gets_the_ca_back(
     dev_cluster.kubectl("create", "-f", "-", input=json.dumps(webhook))
     t0 = time.monotonic()
     wait_until(
-        lambda: get_json(dev_cluster, "mutatingwebhookconfiguration", op.config)["webhooks"][0][
-            "clientConfig"
-        ].get("caBundle"),
+        lambda: _ca_bundle(dev_cluster, op.config),
         timeout=webhook_module.CA_BUNDLE_CHECK_S * 3,
         interval=0.2,
         what="the operator to set the replaced configuration's caBundle",

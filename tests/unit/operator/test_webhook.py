@@ -6,7 +6,7 @@ import base64
 import copy
 import datetime
 import logging
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -233,10 +233,11 @@ def test_the_admission_handler_exists_only_with_the_webhook_port(port: str, hand
     assert int(done.stdout.strip().splitlines()[-1]) == handlers
 
 
-def test_the_serving_key_is_removed_at_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Start-up writes the webhook's key and certificate to a folder of its own; kopf's cleanup
-    stops their renewal and removes the folder, key included."""
-    monkeypatch.setattr(webhook, "CFG", webhook.CFG.model_copy(update={"webhook_port": 9443}))
+def _start_webhook(monkeypatch: pytest.MonkeyPatch, **cfg: Any) -> kopf.Memo:
+    """Run the start-up handler with the webhook served (``cfg``: more operator settings) and a
+    CA made in memory (no Secret); returns its memo."""
+    update = {"webhook_port": 9443, **cfg}
+    monkeypatch.setattr(webhook, "CFG", webhook.CFG.model_copy(update=update))
     monkeypatch.setattr(
         webhook.kube,
         "ensure_ca_secret",
@@ -244,6 +245,13 @@ def test_the_serving_key_is_removed_at_cleanup(monkeypatch: pytest.MonkeyPatch) 
     )
     memo = kopf.Memo()
     webhook.webhook_startup(settings=kopf.OperatorSettings(), memo=memo)
+    return memo
+
+
+def test_the_serving_key_is_removed_at_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up writes the webhook's key and certificate to a folder of its own; kopf's cleanup
+    stops their renewal and removes the folder, key included."""
+    memo = _start_webhook(monkeypatch)
     folder = memo["webhook_cert_dir"]
     assert (folder / "tls.key").is_file() and (folder / "tls.crt").is_file()
     webhook.webhook_cleanup(memo=memo)
@@ -254,17 +262,7 @@ def test_the_serving_key_is_removed_at_cleanup(monkeypatch: pytest.MonkeyPatch) 
 def test_the_ca_bundle_is_set_again_until_cleanup(monkeypatch: pytest.MonkeyPatch) -> None:
     """A webhook configuration created or replaced after start-up gets the CA back at the next
     check, an API error does not end the checks, and kopf's cleanup does."""
-    monkeypatch.setattr(
-        webhook,
-        "CFG",
-        webhook.CFG.model_copy(update={"webhook_port": 9443, "webhook_configuration": "rl-pods"}),
-    )
     monkeypatch.setattr(webhook, "CA_BUNDLE_CHECK_S", 0.01)
-    monkeypatch.setattr(
-        webhook.kube,
-        "ensure_ca_secret",
-        lambda namespace, name, make: dict(zip(("tls.crt", "tls.key"), make(), strict=True)),
-    )
     answers: list[bool | Exception] = [False, True, webhook.kube.ApiError(503, "busy"), True]
     calls: list[tuple[str, bytes, bytes]] = []
 
@@ -276,15 +274,14 @@ def test_the_ca_bundle_is_set_again_until_cleanup(monkeypatch: pytest.MonkeyPatc
         return answer
 
     monkeypatch.setattr(webhook.kube, "set_webhook_ca_bundle", set_bundle)
-    memo = kopf.Memo()
-    webhook.webhook_startup(settings=kopf.OperatorSettings(), memo=memo)
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=10)
-    while answers and datetime.datetime.now() < deadline:
-        threading.Event().wait(0.01)
+    memo = _start_webhook(monkeypatch, webhook_configuration="rl-pods")
+    deadline = time.monotonic() + 10
+    while answers and time.monotonic() < deadline:
+        time.sleep(0.01)
     webhook.webhook_cleanup(memo=memo)
     assert not answers, "the checks stopped before the configuration was set again"
     seen = len(calls)
-    threading.Event().wait(0.1)
+    time.sleep(0.1)
     assert len(calls) <= seen + 1  # at most the check that was under way at cleanup
     ca_pem = memo["ca"].cert_pem
     assert {name for name, _, _ in calls} == {"rl-pods"}
