@@ -27,6 +27,10 @@ class RetryableError(RLEnergyError):
         super().__init__(message)
         self.delay_s = delay_s
 
+    def __reduce__(self) -> tuple[type, tuple[str, float]]:
+        # Pickled with its own arguments, so it crosses a process pool (bench runs) intact.
+        return type(self), (str(self), self.delay_s)
+
 
 class InFlightError(RetryableError):
     """An operation was sent and may still be running; its outcome is not known yet.
@@ -48,3 +52,8 @@ class InvalidInputError(PermanentError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.reason = message
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # Pickled with its own arguments: the default passes only the formatted message, and
+        # a process pool then fails to rebuild the error and reports a broken pool instead.
+        return type(self), (self.field, self.reason)
