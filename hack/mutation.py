@@ -76,6 +76,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/control/freq/test_corrected_fit.py",
             "tests/unit/control/freq/test_probe_stats.py",
             "tests/unit/control/freq/test_probe_blocks.py",
+            "tests/unit/control/freq/test_fit_bias.py",
             "tests/unit/control/freq/test_predictor.py",
         ],
     ),
