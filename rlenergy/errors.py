@@ -27,10 +27,6 @@ class RetryableError(RLEnergyError):
         super().__init__(message)
         self.delay_s = delay_s
 
-    def __reduce__(self) -> tuple[type, tuple[str, float]]:
-        # Pickled with its own arguments, so it crosses a process pool (bench runs) intact.
-        return type(self), (str(self), self.delay_s)
-
 
 class InFlightError(RetryableError):
     """An operation was sent and may still be running; its outcome is not known yet.

@@ -340,20 +340,22 @@ def fit_phase_model(
         if power is not None:
             pa.append((clock / f_max_mhz) ** 2 - sd2)
             pb.append(power - 1.0)
+    xs = {clock: f_max_mhz / clock - 1.0 for clock in by_clock}
     n = sum(len(ratios) for ratios in by_clock.values())
     saa = sab = 0.0
     for clock, ratios in by_clock.items():
         r = sum(ratios) / len(ratios)
-        a = g1 / r - (f_max_mhz / clock - 1.0)
+        a = g1 / r - xs[clock]
         saa += len(ratios) * a * a
         sab += len(ratios) * a * (1.0 - 1.0 / r)
     if n < 2 or saa <= 0:
         return None
     u = sab / saa
-    ss = 0.0
-    for clock, ratios in by_clock.items():
-        x = f_max_mhz / clock - 1.0
-        ss += sum(((1.0 - 1.0 / thr) - u * (g1 / thr - x)) ** 2 for thr in ratios)
+    ss = sum(
+        ((1.0 - 1.0 / thr) - u * (g1 / thr - xs[clock])) ** 2
+        for clock, ratios in by_clock.items()
+        for thr in ratios
+    )
     u_se = math.sqrt(ss / (n - 1)) / math.sqrt(saa)
     spp = sum(a * a for a in pa)
     beta = sum(a * b for a, b in zip(pa, pb, strict=True)) / spp if spp > 0 else None
